@@ -1,0 +1,151 @@
+//! Identifier syntax (RFC 8555 §7.1.4, §9.7.7; RFC 1035 §2.3.1 preferred
+//! name syntax; RFC 5890 A-labels).
+//!
+//! Only syntax lives here. Policy (which names a profile may issue for) is
+//! the authority's.
+
+/// Why a DNS identifier's value was refused (a `rejectedIdentifier` or
+/// `malformed` problem in RFC 8555 terms, chosen by the caller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("the name is empty")]
+    Empty,
+    #[error("the name is {0} octets long; at most 253 are allowed")]
+    TooLong(usize),
+    #[error("the name ends with a dot; send it without the trailing dot")]
+    TrailingDot,
+    #[error("the name has an empty label")]
+    EmptyLabel,
+    #[error("the label {0:?} is longer than 63 octets")]
+    LabelTooLong(String),
+    #[error("the label {0:?} contains a character other than a-z, 0-9 and '-'")]
+    BadCharacter(String),
+    #[error("the label {0:?} starts or ends with a hyphen")]
+    EdgeHyphen(String),
+    #[error("the name has a single label; a fully qualified name is required")]
+    SingleLabel,
+    #[error("the name looks like an IP address; use an \"ip\" identifier (RFC 8738) instead")]
+    LooksLikeIp,
+    #[error("the wildcard must be the whole leftmost label, as in \"*.example.com\"")]
+    BadWildcard,
+}
+
+/// A checked DNS name: lowercase, LDH labels, no trailing dot, and an
+/// optional leading `*.` wildcard label.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DnsName {
+    /// Invariant: lowercase, passes every rule of [`check_dns_name`].
+    name: String,
+}
+
+impl DnsName {
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// True for `*.example.com`.
+    pub fn is_wildcard(&self) -> bool {
+        self.name.starts_with("*.")
+    }
+
+    /// The name without its wildcard label, i.e. what the authorization is
+    /// for (RFC 8555 §7.1.3).
+    pub fn base(&self) -> &str {
+        self.name.strip_prefix("*.").unwrap_or(&self.name)
+    }
+}
+
+/// Checks and normalises (to lowercase; DNS is case-insensitive) a DNS
+/// identifier value.
+pub fn check_dns_name(value: &str) -> Result<DnsName, NameError> {
+    if value.is_empty() {
+        return Err(NameError::Empty);
+    }
+    let lower = value.to_ascii_lowercase();
+    if lower.len() > 253 {
+        return Err(NameError::TooLong(lower.len()));
+    }
+    if lower.ends_with('.') {
+        return Err(NameError::TrailingDot);
+    }
+    let rest = match lower.strip_prefix("*.") {
+        Some(rest) => rest,
+        None => &lower,
+    };
+    if rest.contains('*') {
+        return Err(NameError::BadWildcard);
+    }
+    let labels: Vec<&str> = rest.split('.').collect();
+    for label in &labels {
+        if label.is_empty() {
+            return Err(NameError::EmptyLabel);
+        }
+        if label.len() > 63 {
+            return Err(NameError::LabelTooLong((*label).to_owned()));
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(NameError::BadCharacter((*label).to_owned()));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(NameError::EdgeHyphen((*label).to_owned()));
+        }
+    }
+    if labels.len() < 2 {
+        return Err(NameError::SingleLabel);
+    }
+    // A name whose last label is all digits is an IPv4 address in disguise;
+    // no top-level domain is numeric (RFC 3696 §2).
+    if labels
+        .last()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(NameError::LooksLikeIp);
+    }
+    Ok(DnsName { name: lower })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(input: &str, want: Result<&str, NameError>) {
+        let got = check_dns_name(input);
+        match want {
+            Ok(name) => assert_eq!(
+                got.map(|n| n.as_str().to_owned()),
+                Ok(name.to_owned()),
+                "{input}"
+            ),
+            Err(e) => assert_eq!(got, Err(e), "{input}"),
+        }
+    }
+
+    #[test]
+    fn dns_names_are_checked_and_lowercased() {
+        check("www.Example.TEST", Ok("www.example.test"));
+        check("*.example.test", Ok("*.example.test"));
+        check("a-b.example.test", Ok("a-b.example.test"));
+        check("xn--bcher-kva.example", Ok("xn--bcher-kva.example"));
+        check("", Err(NameError::Empty));
+        check("example.test.", Err(NameError::TrailingDot));
+        check("a..example", Err(NameError::EmptyLabel));
+        check(
+            "under_score.example",
+            Err(NameError::BadCharacter("under_score".into())),
+        );
+        check("-lead.example", Err(NameError::EdgeHyphen("-lead".into())));
+        check("localhost", Err(NameError::SingleLabel));
+        check("10.0.0.1", Err(NameError::LooksLikeIp));
+        check("a.*.example", Err(NameError::BadWildcard));
+        check("*example.test", Err(NameError::BadWildcard));
+        check(
+            &format!("{}.test", "a".repeat(64)),
+            Err(NameError::LabelTooLong("a".repeat(64))),
+        );
+        let long = vec!["abcdefghi"; 26].join(".");
+        check(&long, Err(NameError::TooLong(259)));
+    }
+}

@@ -1,0 +1,86 @@
+//! Store rows rendered as RFC 8555 §7.1 documents.
+
+use acme_proxy_protocol::types::{
+    Account, AccountStatus, Authorization, AuthorizationStatus, Challenge, ChallengeStatus, Order,
+    OrderStatus,
+};
+use acme_proxy_store::{AccountRow, AuthorizationRow, ChallengeRow, OrderRow};
+
+use super::urls::Urls;
+use crate::clock::rfc3339;
+use crate::error::{AcmeError, AcmeResult};
+
+pub fn account(urls: &Urls, row: &AccountRow) -> Account {
+    Account {
+        status: match row.status.as_str() {
+            "deactivated" => AccountStatus::Deactivated,
+            "revoked" => AccountStatus::Revoked,
+            _ => AccountStatus::Valid,
+        },
+        contact: row.contact.clone(),
+        terms_of_service_agreed: Some(row.tos_agreed),
+        orders: urls.account_orders(&row.id),
+    }
+}
+
+pub fn order(urls: &Urls, row: &OrderRow, authz_ids: &[String]) -> AcmeResult<Order> {
+    Ok(Order {
+        status: OrderStatus::parse(&row.status).ok_or_else(|| {
+            AcmeError::internal(format!("order {} has status {:?}", row.id, row.status))
+        })?,
+        expires: Some(rfc3339(row.expires_at)),
+        identifiers: row.identifiers.clone(),
+        not_before: row.not_before.map(rfc3339),
+        not_after: row.not_after.map(rfc3339),
+        error: row.error.clone(),
+        authorizations: authz_ids.iter().map(|id| urls.authz(id)).collect(),
+        finalize: urls.finalize(&row.id),
+        certificate: row.certificate_id.as_deref().map(|id| urls.certificate(id)),
+    })
+}
+
+pub fn challenge(urls: &Urls, row: &ChallengeRow) -> AcmeResult<Challenge> {
+    Ok(Challenge {
+        kind: row.kind.clone(),
+        url: urls.challenge(&row.id),
+        status: ChallengeStatus::parse(&row.status).ok_or_else(|| {
+            AcmeError::internal(format!("challenge {} has status {:?}", row.id, row.status))
+        })?,
+        token: row.token.clone(),
+        validated: row.validated_at.map(rfc3339),
+        error: row.error.clone(),
+    })
+}
+
+/// An authorization; one whose expiry has passed reads as `expired`
+/// (§7.1.6) even before a sweep has written it.
+pub fn authorization(
+    urls: &Urls,
+    row: &AuthorizationRow,
+    challenges: &[ChallengeRow],
+    now: i64,
+) -> AcmeResult<Authorization> {
+    let mut status = AuthorizationStatus::parse(&row.status).ok_or_else(|| {
+        AcmeError::internal(format!(
+            "authorization {} has status {:?}",
+            row.id, row.status
+        ))
+    })?;
+    if matches!(
+        status,
+        AuthorizationStatus::Pending | AuthorizationStatus::Valid
+    ) && row.expires_at <= now
+    {
+        status = AuthorizationStatus::Expired;
+    }
+    Ok(Authorization {
+        identifier: row.identifier.clone(),
+        status,
+        expires: Some(rfc3339(row.expires_at)),
+        challenges: challenges
+            .iter()
+            .map(|c| challenge(urls, c))
+            .collect::<AcmeResult<Vec<_>>>()?,
+        wildcard: row.wildcard.then_some(true),
+    })
+}

@@ -1,0 +1,206 @@
+//! The ACME front end (the "web front end" in Boulder's terms): routes,
+//! request verification, response headers, admission control.
+//!
+//! Architecture Invariant: `api` is the only module that builds problem
+//! documents and HTTP responses; it never changes state itself, it asks the
+//! authority.
+
+mod documents;
+mod handlers;
+mod reply;
+pub mod urls;
+mod verify;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::response::Response;
+use axum::routing::{get, post};
+use http::{HeaderValue, Method, header};
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+use crate::authority::{Authority, Profile};
+use crate::error::{AcmeError, AcmeResult};
+pub use urls::Urls;
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub struct AppState {
+    pub authority: Arc<Authority>,
+    /// `public_url`, without a trailing slash.
+    pub base_url: String,
+    pub max_body: usize,
+    admission: Arc<Semaphore>,
+}
+
+pub type App = Arc<AppState>;
+
+impl AppState {
+    pub fn new(
+        authority: Arc<Authority>,
+        base_url: String,
+        max_body: usize,
+        max_in_flight: usize,
+    ) -> Self {
+        Self {
+            authority,
+            base_url,
+            max_body,
+            admission: Arc::new(Semaphore::new(max_in_flight)),
+        }
+    }
+
+    pub fn profile(&self, name: &str) -> AcmeResult<Arc<Profile>> {
+        self.authority
+            .profile(name)
+            .cloned()
+            .ok_or_else(|| AcmeError::not_found("profile"))
+    }
+
+    pub fn urls(&self, profile: &str) -> Urls {
+        Urls::new(&self.base_url, profile)
+    }
+}
+
+/// The whole HTTP surface.
+pub fn router(app: App) -> Router {
+    let acme = Router::new()
+        .route("/profile/{profile}/directory", get(handlers::directory))
+        .route(
+            "/profile/{profile}/new-nonce",
+            get(handlers::new_nonce_get).head(handlers::new_nonce_head),
+        )
+        .route(
+            "/profile/{profile}/new-account",
+            post(handlers::new_account),
+        )
+        .route("/profile/{profile}/new-order", post(handlers::new_order))
+        .route(
+            "/profile/{profile}/revoke-cert",
+            post(handlers::revoke_cert),
+        )
+        .route("/profile/{profile}/key-change", post(handlers::key_change))
+        .route("/profile/{profile}/acct/{id}", post(handlers::account))
+        .route(
+            "/profile/{profile}/acct/{id}/orders",
+            post(handlers::account_orders),
+        )
+        .route("/profile/{profile}/order/{id}", post(handlers::order))
+        .route(
+            "/profile/{profile}/order/{id}/finalize",
+            post(handlers::finalize),
+        )
+        .route("/profile/{profile}/authz/{id}", post(handlers::authz))
+        .route("/profile/{profile}/chall/{id}", post(handlers::challenge))
+        .route("/profile/{profile}/cert/{id}", post(handlers::certificate))
+        .route("/profile/{profile}/crl", get(handlers::crl))
+        .route("/profile/{profile}/ca.pem", get(handlers::ca_pem))
+        .layer(from_fn_with_state(Arc::clone(&app), acme_headers))
+        .layer(from_fn_with_state(Arc::clone(&app), admission));
+    Router::new()
+        .merge(acme)
+        .route("/health", get(handlers::health))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(from_fn(request_context))
+        .with_state(app)
+}
+
+/// Sheds load instead of queueing without bound: past `max_in_flight`
+/// requests, answer 503 with `Retry-After` at once.
+async fn admission(State(app): State<App>, req: Request, next: Next) -> Response {
+    match Arc::clone(&app.admission).try_acquire_owned() {
+        Ok(_permit) => next.run(req).await,
+        Err(_) => {
+            let mut e = AcmeError::new(
+                acme_proxy_protocol::ProblemType::ServerInternal,
+                "the server is at capacity; retry after the indicated delay",
+            )
+            .with_status(503);
+            e.retry_after = Some(1);
+            reply::problem_response(e)
+        }
+    }
+}
+
+/// Headers every ACME response of a profile carries: `Link` to the
+/// directory (§7.1), and on POSTs and newNonce a fresh `Replay-Nonce` (§6.5,
+/// errors included, so a client can retry a `badNonce` at once) with
+/// `Cache-Control: no-store` (§7.2).
+async fn acme_headers(State(app): State<App>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    let wants_nonce = req.method() == Method::POST || path.ends_with("/new-nonce");
+    let profile = path
+        .strip_prefix("/profile/")
+        .and_then(|rest| rest.split('/').next())
+        .filter(|name| app.authority.profile(name).is_some())
+        .map(str::to_owned);
+    let mut response = next.run(req).await;
+    let Some(profile) = profile else {
+        return response;
+    };
+    if wants_nonce && !response.headers().contains_key("replay-nonce") {
+        match app.authority.new_nonce().await {
+            Ok(nonce) => {
+                if let Ok(v) = HeaderValue::from_str(&nonce) {
+                    response.headers_mut().insert("replay-nonce", v);
+                }
+            }
+            Err(e) => {
+                tracing::error!(event = "nonce.issue", outcome = "failure", error = ?e.internal, "could not issue a nonce");
+            }
+        }
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    let index = format!("<{}>;rel=\"index\"", app.urls(&profile).directory());
+    if let Ok(v) = HeaderValue::from_str(&index) {
+        response.headers_mut().append(header::LINK, v);
+    }
+    response
+}
+
+/// Gives every request an id, a span that every log line of the request
+/// carries, and one summary line.
+async fn request_context(req: Request, next: Next) -> Response {
+    let request_id = crate::ids::request_id();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let user_agent: String = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .chars()
+        .take(128)
+        .collect();
+    let span =
+        tracing::info_span!("request", request_id = %request_id, method = %method, path = %path);
+    let started = Instant::now();
+    let mut response = next.run(req).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    let outcome = match status {
+        0..=399 => "success",
+        400..=499 => "refused",
+        _ => "failure",
+    };
+    span.in_scope(|| {
+        tracing::info!(
+            event = "http.request",
+            outcome,
+            status,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            user_agent = %user_agent,
+            "request served"
+        );
+    });
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}

@@ -1,0 +1,191 @@
+//! The one gate every signed request passes before any handler logic runs
+//! (RFC 8555 §6.2–§6.5, SYSTEM.md §1), in this order:
+//!
+//! 1. `Content-Type: application/jose+json`, checked before the body is read (415);
+//! 2. the body fits the configured limit (413);
+//! 3. flattened JWS, no `crit`, exactly one of `jwk`/`kid`, supported `alg`
+//!    (protocol crate);
+//! 4. the protected `url` equals the URL reached (§6.4, `unauthorized`);
+//! 5. a nonce is present and well-formed;
+//! 6. the key: a strict `jwk`, or the `kid` of a valid account of *this*
+//!    profile;
+//! 7. the signature verifies with the algorithm taken from the key;
+//! 8. the nonce is consumed, atomically, exactly once (`badNonce`);
+//! 9. the account is still valid (§7.3.6).
+
+use acme_proxy_protocol::{Jwk, Jws, KeyRef, ProblemType};
+use acme_proxy_store::AccountRow;
+use axum::body::Body;
+use http::{HeaderMap, header};
+use serde::de::DeserializeOwned;
+
+use super::AppState;
+use crate::authority::Profile;
+use crate::error::{AcmeError, AcmeResult};
+
+/// Which key reference a resource accepts (§6.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    /// newAccount: a `jwk`, no account yet.
+    Jwk,
+    /// Everything an account does: a `kid`.
+    Kid,
+    /// revokeCert: either.
+    Either,
+}
+
+/// A request that passed every check above.
+#[derive(Debug)]
+pub struct Verified {
+    pub jws: Jws,
+    pub key: Jwk,
+    pub account: Option<AccountRow>,
+}
+
+impl Verified {
+    /// The account of a `kid` request.
+    pub fn account(&self) -> AcmeResult<&AccountRow> {
+        self.account.as_ref().ok_or_else(|| {
+            AcmeError::malformed("this resource needs a request signed with \"kid\"")
+        })
+    }
+
+    /// The payload as `T`; malformed if it is not.
+    pub fn payload<T: DeserializeOwned>(&self) -> AcmeResult<T> {
+        if self.jws.is_post_as_get() {
+            return Err(AcmeError::malformed(
+                "this request needs a JSON payload, not POST-as-GET",
+            ));
+        }
+        serde_json::from_slice(&self.jws.payload).map_err(|e| {
+            AcmeError::malformed(format!(
+                "the payload is not what this resource expects: {e}"
+            ))
+        })
+    }
+
+    /// Refuses anything but POST-as-GET (§6.3).
+    pub fn require_post_as_get(&self) -> AcmeResult<()> {
+        if self.jws.is_post_as_get() {
+            Ok(())
+        } else {
+            Err(AcmeError::malformed(
+                "POST-as-GET requires an empty payload (RFC 8555 §6.3)",
+            ))
+        }
+    }
+}
+
+fn is_jose_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/jose+json"))
+}
+
+fn is_nonce_syntax(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 256
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl AppState {
+    pub async fn verify(
+        &self,
+        profile: &Profile,
+        headers: &HeaderMap,
+        path: &str,
+        body: Body,
+        mode: KeyMode,
+    ) -> AcmeResult<Verified> {
+        if !is_jose_json(headers) {
+            return Err(AcmeError::malformed(
+                "requests must be sent with Content-Type: application/jose+json (RFC 8555 §6.2)",
+            )
+            .with_status(415));
+        }
+        let too_large = || {
+            AcmeError::malformed(format!(
+                "the request body is larger than {} octets",
+                self.max_body
+            ))
+            .with_status(413)
+        };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > self.max_body) {
+            return Err(too_large());
+        }
+        let bytes = axum::body::to_bytes(body, self.max_body)
+            .await
+            .map_err(|_| too_large())?;
+        let jws =
+            Jws::parse(&bytes).map_err(|e| AcmeError::new(e.problem_type(), e.to_string()))?;
+
+        let urls = self.urls(&profile.name);
+        let reached = format!("{}{}", self.base_url, path);
+        if jws.protected.url != reached {
+            return Err(AcmeError::unauthorized(format!(
+                "the JWS \"url\" {:?} is not the URL this request reached ({reached:?}) (RFC 8555 §6.4)",
+                jws.protected.url
+            )));
+        }
+        let nonce = jws.protected.nonce.clone().ok_or_else(|| {
+            AcmeError::new(
+                ProblemType::BadNonce,
+                "the JWS has no \"nonce\" (RFC 8555 §6.5)",
+            )
+        })?;
+        if !is_nonce_syntax(&nonce) {
+            return Err(AcmeError::malformed(
+                "the \"nonce\" is not base64url (RFC 8555 §6.5.1)",
+            ));
+        }
+
+        let (key, account) = match (&jws.protected.key, mode) {
+            (KeyRef::Jwk(_), KeyMode::Kid) => {
+                return Err(AcmeError::malformed(
+                    "this resource needs a request signed with \"kid\" (the account URL), not \"jwk\"",
+                ));
+            }
+            (KeyRef::Kid(_), KeyMode::Jwk) => {
+                return Err(AcmeError::malformed(
+                    "this resource needs a request signed with \"jwk\", not \"kid\"",
+                ));
+            }
+            (KeyRef::Jwk(jwk), _) => (jwk.clone(), None),
+            (KeyRef::Kid(kid), _) => {
+                let id = urls.account_id_from_kid(kid).ok_or_else(|| {
+                    AcmeError::new(
+                        ProblemType::AccountDoesNotExist,
+                        "the \"kid\" is not an account URL of this profile",
+                    )
+                })?;
+                let account = self.authority.account_for_kid(profile, id).await?;
+                let value: serde_json::Value = serde_json::from_str(&account.jwk).map_err(|e| {
+                    AcmeError::internal(format!("stored JWK of {}: {e}", account.id))
+                })?;
+                let key = Jwk::from_value(&value).map_err(|e| {
+                    AcmeError::internal(format!("stored JWK of {}: {e}", account.id))
+                })?;
+                (key, Some(account))
+            }
+        };
+        jws.verify(&key)
+            .map_err(|e| AcmeError::new(e.problem_type(), e.to_string()))?;
+        self.authority.consume_nonce(&nonce).await?;
+        if let Some(acct) = &account
+            && acct.status != "valid"
+        {
+            return Err(AcmeError::unauthorized(format!(
+                "the account is {}; it can no longer make requests (RFC 8555 §7.3.6)",
+                acct.status
+            )));
+        }
+        Ok(Verified { jws, key, account })
+    }
+}

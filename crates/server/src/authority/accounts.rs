@@ -1,0 +1,244 @@
+//! Accounts: creation and lookup (RFC 8555 §7.3), contact updates (§7.3.2),
+//! key rollover (§7.3.5) and deactivation (§7.3.6).
+
+use acme_proxy_protocol::types::{AccountUpdate, NewAccount};
+use acme_proxy_protocol::{Jwk, ProblemType};
+use acme_proxy_store::{AccountRow, KeyChangeOutcome, NewAccountRow};
+
+use super::{Authority, Profile};
+use crate::error::{AcmeError, AcmeResult};
+
+/// Contacts accepted per account.
+const MAX_CONTACTS: usize = 10;
+
+impl Authority {
+    /// newAccount (§7.3): returns the account and whether it was created now.
+    pub async fn new_account(
+        &self,
+        profile: &Profile,
+        jwk: &Jwk,
+        req: &NewAccount,
+    ) -> AcmeResult<(AccountRow, bool)> {
+        let thumbprint = jwk.thumbprint_b64();
+        if let Some(existing) = self
+            .store
+            .account_by_key(&profile.name, &thumbprint)
+            .await?
+        {
+            // §7.3.1: an existing key returns the existing account, 200.
+            return Ok((existing, false));
+        }
+        if req.only_return_existing == Some(true) {
+            return Err(AcmeError::new(
+                ProblemType::AccountDoesNotExist,
+                "no account exists for this key at this profile (onlyReturnExisting was set)",
+            ));
+        }
+        if profile.config.terms_of_service.is_some() && req.terms_of_service_agreed != Some(true) {
+            // §7.3: the server may require agreement; Boulder and Pebble
+            // report a missing agreement as malformed.
+            return Err(AcmeError::malformed(
+                "this profile has terms of service: set termsOfServiceAgreed to true to create an account",
+            ));
+        }
+        let contact = check_contacts(req.contact.as_deref().unwrap_or(&[]))?;
+        let jwk_json = jwk.to_value().to_string();
+        let id = crate::ids::object_id();
+        let (row, created) = self
+            .store
+            .insert_account(&NewAccountRow {
+                id: &id,
+                profile: &profile.name,
+                key_thumbprint: &thumbprint,
+                jwk: &jwk_json,
+                contact: &contact,
+                tos_agreed: req.terms_of_service_agreed == Some(true),
+                now: self.clock.unix(),
+            })
+            .await?;
+        if created {
+            tracing::info!(
+                event = "account.created",
+                outcome = "success",
+                profile = %profile.name,
+                account = %row.id,
+                "account created"
+            );
+        }
+        Ok((row, created))
+    }
+
+    /// Account update (§7.3.2) or deactivation (§7.3.6). An empty update
+    /// returns the account unchanged.
+    pub async fn update_account(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        update: &AccountUpdate,
+    ) -> AcmeResult<AccountRow> {
+        if let Some(status) = &update.status {
+            if status != "deactivated" {
+                return Err(AcmeError::malformed(
+                    "the only status a client may set on its account is \"deactivated\"",
+                ));
+            }
+            self.store.deactivate_account(&account.id).await?;
+            tracing::info!(
+                event = "account.deactivated",
+                outcome = "success",
+                profile = %profile.name,
+                account = %account.id,
+                "account deactivated"
+            );
+        } else {
+            if let Some(contact) = &update.contact {
+                let contact = check_contacts(contact)?;
+                self.store
+                    .update_account_contact(&account.id, &contact)
+                    .await?;
+            }
+            if update.terms_of_service_agreed == Some(true) && !account.tos_agreed {
+                self.store.agree_account_tos(&account.id).await?;
+            }
+        }
+        self.store
+            .account(&account.id)
+            .await?
+            .ok_or_else(|| AcmeError::internal("account vanished during update"))
+    }
+
+    /// keyChange (§7.3.5). The front end has verified both signatures and the
+    /// inner `url`; this checks the claims and swaps the key atomically.
+    /// `account_url_matches` says whether the inner payload's `account` named
+    /// the outer `kid`.
+    pub async fn change_key(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        account_url_matches: bool,
+        old_key: &serde_json::Value,
+        new_key: &Jwk,
+        location_of: impl Fn(&str) -> String,
+    ) -> AcmeResult<AccountRow> {
+        if !account_url_matches {
+            return Err(AcmeError::unauthorized(
+                "the inner payload's \"account\" is not the account that signed the outer request",
+            ));
+        }
+        let old = Jwk::from_value(old_key)
+            .map_err(|e| AcmeError::malformed(format!("oldKey is not a usable JWK: {e}")))?;
+        if old.thumbprint_b64() != account.key_thumbprint {
+            return Err(AcmeError::unauthorized(
+                "oldKey is not the account's current key",
+            ));
+        }
+        let new_thumbprint = new_key.thumbprint_b64();
+        match self
+            .store
+            .change_account_key(
+                &account.id,
+                &profile.name,
+                &account.key_thumbprint,
+                &new_thumbprint,
+                &new_key.to_value().to_string(),
+            )
+            .await?
+        {
+            KeyChangeOutcome::Changed => {
+                tracing::info!(
+                    event = "account.key_changed",
+                    outcome = "success",
+                    profile = %profile.name,
+                    account = %account.id,
+                    "account key rolled over"
+                );
+                self.store
+                    .account(&account.id)
+                    .await?
+                    .ok_or_else(|| AcmeError::internal("account vanished during key change"))
+            }
+            KeyChangeOutcome::NewKeyInUse { account_id } => {
+                // §7.3.5: 409 Conflict with the Location of the account that
+                // holds the new key.
+                let mut e = AcmeError::malformed("the new key already belongs to an account")
+                    .with_status(409);
+                e.location = Some(location_of(&account_id));
+                Err(e)
+            }
+            KeyChangeOutcome::Stale => Err(AcmeError::unauthorized(
+                "the account's key changed concurrently, or the account is no longer valid",
+            )),
+        }
+    }
+}
+
+/// Checks contact URLs (§7.3): only `mailto:` with one plain address.
+fn check_contacts(contacts: &[String]) -> AcmeResult<Vec<String>> {
+    if contacts.len() > MAX_CONTACTS {
+        return Err(AcmeError::new(
+            ProblemType::InvalidContact,
+            format!("at most {MAX_CONTACTS} contacts are accepted"),
+        ));
+    }
+    let mut out = Vec::with_capacity(contacts.len());
+    for c in contacts {
+        let Some(addr) = c.strip_prefix("mailto:") else {
+            return Err(AcmeError::new(
+                ProblemType::UnsupportedContact,
+                format!("contact {c:?}: only mailto: contacts are supported"),
+            ));
+        };
+        if addr.contains('?') || addr.contains(',') {
+            return Err(AcmeError::new(
+                ProblemType::InvalidContact,
+                format!("contact {c:?}: a single address without header fields is required"),
+            ));
+        }
+        let valid = match addr.rsplit_once('@') {
+            Some((local, domain)) => {
+                !local.is_empty()
+                    && local.len() <= 64
+                    && local
+                        .bytes()
+                        .all(|b| b.is_ascii_graphic() && b != b'@' && b != b'<' && b != b'>')
+                    && acme_proxy_protocol::names::check_dns_name(domain)
+                        .is_ok_and(|d| !d.is_wildcard())
+            }
+            None => false,
+        };
+        if !valid {
+            return Err(AcmeError::new(
+                ProblemType::InvalidContact,
+                format!("contact {c:?} is not a valid email address"),
+            ));
+        }
+        out.push(c.clone());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contacts_must_be_single_plain_mailto_addresses() {
+        let check = |c: &str| check_contacts(&[c.to_owned()]).map_err(|e| e.kind);
+        assert!(check("mailto:ops@example.test").is_ok());
+        assert_eq!(check("tel:+123"), Err(ProblemType::UnsupportedContact));
+        assert_eq!(
+            check("mailto:a@b.test?subject=x"),
+            Err(ProblemType::InvalidContact)
+        );
+        assert_eq!(
+            check("mailto:a@b.test,c@d.test"),
+            Err(ProblemType::InvalidContact)
+        );
+        assert_eq!(check("mailto:nobody"), Err(ProblemType::InvalidContact));
+        assert_eq!(check("mailto:a b@b.test"), Err(ProblemType::InvalidContact));
+        assert_eq!(
+            check("mailto:a@localhost"),
+            Err(ProblemType::InvalidContact)
+        );
+    }
+}

@@ -1,0 +1,572 @@
+//! Finalization (RFC 8555 §7.4), certificate download (§7.4.2), revocation
+//! (§7.6) and the CRL (RFC 5280 §5).
+
+use acme_proxy_protocol::jwk::EcCurve;
+use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::{Jwk, ProblemType};
+use acme_proxy_store::{
+    AccountRow, CertificateRow, CrlRow, NewCertificateRow, OrderRow, RevokeOutcome,
+};
+use time::OffsetDateTime;
+use x509_parser::certification_request::X509CertificationRequest;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
+use x509_parser::oid_registry::{
+    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_NIST_EC_P521,
+    OID_PKCS1_RSAENCRYPTION,
+};
+use x509_parser::prelude::{FromDer, X509Certificate};
+use x509_parser::public_key::PublicKey;
+
+use super::{Authority, Profile};
+use crate::error::{AcmeError, AcmeResult};
+use crate::signer::{IssueRequest, SignerError};
+
+/// Who signed a revocation request (§7.6).
+#[derive(Debug)]
+pub enum RevocationSigner<'a> {
+    /// An account (`kid`): it must own the certificate or hold valid
+    /// authorizations for all its names.
+    Account(&'a AccountRow),
+    /// The certificate's own key (`jwk`), by its RFC 7638 thumbprint.
+    CertificateKey(String),
+}
+
+/// Reason codes a client may give (RFC 5280 §5.3.1): unspecified,
+/// keyCompromise, affiliationChanged, superseded, cessationOfOperation.
+/// The others describe CA or attribute events, not a subscriber's.
+const CLIENT_REASONS: [u8; 5] = [0, 1, 3, 4, 5];
+
+/// What finalize keeps from a checked CSR.
+struct CheckedCsr {
+    spki_der: Vec<u8>,
+    key_thumbprint: Option<String>,
+}
+
+fn bad_csr(detail: impl Into<String>) -> AcmeError {
+    AcmeError::new(ProblemType::BadCsr, detail)
+}
+
+impl Authority {
+    /// finalize (§7.4). For the embedded CA the order goes ready → processing
+    /// → valid inside this call; the guarded ready → processing step makes
+    /// two concurrent finalizes produce exactly one certificate. A bad CSR
+    /// leaves the order ready.
+    pub async fn finalize(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order_id: &str,
+        csr_der: &[u8],
+    ) -> AcmeResult<OrderRow> {
+        let order = self.order(profile, account, order_id).await?;
+        if order.status != "ready" {
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                format!(
+                    "the order is {}, not ready; finalize needs every authorization valid",
+                    order.status
+                ),
+            ));
+        }
+        let csr = check_csr(csr_der, &order.identifiers, &account.key_thumbprint)?;
+        if !self.store.begin_finalize(&order.id).await? {
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                "the order is already being finalized",
+            ));
+        }
+        let now = self.clock.now();
+        let (default_nb, default_na) = match profile.signer.local_ca() {
+            Some(ca) => ca.default_window(now),
+            None => (now, now),
+        };
+        let not_before = order
+            .not_before
+            .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok())
+            .unwrap_or(default_nb);
+        let not_after = order
+            .not_after
+            .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok())
+            .unwrap_or(default_na);
+        let issued = profile
+            .signer
+            .issue(&IssueRequest {
+                identifiers: &order.identifiers,
+                spki_der: &csr.spki_der,
+                not_before,
+                not_after,
+            })
+            .await;
+        let issued = match issued {
+            Ok(issued) => issued,
+            Err(SignerError::BadCsr(detail)) => {
+                self.store.abort_finalize(&order.id).await?;
+                return Err(bad_csr(detail));
+            }
+            Err(e @ SignerError::Internal(_)) => {
+                // Our failure, not the client's: put the order back so it can
+                // be finalized again once the operator has fixed the signer.
+                self.store.abort_finalize(&order.id).await?;
+                tracing::error!(
+                    event = "certificate.issue",
+                    outcome = "failure",
+                    profile = %profile.name,
+                    account = %account.id,
+                    order = %order.id,
+                    error = %e,
+                    "the signer failed"
+                );
+                return Err(AcmeError::internal(e));
+            }
+        };
+        let cert_id = crate::ids::object_id();
+        let stored = self
+            .store
+            .complete_order(&NewCertificateRow {
+                id: &cert_id,
+                profile: &profile.name,
+                order_id: &order.id,
+                account_id: &account.id,
+                serial: &issued.serial,
+                chain_pem: &issued.chain_pem,
+                key_thumbprint: csr.key_thumbprint.as_deref(),
+                identifiers: &order.identifiers,
+                not_before: issued.not_before,
+                not_after: issued.not_after,
+                now: self.clock.unix(),
+            })
+            .await?;
+        if !stored {
+            return Err(AcmeError::internal(
+                "order left processing while it was being signed",
+            ));
+        }
+        tracing::info!(
+            event = "certificate.issued",
+            outcome = "success",
+            profile = %profile.name,
+            account = %account.id,
+            order = %order.id,
+            serial = %issued.serial,
+            identifiers = %order.identifiers.iter().map(|i| i.value.as_str()).collect::<Vec<_>>().join(","),
+            "certificate issued"
+        );
+        self.store
+            .order(&order.id)
+            .await?
+            .ok_or_else(|| AcmeError::internal("order vanished after issuance"))
+    }
+
+    /// The certificate resource (§7.4.2), for the account that ordered it.
+    pub async fn certificate(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<CertificateRow> {
+        let cert = self
+            .store
+            .certificate(id)
+            .await?
+            .filter(|c| c.profile == profile.name)
+            .ok_or_else(|| AcmeError::not_found("certificate"))?;
+        if cert.account_id != account.id {
+            return Err(AcmeError::unauthorized(
+                "this certificate belongs to another account",
+            ));
+        }
+        Ok(cert)
+    }
+
+    /// revokeCert (§7.6).
+    pub async fn revoke(
+        &self,
+        profile: &Profile,
+        signer: RevocationSigner<'_>,
+        cert_der: &[u8],
+        reason: Option<u8>,
+    ) -> AcmeResult<()> {
+        let (_, x509) = X509Certificate::from_der(cert_der)
+            .map_err(|_| AcmeError::malformed("\"certificate\" is not a DER X.509 certificate"))?;
+        let serial = hex::encode(x509.raw_serial());
+        let reason = reason.unwrap_or(0);
+        if !CLIENT_REASONS.contains(&reason) {
+            return Err(AcmeError::new(
+                ProblemType::BadRevocationReason,
+                format!("reason {reason} is not accepted; use one of {CLIENT_REASONS:?}"),
+            ));
+        }
+        let cert = self
+            .store
+            .certificate_by_serial(&profile.name, &serial)
+            .await?
+            .filter(|c| leaf_der(&c.chain_pem).as_deref() == Some(cert_der))
+            .ok_or_else(|| AcmeError::not_found("certificate issued by this profile"))?;
+        let allowed = match &signer {
+            RevocationSigner::Account(acct) => {
+                acct.id == cert.account_id || {
+                    let now = self.clock.unix();
+                    let mut all = !cert.identifiers.is_empty();
+                    for id in &cert.identifiers {
+                        if !self
+                            .store
+                            .has_valid_authorization(&profile.name, &acct.id, id, now)
+                            .await?
+                        {
+                            all = false;
+                            break;
+                        }
+                    }
+                    all
+                }
+            }
+            RevocationSigner::CertificateKey(thumb) => {
+                cert.key_thumbprint.as_deref() == Some(thumb.as_str())
+            }
+        };
+        if !allowed {
+            return Err(AcmeError::unauthorized(
+                "the signer of this request may not revoke this certificate: sign with the account that ordered it, an account authorized for all its names, or the certificate's own key",
+            ));
+        }
+        match self
+            .store
+            .revoke_certificate(
+                &profile.name,
+                &serial,
+                Some(i64::from(reason)),
+                self.clock.unix(),
+            )
+            .await?
+        {
+            RevokeOutcome::Revoked => {}
+            RevokeOutcome::AlreadyRevoked => {
+                return Err(AcmeError::new(
+                    ProblemType::AlreadyRevoked,
+                    "the certificate is already revoked",
+                ));
+            }
+            RevokeOutcome::NotFound => return Err(AcmeError::not_found("certificate")),
+        }
+        tracing::info!(
+            event = "certificate.revoked",
+            outcome = "success",
+            profile = %profile.name,
+            serial = %serial,
+            reason,
+            by = match &signer { RevocationSigner::Account(a) => a.id.as_str(), RevocationSigner::CertificateKey(_) => "certificate key" },
+            "certificate revoked"
+        );
+        // The CRL must list the serial before we answer 200.
+        self.refresh_crl(profile).await?;
+        Ok(())
+    }
+
+    /// The profile's current CRL (DER), signing a new one if there is none
+    /// or the stored one is past half its life.
+    pub async fn crl(&self, profile: &Profile) -> AcmeResult<Vec<u8>> {
+        let validity = match profile.signer.local_ca() {
+            Some(ca) => ca.crl_validity().as_secs() as i64,
+            None => {
+                return Err(AcmeError::not_found(
+                    "CRL (this profile's signer publishes none)",
+                ));
+            }
+        };
+        let now = self.clock.unix();
+        match self.store.crl(&profile.name).await? {
+            Some(row) if !crl_needs_refresh(&row, now, validity) => Ok(row.der),
+            _ => self.refresh_crl(profile).await,
+        }
+    }
+
+    /// Re-signs the CRL of `profile` with the next CRL number.
+    pub async fn refresh_crl(&self, profile: &Profile) -> AcmeResult<Vec<u8>> {
+        let Some(ca) = profile.signer.local_ca() else {
+            return Err(AcmeError::not_found("CRL"));
+        };
+        let _guard = profile.crl_lock.lock().await;
+        let now = self.clock.now();
+        let number = self.store.next_crl_number(&profile.name).await?;
+        let entries = self
+            .store
+            .revoked_entries(&profile.name, now.unix_timestamp())
+            .await?;
+        let (der, next_update) = ca
+            .sign_crl(number, now, &entries)
+            .map_err(AcmeError::internal)?;
+        self.store
+            .store_crl(
+                &profile.name,
+                &CrlRow {
+                    number,
+                    this_update: now.unix_timestamp(),
+                    next_update: next_update.unix_timestamp(),
+                    der: der.clone(),
+                },
+            )
+            .await?;
+        tracing::info!(
+            event = "crl.signed",
+            outcome = "success",
+            profile = %profile.name,
+            number,
+            entries = entries.len(),
+            "CRL signed"
+        );
+        Ok(der)
+    }
+
+    /// Re-signs every profile's CRL that is past half its life; run
+    /// periodically so a CRL never reaches its nextUpdate unreplaced.
+    pub async fn refresh_stale_crls(&self) {
+        for profile in self.profiles() {
+            if let Err(e) = self.crl(profile).await {
+                tracing::error!(
+                    event = "crl.refresh",
+                    outcome = "failure",
+                    profile = %profile.name,
+                    error = ?e.internal,
+                    "could not re-sign the CRL"
+                );
+            }
+        }
+    }
+}
+
+/// A CRL is re-signed once half of its validity has passed, so relying
+/// parties always find one well before nextUpdate.
+pub fn crl_needs_refresh(row: &CrlRow, now: i64, validity: i64) -> bool {
+    now >= row.next_update - validity / 2
+}
+
+fn leaf_der(chain_pem: &str) -> Option<Vec<u8>> {
+    pem::parse_many(chain_pem)
+        .ok()?
+        .into_iter()
+        .next()
+        .map(pem::Pem::into_contents)
+}
+
+/// The CSR checks of §7.4: a valid self-signature, exactly the order's
+/// names (SANs, and the CN if any), and an acceptable key that is not the
+/// account key.
+fn check_csr(
+    der: &[u8],
+    identifiers: &[Identifier],
+    account_thumbprint: &str,
+) -> AcmeResult<CheckedCsr> {
+    let (rest, csr) = X509CertificationRequest::from_der(der)
+        .map_err(|_| bad_csr("the CSR is not a DER PKCS#10 request"))?;
+    if !rest.is_empty() {
+        return Err(bad_csr("the CSR has trailing data"));
+    }
+    csr.verify_signature()
+        .map_err(|_| bad_csr("the CSR's signature does not verify with its own key"))?;
+    let info = &csr.certification_request_info;
+
+    let mut names: Vec<Identifier> = Vec::new();
+    if let Some(extensions) = csr.requested_extensions() {
+        for ext in extensions {
+            if let ParsedExtension::SubjectAlternativeName(san) = ext {
+                for gn in &san.general_names {
+                    let id = match gn {
+                        GeneralName::DNSName(n) => Identifier::dns(n.to_ascii_lowercase()),
+                        GeneralName::IPAddress(bytes) => {
+                            let ip = match bytes.len() {
+                                4 => std::net::IpAddr::from(
+                                    <[u8; 4]>::try_from(*bytes)
+                                        .map_err(|_| bad_csr("bad IP SAN"))?,
+                                ),
+                                16 => std::net::IpAddr::from(
+                                    <[u8; 16]>::try_from(*bytes)
+                                        .map_err(|_| bad_csr("bad IP SAN"))?,
+                                ),
+                                _ => return Err(bad_csr("an IP address SAN has a bad length")),
+                            };
+                            Identifier {
+                                kind: "ip".into(),
+                                value: ip.to_string(),
+                            }
+                        }
+                        other => {
+                            return Err(bad_csr(format!(
+                                "the CSR asks for a SAN of a kind this server does not issue: {other}"
+                            )));
+                        }
+                    };
+                    if !names.contains(&id) {
+                        names.push(id);
+                    }
+                }
+            }
+        }
+    }
+    for cn in info.subject.iter_common_name() {
+        let cn = cn
+            .as_str()
+            .map_err(|_| bad_csr("the CSR's common name is not a string"))?
+            .to_ascii_lowercase();
+        if !identifiers.iter().any(|i| i.value == cn) {
+            return Err(bad_csr(format!(
+                "the CSR's common name {cn:?} is not one of the order's identifiers"
+            )));
+        }
+        if !names.iter().any(|i| i.value == cn) {
+            names.push(Identifier::dns(cn));
+        }
+    }
+    let mut want: Vec<&Identifier> = identifiers.iter().collect();
+    let mut got: Vec<&Identifier> = names.iter().collect();
+    want.sort();
+    got.sort();
+    if want != got {
+        return Err(bad_csr(format!(
+            "the CSR names {:?} but the order is for {:?}; they must be the same set (RFC 8555 §7.4)",
+            got.iter().map(|i| i.value.as_str()).collect::<Vec<_>>(),
+            want.iter().map(|i| i.value.as_str()).collect::<Vec<_>>()
+        )));
+    }
+
+    let spki = &info.subject_pki;
+    let alg = &spki.algorithm.algorithm;
+    let key_thumbprint = if *alg == OID_KEY_TYPE_EC_PUBLIC_KEY {
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| p.as_oid().ok())
+            .ok_or_else(|| bad_csr("the CSR's EC key names no curve"))?;
+        let point = spki.subject_public_key.data.as_ref();
+        if curve == OID_EC_P256 {
+            Jwk::from_ec_point(EcCurve::P256, point).map(|j| j.thumbprint_b64())
+        } else if curve == OID_NIST_EC_P384 {
+            Jwk::from_ec_point(EcCurve::P384, point).map(|j| j.thumbprint_b64())
+        } else if curve == OID_NIST_EC_P521 {
+            None
+        } else {
+            return Err(bad_csr(
+                "the CSR's EC key is on a curve this server does not issue for; use P-256 or P-384",
+            ));
+        }
+    } else if *alg == OID_PKCS1_RSAENCRYPTION {
+        let Ok(PublicKey::RSA(rsa)) = spki.parsed() else {
+            return Err(bad_csr("the CSR's RSA key does not parse"));
+        };
+        let bits = rsa.key_size();
+        if !(2048..=8192).contains(&bits) {
+            return Err(bad_csr(format!(
+                "the CSR's RSA key has {bits} bits; 2048 to 8192 are accepted"
+            )));
+        }
+        let strip = |b: &[u8]| {
+            b.iter()
+                .skip_while(|x| **x == 0)
+                .copied()
+                .collect::<Vec<u8>>()
+        };
+        Jwk::rsa(strip(rsa.modulus), strip(rsa.exponent))
+            .ok()
+            .map(|j| j.thumbprint_b64())
+    } else {
+        return Err(bad_csr(
+            "the CSR's key type is not accepted; use ECDSA P-256/P-384 or RSA of at least 2048 bits",
+        ));
+    };
+    if key_thumbprint.as_deref() == Some(account_thumbprint) {
+        return Err(bad_csr("the certificate key must not be the account key"));
+    }
+    Ok(CheckedCsr {
+        spki_der: spki.raw.to_vec(),
+        key_thumbprint,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(next_update: i64) -> CrlRow {
+        CrlRow {
+            number: 1,
+            this_update: next_update - 100,
+            next_update,
+            der: vec![],
+        }
+    }
+
+    #[test]
+    fn a_crl_is_re_signed_once_half_its_life_has_passed() {
+        assert!(!crl_needs_refresh(&row(1100), 1000, 100));
+        assert!(!crl_needs_refresh(&row(1100), 1049, 100));
+        assert!(crl_needs_refresh(&row(1100), 1050, 100));
+        assert!(crl_needs_refresh(&row(1100), 2000, 100));
+    }
+
+    fn csr(names: &[&str], key: &rcgen::KeyPair) -> Vec<u8> {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        // rcgen's default subject has a CN that is no identifier.
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.serialize_request(key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn csr_names_must_be_exactly_the_orders() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let order = vec![
+            Identifier::dns("a.example.test"),
+            Identifier::dns("b.example.test"),
+        ];
+        assert!(
+            check_csr(
+                &csr(&["b.example.test", "A.example.test"], &key),
+                &order,
+                "x"
+            )
+            .is_ok()
+        );
+        let e = check_csr(&csr(&["a.example.test"], &key), &order, "x")
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ProblemType::BadCsr);
+        let e = check_csr(
+            &csr(
+                &["a.example.test", "b.example.test", "c.example.test"],
+                &key,
+            ),
+            &order,
+            "x",
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.kind, ProblemType::BadCsr);
+    }
+
+    #[test]
+    fn a_csr_with_a_broken_signature_is_bad() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut der = csr(&["a.example.test"], &key);
+        let last = der.len() - 1;
+        der[last] ^= 1;
+        let e = check_csr(&der, &[Identifier::dns("a.example.test")], "x")
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ProblemType::BadCsr);
+    }
+
+    #[test]
+    fn the_account_key_cannot_be_certified() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = csr(&["a.example.test"], &key);
+        let thumb = check_csr(&der, &[Identifier::dns("a.example.test")], "x")
+            .unwrap_or_else(|e| panic!("{}", e.detail))
+            .key_thumbprint
+            .unwrap();
+        let e = check_csr(&der, &[Identifier::dns("a.example.test")], &thumb)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ProblemType::BadCsr);
+    }
+}

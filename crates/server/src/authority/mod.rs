@@ -1,0 +1,126 @@
+//! The registration authority: the ACME state machine (RFC 8555 §7).
+//!
+//! It owns policy (which names, which keys, which contacts) and every status
+//! change of accounts, orders, authorizations and challenges, performed
+//! through the store's atomic, guarded functions.
+//!
+//! Architecture Invariant: the authority is the only code that changes an
+//! order, authorization or challenge status. It knows nothing of HTTP or
+//! JWS: it takes verified inputs and returns rows or an [`AcmeError`].
+
+mod accounts;
+mod certificates;
+mod orders;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use acme_proxy_store::{AccountRow, Store};
+use tokio::sync::{Mutex, Semaphore};
+
+use crate::clock::SharedClock;
+use crate::config::{Config, ProfileConfig};
+use crate::error::{AcmeError, AcmeResult};
+use crate::signer::Signer;
+use crate::validation::Validators;
+
+pub use certificates::{RevocationSigner, crl_needs_refresh};
+
+/// One ACME endpoint: its configuration and its signer.
+#[derive(Debug)]
+pub struct Profile {
+    pub name: String,
+    pub config: ProfileConfig,
+    pub signer: Signer,
+    /// Serialises CRL generation so CRL numbers are never reused and no
+    /// revocation is left out of the newest CRL.
+    crl_lock: Mutex<()>,
+}
+
+impl Profile {
+    pub fn new(name: String, config: ProfileConfig, signer: Signer) -> Self {
+        Self {
+            name,
+            config,
+            signer,
+            crl_lock: Mutex::new(()),
+        }
+    }
+}
+
+/// The state machine shared by every request and background task.
+#[derive(Debug)]
+pub struct Authority {
+    pub store: Store,
+    pub clock: SharedClock,
+    profiles: BTreeMap<String, Arc<Profile>>,
+    validators: Validators,
+    /// Bounds background validations (SYSTEM.md: validation runs off the
+    /// request path with bounded concurrency).
+    validation_slots: Arc<Semaphore>,
+    nonce_lifetime: i64,
+}
+
+impl Authority {
+    pub fn new(
+        store: Store,
+        clock: SharedClock,
+        profiles: BTreeMap<String, Arc<Profile>>,
+        validators: Validators,
+        config: &Config,
+    ) -> Self {
+        Self {
+            store,
+            clock,
+            profiles,
+            validators,
+            validation_slots: Arc::new(Semaphore::new(config.validation.concurrency)),
+            nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
+        }
+    }
+
+    pub fn profile(&self, name: &str) -> Option<&Arc<Profile>> {
+        self.profiles.get(name)
+    }
+
+    pub fn profiles(&self) -> impl Iterator<Item = &Arc<Profile>> {
+        self.profiles.values()
+    }
+
+    /// Issues a fresh nonce (RFC 8555 §6.5, §7.2).
+    pub async fn new_nonce(&self) -> AcmeResult<String> {
+        let nonce = crate::ids::nonce();
+        self.store
+            .insert_nonce(&nonce, self.clock.unix() + self.nonce_lifetime)
+            .await?;
+        Ok(nonce)
+    }
+
+    /// Consumes a nonce; `badNonce` unless it was issued, unexpired and
+    /// unused (RFC 8555 §6.5.2).
+    pub async fn consume_nonce(&self, nonce: &str) -> AcmeResult<()> {
+        if self.store.consume_nonce(nonce, self.clock.unix()).await? {
+            Ok(())
+        } else {
+            Err(AcmeError::new(
+                acme_proxy_protocol::ProblemType::BadNonce,
+                "the nonce is unknown, expired or already used; retry with the fresh one in Replay-Nonce",
+            ))
+        }
+    }
+
+    /// The account a `kid` names, which must be of this profile.
+    pub async fn account_for_kid(
+        &self,
+        profile: &Profile,
+        account_id: &str,
+    ) -> AcmeResult<AccountRow> {
+        match self.store.account(account_id).await? {
+            Some(acct) if acct.profile == profile.name => Ok(acct),
+            _ => Err(AcmeError::new(
+                acme_proxy_protocol::ProblemType::AccountDoesNotExist,
+                "no account with this key identifier exists at this profile",
+            )),
+        }
+    }
+}

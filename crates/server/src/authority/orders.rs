@@ -1,0 +1,460 @@
+//! Orders (RFC 8555 §7.4), authorizations (§7.5) and challenges (§7.5.1, §8).
+
+use std::sync::Arc;
+
+use acme_proxy_protocol::names::check_dns_name;
+use acme_proxy_protocol::types::{Identifier, NewOrder};
+use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
+use acme_proxy_store::{
+    AccountRow, AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,
+    OrderRow,
+};
+
+use super::{Authority, Profile};
+use crate::clock::parse_rfc3339;
+use crate::error::{AcmeError, AcmeResult};
+use crate::ids;
+use crate::validation::ValidationTarget;
+
+/// Identifiers accepted in one order.
+pub const MAX_IDENTIFIERS: usize = 100;
+
+impl Authority {
+    /// newOrder (§7.4): checks every identifier (all faults reported at once,
+    /// as one `compound` problem when there are several), and creates the
+    /// order with one pending authorization per identifier.
+    pub async fn new_order(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        req: &NewOrder,
+    ) -> AcmeResult<OrderRow> {
+        if req.identifiers.is_empty() {
+            return Err(AcmeError::malformed("the order has no identifiers"));
+        }
+        if req.identifiers.len() > MAX_IDENTIFIERS {
+            return Err(AcmeError::new(
+                ProblemType::RejectedIdentifier,
+                format!("an order may name at most {MAX_IDENTIFIERS} identifiers"),
+            ));
+        }
+        let mut identifiers: Vec<Identifier> = Vec::with_capacity(req.identifiers.len());
+        let mut faults: Vec<Subproblem> = Vec::new();
+        for id in &req.identifiers {
+            match check_identifier(profile, id) {
+                Ok(normal) => {
+                    if !identifiers.contains(&normal) {
+                        identifiers.push(normal);
+                    }
+                }
+                Err((kind, detail)) => faults.push(Subproblem::new(kind, detail, id.clone())),
+            }
+        }
+        match faults.len() {
+            0 => {}
+            1 => {
+                let only = faults.remove(0);
+                let kind = only
+                    .kind
+                    .strip_prefix("urn:ietf:params:acme:error:")
+                    .and_then(|n| ProblemType::ALL.into_iter().find(|t| t.name() == n))
+                    .unwrap_or(ProblemType::RejectedIdentifier);
+                let mut e = AcmeError::new(kind, only.detail.clone().unwrap_or_default());
+                e.subproblems = vec![only];
+                return Err(e);
+            }
+            n => {
+                let mut e = AcmeError::new(
+                    ProblemType::Compound,
+                    format!("{n} identifiers were refused; see subproblems"),
+                );
+                e.subproblems = faults;
+                return Err(e);
+            }
+        }
+
+        let now = self.clock.unix();
+        let (not_before, not_after) = self.requested_validity(profile, req, now)?;
+        let expires_at = now + profile.config.order_lifetime.as_secs() as i64;
+        let authorizations = identifiers
+            .iter()
+            .map(|id| NewAuthorization {
+                id: ids::object_id(),
+                identifier: id.clone(),
+                wildcard: false,
+                expires_at,
+                challenges: profile
+                    .config
+                    .challenges
+                    .iter()
+                    .map(|kind| NewChallenge {
+                        id: ids::object_id(),
+                        kind: kind.clone(),
+                        token: ids::token(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let new = NewOrderRow {
+            id: ids::object_id(),
+            profile: profile.name.clone(),
+            account_id: account.id.clone(),
+            identifiers,
+            not_before,
+            not_after,
+            expires_at,
+            now,
+            authorizations,
+        };
+        self.store.insert_order(&new).await?;
+        tracing::info!(
+            event = "order.created",
+            outcome = "success",
+            profile = %profile.name,
+            account = %account.id,
+            order = %new.id,
+            identifiers = new.identifiers.len(),
+            "order created"
+        );
+        self.store
+            .order(&new.id)
+            .await?
+            .ok_or_else(|| AcmeError::internal("order vanished after insert"))
+    }
+
+    /// notBefore/notAfter (§7.4): accepted when they describe a window the
+    /// signer would issue anyway (not longer than its validity, not ending in
+    /// the past).
+    fn requested_validity(
+        &self,
+        profile: &Profile,
+        req: &NewOrder,
+        now: i64,
+    ) -> AcmeResult<(Option<i64>, Option<i64>)> {
+        let parse = |name: &str, v: &Option<String>| -> AcmeResult<Option<i64>> {
+            v.as_deref()
+                .map(|s| {
+                    parse_rfc3339(s).ok_or_else(|| {
+                        AcmeError::malformed(format!("{name} {s:?} is not an RFC 3339 timestamp"))
+                    })
+                })
+                .transpose()
+        };
+        let not_before = parse("notBefore", &req.not_before)?;
+        let not_after = parse("notAfter", &req.not_after)?;
+        let validity = match profile.signer.local_ca() {
+            Some(ca) => ca.config().validity.as_secs() as i64,
+            None => i64::MAX,
+        };
+        let start = not_before.unwrap_or(now);
+        if let Some(end) = not_after {
+            if end <= start || end <= now {
+                return Err(AcmeError::malformed(
+                    "notAfter must be in the future and after notBefore",
+                ));
+            }
+            if end - start > validity {
+                return Err(AcmeError::malformed(format!(
+                    "the requested validity is longer than this profile issues ({validity} seconds)"
+                )));
+            }
+        }
+        if let Some(nb) = not_before
+            && nb > now + profile.config.order_lifetime.as_secs() as i64
+        {
+            return Err(AcmeError::malformed(
+                "notBefore is further in the future than the order lives",
+            ));
+        }
+        Ok((not_before, not_after))
+    }
+
+    /// Loads an order of `account` at `profile`, marking it invalid first if
+    /// it has expired (§7.1.6: pending or ready orders expire).
+    pub async fn order(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<OrderRow> {
+        let order = self
+            .store
+            .order(id)
+            .await?
+            .filter(|o| o.profile == profile.name)
+            .ok_or_else(|| AcmeError::not_found("order"))?;
+        if order.account_id != account.id {
+            return Err(AcmeError::unauthorized(
+                "this order belongs to another account",
+            ));
+        }
+        let now = self.clock.unix();
+        if matches!(order.status.as_str(), "pending" | "ready") && order.expires_at <= now {
+            let p = Problem::new(
+                ProblemType::Malformed,
+                "the order expired before it was finalized",
+            );
+            self.store.expire_order(id, now, &p).await?;
+            return self
+                .store
+                .order(id)
+                .await?
+                .ok_or_else(|| AcmeError::internal("order vanished after expiry"));
+        }
+        Ok(order)
+    }
+
+    pub async fn order_authorization_ids(&self, order_id: &str) -> AcmeResult<Vec<String>> {
+        Ok(self.store.order_authorization_ids(order_id).await?)
+    }
+
+    /// The account's orders (§7.1.2.1), one page.
+    pub async fn account_orders(
+        &self,
+        account: &AccountRow,
+        page: i64,
+        per_page: i64,
+    ) -> AcmeResult<Vec<String>> {
+        Ok(self
+            .store
+            .account_order_ids(&account.id, page * per_page, per_page)
+            .await?)
+    }
+
+    /// An authorization of `account` with its challenges (§7.5).
+    pub async fn authorization(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<(AuthorizationRow, Vec<ChallengeRow>)> {
+        let authz = self
+            .store
+            .authorization(id)
+            .await?
+            .filter(|a| a.profile == profile.name)
+            .ok_or_else(|| AcmeError::not_found("authorization"))?;
+        if authz.account_id != account.id {
+            return Err(AcmeError::unauthorized(
+                "this authorization belongs to another account",
+            ));
+        }
+        let challenges = self.store.challenges_of(id).await?;
+        Ok((authz, challenges))
+    }
+
+    /// Deactivation of an authorization by its client (§7.5.2).
+    pub async fn deactivate_authorization(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<(AuthorizationRow, Vec<ChallengeRow>)> {
+        let (authz, _) = self.authorization(profile, account, id).await?;
+        if !self.store.deactivate_authorization(&authz.id).await? {
+            return Err(AcmeError::malformed(format!(
+                "an authorization that is {} cannot be deactivated (only pending or valid ones)",
+                authz.status
+            )));
+        }
+        tracing::info!(
+            event = "authorization.deactivated",
+            outcome = "success",
+            profile = %profile.name,
+            account = %account.id,
+            authorization = %authz.id,
+            "authorization deactivated by its client"
+        );
+        self.authorization(profile, account, id).await
+    }
+
+    /// A challenge of `account` (§7.5.1).
+    pub async fn challenge(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<(ChallengeRow, AuthorizationRow)> {
+        let ch = self
+            .store
+            .challenge(id)
+            .await?
+            .ok_or_else(|| AcmeError::not_found("challenge"))?;
+        let (authz, _) = self.authorization(profile, account, &ch.authz_id).await?;
+        Ok((ch, authz))
+    }
+
+    /// The client says it is ready (§7.5.1): the challenge goes processing
+    /// and is validated in the background; with `bypass` it goes valid here.
+    /// Returns the challenge as it now stands.
+    pub async fn trigger_challenge(
+        self: &Arc<Self>,
+        profile: &Arc<Profile>,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<(ChallengeRow, AuthorizationRow)> {
+        let (ch, authz) = self.challenge(profile, account, id).await?;
+        if ch.status != "pending" {
+            // §7.5.1: a repeated trigger is harmless; answer with the state.
+            return Ok((ch, authz));
+        }
+        let now = self.clock.unix();
+        if authz.status != "pending" || authz.expires_at <= now {
+            return Err(AcmeError::malformed(format!(
+                "the authorization is {} and no longer accepts challenge responses",
+                if authz.expires_at <= now {
+                    "expired"
+                } else {
+                    authz.status.as_str()
+                }
+            )));
+        }
+        if !self.store.start_challenge(&ch.id, now).await? {
+            return self.challenge(profile, account, id).await;
+        }
+        let target = ValidationTarget {
+            identifier: authz.identifier.value.clone(),
+            token: ch.token.clone(),
+            key_authorization: format!("{}.{}", ch.token, account.key_thumbprint),
+        };
+        if profile.config.bypass {
+            tracing::warn!(
+                event = "validation.bypassed",
+                outcome = "success",
+                profile = %profile.name,
+                challenge = %ch.id,
+                identifier = %authz.identifier.value,
+                "DANGER: validation bypass is on for this profile; the challenge is marked valid without any check"
+            );
+            self.settle(profile, &ch, Ok(())).await?;
+        } else {
+            self.spawn_validation(Arc::clone(profile), ch.clone(), target);
+        }
+        self.challenge(profile, account, id).await
+    }
+
+    fn spawn_validation(
+        self: &Arc<Self>,
+        profile: Arc<Profile>,
+        ch: ChallengeRow,
+        target: ValidationTarget,
+    ) {
+        let this = Arc::clone(self);
+        let span = tracing::Span::current();
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let Ok(_slot) = Arc::clone(&this.validation_slots).acquire_owned().await else {
+                    return;
+                };
+                let started = std::time::Instant::now();
+                let result = this.validators.validate(&ch.kind, &target).await;
+                let outcome = match &result {
+                    Ok(()) => "valid",
+                    Err(_) => "invalid",
+                };
+                tracing::info!(
+                    event = "validation.finished",
+                    outcome,
+                    profile = %profile.name,
+                    challenge = %ch.id,
+                    kind = %ch.kind,
+                    identifier = %target.identifier,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    error = result.as_ref().err().map(|e| e.detail.as_str()),
+                    "validation finished"
+                );
+                let result = result.map_err(|e| Problem::new(e.kind, e.detail));
+                if let Err(e) = this.settle(&profile, &ch, result).await {
+                    tracing::error!(
+                        event = "validation.settle",
+                        outcome = "failure",
+                        challenge = %ch.id,
+                        error = ?e.internal,
+                        "could not record a validation outcome; it will be retried at the next start"
+                    );
+                }
+            },
+            span,
+        ));
+    }
+
+    async fn settle(
+        &self,
+        profile: &Profile,
+        ch: &ChallengeRow,
+        result: Result<(), Problem>,
+    ) -> AcmeResult<()> {
+        let now = self.clock.unix();
+        let valid_until = now + profile.config.authorization_lifetime.as_secs() as i64;
+        self.store
+            .settle_challenge(&ch.id, result.as_ref().map(|_| ()), now, valid_until)
+            .await?;
+        Ok(())
+    }
+
+    /// Re-runs validations that were in flight when the previous process
+    /// stopped (their challenges are still `processing`).
+    pub async fn resume_validations(self: &Arc<Self>) -> AcmeResult<usize> {
+        const BATCH: i64 = 10_000;
+        let pending = self.store.processing_challenges(BATCH).await?;
+        let n = pending.len();
+        for p in pending {
+            let Some(profile) = self.profile(&p.authorization.profile).cloned() else {
+                continue;
+            };
+            let Some(account) = self.store.account(&p.authorization.account_id).await? else {
+                continue;
+            };
+            let target = ValidationTarget {
+                identifier: p.authorization.identifier.value.clone(),
+                token: p.challenge.token.clone(),
+                key_authorization: format!("{}.{}", p.challenge.token, account.key_thumbprint),
+            };
+            if profile.config.bypass {
+                self.settle(&profile, &p.challenge, Ok(())).await?;
+            } else {
+                self.spawn_validation(profile, p.challenge, target);
+            }
+        }
+        if n as i64 == BATCH {
+            tracing::warn!(
+                event = "validation.resume",
+                outcome = "partial",
+                resumed = n,
+                "more interrupted validations than one batch; the rest resume at the next start"
+            );
+        }
+        Ok(n)
+    }
+}
+
+/// Syntax and policy for one identifier; returns it normalised.
+fn check_identifier(
+    profile: &Profile,
+    id: &Identifier,
+) -> Result<Identifier, (ProblemType, String)> {
+    match id.kind.as_str() {
+        "dns" => {
+            let name = check_dns_name(&id.value).map_err(|e| {
+                (
+                    ProblemType::RejectedIdentifier,
+                    format!("{:?}: {e}", id.value),
+                )
+            })?;
+            if name.is_wildcard() && !profile.config.challenges.iter().any(|c| c == "dns-01") {
+                return Err((
+                    ProblemType::RejectedIdentifier,
+                    format!(
+                        "{:?}: a wildcard can only be proven with dns-01, which this profile does not offer",
+                        id.value
+                    ),
+                ));
+            }
+            Ok(Identifier::dns(name.as_str()))
+        }
+        other => Err((
+            ProblemType::UnsupportedIdentifier,
+            format!("identifier type {other:?} is not supported at this profile (\"dns\" is)"),
+        )),
+    }
+}

@@ -1,0 +1,358 @@
+//! Configuration: a TOML file plus `ACME_PROXY_*` environment overrides
+//! (`__` separates nesting levels), every key documented in
+//! `acme-proxy.example.toml`.
+//!
+//! Unknown keys stop start-up with the key's name (`deny_unknown_fields`):
+//! a typo must not silently fall back to a default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Deserializer};
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the ACME listener binds.
+    pub listen: SocketAddr,
+    /// The URL clients reach us at; defaults to `http://{listen}`.
+    pub public_url: Option<String>,
+    /// Directory for the database and self-generated CA keys.
+    pub data_dir: PathBuf,
+    /// `sqlite:PATH`; defaults to `sqlite:{data_dir}/acme-proxy.db`.
+    pub database_url: Option<String>,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    /// Largest request body accepted (RFC 8555 requests are small).
+    pub max_body_bytes: usize,
+    /// Requests served at once; beyond this, 503 with `Retry-After`.
+    pub max_in_flight: usize,
+    #[serde(deserialize_with = "duration")]
+    pub nonce_lifetime: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    pub validation: ValidationConfig,
+    pub profiles: BTreeMap<String, ProfileConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// How challenges are validated (shared by all profiles).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationConfig {
+    /// Port http-01 connects to (RFC 8555 §8.3 says 80; tests use another).
+    pub http_port: u16,
+    /// Time allowed for one validation, connection to answer.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Validations running at once.
+    pub concurrency: usize,
+    /// DNS servers (`ip:port`) used to resolve identifiers; empty means the
+    /// system's resolver configuration.
+    pub dns_resolvers: Vec<SocketAddr>,
+}
+
+/// One ACME endpoint.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileConfig {
+    /// DANGER, tests only: mark every challenge valid without looking.
+    pub bypass: bool,
+    /// Challenge types offered, in order.
+    pub challenges: Vec<String>,
+    /// URL of the terms of service; when set, new accounts must agree.
+    pub terms_of_service: Option<String>,
+    pub website: Option<String>,
+    pub caa_identities: Vec<String>,
+    /// How long a new order (and its pending authorizations) may take.
+    #[serde(deserialize_with = "duration")]
+    pub order_lifetime: Duration,
+    /// How long a valid authorization stays valid.
+    #[serde(deserialize_with = "duration")]
+    pub authorization_lifetime: Duration,
+    pub signer: SignerConfig,
+}
+
+/// How certificates are produced.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SignerConfig {
+    LocalCa(LocalCaConfig),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalCaConfig {
+    /// The operator's CA certificate (PEM). With `ca_key`; both absent means
+    /// a self-generated CA in `{data_dir}/ca/{profile}/`.
+    pub ca_cert: Option<PathBuf>,
+    /// The CA's private key (PKCS#8 PEM).
+    pub ca_key: Option<PathBuf>,
+    /// Certificates above `ca_cert` (PEM), appended to every chain.
+    pub chain: Option<PathBuf>,
+    /// Lifetime of issued certificates.
+    #[serde(deserialize_with = "duration")]
+    pub validity: Duration,
+    /// notBefore is set this far in the past to absorb clock skew.
+    #[serde(deserialize_with = "duration")]
+    pub backdate: Duration,
+    /// CRL distribution point URL put in leaves; none by default.
+    pub crl_url: Option<String>,
+    /// AIA caIssuers URL put in leaves; none by default.
+    pub issuer_url: Option<String>,
+    /// How long each CRL is valid (nextUpdate − thisUpdate); re-signed at half.
+    #[serde(deserialize_with = "duration")]
+    pub crl_validity: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut profiles = BTreeMap::new();
+        profiles.insert("default".to_owned(), ProfileConfig::default());
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 14000)),
+            public_url: None,
+            data_dir: PathBuf::from("acme-proxy-data"),
+            database_url: None,
+            log_format: LogFormat::Text,
+            max_body_bytes: 64 * 1024,
+            max_in_flight: 1024,
+            nonce_lifetime: Duration::from_secs(3600),
+            shutdown_grace: Duration::from_secs(10),
+            validation: ValidationConfig::default(),
+            profiles,
+        }
+    }
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        Self {
+            http_port: 80,
+            timeout: Duration::from_secs(10),
+            concurrency: 32,
+            dns_resolvers: Vec::new(),
+        }
+    }
+}
+
+impl Default for ProfileConfig {
+    fn default() -> Self {
+        Self {
+            bypass: false,
+            challenges: vec!["http-01".to_owned()],
+            terms_of_service: None,
+            website: None,
+            caa_identities: Vec::new(),
+            order_lifetime: Duration::from_secs(7 * 86400),
+            authorization_lifetime: Duration::from_secs(30 * 86400),
+            signer: SignerConfig::LocalCa(LocalCaConfig::default()),
+        }
+    }
+}
+
+impl Default for SignerConfig {
+    fn default() -> Self {
+        Self::LocalCa(LocalCaConfig::default())
+    }
+}
+
+impl Default for LocalCaConfig {
+    fn default() -> Self {
+        Self {
+            ca_cert: None,
+            ca_key: None,
+            chain: None,
+            validity: Duration::from_secs(90 * 86400),
+            backdate: Duration::from_secs(3600),
+            crl_url: None,
+            issuer_url: None,
+            crl_validity: Duration::from_secs(86400),
+        }
+    }
+}
+
+/// Configuration problems found at start-up, each saying what to write.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+/// The challenge types this build can validate.
+pub const SUPPORTED_CHALLENGES: [&str; 1] = ["http-01"];
+
+impl Config {
+    /// Loads the file (if any) and the environment, then checks the result.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "the configuration file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        figment = figment.merge(
+            Env::prefixed("ACME_PROXY_")
+                .split("__")
+                // ACME_PROXY_CONFIG names the file; it is not a key.
+                .ignore(&["config"]),
+        );
+        Self::from_figment(figment)
+    }
+
+    /// Parses a configuration from TOML text alone (tests, `check`).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::new().merge(Toml::string(text)))
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.profiles.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no profiles: add at least one [profiles.NAME] table, e.g. [profiles.default]"
+                    .into(),
+            ));
+        }
+        for (name, profile) in &self.profiles {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "profile name {name:?} must be lowercase letters, digits, '-' or '_' (it is part of URLs)"
+                )));
+            }
+            if profile.challenges.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.challenges is empty; write challenges = [\"http-01\"]"
+                )));
+            }
+            for c in &profile.challenges {
+                if !SUPPORTED_CHALLENGES.contains(&c.as_str()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "profiles.{name}.challenges: {c:?} is not supported; supported: {SUPPORTED_CHALLENGES:?}"
+                    )));
+                }
+            }
+            let SignerConfig::LocalCa(ca) = &profile.signer;
+            if ca.ca_cert.is_some() != ca.ca_key.is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
+                )));
+            }
+            if ca.chain.is_some() && ca.ca_cert.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer.chain needs ca_cert and ca_key: a self-generated CA has no chain above it"
+                )));
+            }
+            if ca.validity < Duration::from_secs(60) {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer.validity is shorter than a minute; write e.g. validity = \"90d\""
+                )));
+            }
+        }
+        if let Some(url) = &self.public_url
+            && (!(url.starts_with("http://") || url.starts_with("https://")) || url.ends_with('/'))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "public_url {url:?} must start with http:// or https:// and have no trailing slash, e.g. \"https://acme.example.internal\""
+            )));
+        }
+        if self.max_in_flight == 0 || self.validation.concurrency == 0 {
+            return Err(ConfigError::Invalid(
+                "max_in_flight and validation.concurrency must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The base URL of every ACME URL we hand out.
+    pub fn base_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.clone(),
+            None => format!("http://{}", self.listen),
+        }
+    }
+
+    pub fn database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite:{}", self.data_dir.join("acme-proxy.db").display()),
+        }
+    }
+}
+
+/// Deserialises "90d", "1h 30m", "10s" (humantime) into a Duration.
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not a duration ({e}); write e.g. \"90d\", \"12h\" or \"30s\""
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_gives_one_default_profile_on_loopback() {
+        let c = Config::from_toml("").unwrap();
+        assert!(c.listen.ip().is_loopback());
+        assert_eq!(c.profiles.keys().collect::<Vec<_>>(), vec!["default"]);
+        assert_eq!(c.base_url(), "http://127.0.0.1:14000");
+    }
+
+    #[test]
+    fn an_unknown_key_stops_start_up_with_its_name() {
+        let err = Config::from_toml("listne = \"127.0.0.1:1\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listne"), "{err}");
+        let err = Config::from_toml("[profiles.a]\nbypas = true")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bypas"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_duration_says_what_to_write() {
+        let err = Config::from_toml("nonce_lifetime = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write e.g."), "{err}");
+    }
+
+    #[test]
+    fn half_an_operator_ca_is_refused() {
+        let err =
+            Config::from_toml("[profiles.a.signer]\ntype = \"local_ca\"\nca_cert = \"x.pem\"")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("both ca_cert and ca_key"), "{err}");
+    }
+}

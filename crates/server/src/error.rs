@@ -1,0 +1,78 @@
+//! The one error type of the ACME state machine.
+//!
+//! An [`AcmeError`] names an RFC 8555 §6.7 problem type and a detail meant
+//! for the client. Internal failures carry their real cause separately
+//! (`internal`), which is logged with the request id and never sent: the
+//! client sees a generic `serverInternal`. The front end (`api`) is the only
+//! code that renders an `AcmeError` into a problem document.
+
+use acme_proxy_protocol::{ProblemType, Subproblem};
+
+#[derive(Debug, Clone)]
+pub struct AcmeError {
+    pub kind: ProblemType,
+    pub detail: String,
+    /// Overrides the type's default HTTP status.
+    pub status: Option<u16>,
+    pub subproblems: Vec<Subproblem>,
+    /// A `Location` to send with the problem (keyChange's 409, §7.3.5).
+    pub location: Option<String>,
+    /// For logs only.
+    pub internal: Option<String>,
+    /// Seconds the client should wait (`Retry-After`).
+    pub retry_after: Option<u64>,
+}
+
+impl AcmeError {
+    pub fn new(kind: ProblemType, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+            status: None,
+            subproblems: Vec::new(),
+            location: None,
+            internal: None,
+            retry_after: None,
+        }
+    }
+
+    /// A failure that is ours, not the client's: generic to the client, the
+    /// cause kept for the logs.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        let mut e = Self::new(
+            ProblemType::ServerInternal,
+            "the server could not complete the request; the operator's logs have the details under this request's id",
+        );
+        e.internal = Some(cause.to_string());
+        e
+    }
+
+    pub fn malformed(detail: impl Into<String>) -> Self {
+        Self::new(ProblemType::Malformed, detail)
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(ProblemType::Unauthorized, detail)
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(ProblemType::Malformed, format!("no such {what}")).with_status(404)
+    }
+
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    pub fn http_status(&self) -> u16 {
+        self.status.unwrap_or_else(|| self.kind.default_status())
+    }
+}
+
+impl From<acme_proxy_store::StoreError> for AcmeError {
+    fn from(e: acme_proxy_store::StoreError) -> Self {
+        Self::internal(e)
+    }
+}
+
+pub type AcmeResult<T> = Result<T, AcmeError>;

@@ -1,0 +1,17 @@
+//! acme-proxy: an ACME (RFC 8555) server for internal PKI.
+//!
+//! See ARCHITECTURE.md for the map. Layers, each using only those below:
+//! `server` (assembly) → `api` (front end) → `authority` (state machine) →
+//! `signer` → store (crate) → protocol (crate); `validation`, `config`,
+//! `clock`, `ids` are leaves.
+
+pub mod api;
+pub mod authority;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod ids;
+pub mod logging;
+pub mod server;
+pub mod signer;
+pub mod validation;

@@ -1,0 +1,108 @@
+//! The `acme-proxy` binary: `serve` (the default) and operator commands.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use acme_proxy::clock::SystemClock;
+use acme_proxy::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "acme-proxy",
+    version,
+    about = "An ACME (RFC 8555) server for internal PKI"
+)]
+struct Cli {
+    /// TOML configuration file (every key is documented in acme-proxy.example.toml).
+    #[arg(long, global = true, env = "ACME_PROXY_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the ACME server (the default when no command is given).
+    Serve,
+    /// Load and check the configuration, then exit.
+    CheckConfig,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("acme-proxy: {e}");
+            std::process::exit(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::CheckConfig => {
+            println!(
+                "configuration OK: {} profile(s), listening on {}",
+                config.profiles.len(),
+                config.listen
+            );
+            Ok(())
+        }
+        Command::Serve => {
+            acme_proxy::logging::init(config.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(serve(config))
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let grace = config.shutdown_grace;
+    let data_dir = config.data_dir.clone();
+    let profiles: Vec<String> = config.profiles.keys().cloned().collect();
+    let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
+    // What an operator needs in their first minute: where to point clients
+    // and what to trust.
+    println!("acme-proxy is listening on {}", running.addr);
+    for p in &profiles {
+        println!("  ACME directory ({p}): {}", running.directory_url(p));
+    }
+    for p in &profiles {
+        println!(
+            "  trust the CA of {p}: {}/profile/{p}/ca.pem (a self-generated CA is also at {}/ca/{p}/ca.pem)",
+            running.base_url,
+            data_dir.display()
+        );
+    }
+    println!(
+        "  e.g. certbot certonly --server {} --standalone -d host.example.internal",
+        running.directory_url(&profiles[0])
+    );
+    wait_for_signal().await;
+    tracing::info!(
+        event = "server.shutdown",
+        outcome = "started",
+        "signal received; shutting down"
+    );
+    running.shutdown(grace).await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Assembly: configuration → store → profiles and signers → authority →
+//! HTTP listener and background tasks; and graceful shutdown.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_store::{Store, StoreOptions};
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppState, Urls};
+use crate::authority::{Authority, Profile};
+use crate::clock::SharedClock;
+use crate::config::{Config, SignerConfig};
+use crate::signer::{LocalCa, Signer};
+use crate::validation::Validators;
+
+/// How often expired nonces are deleted.
+const NONCE_SWEEP_EVERY: Duration = Duration::from_secs(300);
+/// How often CRL freshness is checked.
+const CRL_CHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// A started server.
+#[derive(Debug)]
+pub struct Running {
+    pub addr: SocketAddr,
+    pub base_url: String,
+    pub authority: Arc<Authority>,
+    shutdown: watch::Sender<bool>,
+    http: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// The directory URL of a profile.
+    pub fn directory_url(&self, profile: &str) -> String {
+        Urls::new(&self.base_url, profile).directory()
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish (up to
+    /// `grace`), stops background tasks and closes the database.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.shutdown.send(true);
+        for task in &self.background {
+            task.abort();
+        }
+        if tokio::time::timeout(grace, self.http).await.is_err() {
+            tracing::warn!(
+                event = "server.shutdown",
+                outcome = "timeout",
+                "in-flight requests did not finish within the grace period"
+            );
+        }
+        self.authority.store.close().await;
+        tracing::info!(event = "server.shutdown", outcome = "success", "stopped");
+    }
+}
+
+/// Builds everything and starts serving.
+pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
+    create_private_dir(&config.data_dir)?;
+    let store = Store::open(&config.database_url(), &StoreOptions::default())
+        .await
+        .with_context(|| format!("opening the database {}", config.database_url()))?;
+
+    let mut profiles = BTreeMap::new();
+    for (name, pc) in &config.profiles {
+        let signer = match &pc.signer {
+            SignerConfig::LocalCa(ca) => Signer::LocalCa(
+                LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
+                    .with_context(|| format!("setting up the CA of profile {name}"))?,
+            ),
+        };
+        if pc.bypass {
+            tracing::warn!(
+                event = "config.bypass",
+                outcome = "warning",
+                profile = %name,
+                "DANGER: validation bypass is ON for this profile: every challenge is accepted without a check. Use only in tests."
+            );
+        }
+        profiles.insert(
+            name.clone(),
+            Arc::new(Profile::new(name.clone(), pc.clone(), signer)),
+        );
+    }
+    let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
+    let authority = Arc::new(Authority::new(
+        store,
+        Arc::clone(&clock),
+        profiles,
+        validators,
+        &config,
+    ));
+
+    let resumed = authority
+        .resume_validations()
+        .await
+        .map_err(|e| anyhow::anyhow!("resuming validations: {:?}", e.internal))?;
+    if resumed > 0 {
+        tracing::info!(
+            event = "validation.resume",
+            outcome = "success",
+            resumed,
+            "resumed interrupted validations"
+        );
+    }
+    authority.refresh_stale_crls().await;
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let base_url = match &config.public_url {
+        Some(url) => url.clone(),
+        // With port 0 the real port is known only now.
+        None => format!("http://{addr}"),
+    };
+    let app = Arc::new(AppState::new(
+        Arc::clone(&authority),
+        base_url.clone(),
+        config.max_body_bytes,
+        config.max_in_flight,
+    ));
+    let (shutdown, mut stop) = watch::channel(false);
+    // Nagle's algorithm costs ~40 ms per small response on loopback.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let router = api::router(app);
+    let http = tokio::spawn(async move {
+        let graceful = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(graceful)
+            .await
+        {
+            tracing::error!(event = "server.serve", outcome = "failure", error = %e, "the HTTP server failed");
+        }
+    });
+
+    let mut background = Vec::new();
+    {
+        let authority = Arc::clone(&authority);
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(NONCE_SWEEP_EVERY);
+            loop {
+                tick.tick().await;
+                match authority.store.sweep_nonces(authority.clock.unix()).await {
+                    Ok(n) => tracing::debug!(event = "nonce.sweep", outcome = "success", deleted = n, "expired nonces deleted"),
+                    Err(e) => tracing::error!(event = "nonce.sweep", outcome = "failure", error = %e, "nonce sweep failed"),
+                }
+            }
+        }));
+    }
+    {
+        let authority = Arc::clone(&authority);
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(CRL_CHECK_EVERY);
+            loop {
+                tick.tick().await;
+                authority.refresh_stale_crls().await;
+            }
+        }));
+    }
+    tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
+    Ok(Running {
+        addr,
+        base_url,
+        authority,
+        shutdown,
+        http,
+        background,
+    })
+}
+
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating the data directory {}", dir.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,347 @@
+//! The embedded CA: a self-generated ECDSA P-256 CA (key written 0600 in the
+//! data directory) or the operator's own CA certificate, key and chain.
+//!
+//! Leaves carry exactly the order's names as SANs, EKU serverAuth, AKI/SKI,
+//! a random 127-bit serial, the configured validity and backdating, and
+//! optionally a CRL distribution point and an AIA caIssuers URL. CRLs are
+//! RFC 5280 v2 CRLs with an AKI and a CRL number.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use acme_proxy_store::RevokedEntry;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, CrlDistributionPoint,
+    CustomExtension, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod,
+    KeyPair, KeyUsagePurpose, RevocationReason, RevokedCertParams, SanType, SerialNumber,
+    SubjectPublicKeyInfo,
+};
+use time::OffsetDateTime;
+use x509_parser::prelude::{FromDer, ParsedExtension, X509Certificate};
+
+use super::{IssueRequest, Issued, SignerError};
+use crate::config::LocalCaConfig;
+use crate::ids;
+
+/// The embedded CA of one profile.
+pub struct LocalCa {
+    issuer: Issuer<'static, KeyPair>,
+    /// The CA certificate followed by the configured chain, PEM.
+    ca_pem: String,
+    /// SKI of the CA certificate, for the CRL's AKI (RFC 5280 §5.2.1).
+    key_id: KeyIdMethod,
+    config: LocalCaConfig,
+}
+
+impl std::fmt::Debug for LocalCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("LocalCa").finish_non_exhaustive()
+    }
+}
+
+fn internal(context: &str) -> impl Fn(rcgen::Error) -> SignerError + '_ {
+    move |e| SignerError::Internal(format!("{context}: {e}"))
+}
+
+impl LocalCa {
+    /// Loads the operator's CA, or loads (creating on first start) the
+    /// self-generated CA of `profile` under `data_dir/ca/{profile}/`.
+    pub fn load_or_create(
+        profile: &str,
+        config: &LocalCaConfig,
+        data_dir: &Path,
+        now: OffsetDateTime,
+    ) -> Result<Self, SignerError> {
+        let (cert_path, key_path, chain_path) = match (&config.ca_cert, &config.ca_key) {
+            (Some(cert), Some(key)) => (cert.clone(), key.clone(), config.chain.clone()),
+            _ => {
+                let dir = data_dir.join("ca").join(profile);
+                let cert = dir.join("ca.pem");
+                let key = dir.join("ca.key");
+                if !cert.exists() && !key.exists() {
+                    generate(profile, &dir, &cert, &key, now)?;
+                }
+                (cert, key, None)
+            }
+        };
+        let read = |p: &PathBuf| {
+            fs::read_to_string(p)
+                .map_err(|e| SignerError::Internal(format!("reading {}: {e}", p.display())))
+        };
+        let cert_pem = read(&cert_path)?;
+        let key_pem = read(&key_path)?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|e| {
+            SignerError::Internal(format!(
+                "{} is not a PKCS#8 PEM private key rcgen can use: {e}",
+                key_path.display()
+            ))
+        })?;
+        let cert_der = pem::parse(&cert_pem)
+            .map_err(|e| SignerError::Internal(format!("{}: {e}", cert_path.display())))?
+            .into_contents();
+        let (_, cert) = X509Certificate::from_der(&cert_der)
+            .map_err(|e| SignerError::Internal(format!("{}: {e}", cert_path.display())))?;
+        // A key that does not match the certificate would sign leaves nobody
+        // can verify: stop start-up instead.
+        if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+            return Err(SignerError::Internal(format!(
+                "the key in {} does not belong to the certificate in {}",
+                key_path.display(),
+                cert_path.display()
+            )));
+        }
+        let key_id = cert
+            .extensions()
+            .iter()
+            .find_map(|ext| match ext.parsed_extension() {
+                ParsedExtension::SubjectKeyIdentifier(ski) => {
+                    Some(KeyIdMethod::PreSpecified(ski.0.to_vec()))
+                }
+                _ => None,
+            })
+            .unwrap_or(KeyIdMethod::Sha256);
+        let issuer = Issuer::from_ca_cert_der(&cert_der.clone().into(), key)
+            .map_err(internal("parsing the CA certificate"))?;
+        let mut ca_pem = pem::encode(&pem::Pem::new("CERTIFICATE", cert_der));
+        if let Some(chain) = chain_path {
+            ca_pem.push_str(&read(&chain)?);
+        }
+        Ok(Self {
+            issuer,
+            ca_pem,
+            key_id,
+            config: config.clone(),
+        })
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    pub fn config(&self) -> &LocalCaConfig {
+        &self.config
+    }
+
+    /// The default validity window for a certificate issued at `now`.
+    pub fn default_window(&self, now: OffsetDateTime) -> (OffsetDateTime, OffsetDateTime) {
+        (now - self.config.backdate, now + self.config.validity)
+    }
+
+    pub fn issue(&self, req: &IssueRequest<'_>) -> Result<Issued, SignerError> {
+        let spki = SubjectPublicKeyInfo::from_der(req.spki_der).map_err(|e| {
+            SignerError::BadCsr(format!("the CSR's public key cannot be used: {e}"))
+        })?;
+        let serial = ids::serial();
+        let mut params = CertificateParams::default();
+        params.not_before = req.not_before;
+        params.not_after = req.not_after;
+        params.serial_number = Some(SerialNumber::from_slice(&serial));
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.use_authority_key_identifier_extension = true;
+        params.key_identifier_method = KeyIdMethod::Sha256;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if spki_is_rsa(req.spki_der) {
+            // RSA key exchange in TLS 1.2 needs keyEncipherment.
+            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let mut dn = DistinguishedName::new();
+        if let Some(first) = req.identifiers.first() {
+            // A CN is optional but some older TLS clients still look at it;
+            // it must fit the 64-character upper bound (RFC 5280 App. A).
+            if first.value.len() <= 64 {
+                dn.push(DnType::CommonName, first.value.clone());
+            }
+        }
+        params.distinguished_name = dn;
+        for id in req.identifiers {
+            let san = match id.kind.as_str() {
+                "dns" => SanType::DnsName(
+                    id.value
+                        .clone()
+                        .try_into()
+                        .map_err(|_| SignerError::BadCsr(format!("{:?} is not IA5", id.value)))?,
+                ),
+                "ip" => SanType::IpAddress(id.value.parse().map_err(|_| {
+                    SignerError::BadCsr(format!("{:?} is not an IP address", id.value))
+                })?),
+                other => {
+                    return Err(SignerError::BadCsr(format!(
+                        "identifier type {other:?} cannot be signed"
+                    )));
+                }
+            };
+            params.subject_alt_names.push(san);
+        }
+        if let Some(url) = &self.config.crl_url {
+            params.crl_distribution_points = vec![CrlDistributionPoint {
+                uris: vec![url.clone()],
+            }];
+        }
+        if let Some(url) = &self.config.issuer_url {
+            params
+                .custom_extensions
+                .push(CustomExtension::from_oid_content(
+                    OID_AIA,
+                    aia_ca_issuers(url),
+                ));
+        }
+        let cert = params
+            .signed_by(&spki, &self.issuer)
+            .map_err(internal("signing the certificate"))?;
+        let mut chain_pem = cert.pem();
+        chain_pem.push_str(&self.ca_pem);
+        Ok(Issued {
+            chain_pem,
+            serial: hex::encode(serial),
+            not_before: req.not_before.unix_timestamp(),
+            not_after: req.not_after.unix_timestamp(),
+        })
+    }
+
+    /// Signs a CRL (RFC 5280 §5) listing `entries`.
+    pub fn sign_crl(
+        &self,
+        number: i64,
+        this_update: OffsetDateTime,
+        entries: &[RevokedEntry],
+    ) -> Result<(Vec<u8>, OffsetDateTime), SignerError> {
+        let next_update = this_update + self.config.crl_validity;
+        let mut revoked_certs = Vec::with_capacity(entries.len());
+        for e in entries {
+            let serial = hex::decode(&e.serial).map_err(|_| {
+                SignerError::Internal(format!("stored serial {:?} is not hex", e.serial))
+            })?;
+            revoked_certs.push(RevokedCertParams {
+                serial_number: SerialNumber::from_slice(&serial),
+                revocation_time: OffsetDateTime::from_unix_timestamp(e.revoked_at)
+                    .map_err(|err| SignerError::Internal(err.to_string()))?,
+                reason_code: e.reason.and_then(revocation_reason),
+                invalidity_date: None,
+            });
+        }
+        let params = CertificateRevocationListParams {
+            this_update,
+            next_update,
+            crl_number: SerialNumber::from(number.max(0) as u64),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: self.key_id.clone(),
+        };
+        let crl = params
+            .signed_by(&self.issuer)
+            .map_err(internal("signing the CRL"))?;
+        Ok((crl.der().to_vec(), next_update))
+    }
+
+    /// How long a CRL stays valid.
+    pub fn crl_validity(&self) -> Duration {
+        self.config.crl_validity
+    }
+}
+
+/// RFC 5280 §5.3.1 reason codes as rcgen names them. Unspecified (0) is
+/// omitted from the entry, as the RFC recommends.
+fn revocation_reason(code: i64) -> Option<RevocationReason> {
+    Some(match code {
+        1 => RevocationReason::KeyCompromise,
+        2 => RevocationReason::CaCompromise,
+        3 => RevocationReason::AffiliationChanged,
+        4 => RevocationReason::Superseded,
+        5 => RevocationReason::CessationOfOperation,
+        6 => RevocationReason::CertificateHold,
+        8 => RevocationReason::RemoveFromCrl,
+        9 => RevocationReason::PrivilegeWithdrawn,
+        10 => RevocationReason::AaCompromise,
+        _ => return None,
+    })
+}
+
+fn generate(
+    profile: &str,
+    dir: &Path,
+    cert_path: &Path,
+    key_path: &Path,
+    now: OffsetDateTime,
+) -> Result<(), SignerError> {
+    fs::create_dir_all(dir)
+        .map_err(|e| SignerError::Internal(format!("creating {}: {e}", dir.display())))?;
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(internal("generating the CA key"))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "acme-proxy");
+    dn.push(DnType::CommonName, format!("acme-proxy CA ({profile})"));
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = now - Duration::from_secs(3600);
+    params.not_after = now + Duration::from_secs(10 * 365 * 86400);
+    params.serial_number = Some(SerialNumber::from_slice(&ids::serial()));
+    let cert = params
+        .self_signed(&key)
+        .map_err(internal("self-signing the CA"))?;
+    // The key first, created 0600 and never world-readable even briefly.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(key_path)
+        .map_err(|e| SignerError::Internal(format!("creating {}: {e}", key_path.display())))?;
+    f.write_all(key.serialize_pem().as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| SignerError::Internal(format!("writing {}: {e}", key_path.display())))?;
+    fs::write(cert_path, cert.pem())
+        .map_err(|e| SignerError::Internal(format!("writing {}: {e}", cert_path.display())))?;
+    tracing::info!(
+        event = "ca.generated",
+        outcome = "success",
+        profile,
+        cert = %cert_path.display(),
+        "generated a new CA for the profile"
+    );
+    Ok(())
+}
+
+fn spki_is_rsa(spki_der: &[u8]) -> bool {
+    x509_parser::x509::SubjectPublicKeyInfo::from_der(spki_der)
+        .map(|(_, spki)| {
+            spki.algorithm.algorithm == x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION
+        })
+        .unwrap_or(false)
+}
+
+/// id-pe-authorityInfoAccess (RFC 5280 §4.2.2.1).
+const OID_AIA: &[u64] = &[1, 3, 6, 1, 5, 5, 7, 1, 1];
+
+/// DER of `AuthorityInfoAccessSyntax` with one caIssuers URI.
+fn aia_ca_issuers(url: &str) -> Vec<u8> {
+    // id-ad-caIssuers 1.3.6.1.5.5.7.48.2
+    let oid: &[u8] = &[0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x02];
+    let uri = der_tlv(0x86, url.as_bytes()); // [6] IMPLICIT IA5String
+    let access = der_tlv(0x30, &[oid, &uri].concat());
+    der_tlv(0x30, &access)
+}
+
+fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(content);
+    out
+}

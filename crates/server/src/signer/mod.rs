@@ -1,0 +1,76 @@
+//! Signer backends: what turns a checked CSR into a certificate chain.
+//!
+//! SYSTEM.md names three (`local_ca`, `relay`, `custom`); this build has the
+//! embedded CA. The authority only sees [`Signer`], so adding a backend adds
+//! a variant here and nothing in the authority's state machine.
+//!
+//! Architecture Invariant: signers never change order status; they return a
+//! result and the authority records it.
+
+pub mod local_ca;
+
+use acme_proxy_protocol::types::Identifier;
+use time::OffsetDateTime;
+
+pub use local_ca::LocalCa;
+
+/// What a signer is asked to sign. The authority has already checked the
+/// CSR's signature, key strength and names against the order.
+#[derive(Debug)]
+pub struct IssueRequest<'a> {
+    pub identifiers: &'a [Identifier],
+    /// The subject public key of the CSR, DER SubjectPublicKeyInfo.
+    pub spki_der: &'a [u8],
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+/// A certificate as issued.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// Leaf first, then the issuers (RFC 8555 §7.4.2).
+    pub chain_pem: String,
+    /// Lowercase hex.
+    pub serial: String,
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SignerError {
+    /// The CSR cannot be signed as it is; the client may send another.
+    #[error("{0}")]
+    BadCsr(String),
+    /// Anything else: logged, never shown to the client.
+    #[error("signer failure: {0}")]
+    Internal(String),
+}
+
+/// The signer of one profile.
+#[derive(Debug)]
+pub enum Signer {
+    LocalCa(LocalCa),
+}
+
+impl Signer {
+    pub async fn issue(&self, req: &IssueRequest<'_>) -> Result<Issued, SignerError> {
+        match self {
+            // Signing one certificate is a single ECDSA/RSA signature: cheaper
+            // than a thread hop, so it runs inline.
+            Self::LocalCa(ca) => ca.issue(req),
+        }
+    }
+
+    /// PEM of the CA certificate clients should trust (and what is above it).
+    pub fn ca_pem(&self) -> &str {
+        match self {
+            Self::LocalCa(ca) => ca.ca_pem(),
+        }
+    }
+
+    pub fn local_ca(&self) -> Option<&LocalCa> {
+        match self {
+            Self::LocalCa(ca) => Some(ca),
+        }
+    }
+}

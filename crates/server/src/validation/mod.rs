@@ -1,0 +1,150 @@
+//! Validators: one module per challenge type (RFC 8555 §8), plus name
+//! resolution with explicitly configurable DNS servers.
+//!
+//! A validator answers one question — did the client publish the right
+//! thing? — and returns `Ok(())` or the problem that explains why not. It
+//! never touches the store: the authority records the outcome and moves the
+//! authorization and orders (Architecture Invariant: one writer per fact).
+
+pub mod http01;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_protocol::ProblemType;
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+
+use crate::config::ValidationConfig;
+
+/// Why a validation failed: the problem type recorded on the challenge and
+/// a detail for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidationError {
+    pub kind: ProblemType,
+    pub detail: String,
+}
+
+impl ValidationError {
+    pub fn new(kind: ProblemType, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// What a validation needs to know.
+#[derive(Debug, Clone)]
+pub struct ValidationTarget {
+    pub identifier: String,
+    pub token: String,
+    /// `token || '.' || base64url(thumbprint(accountKey))` (RFC 8555 §8.1).
+    pub key_authorization: String,
+}
+
+/// Shared validation machinery: the resolver and the http-01 client settings.
+#[derive(Clone)]
+pub struct Validators {
+    resolver: Arc<TokioResolver>,
+    pub http_port: u16,
+    pub timeout: Duration,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for Validators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validators")
+            .field("http_port", &self.http_port)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Validators {
+    pub fn new(config: &ValidationConfig) -> Result<Self, String> {
+        let provider = TokioRuntimeProvider::default();
+        let mut builder = if config.dns_resolvers.is_empty() {
+            TokioResolver::builder(provider)
+                .map_err(|e| format!("reading the system resolver configuration: {e}"))?
+        } else {
+            let mut rc = ResolverConfig::default();
+            for server in &config.dns_resolvers {
+                let mut udp = ConnectionConfig::udp();
+                udp.port = server.port();
+                let mut tcp = ConnectionConfig::tcp();
+                tcp.port = server.port();
+                rc.add_name_server(NameServerConfig::new(server.ip(), true, vec![udp, tcp]));
+            }
+            TokioResolver::builder_with_config(rc, provider)
+        };
+        // No caching: a client that fixes its DNS and retries must be seen
+        // at once, and a negative answer must not outlive the attempt.
+        builder.options_mut().cache_size = 0;
+        builder.options_mut().timeout = config.timeout.min(Duration::from_secs(5));
+        let resolver = builder
+            .build()
+            .map_err(|e| format!("building the DNS resolver: {e}"))?;
+        Ok(Self {
+            resolver: Arc::new(resolver),
+            http_port: config.http_port,
+            timeout: config.timeout,
+            tls: Arc::new(
+                http01::danger_unverified_tls_config()
+                    .map_err(|e| format!("building the TLS client: {e}"))?,
+            ),
+        })
+    }
+
+    /// Resolves a name to addresses, IPv6 first then IPv4 (as Boulder does),
+    /// mapping failures to the `dns` problem.
+    pub async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, ValidationError> {
+        if let Ok(ip) = name.parse::<IpAddr>() {
+            return Ok(vec![ip]);
+        }
+        let lookup = self.resolver.lookup_ip(name).await.map_err(|e| {
+            ValidationError::new(
+                ProblemType::Dns,
+                format!("DNS lookup of {name} failed: {e}"),
+            )
+        })?;
+        let mut addrs: Vec<IpAddr> = lookup.iter().collect();
+        if addrs.is_empty() {
+            return Err(ValidationError::new(
+                ProblemType::Dns,
+                format!("no A or AAAA records found for {name}"),
+            ));
+        }
+        addrs.sort_by_key(|a| a.is_ipv4());
+        Ok(addrs)
+    }
+
+    /// Validates one challenge of type `kind`.
+    pub async fn validate(
+        &self,
+        kind: &str,
+        target: &ValidationTarget,
+    ) -> Result<(), ValidationError> {
+        let work = async {
+            match kind {
+                "http-01" => http01::validate(self, target).await,
+                other => Err(ValidationError::new(
+                    ProblemType::Malformed,
+                    format!("challenge type {other} cannot be validated by this server"),
+                )),
+            }
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(ValidationError::new(
+                ProblemType::Connection,
+                format!(
+                    "validation of {} did not complete within {:?}",
+                    target.identifier, self.timeout
+                ),
+            )),
+        }
+    }
+}

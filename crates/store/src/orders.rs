@@ -1,0 +1,560 @@
+//! Orders, authorizations and challenges (RFC 8555 §7.1.3–§7.1.6, §7.4, §7.5).
+//!
+//! Every status change is a guarded statement inside one transaction that
+//! also moves whatever depends on it (challenge → authorization → orders),
+//! so readers never see a valid challenge under a pending authorization.
+
+use acme_proxy_protocol::Problem;
+use acme_proxy_protocol::types::Identifier;
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::{Result, Store, StoreError, to_json};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrderRow {
+    pub id: String,
+    pub profile: String,
+    pub account_id: String,
+    pub status: String,
+    pub identifiers: Vec<Identifier>,
+    pub not_before: Option<i64>,
+    pub not_after: Option<i64>,
+    pub expires_at: i64,
+    pub error: Option<Problem>,
+    pub created_at: i64,
+    /// Set once the order is valid.
+    pub certificate_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthorizationRow {
+    pub id: String,
+    pub profile: String,
+    pub account_id: String,
+    pub identifier: Identifier,
+    pub wildcard: bool,
+    pub status: String,
+    pub expires_at: i64,
+    pub created_at: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChallengeRow {
+    pub id: String,
+    pub authz_id: String,
+    pub kind: String,
+    pub token: String,
+    pub status: String,
+    pub validated_at: Option<i64>,
+    pub error: Option<Problem>,
+}
+
+/// A challenge being validated, with what the validator needs.
+#[derive(Clone, Debug)]
+pub struct ProcessingChallenge {
+    pub challenge: ChallengeRow,
+    pub authorization: AuthorizationRow,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewChallenge {
+    pub id: String,
+    pub kind: String,
+    pub token: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewAuthorization {
+    pub id: String,
+    pub identifier: Identifier,
+    pub wildcard: bool,
+    pub expires_at: i64,
+    pub challenges: Vec<NewChallenge>,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewOrderRow {
+    pub id: String,
+    pub profile: String,
+    pub account_id: String,
+    pub identifiers: Vec<Identifier>,
+    pub not_before: Option<i64>,
+    pub not_after: Option<i64>,
+    pub expires_at: i64,
+    pub now: i64,
+    pub authorizations: Vec<NewAuthorization>,
+}
+
+macro_rules! order_columns {
+    () => {
+        "o.id, o.profile, o.account_id, o.status, o.identifiers, o.not_before, \
+     o.not_after, o.expires_at, o.error, o.created_at, c.id AS certificate_id"
+    };
+}
+macro_rules! authz_columns {
+    () => {
+        "a.id, a.profile, a.account_id, a.identifier_type, a.identifier_value, \
+     a.wildcard, a.status, a.expires_at, a.created_at"
+    };
+}
+macro_rules! challenge_columns {
+    () => {
+        "ch.id, ch.authz_id, ch.type, ch.token, ch.status, ch.validated_at, ch.error"
+    };
+}
+
+fn problem(s: Option<String>) -> Result<Option<Problem>> {
+    s.map(|s| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("problem: {e}"))))
+        .transpose()
+}
+
+fn order_from_row(row: &SqliteRow) -> Result<OrderRow> {
+    let identifiers: String = row.try_get("identifiers")?;
+    Ok(OrderRow {
+        id: row.try_get("id")?,
+        profile: row.try_get("profile")?,
+        account_id: row.try_get("account_id")?,
+        status: row.try_get("status")?,
+        identifiers: serde_json::from_str(&identifiers)
+            .map_err(|e| StoreError::Corrupt(format!("identifiers: {e}")))?,
+        not_before: row.try_get("not_before")?,
+        not_after: row.try_get("not_after")?,
+        expires_at: row.try_get("expires_at")?,
+        error: problem(row.try_get("error")?)?,
+        created_at: row.try_get("created_at")?,
+        certificate_id: row.try_get("certificate_id")?,
+    })
+}
+
+fn authz_from_row(row: &SqliteRow) -> Result<AuthorizationRow> {
+    Ok(AuthorizationRow {
+        id: row.try_get("id")?,
+        profile: row.try_get("profile")?,
+        account_id: row.try_get("account_id")?,
+        identifier: Identifier {
+            kind: row.try_get("identifier_type")?,
+            value: row.try_get("identifier_value")?,
+        },
+        wildcard: row.try_get("wildcard")?,
+        status: row.try_get("status")?,
+        expires_at: row.try_get("expires_at")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
+    Ok(ChallengeRow {
+        id: row.try_get("id")?,
+        authz_id: row.try_get("authz_id")?,
+        kind: row.try_get("type")?,
+        token: row.try_get("token")?,
+        status: row.try_get("status")?,
+        validated_at: row.try_get("validated_at")?,
+        error: problem(row.try_get("error")?)?,
+    })
+}
+
+impl Store {
+    /// Creates an order with its authorizations and their challenges, in one
+    /// transaction.
+    pub async fn insert_order(&self, new: &NewOrderRow) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        sqlx::query(
+            "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at)
+             VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8)",
+        )
+        .bind(&new.id)
+        .bind(&new.profile)
+        .bind(&new.account_id)
+        .bind(to_json(&new.identifiers))
+        .bind(new.not_before)
+        .bind(new.not_after)
+        .bind(new.expires_at)
+        .bind(new.now)
+        .execute(&mut *tx)
+        .await?;
+        for (position, authz) in new.authorizations.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8)",
+            )
+            .bind(&authz.id)
+            .bind(&new.profile)
+            .bind(&new.account_id)
+            .bind(&authz.identifier.kind)
+            .bind(&authz.identifier.value)
+            .bind(authz.wildcard)
+            .bind(authz.expires_at)
+            .bind(new.now)
+            .execute(&mut *tx)
+            .await?;
+            for ch in &authz.challenges {
+                sqlx::query(
+                    "INSERT INTO challenges (id, authz_id, type, token, status) VALUES ($1, $2, $3, $4, 'pending')",
+                )
+                .bind(&ch.id)
+                .bind(&authz.id)
+                .bind(&ch.kind)
+                .bind(&ch.token)
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query(
+                "INSERT INTO order_authorizations (order_id, authz_id, position) VALUES ($1, $2, $3)",
+            )
+            .bind(&new.id)
+            .bind(&authz.id)
+            .bind(position as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id WHERE o.id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.as_ref().map(order_from_row).transpose()
+    }
+
+    /// The order's authorization ids, in the order of its identifiers.
+    pub async fn order_authorization_ids(&self, order_id: &str) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT authz_id FROM order_authorizations WHERE order_id = $1 ORDER BY position",
+        )
+        .bind(order_id)
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
+    /// One page of an account's order ids, oldest first (RFC 8555 §7.1.2.1).
+    pub async fn account_order_ids(
+        &self,
+        account_id: &str,
+        offset: i64,
+        limit: i64,
+    ) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM orders WHERE account_id = $1 ORDER BY created_at, id LIMIT $2 OFFSET $3",
+        )
+        .bind(account_id)
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
+    pub async fn authorization(&self, id: &str) -> Result<Option<AuthorizationRow>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            authz_columns!(),
+            " FROM authorizations a WHERE a.id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.as_ref().map(authz_from_row).transpose()
+    }
+
+    pub async fn challenges_of(&self, authz_id: &str) -> Result<Vec<ChallengeRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            challenge_columns!(),
+            " FROM challenges ch WHERE ch.authz_id = $1 ORDER BY ch.rowid"
+        ))
+        .bind(authz_id)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(challenge_from_row).collect()
+    }
+
+    pub async fn challenge(&self, id: &str) -> Result<Option<ChallengeRow>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            challenge_columns!(),
+            " FROM challenges ch WHERE ch.id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.as_ref().map(challenge_from_row).transpose()
+    }
+
+    /// Whether `account_id` holds a valid, unexpired authorization for
+    /// `identifier` at `profile` (RFC 8555 §7.6 revocation by an account that
+    /// controls every name).
+    pub async fn has_valid_authorization(
+        &self,
+        profile: &str,
+        account_id: &str,
+        identifier: &Identifier,
+        now: i64,
+    ) -> Result<bool> {
+        let found: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM authorizations WHERE profile = $1 AND account_id = $2 AND identifier_type = $3
+             AND identifier_value = $4 AND status = 'valid' AND expires_at > $5 LIMIT 1",
+        )
+        .bind(profile)
+        .bind(account_id)
+        .bind(&identifier.kind)
+        .bind(&identifier.value)
+        .bind(now)
+        .fetch_optional(&self.reader)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// pending → processing for a challenge whose authorization is still
+    /// pending and unexpired. False if another request got there first or
+    /// the authorization moved on (RFC 8555 §7.5.1).
+    pub async fn start_challenge(&self, challenge_id: &str, now: i64) -> Result<bool> {
+        Ok(sqlx::query(
+            "UPDATE challenges SET status = 'processing'
+             WHERE id = $1 AND status = 'pending'
+               AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
+                           AND a.status = 'pending' AND a.expires_at > $2)",
+        )
+        .bind(challenge_id)
+        .bind(now)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// Records a validation outcome and moves the authorization and every
+    /// order that contains it, in one transaction:
+    ///
+    /// - valid: challenge valid, authorization valid (its expiry becomes
+    ///   `valid_until`), each pending order whose authorizations are now all
+    ///   valid becomes ready;
+    /// - invalid: challenge invalid with `error`, authorization invalid, each
+    ///   pending order containing it invalid (RFC 8555 §7.1.6).
+    ///
+    /// Returns false (and changes nothing) if the challenge was not
+    /// processing any more.
+    pub async fn settle_challenge(
+        &self,
+        challenge_id: &str,
+        outcome: std::result::Result<(), &Problem>,
+        now: i64,
+        valid_until: i64,
+    ) -> Result<bool> {
+        let mut tx = self.writer.begin().await?;
+        let authz_id: Option<String> = sqlx::query_scalar(
+            "SELECT authz_id FROM challenges WHERE id = $1 AND status = 'processing'",
+        )
+        .bind(challenge_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(authz_id) = authz_id else {
+            return Ok(false);
+        };
+        match outcome {
+            Ok(()) => {
+                sqlx::query(
+                    "UPDATE challenges SET status = 'valid', validated_at = $1 WHERE id = $2",
+                )
+                .bind(now)
+                .bind(challenge_id)
+                .execute(&mut *tx)
+                .await?;
+                let moved = sqlx::query(
+                    "UPDATE authorizations SET status = 'valid', expires_at = $1 WHERE id = $2 AND status = 'pending'",
+                )
+                .bind(valid_until)
+                .bind(&authz_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if moved == 1 {
+                    sqlx::query(
+                        "UPDATE orders SET status = 'ready'
+                         WHERE status = 'pending'
+                           AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $1)
+                           AND NOT EXISTS (
+                               SELECT 1 FROM order_authorizations oa
+                               JOIN authorizations a ON a.id = oa.authz_id
+                               WHERE oa.order_id = orders.id AND a.status <> 'valid')",
+                    )
+                    .bind(&authz_id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+            Err(problem) => {
+                let error = to_json(problem);
+                sqlx::query("UPDATE challenges SET status = 'invalid', error = $1 WHERE id = $2")
+                    .bind(&error)
+                    .bind(challenge_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("UPDATE authorizations SET status = 'invalid' WHERE id = $1 AND status = 'pending'")
+                    .bind(&authz_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "UPDATE orders SET status = 'invalid', error = $1
+                     WHERE status = 'pending'
+                       AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $2)",
+                )
+                .bind(&error)
+                .bind(&authz_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// pending|valid → deactivated for an authorization (RFC 8555 §7.5.2);
+    /// its unfinished orders become invalid. False if it was neither.
+    pub async fn deactivate_authorization(&self, authz_id: &str) -> Result<bool> {
+        let mut tx = self.writer.begin().await?;
+        let changed = sqlx::query(
+            "UPDATE authorizations SET status = 'deactivated' WHERE id = $1 AND status IN ('pending', 'valid')",
+        )
+        .bind(authz_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if changed {
+            sqlx::query(
+                "UPDATE orders SET status = 'invalid'
+                 WHERE status IN ('pending', 'ready')
+                   AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $1)",
+            )
+            .bind(authz_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// Marks an order invalid because it expired (RFC 8555 §7.1.6), together
+    /// with its authorizations that were still pending.
+    pub async fn expire_order(&self, order_id: &str, now: i64, error: &Problem) -> Result<bool> {
+        let mut tx = self.writer.begin().await?;
+        let changed = sqlx::query(
+            "UPDATE orders SET status = 'invalid', error = $1
+             WHERE id = $2 AND status IN ('pending', 'ready') AND expires_at <= $3",
+        )
+        .bind(to_json(error))
+        .bind(order_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if changed {
+            sqlx::query(
+                "UPDATE authorizations SET status = 'expired'
+                 WHERE status = 'pending' AND expires_at <= $1
+                   AND id IN (SELECT authz_id FROM order_authorizations WHERE order_id = $2)",
+            )
+            .bind(now)
+            .bind(order_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// ready → processing, guarded: of two concurrent finalize requests
+    /// exactly one gets `true` (RFC 8555 §7.4).
+    pub async fn begin_finalize(&self, order_id: &str) -> Result<bool> {
+        Ok(sqlx::query(
+            "UPDATE orders SET status = 'processing' WHERE id = $1 AND status = 'ready'",
+        )
+        .bind(order_id)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// processing → ready: the signer refused the CSR, the client may try
+    /// again with a better one (RFC 8555 §7.4 badCSR).
+    pub async fn abort_finalize(&self, order_id: &str) -> Result<bool> {
+        Ok(sqlx::query(
+            "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'processing'",
+        )
+        .bind(order_id)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// processing → invalid with an error the client will see.
+    pub async fn fail_order(&self, order_id: &str, error: &Problem) -> Result<bool> {
+        Ok(sqlx::query(
+            "UPDATE orders SET status = 'invalid', error = $1 WHERE id = $2 AND status = 'processing'",
+        )
+        .bind(to_json(error))
+        .bind(order_id)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// Challenges left `processing` (e.g. by a process that died mid-
+    /// validation), to be validated again at start-up.
+    pub async fn processing_challenges(&self, limit: i64) -> Result<Vec<ProcessingChallenge>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            challenge_columns!(),
+            ", ",
+            authz_columns!(),
+            " FROM challenges ch
+             JOIN authorizations a ON a.id = ch.authz_id
+             WHERE ch.status = 'processing' LIMIT $1"
+        ))
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                // The column lists share "id" and "status": read the
+                // challenge's by position-aware names.
+                Ok(ProcessingChallenge {
+                    challenge: ChallengeRow {
+                        id: row.try_get(0)?,
+                        authz_id: row.try_get(1)?,
+                        kind: row.try_get(2)?,
+                        token: row.try_get(3)?,
+                        status: row.try_get(4)?,
+                        validated_at: row.try_get(5)?,
+                        error: problem(row.try_get(6)?)?,
+                    },
+                    authorization: AuthorizationRow {
+                        id: row.try_get(7)?,
+                        profile: row.try_get(8)?,
+                        account_id: row.try_get(9)?,
+                        identifier: Identifier {
+                            kind: row.try_get(10)?,
+                            value: row.try_get(11)?,
+                        },
+                        wildcard: row.try_get(12)?,
+                        status: row.try_get(13)?,
+                        expires_at: row.try_get(14)?,
+                        created_at: row.try_get(15)?,
+                    },
+                })
+            })
+            .collect()
+    }
+}
