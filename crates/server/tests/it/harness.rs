@@ -1,0 +1,249 @@
+//! Shared test machinery: free ports, child processes killed on drop, a
+//! real DNS server (pebble-challtestsrv) that answers every name with
+//! 127.0.0.1, an http-01 responder, and servers started in-process or as
+//! the `acme-proxy` binary.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acme_proxy::clock::SystemClock;
+use acme_proxy::config::Config;
+use acme_proxy::server::Running;
+use axum::extract::{Path as AxPath, State};
+use axum::routing::get;
+
+/// A TCP port that was free a moment ago (and whose UDP twin was too).
+pub fn free_port() -> u16 {
+    loop {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = tcp.local_addr().expect("addr").port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Fails (under CI) or skips (elsewhere) when an external program is
+/// missing. Returns false when the test should skip.
+pub fn require_program(name: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!(
+                "{name} is required by this test and is not installed (scripts/test installs it)"
+            );
+        }
+        eprintln!("SKIPPED: {name} is not installed (run ./scripts/test, which installs it)");
+    }
+    found
+}
+
+/// A child process killed when dropped.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn wait_for_tcp(addr: SocketAddr, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("nothing listened on {addr} within {within:?}");
+}
+
+/// pebble-challtestsrv as a DNS server: every A query is answered with
+/// 127.0.0.1, so any test name reaches the local responders.
+pub struct Dns {
+    pub addr: SocketAddr,
+    pub management: SocketAddr,
+    _child: ChildGuard,
+}
+
+impl Dns {
+    pub fn start() -> Option<Dns> {
+        if !require_program("pebble-challtestsrv") {
+            return None;
+        }
+        let port = free_port();
+        let mgmt = free_port();
+        let child = Command::new("pebble-challtestsrv")
+            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+            .args(["-dns01", &format!("127.0.0.1:{port}")])
+            .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
+            .args(["-management", &format!("127.0.0.1:{mgmt}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble-challtestsrv");
+        let guard = ChildGuard(child);
+        let management = SocketAddr::from(([127, 0, 0, 1], mgmt));
+        wait_for_tcp(management, Duration::from_secs(10));
+        // The DNS listener also serves TCP.
+        wait_for_tcp(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(10),
+        );
+        Some(Dns {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            management,
+            _child: guard,
+        })
+    }
+}
+
+/// An http-01 responder: serves `/.well-known/acme-challenge/{token}` from a
+/// map the test fills.
+#[derive(Clone)]
+pub struct Responder {
+    pub port: u16,
+    tokens: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Responder {
+    pub async fn start() -> Responder {
+        let tokens: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/acme-challenge/{token}",
+                get(
+                    |State(t): State<Arc<Mutex<HashMap<String, String>>>>,
+                     AxPath(token): AxPath<String>| async move {
+                        match t.lock().expect("lock").get(&token) {
+                            Some(v) => (http::StatusCode::OK, v.clone()),
+                            None => (http::StatusCode::NOT_FOUND, String::new()),
+                        }
+                    },
+                ),
+            )
+            .with_state(Arc::clone(&tokens));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Responder { port, tokens }
+    }
+
+    pub fn publish(&self, token: &str, key_authorization: &str) {
+        self.tokens
+            .lock()
+            .expect("lock")
+            .insert(token.to_owned(), key_authorization.to_owned());
+    }
+}
+
+/// An acme-proxy started in this process.
+pub struct TestServer {
+    pub running: Option<Running>,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// Starts a server whose http-01 validation goes to `http_port` and
+    /// resolves names through `dns`; `extra` is appended to the config.
+    pub async fn start(http_port: u16, dns: Option<&Dns>, extra: &str) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = Self::config_text(dir.path(), http_port, dns, extra);
+        let config = Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        let running = acme_proxy::server::start(config, Arc::new(SystemClock))
+            .await
+            .expect("server starts");
+        TestServer {
+            running: Some(running),
+            dir,
+        }
+    }
+
+    pub fn config_text(data_dir: &Path, http_port: u16, dns: Option<&Dns>, extra: &str) -> String {
+        let resolvers = dns
+            .map(|d| format!("dns_resolvers = [\"{}\"]", d.addr))
+            .unwrap_or_default();
+        let profiles = if extra.contains("[profiles.") {
+            String::new()
+        } else {
+            "[profiles.default]\n".to_owned()
+        };
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n{resolvers}\n\n{profiles}{extra}\n",
+            data_dir.display()
+        )
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("running")
+    }
+
+    pub fn directory(&self, profile: &str) -> String {
+        self.running().directory_url(profile)
+    }
+
+    pub fn base(&self) -> &str {
+        &self.running().base_url
+    }
+
+    pub fn ca_pem_path(&self, profile: &str) -> PathBuf {
+        self.dir.path().join("ca").join(profile).join("ca.pem")
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown(Duration::from_secs(5)).await;
+        }
+    }
+}
+
+/// The path of the built `acme-proxy` binary.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_acme-proxy")
+}
+
+/// Starts the `acme-proxy` binary with `args` in `cwd`, with extra
+/// environment, and waits until it prints its directory URL. Returns the
+/// guard and that URL.
+pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (ChildGuard, String) {
+    use std::io::{BufRead, BufReader};
+    let mut cmd = Command::new(binary());
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_remove("ACME_PROXY_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn acme-proxy");
+    let stdout = child.stdout.take().expect("stdout");
+    let guard = ChildGuard(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.split("ACME directory (default): ").nth(1) {
+                let _ = tx.send(url.trim().to_owned());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("acme-proxy printed its directory URL");
+    (guard, url)
+}
