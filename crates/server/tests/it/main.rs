@@ -2,5 +2,10 @@
 //! on a 2-core machine), one module per subject.
 
 mod client;
+mod clients;
+mod concurrency;
 mod flow;
 mod harness;
+mod jws_table;
+mod raw;
+mod zero_config;

@@ -1,0 +1,438 @@
+//! The clients operators actually run, certbot and lego, against the
+//! `acme-proxy` binary started as a separate process: each obtains a
+//! certificate over http-01 (answered by the client's own standalone server,
+//! the name resolved through a real DNS server), renews it, revokes it, and
+//! the CRL then lists the revoked serial.
+//!
+//! Every client run has a deadline and is killed when it passes; a failure
+//! message carries the client's stdout and stderr (and certbot's log).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use x509_parser::prelude::*;
+
+use crate::flow::reqwest_get;
+use crate::harness::{self, ChildGuard, Dns, TestServer};
+
+/// The longest one client command may take.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Variables that could send a client's requests to 127.0.0.1 through a
+/// proxy of the machine running the tests.
+const PROXY_VARS: [&str; 6] = [
+    "http_proxy",
+    "HTTP_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+];
+
+/// One finished (or killed) client command.
+struct Ran {
+    command: String,
+    /// None when the deadline passed and the client was killed.
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Ran {
+    fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    fn report(&self) -> String {
+        let status = match self.status {
+            Some(s) => s.to_string(),
+            None => format!("killed after {CLIENT_TIMEOUT:?}"),
+        };
+        format!(
+            "$ {}\n{status} after {:.1?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.command, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `program` with `args`, its home in `home` (so nothing of the user's
+/// is read or written), killed after `CLIENT_TIMEOUT`. Blocking.
+fn run_blocking(program: &str, args: &[String], home: &Path) -> Ran {
+    let command = format!("{program} {}", args.join(" "));
+    let started = Instant::now();
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for var in PROXY_VARS {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {command}: {e}"));
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = out.read_to_end(&mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = err.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = started + CLIENT_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("waiting for {command}: {e}"),
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
+    let stderr = String::from_utf8_lossy(&err_reader.join().unwrap_or_default()).into_owned();
+    Ran {
+        command,
+        status,
+        stdout,
+        stderr,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// `run_blocking` off the async runtime's worker threads.
+async fn run(program: &'static str, args: Vec<String>, home: PathBuf) -> Ran {
+    tokio::task::spawn_blocking(move || run_blocking(program, &args, &home))
+        .await
+        .expect("client thread")
+}
+
+/// The `acme-proxy` binary serving one default profile.
+struct Proxy {
+    _child: ChildGuard,
+    directory: String,
+    base: String,
+    data_dir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    /// Writes a config whose http-01 validation goes to `http_port` and
+    /// whose names resolve through `dns`, then runs `acme-proxy serve`.
+    fn start(dns: &Dns, http_port: u16) -> Proxy {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data_dir = dir.path().join("data");
+        // A client's standalone server may be slower to answer than the
+        // in-process responder: give validation more room.
+        let text = TestServer::config_text(&data_dir, http_port, Some(dns), "").replacen(
+            "timeout = \"5s\"",
+            "timeout = \"10s\"",
+            1,
+        );
+        let config = dir.path().join("acme-proxy.toml");
+        std::fs::write(&config, &text).expect("write config");
+        let config = config.to_str().expect("utf-8 path").to_owned();
+        let (child, directory) =
+            harness::spawn_binary(dir.path(), &["serve", "--config", &config], &[]);
+        let base = directory
+            .strip_suffix("/profile/default/directory")
+            .unwrap_or_else(|| panic!("unexpected directory URL {directory}"))
+            .to_owned();
+        Proxy {
+            _child: child,
+            directory,
+            base,
+            data_dir,
+            _dir: dir,
+        }
+    }
+
+    /// The subject of the profile's self-generated CA (DER).
+    fn ca_subject(&self) -> (Vec<u8>, String) {
+        let path = self.data_dir.join("ca").join("default").join("ca.pem");
+        let pem = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("CA PEM");
+        let ca = pem.parse_x509().expect("CA parses");
+        (ca.subject().as_raw().to_vec(), ca.subject().to_string())
+    }
+
+    /// The serials (raw bytes) on the profile's CRL with their reason codes.
+    async fn crl(&self) -> Vec<(Vec<u8>, Option<u8>)> {
+        let (status, content_type, body) =
+            reqwest_get(&format!("{}/profile/default/crl", self.base)).await;
+        assert_eq!(status, 200, "GET the CRL");
+        assert_eq!(content_type.as_deref(), Some("application/pkix-crl"));
+        let (_, crl) = parse_x509_crl(&body).expect("CRL parses");
+        crl.iter_revoked_certificates()
+            .map(|r| (r.raw_serial().to_vec(), r.reason_code().map(|(_, rc)| rc.0)))
+            .collect()
+    }
+}
+
+/// What the tests check of an issued certificate.
+struct Leaf {
+    serial: Vec<u8>,
+    sans: Vec<String>,
+    issuer: Vec<u8>,
+    issuer_text: String,
+}
+
+/// The first certificate of the PEM file at `path` (a chain's leaf).
+fn leaf(path: &Path, context: &dyn Fn() -> String) -> Leaf {
+    let pem =
+        std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), context()));
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("certificate PEM");
+    let cert = pem.parse_x509().expect("certificate parses");
+    let sans = cert
+        .subject_alternative_name()
+        .expect("SAN extension")
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .map(|g| match g {
+                    GeneralName::DNSName(n) => (*n).to_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Leaf {
+        serial: cert.raw_serial().to_vec(),
+        sans,
+        issuer: cert.issuer().as_raw().to_vec(),
+        issuer_text: cert.issuer().to_string(),
+    }
+}
+
+fn assert_issued(leaf: &Leaf, name: &str, ca: &(Vec<u8>, String)) {
+    assert_eq!(leaf.sans, vec![name.to_owned()], "SANs of the certificate");
+    assert!(
+        leaf.issuer == ca.0,
+        "issuer {} is not the profile's CA {}",
+        leaf.issuer_text,
+        ca.1
+    );
+}
+
+/// The last lines of certbot's log, which hold the ACME exchanges.
+fn certbot_log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("logs").join("letsencrypt.log"))
+        .unwrap_or_else(|e| format!("(no certbot log: {e})"));
+    let lines: Vec<&str> = log.lines().collect();
+    let from = lines.len().saturating_sub(150);
+    lines[from..].join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("certbot") {
+        return;
+    }
+    let port = harness::free_port();
+    let proxy = Proxy::start(&dns, port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_path_buf();
+    let name = "certbot.example.test";
+
+    let common = |d: &Path| -> Vec<String> {
+        let p = |sub: &str| d.join(sub).display().to_string();
+        [
+            "--config-dir",
+            &p("conf"),
+            "--work-dir",
+            &p("work"),
+            "--logs-dir",
+            &p("logs"),
+            "--non-interactive",
+            "--agree-tos",
+            "-m",
+            "admin@example.test",
+            "--server",
+            &proxy.directory,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    };
+    let standalone: Vec<String> = [
+        "--standalone",
+        "--http-01-port",
+        &port.to_string(),
+        "--http-01-address",
+        "127.0.0.1",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let check = |ran: &Ran, what: &str| {
+        assert!(
+            ran.success(),
+            "certbot {what} failed\n{}\n--- letsencrypt.log (tail) ---\n{}",
+            ran.report(),
+            certbot_log_tail(&d)
+        );
+        eprintln!("certbot {what}: {:.1?}", ran.elapsed);
+    };
+    let cert_path = d.join("conf").join("live").join("t").join("cert.pem");
+    let ca = proxy.ca_subject();
+
+    // Obtain.
+    let mut args = vec!["certonly".to_owned()];
+    args.extend(common(&d));
+    args.extend(standalone.iter().cloned());
+    args.extend(["-d", name, "--cert-name", "t"].map(str::to_owned));
+    let ran = run("certbot", args, d.clone()).await;
+    check(&ran, "certonly");
+    let first = leaf(&cert_path, &|| ran.report());
+    assert_issued(&first, name, &ca);
+
+    // Renew: the standalone settings come from the renewal configuration
+    // certbot wrote at issuance.
+    let renewal = std::fs::read_to_string(d.join("conf").join("renewal").join("t.conf"))
+        .expect("renewal configuration");
+    assert!(
+        renewal.contains("authenticator = standalone")
+            && renewal.contains(&format!("http01_port = {port}")),
+        "certbot stored the standalone settings:\n{renewal}"
+    );
+    let mut args = vec!["renew".to_owned()];
+    args.extend(common(&d));
+    if !renewal.contains("http01_address") {
+        // Not stored by every certbot version: give it again.
+        args.extend(["--http-01-address", "127.0.0.1"].map(str::to_owned));
+    }
+    args.extend(["--force-renewal", "--cert-name", "t"].map(str::to_owned));
+    let ran = run("certbot", args, d.clone()).await;
+    check(&ran, "renew");
+    let second = leaf(&cert_path, &|| ran.report());
+    assert_issued(&second, name, &ca);
+    assert_ne!(first.serial, second.serial, "renewal issued a new serial");
+
+    // Revoke the current certificate with the account key.
+    let mut args = vec!["revoke".to_owned()];
+    args.extend(common(&d));
+    args.extend(
+        [
+            "--cert-path",
+            cert_path.to_str().expect("utf-8 path"),
+            "--reason",
+            "keycompromise",
+            "--no-delete-after-revoke",
+        ]
+        .map(str::to_owned),
+    );
+    let ran = run("certbot", args, d.clone()).await;
+    check(&ran, "revoke");
+
+    let crl = proxy.crl().await;
+    let entry = crl.iter().find(|(serial, _)| *serial == second.serial);
+    assert!(
+        entry.is_some(),
+        "the CRL lists the revoked serial {}: {crl:?}",
+        hex::encode(&second.serial)
+    );
+    assert_eq!(
+        entry.and_then(|(_, reason)| *reason),
+        Some(1),
+        "keyCompromise is recorded"
+    );
+    assert!(
+        !crl.iter().any(|(serial, _)| *serial == first.serial),
+        "the superseded, unrevoked certificate is not on the CRL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("lego") {
+        return;
+    }
+    let port = harness::free_port();
+    let proxy = Proxy::start(&dns, port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_path_buf();
+    let name = "lego.example.test";
+
+    let base: Vec<String> = [
+        "--server",
+        &proxy.directory,
+        "--email",
+        "admin@example.test",
+        "--accept-tos",
+        "--path",
+        d.to_str().expect("utf-8 path"),
+        "--key-type",
+        "ec256",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let http: Vec<String> = ["--http", "--http.port", &format!("127.0.0.1:{port}")]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let check = |ran: &Ran, what: &str| {
+        assert!(ran.success(), "lego {what} failed\n{}", ran.report());
+        eprintln!("lego {what}: {:.1?}", ran.elapsed);
+    };
+    let cert_path = d.join("certificates").join(format!("{name}.crt"));
+    let ca = proxy.ca_subject();
+
+    // Obtain (registering the account on the way).
+    let mut args = base.clone();
+    args.extend(http.iter().cloned());
+    args.extend(["-d", name, "run"].map(str::to_owned));
+    let ran = run("lego", args, d.clone()).await;
+    check(&ran, "run");
+    let first = leaf(&cert_path, &|| ran.report());
+    assert_issued(&first, name, &ca);
+
+    // Renew now: any remaining lifetime is under 36500 days.
+    let mut args = base.clone();
+    args.extend(http.iter().cloned());
+    args.extend(["-d", name, "renew", "--days", "36500", "--no-random-sleep"].map(str::to_owned));
+    let ran = run("lego", args, d.clone()).await;
+    check(&ran, "renew");
+    let second = leaf(&cert_path, &|| ran.report());
+    assert_issued(&second, name, &ca);
+    assert_ne!(first.serial, second.serial, "renewal issued a new serial");
+
+    // Revoke the current certificate (lego signs with the account key).
+    let mut args = base.clone();
+    args.extend(["-d", name, "revoke", "--reason", "4"].map(str::to_owned));
+    let ran = run("lego", args, d.clone()).await;
+    check(&ran, "revoke");
+
+    let crl = proxy.crl().await;
+    let entry = crl.iter().find(|(serial, _)| *serial == second.serial);
+    assert!(
+        entry.is_some(),
+        "the CRL lists the revoked serial {}: {crl:?}",
+        hex::encode(&second.serial)
+    );
+    assert_eq!(
+        entry.and_then(|(_, reason)| *reason),
+        Some(4),
+        "superseded is recorded"
+    );
+    assert!(
+        !crl.iter().any(|(serial, _)| *serial == first.serial),
+        "the earlier, unrevoked certificate is not on the CRL"
+    );
+}

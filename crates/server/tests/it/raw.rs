@@ -1,0 +1,223 @@
+//! A deliberately low-level ACME client for forging requests: it signs
+//! whatever protected header and payload a test writes, and sends raw HTTP.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http_body_util::{BodyExt, Full};
+use ring::rand::SystemRandom;
+use ring::signature::{
+    ECDSA_P256_SHA256_FIXED_SIGNING, ECDSA_P384_SHA384_FIXED_SIGNING, EcdsaKeyPair, KeyPair,
+};
+use serde_json::{Value, json};
+
+pub fn b64(b: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(b)
+}
+
+/// An ECDSA account key and its public JWK.
+pub struct Key {
+    pair: EcdsaKeyPair,
+    pkcs8: Vec<u8>,
+    alg: &'static ring::signature::EcdsaSigningAlgorithm,
+    pub jwk: Value,
+}
+
+impl Clone for Key {
+    fn clone(&self) -> Key {
+        let pair = EcdsaKeyPair::from_pkcs8(self.alg, &self.pkcs8, &SystemRandom::new()).unwrap();
+        Key {
+            pair,
+            pkcs8: self.pkcs8.clone(),
+            alg: self.alg,
+            jwk: self.jwk.clone(),
+        }
+    }
+}
+
+impl Key {
+    pub fn p256() -> Key {
+        Self::ec(&ECDSA_P256_SHA256_FIXED_SIGNING, "P-256", 32)
+    }
+
+    pub fn p384() -> Key {
+        Self::ec(&ECDSA_P384_SHA384_FIXED_SIGNING, "P-384", 48)
+    }
+
+    fn ec(alg: &'static ring::signature::EcdsaSigningAlgorithm, crv: &str, len: usize) -> Key {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap();
+        let point = pair.public_key().as_ref().to_vec();
+        let jwk = json!({"kty": "EC", "crv": crv, "x": b64(&point[1..=len]), "y": b64(&point[len + 1..])});
+        Key {
+            pair,
+            pkcs8: pkcs8.as_ref().to_vec(),
+            alg,
+            jwk,
+        }
+    }
+
+    pub fn alg(&self) -> &'static str {
+        if self.jwk["crv"] == "P-256" {
+            "ES256"
+        } else {
+            "ES384"
+        }
+    }
+
+    /// Signs `protected` and `payload` (None = POST-as-GET) into a
+    /// flattened JWS body.
+    pub fn sign(&self, protected: &Value, payload: Option<&Value>) -> Value {
+        let p = b64(protected.to_string().as_bytes());
+        let body = payload
+            .map(|v| b64(v.to_string().as_bytes()))
+            .unwrap_or_default();
+        let sig = self.sign_raw(format!("{p}.{body}").as_bytes());
+        json!({"protected": p, "payload": body, "signature": b64(&sig)})
+    }
+
+    pub fn sign_raw(&self, msg: &[u8]) -> Vec<u8> {
+        self.pair
+            .sign(&SystemRandom::new(), msg)
+            .unwrap()
+            .as_ref()
+            .to_vec()
+    }
+}
+
+/// An HTTP response, decoded enough for assertions.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// The problem type's short name ("badNonce"), or "" if not a problem.
+    pub fn problem(&self) -> String {
+        self.json()["type"]
+            .as_str()
+            .unwrap_or("")
+            .trim_start_matches("urn:ietf:params:acme:error:")
+            .to_owned()
+    }
+
+    pub fn nonce(&self) -> Option<String> {
+        self.headers
+            .get("replay-nonce")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    pub fn location(&self) -> Option<String> {
+        self.headers
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+}
+
+pub async fn request(method: &str, url: &str, content_type: Option<&str>, body: Vec<u8>) -> Resp {
+    let uri: http::Uri = url.parse().unwrap();
+    let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+        .header("host", uri.authority().unwrap().as_str());
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let resp = sender
+        .send_request(req.body(Full::new(bytes::Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// POSTs a JSON body as `application/jose+json`.
+pub async fn post(url: &str, body: &Value) -> Resp {
+    request(
+        "POST",
+        url,
+        Some("application/jose+json"),
+        body.to_string().into_bytes(),
+    )
+    .await
+}
+
+/// A fresh nonce from newNonce.
+pub async fn nonce(directory: &Value) -> String {
+    request(
+        "HEAD",
+        directory["newNonce"].as_str().unwrap(),
+        None,
+        vec![],
+    )
+    .await
+    .nonce()
+    .expect("newNonce gives a nonce")
+}
+
+pub async fn directory(url: &str) -> Value {
+    request("GET", url, None, vec![]).await.json()
+}
+
+/// A registered account: its key and URL.
+pub struct Acct {
+    pub key: Key,
+    pub url: String,
+}
+
+impl Acct {
+    pub async fn create(directory: &Value, key: Key) -> Acct {
+        let url = directory["newAccount"].as_str().unwrap();
+        let protected =
+            json!({"alg": key.alg(), "jwk": key.jwk, "nonce": nonce(directory).await, "url": url});
+        let r = post(
+            url,
+            &key.sign(&protected, Some(&json!({"termsOfServiceAgreed": true}))),
+        )
+        .await;
+        assert!(
+            r.status == 201 || r.status == 200,
+            "newAccount: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+        Acct {
+            url: r.location().expect("Location"),
+            key,
+        }
+    }
+
+    /// A kid-signed request with a fresh nonce.
+    pub async fn post(&self, directory: &Value, url: &str, payload: Option<&Value>) -> Resp {
+        let protected = json!({"alg": self.key.alg(), "kid": self.url, "nonce": nonce(directory).await, "url": url});
+        post(url, &self.key.sign(&protected, payload)).await
+    }
+}
