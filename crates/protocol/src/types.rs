@@ -276,7 +276,7 @@ pub struct Finalize {
 pub struct Revocation {
     pub certificate: String,
     #[serde(default)]
-    pub reason: Option<u8>,
+    pub reason: Option<u64>,
 }
 
 /// The inner payload of a keyChange request (RFC 8555 §7.3.5).

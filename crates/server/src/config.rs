@@ -281,6 +281,48 @@ impl Config {
                 "public_url {url:?} must start with http:// or https:// and have no trailing slash, e.g. \"https://acme.example.internal\""
             )));
         }
+        let at_least = |key: &str, d: Duration, min: Duration, example: &str| {
+            if d < min {
+                Err(ConfigError::Invalid(format!(
+                    "{key} is shorter than {min:?}, which would make the server refuse its own work; write e.g. {key} = \"{example}\""
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        at_least(
+            "nonce_lifetime",
+            self.nonce_lifetime,
+            Duration::from_secs(10),
+            "1h",
+        )?;
+        at_least(
+            "validation.timeout",
+            self.validation.timeout,
+            Duration::from_secs(1),
+            "10s",
+        )?;
+        for (name, p) in &self.profiles {
+            at_least(
+                &format!("profiles.{name}.order_lifetime"),
+                p.order_lifetime,
+                Duration::from_secs(60),
+                "7d",
+            )?;
+            at_least(
+                &format!("profiles.{name}.authorization_lifetime"),
+                p.authorization_lifetime,
+                Duration::from_secs(60),
+                "30d",
+            )?;
+            let SignerConfig::LocalCa(ca) = &p.signer;
+            at_least(
+                &format!("profiles.{name}.signer.crl_validity"),
+                ca.crl_validity,
+                Duration::from_secs(3600),
+                "1d",
+            )?;
+        }
         if self.max_in_flight == 0 || self.validation.concurrency == 0 {
             return Err(ConfigError::Invalid(
                 "max_in_flight and validation.concurrency must be at least 1".into(),
@@ -345,6 +387,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("write e.g."), "{err}");
+    }
+
+    #[test]
+    fn a_zero_lifetime_is_refused_with_an_example() {
+        let err = Config::from_toml("nonce_lifetime = \"0s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nonce_lifetime") && err.contains("write e.g."),
+            "{err}"
+        );
+        let err =
+            Config::from_toml("[profiles.a.signer]\ntype = \"local_ca\"\ncrl_validity = \"1s\"")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("profiles.a.signer.crl_validity"), "{err}");
     }
 
     #[test]

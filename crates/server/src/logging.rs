@@ -10,9 +10,11 @@ use crate::config::LogFormat;
 /// Installs the global subscriber; a second call (tests) is a no-op.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Logs go to stderr; stdout carries only what `serve` prints for people.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder
             .json()

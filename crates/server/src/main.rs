@@ -64,6 +64,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let grace = config.shutdown_grace;
     let data_dir = config.data_dir.clone();
     let profiles: Vec<String> = config.profiles.keys().cloned().collect();
+    let self_generated: Vec<bool> = config
+        .profiles
+        .values()
+        .map(|p| match &p.signer {
+            acme_proxy::config::SignerConfig::LocalCa(ca) => ca.ca_cert.is_none(),
+        })
+        .collect();
     let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
     // What an operator needs in their first minute: where to point clients
     // and what to trust.
@@ -71,12 +78,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     for p in &profiles {
         println!("  ACME directory ({p}): {}", running.directory_url(p));
     }
-    for p in &profiles {
-        println!(
-            "  trust the CA of {p}: {}/profile/{p}/ca.pem (a self-generated CA is also at {}/ca/{p}/ca.pem)",
-            running.base_url,
-            data_dir.display()
+    for (p, generated) in profiles.iter().zip(&self_generated) {
+        print!(
+            "  trust the CA of {p}: {}/profile/{p}/ca.pem",
+            running.base_url
         );
+        if *generated {
+            print!(
+                " (self-generated; also at {}/ca/{p}/ca.pem)",
+                data_dir.display()
+            );
+        }
+        println!();
     }
     println!(
         "  e.g. certbot certonly --server {} --standalone -d host.example.internal",

@@ -216,6 +216,16 @@ impl Store {
             .collect()
     }
 
+    /// When the most recent revocation of a profile happened.
+    pub async fn latest_revocation(&self, profile: &str) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT MAX(revoked_at) FROM certificates WHERE profile = $1 AND revoked_at IS NOT NULL",
+        )
+        .bind(profile)
+        .fetch_one(&self.reader)
+        .await?)
+    }
+
     /// The newest CRL of a profile.
     pub async fn crl(&self, profile: &str) -> Result<Option<CrlRow>> {
         let row = sqlx::query(

@@ -76,9 +76,7 @@ pub async fn new_account(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Jwk)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Jwk).await?;
             let payload: NewAccount = req.payload()?;
             let (row, created) = app.authority.new_account(&p, &req.key, &payload).await?;
             let urls = app.urls(&p.name);
@@ -102,9 +100,7 @@ pub async fn account(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             let acct = req.account()?;
             if acct.id != id {
                 return Err(AcmeError::unauthorized(
@@ -141,9 +137,7 @@ pub async fn account_orders(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             req.require_post_as_get()?;
             let acct = req.account()?;
             if acct.id != id {
@@ -186,9 +180,7 @@ pub async fn key_change(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             let acct = req.account()?;
             let inner_value: serde_json::Value = req.payload()?;
             let inner = Jws::from_value(&inner_value)
@@ -238,9 +230,7 @@ pub async fn new_order(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             let payload: NewOrder = req.payload()?;
             let row = app
                 .authority
@@ -280,9 +270,7 @@ pub async fn order(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             req.require_post_as_get()?;
             let row = app.authority.order(&p, req.account()?, &id).await?;
             order_reply(&app, &p.name, &row).await
@@ -301,9 +289,7 @@ pub async fn finalize(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             let payload: Finalize = req.payload()?;
             let csr = URL_SAFE_NO_PAD
                 .decode(payload.csr.trim_end_matches('='))
@@ -338,7 +324,7 @@ pub async fn authz(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app.verify(&p, &headers, uri.path(), body, KeyMode::Kid).await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             let acct = req.account()?;
             let (row, challenges) = if req.jws.is_post_as_get() {
                 app.authority.authorization(&p, acct, &id).await?
@@ -373,9 +359,7 @@ pub async fn challenge(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             let acct = req.account()?;
             let (ch, authz) = if req.jws.is_post_as_get() {
                 app.authority.challenge(&p, acct, &id).await?
@@ -407,9 +391,7 @@ pub async fn certificate(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Kid)
-                .await?;
+            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
             req.require_post_as_get()?;
             let cert = app.authority.certificate(&p, req.account()?, &id).await?;
             Ok(Reply::bytes(
@@ -432,11 +414,11 @@ pub async fn revoke_cert(
         async {
             let p = app.profile(&profile)?;
             let req = app
-                .verify(&p, &headers, uri.path(), body, KeyMode::Either)
+                .verify(&p, &headers, &uri, body, KeyMode::Either)
                 .await?;
             let payload: Revocation = req.payload()?;
             let der = URL_SAFE_NO_PAD
-                .decode(&payload.certificate)
+                .decode(payload.certificate.trim_end_matches('='))
                 .map_err(|_| AcmeError::malformed("\"certificate\" is not base64url DER"))?;
             let signer = match &req.account {
                 Some(acct) => RevocationSigner::Account(acct),

@@ -16,7 +16,7 @@
 use acme_proxy_protocol::{Jwk, Jws, KeyRef, ProblemType};
 use acme_proxy_store::AccountRow;
 use axum::body::Body;
-use http::{HeaderMap, header};
+use http::{HeaderMap, Uri, header};
 use serde::de::DeserializeOwned;
 
 use super::AppState;
@@ -96,7 +96,7 @@ impl AppState {
         &self,
         profile: &Profile,
         headers: &HeaderMap,
-        path: &str,
+        uri: &Uri,
         body: Body,
         mode: KeyMode,
     ) -> AcmeResult<Verified> {
@@ -127,6 +127,9 @@ impl AppState {
             Jws::parse(&bytes).map_err(|e| AcmeError::new(e.problem_type(), e.to_string()))?;
 
         let urls = self.urls(&profile.name);
+        // The URL reached includes its query (the orders list pages with
+        // `?page=N`), so a JWS for one page cannot be replayed at another.
+        let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
         let reached = format!("{}{}", self.base_url, path);
         if jws.protected.url != reached {
             return Err(AcmeError::unauthorized(format!(

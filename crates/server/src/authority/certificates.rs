@@ -11,8 +11,7 @@ use time::OffsetDateTime;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::oid_registry::{
-    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_NIST_EC_P521,
-    OID_PKCS1_RSAENCRYPTION,
+    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
 use x509_parser::public_key::PublicKey;
@@ -34,7 +33,7 @@ pub enum RevocationSigner<'a> {
 /// Reason codes a client may give (RFC 5280 §5.3.1): unspecified,
 /// keyCompromise, affiliationChanged, superseded, cessationOfOperation.
 /// The others describe CA or attribute events, not a subscriber's.
-const CLIENT_REASONS: [u8; 5] = [0, 1, 3, 4, 5];
+const CLIENT_REASONS: [u64; 5] = [0, 1, 3, 4, 5];
 
 /// What finalize keeps from a checked CSR.
 struct CheckedCsr {
@@ -184,7 +183,7 @@ impl Authority {
         profile: &Profile,
         signer: RevocationSigner<'_>,
         cert_der: &[u8],
-        reason: Option<u8>,
+        reason: Option<u64>,
     ) -> AcmeResult<()> {
         let (_, x509) = X509Certificate::from_der(cert_der)
             .map_err(|_| AcmeError::malformed("\"certificate\" is not a DER X.509 certificate"))?;
@@ -234,7 +233,7 @@ impl Authority {
             .revoke_certificate(
                 &profile.name,
                 &serial,
-                Some(i64::from(reason)),
+                Some(reason as i64),
                 self.clock.unix(),
             )
             .await?
@@ -257,8 +256,19 @@ impl Authority {
             by = match &signer { RevocationSigner::Account(a) => a.id.as_str(), RevocationSigner::CertificateKey(_) => "certificate key" },
             "certificate revoked"
         );
-        // The CRL must list the serial before we answer 200.
-        self.refresh_crl(profile).await?;
+        // The CRL should list the serial before we answer. If re-signing
+        // fails the revocation still stands (it is recorded): the periodic
+        // check re-signs any CRL older than the newest revocation, so the
+        // client is not told "failed" for something that happened.
+        if let Err(e) = self.refresh_crl(profile).await {
+            tracing::error!(
+                event = "crl.refresh",
+                outcome = "failure",
+                profile = %profile.name,
+                error = ?e.internal,
+                "could not re-sign the CRL after a revocation; the periodic check will retry"
+            );
+        }
         Ok(())
     }
 
@@ -274,8 +284,9 @@ impl Authority {
             }
         };
         let now = self.clock.unix();
+        let latest = self.store.latest_revocation(&profile.name).await?;
         match self.store.crl(&profile.name).await? {
-            Some(row) if !crl_needs_refresh(&row, now, validity) => Ok(row.der),
+            Some(row) if !crl_needs_refresh(&row, now, validity, latest) => Ok(row.der),
             _ => self.refresh_crl(profile).await,
         }
     }
@@ -335,9 +346,17 @@ impl Authority {
 }
 
 /// A CRL is re-signed once half of its validity has passed, so relying
-/// parties always find one well before nextUpdate.
-pub fn crl_needs_refresh(row: &CrlRow, now: i64, validity: i64) -> bool {
-    now >= row.next_update - validity / 2
+/// parties always find one well before nextUpdate — and at once if a
+/// revocation is not older than it (`latest_revocation`, Unix seconds): a
+/// revocation in the same second as the CRL may have missed it, and costs
+/// at most a re-sign during that second.
+pub fn crl_needs_refresh(
+    row: &CrlRow,
+    now: i64,
+    validity: i64,
+    latest_revocation: Option<i64>,
+) -> bool {
+    now >= row.next_update - validity / 2 || latest_revocation.is_some_and(|r| r >= row.this_update)
 }
 
 fn leaf_der(chain_pem: &str) -> Option<Vec<u8>> {
@@ -442,8 +461,6 @@ fn check_csr(
             Jwk::from_ec_point(EcCurve::P256, point).map(|j| j.thumbprint_b64())
         } else if curve == OID_NIST_EC_P384 {
             Jwk::from_ec_point(EcCurve::P384, point).map(|j| j.thumbprint_b64())
-        } else if curve == OID_NIST_EC_P521 {
-            None
         } else {
             return Err(bad_csr(
                 "the CSR's EC key is on a curve this server does not issue for; use P-256 or P-384",
@@ -497,10 +514,18 @@ mod tests {
 
     #[test]
     fn a_crl_is_re_signed_once_half_its_life_has_passed() {
-        assert!(!crl_needs_refresh(&row(1100), 1000, 100));
-        assert!(!crl_needs_refresh(&row(1100), 1049, 100));
-        assert!(crl_needs_refresh(&row(1100), 1050, 100));
-        assert!(crl_needs_refresh(&row(1100), 2000, 100));
+        assert!(!crl_needs_refresh(&row(1100), 1000, 100, None));
+        assert!(!crl_needs_refresh(&row(1100), 1049, 100, None));
+        assert!(crl_needs_refresh(&row(1100), 1050, 100, None));
+        assert!(crl_needs_refresh(&row(1100), 2000, 100, None));
+    }
+
+    #[test]
+    fn a_crl_older_than_the_newest_revocation_is_re_signed_at_once() {
+        // row(1100) was signed at 1000.
+        assert!(!crl_needs_refresh(&row(1100), 1010, 100, Some(999)));
+        assert!(crl_needs_refresh(&row(1100), 1010, 100, Some(1000)));
+        assert!(crl_needs_refresh(&row(1100), 1010, 100, Some(1005)));
     }
 
     fn csr(names: &[&str], key: &rcgen::KeyPair) -> Vec<u8> {

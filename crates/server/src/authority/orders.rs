@@ -122,9 +122,10 @@ impl Authority {
             .ok_or_else(|| AcmeError::internal("order vanished after insert"))
     }
 
-    /// notBefore/notAfter (§7.4): accepted when they describe a window the
-    /// signer would issue anyway (not longer than its validity, not ending in
-    /// the past).
+    /// notBefore/notAfter (§7.4): accepted when they describe a window this
+    /// profile would issue anyway: not starting earlier than the signer's
+    /// backdating allows nor later than the order lives, not ending in the
+    /// past, and not longer than the signer's validity.
     fn requested_validity(
         &self,
         profile: &Profile,
@@ -142,31 +143,41 @@ impl Authority {
         };
         let not_before = parse("notBefore", &req.not_before)?;
         let not_after = parse("notAfter", &req.not_after)?;
-        let validity = match profile.signer.local_ca() {
-            Some(ca) => ca.config().validity.as_secs() as i64,
-            None => i64::MAX,
+        if not_before.is_none() && not_after.is_none() {
+            return Ok((None, None));
+        }
+        let Some(ca) = profile.signer.local_ca() else {
+            return Err(AcmeError::malformed(
+                "this profile does not accept notBefore or notAfter",
+            ));
         };
-        let start = not_before.unwrap_or(now);
-        if let Some(end) = not_after {
-            if end <= start || end <= now {
-                return Err(AcmeError::malformed(
-                    "notAfter must be in the future and after notBefore",
-                ));
-            }
-            if end - start > validity {
+        let validity = ca.config().validity.as_secs() as i64;
+        let backdate = ca.config().backdate.as_secs() as i64;
+        if let Some(nb) = not_before {
+            if nb < now - backdate {
                 return Err(AcmeError::malformed(format!(
-                    "the requested validity is longer than this profile issues ({validity} seconds)"
+                    "notBefore is more than {backdate} seconds in the past; certificates are not backdated further"
                 )));
             }
+            if nb > now + profile.config.order_lifetime.as_secs() as i64 {
+                return Err(AcmeError::malformed(
+                    "notBefore is further in the future than the order lives",
+                ));
+            }
         }
-        if let Some(nb) = not_before
-            && nb > now + profile.config.order_lifetime.as_secs() as i64
-        {
+        let start = not_before.unwrap_or(now);
+        let end = not_after.unwrap_or(start + validity);
+        if end <= start || end <= now {
             return Err(AcmeError::malformed(
-                "notBefore is further in the future than the order lives",
+                "notAfter must be in the future and after notBefore",
             ));
         }
-        Ok((not_before, not_after))
+        if end - start > validity {
+            return Err(AcmeError::malformed(format!(
+                "the requested validity is longer than this profile issues ({validity} seconds)"
+            )));
+        }
+        Ok((not_before, Some(end)))
     }
 
     /// Loads an order of `account` at `profile`, marking it invalid first if

@@ -36,32 +36,51 @@ async fn a_nonce_used_by_100_concurrent_requests_is_accepted_exactly_once() {
 }
 
 /// A ready order of `acct` for one name, through the bypass profile.
-async fn ready_order(dir: &serde_json::Value, acct: &Acct, name: &str) -> (String, String) {
+pub(crate) async fn ready_order(
+    dir: &serde_json::Value,
+    acct: &Acct,
+    name: &str,
+) -> (String, String) {
+    ready_order_for(
+        dir,
+        acct,
+        &json!({"identifiers": [{"type": "dns", "value": name}]}),
+    )
+    .await
+}
+
+/// A ready order of `acct` for any newOrder payload, through the bypass
+/// profile: the first challenge of every authorization is triggered.
+pub(crate) async fn ready_order_for(
+    dir: &serde_json::Value,
+    acct: &Acct,
+    new_order: &serde_json::Value,
+) -> (String, String) {
     let r = acct
-        .post(
-            dir,
-            dir["newOrder"].as_str().unwrap(),
-            Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
-        )
+        .post(dir, dir["newOrder"].as_str().unwrap(), Some(new_order))
         .await;
-    assert_eq!(r.status, 201);
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let order_url = r.location().unwrap();
     let finalize = r.json()["finalize"].as_str().unwrap().to_owned();
-    let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
-    let authz = acct.post(dir, &authz_url, None).await.json();
-    let chall = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
-    let r = acct.post(dir, &chall, Some(&json!({}))).await;
-    assert_eq!(
-        r.json()["status"],
-        "valid",
-        "bypass makes the challenge valid at once"
-    );
+    for authz_url in r.json()["authorizations"].as_array().unwrap() {
+        let authz = acct
+            .post(dir, authz_url.as_str().unwrap(), None)
+            .await
+            .json();
+        let chall = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
+        let r = acct.post(dir, &chall, Some(&json!({}))).await;
+        assert_eq!(
+            r.json()["status"],
+            "valid",
+            "bypass makes the challenge valid at once"
+        );
+    }
     let order = acct.post(dir, &order_url, None).await.json();
     assert_eq!(order["status"], "ready");
     (order_url, finalize)
 }
 
-fn csr_for(name: &str) -> String {
+pub(crate) fn csr_for(name: &str) -> String {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
     params.distinguished_name = rcgen::DistinguishedName::new();

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -73,7 +73,6 @@ pub fn wait_for_tcp(addr: SocketAddr, within: Duration) {
 /// 127.0.0.1, so any test name reaches the local responders.
 pub struct Dns {
     pub addr: SocketAddr,
-    pub management: SocketAddr,
     _child: ChildGuard,
 }
 
@@ -103,7 +102,6 @@ impl Dns {
         );
         Some(Dns {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            management,
             _child: guard,
         })
     }
@@ -155,7 +153,8 @@ impl Responder {
 /// An acme-proxy started in this process.
 pub struct TestServer {
     pub running: Option<Running>,
-    pub dir: tempfile::TempDir,
+    /// Holds the data directory until the server is dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl TestServer {
@@ -164,13 +163,25 @@ impl TestServer {
     pub async fn start(http_port: u16, dns: Option<&Dns>, extra: &str) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let toml = Self::config_text(dir.path(), http_port, dns, extra);
-        let config = Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        Self::start_in(dir, &toml).await
+    }
+
+    /// Starts a server from complete configuration text; `{data_dir}` in it
+    /// is replaced by a fresh temporary directory.
+    pub async fn start_with_toml(toml: &str) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = toml.replace("{data_dir}", &dir.path().display().to_string());
+        Self::start_in(dir, &toml).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, toml: &str) -> TestServer {
+        let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
         let running = acme_proxy::server::start(config, Arc::new(SystemClock))
             .await
             .expect("server starts");
         TestServer {
             running: Some(running),
-            dir,
+            _dir: dir,
         }
     }
 
@@ -201,10 +212,6 @@ impl TestServer {
         &self.running().base_url
     }
 
-    pub fn ca_pem_path(&self, profile: &str) -> PathBuf {
-        self.dir.path().join("ca").join(profile).join("ca.pem")
-    }
-
     pub async fn stop(mut self) {
         if let Some(r) = self.running.take() {
             r.shutdown(Duration::from_secs(5)).await;
@@ -219,7 +226,7 @@ pub fn binary() -> &'static str {
 
 /// Starts the `acme-proxy` binary with `args` in `cwd`, with extra
 /// environment, and waits until it prints its directory URL. Returns the
-/// guard and that URL.
+/// guard and that URL. Its log (stderr) goes to `cwd/acme-proxy.log`.
 pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (ChildGuard, String) {
     use std::io::{BufRead, BufReader};
     let mut cmd = Command::new(binary());
@@ -227,7 +234,7 @@ pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (Child
         .current_dir(cwd)
         .env_remove("ACME_PROXY_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(cwd.join("acme-proxy.log")).expect("log file"));
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -1,11 +1,16 @@
 //! The integration suite of the acme-proxy crate: one test binary (one link
 //! on a 2-core machine), one module per subject.
 
+// Tests and their helpers fail by panicking; that is how a test reports.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod client;
 mod clients;
 mod concurrency;
 mod flow;
 mod harness;
 mod jws_table;
+mod operations;
 mod raw;
+mod resources;
 mod zero_config;

@@ -57,6 +57,12 @@ impl Key {
         }
     }
 
+    /// The private key as PKCS#8 DER (e.g. for rcgen, to make a CSR with
+    /// this key).
+    pub fn pkcs8(&self) -> &[u8] {
+        &self.pkcs8
+    }
+
     pub fn alg(&self) -> &'static str {
         if self.jwk["crv"] == "P-256" {
             "ES256"

@@ -43,6 +43,14 @@ async fn serve_without_configuration_answers_a_full_issuance() {
     );
 
     let data = cwd.path().join("acme-proxy-data");
+    let entries: Vec<String> = std::fs::read_dir(cwd.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        entries.contains(&"acme-proxy-data".to_owned()),
+        "{entries:?}"
+    );
     assert!(
         data.join("acme-proxy.db").exists(),
         "SQLite file in the data directory"

@@ -1,0 +1,445 @@
+//! What an operator sees: the operator's own CA and chain, leaf extensions
+//! from configuration, http-01 redirects, admission control, /health,
+//! configuration mistakes at start-up, JSON logs and graceful shutdown.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acme_proxy_protocol::Jwk;
+use axum::extract::{Path as AxPath, State};
+use axum::response::{IntoResponse, Redirect};
+use axum::routing::get;
+use serde_json::json;
+use x509_parser::prelude::*;
+
+use crate::concurrency::{csr_for, ready_order};
+use crate::harness::{Dns, TestServer, binary, spawn_binary};
+use crate::raw::{self, Acct, Key};
+
+fn pem_certs(chain: &str) -> Vec<Vec<u8>> {
+    ::pem::parse_many(chain)
+        .unwrap()
+        .into_iter()
+        .map(::pem::Pem::into_contents)
+        .collect()
+}
+
+/// Orders, validates (bypass), finalizes and downloads one certificate.
+async fn issue_one(server: &TestServer, name: &str) -> String {
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let (order_url, finalize) = ready_order(&dir, &acct, name).await;
+    let r = acct
+        .post(&dir, &finalize, Some(&json!({"csr": csr_for(name)})))
+        .await;
+    assert_eq!(
+        r.json()["status"],
+        "valid",
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let order = acct.post(&dir, &order_url, None).await.json();
+    let cert = acct
+        .post(&dir, order["certificate"].as_str().unwrap(), None)
+        .await;
+    String::from_utf8(cert.body).unwrap()
+}
+
+#[tokio::test]
+async fn an_operator_intermediate_signs_leaves_with_its_chain_and_configured_extensions() {
+    let work = tempfile::tempdir().unwrap();
+    // Root → intermediate, made the way an operator's PKI would hand them over.
+    let root_key = rcgen::KeyPair::generate().unwrap();
+    let mut root = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    root.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    root.distinguished_name
+        .push(rcgen::DnType::CommonName, "Test Root");
+    root.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let root_cert = root.self_signed(&root_key).unwrap();
+    let root_issuer = rcgen::Issuer::new(root, root_key);
+    let int_key = rcgen::KeyPair::generate().unwrap();
+    let mut int = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    int.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    int.distinguished_name
+        .push(rcgen::DnType::CommonName, "Test Intermediate");
+    int.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let int_cert = int.signed_by(&int_key, &root_issuer).unwrap();
+    let p = |n: &str| work.path().join(n).display().to_string();
+    std::fs::write(p("int.pem"), int_cert.pem()).unwrap();
+    std::fs::write(p("int.key"), int_key.serialize_pem()).unwrap();
+    std::fs::write(p("root.pem"), root_cert.pem()).unwrap();
+
+    let server = TestServer::start(
+        1,
+        None,
+        &format!(
+            "[profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"local_ca\"\nca_cert = \"{}\"\nca_key = \"{}\"\nchain = \"{}\"\nvalidity = \"10d\"\nbackdate = \"2h\"\ncrl_url = \"http://crl.example.test/default.crl\"\nissuer_url = \"http://ca.example.test/int.der\"\n",
+            p("int.pem"),
+            p("int.key"),
+            p("root.pem")
+        ),
+    )
+    .await;
+    let chain = issue_one(&server, "op.example.test").await;
+    let certs = pem_certs(&chain);
+    assert_eq!(certs.len(), 3, "leaf, intermediate, root");
+    assert_eq!(certs[1], int_cert.der().to_vec());
+    assert_eq!(certs[2], root_cert.der().to_vec());
+    let (_, leaf) = X509Certificate::from_der(&certs[0]).unwrap();
+    let (_, intermediate) = X509Certificate::from_der(&certs[1]).unwrap();
+    assert_eq!(leaf.issuer(), intermediate.subject());
+    leaf.verify_signature(Some(intermediate.public_key()))
+        .unwrap();
+    let life = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
+    assert_eq!(life, 10 * 86400 + 2 * 3600, "validity plus backdating");
+    let mut crl_uri = None;
+    let mut aia_uri = None;
+    for ext in leaf.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::CRLDistributionPoints(points) => {
+                if let Some(DistributionPointName::FullName(names)) =
+                    &points.points[0].distribution_point
+                    && let GeneralName::URI(u) = &names[0]
+                {
+                    crl_uri = Some(u.to_string());
+                }
+            }
+            ParsedExtension::AuthorityInfoAccess(aia) => {
+                let access = &aia.accessdescs[0];
+                assert_eq!(
+                    access.access_method,
+                    x509_parser::oid_registry::OID_PKIX_ACCESS_DESCRIPTOR_CA_ISSUERS
+                );
+                if let GeneralName::URI(u) = &access.access_location {
+                    aia_uri = Some(u.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        crl_uri.as_deref(),
+        Some("http://crl.example.test/default.crl")
+    );
+    assert_eq!(aia_uri.as_deref(), Some("http://ca.example.test/int.der"));
+
+    // The CRL is signed by the intermediate and names it as issuer.
+    let (status, _, der) =
+        crate::flow::reqwest_get(&format!("{}/profile/default/crl", server.base())).await;
+    assert_eq!(status, 200);
+    let (_, crl) = parse_x509_crl(&der).unwrap();
+    crl.verify_signature(intermediate.public_key()).unwrap();
+    assert_eq!(crl.issuer(), intermediate.subject());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_ca_key_that_does_not_match_its_certificate_stops_start_up() {
+    let work = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let other = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let cert = ca.self_signed(&key).unwrap();
+    std::fs::write(work.path().join("ca.pem"), cert.pem()).unwrap();
+    std::fs::write(work.path().join("ca.key"), other.serialize_pem()).unwrap();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{d}/data\"\n[profiles.default.signer]\ntype = \"local_ca\"\nca_cert = \"{d}/ca.pem\"\nca_key = \"{d}/ca.key\"\n",
+        d = work.path().display()
+    );
+    let config = acme_proxy::config::Config::from_toml(&toml).unwrap();
+    let err = acme_proxy::server::start(config, Arc::new(acme_proxy::clock::SystemClock))
+        .await
+        .expect_err("refused");
+    assert!(
+        format!("{err:#}").contains("does not belong to the certificate"),
+        "{err:#}"
+    );
+}
+
+type Routes = Arc<Mutex<HashMap<String, String>>>;
+
+/// A responder whose challenge path redirects: `/.well-known/acme-challenge/T`
+/// → wherever `redirects[T]` says; `/final/T` serves `answers[T]`.
+async fn redirecting_responder(redirects: Routes, answers: Routes) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/acme-challenge/{token}",
+            get(
+                |State((r, _)): State<(Routes, Routes)>, AxPath(t): AxPath<String>| async move {
+                    let to = r.lock().unwrap().get(&t).cloned().unwrap_or_default();
+                    Redirect::temporary(&to).into_response()
+                },
+            ),
+        )
+        .route(
+            "/final/{token}",
+            get(
+                |State((_, a)): State<(Routes, Routes)>, AxPath(t): AxPath<String>| async move {
+                    a.lock().unwrap().get(&t).cloned().unwrap_or_default()
+                },
+            ),
+        )
+        .with_state((redirects, answers));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    port
+}
+
+#[tokio::test]
+async fn http_01_follows_redirects_only_to_allowed_ports_and_not_forever() {
+    let Some(dns) = Dns::start() else { return };
+    let redirects: Routes = Arc::default();
+    let answers: Routes = Arc::default();
+    let port = redirecting_responder(Arc::clone(&redirects), Arc::clone(&answers)).await;
+    let server = TestServer::start(port, Some(&dns), "").await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let thumb = Jwk::from_value(&acct.key.jwk).unwrap().thumbprint_b64();
+
+    // (name, where its challenge redirects, expected status, expected problem)
+    let cases = [
+        ("ok.example.test", "/final/{t}".to_owned(), "valid", ""),
+        (
+            "abs.example.test",
+            format!("http://abs.example.test:{port}/final/{{t}}"),
+            "valid",
+            "",
+        ),
+        (
+            "port.example.test",
+            "http://port.example.test:8081/final/{t}".to_owned(),
+            "invalid",
+            "unauthorized",
+        ),
+        (
+            "ftp.example.test",
+            "ftp://ftp.example.test/{t}".to_owned(),
+            "invalid",
+            "unauthorized",
+        ),
+        (
+            "loop.example.test",
+            "/.well-known/acme-challenge/{t}".to_owned(),
+            "invalid",
+            "unauthorized",
+        ),
+    ];
+    for (name, target, want_status, want_problem) in cases {
+        let r = acct
+            .post(
+                &dir,
+                dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+            )
+            .await;
+        let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+        let authz = acct.post(&dir, &authz_url, None).await.json();
+        let ch = &authz["challenges"][0];
+        let token = ch["token"].as_str().unwrap().to_owned();
+        redirects
+            .lock()
+            .unwrap()
+            .insert(token.clone(), target.replace("{t}", &token));
+        answers
+            .lock()
+            .unwrap()
+            .insert(token.clone(), format!("{token}.{thumb}"));
+        let r = acct
+            .post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
+            .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.json()["status"],
+            "processing",
+            "validation runs off the request path"
+        );
+        assert!(r.headers.get("retry-after").is_some());
+        assert!(
+            r.headers
+                .get_all("link")
+                .iter()
+                .any(|l| l.to_str().unwrap().contains("rel=\"up\""))
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let settled = loop {
+            let c = acct
+                .post(&dir, ch["url"].as_str().unwrap(), None)
+                .await
+                .json();
+            if c["status"] != "processing" {
+                break c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: validation did not settle"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(settled["status"], want_status, "{name}: {settled}");
+        let problem = settled["error"]["type"]
+            .as_str()
+            .unwrap_or("")
+            .trim_start_matches("urn:ietf:params:acme:error:");
+        assert_eq!(problem, want_problem, "{name}: {settled}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
+    let server = TestServer::start_with_toml(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{data_dir}\"\nmax_in_flight = 1\n[profiles.default]\nbypass = true\n",
+    )
+    .await;
+    let new_order = format!("{}/profile/default/new-order", server.base());
+    let addr = server.running().addr;
+    // Hold the only slot: a POST whose body never finishes arriving.
+    let mut slow = TcpStream::connect(addr).unwrap();
+    write!(
+        slow,
+        "POST /profile/default/new-order HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/jose+json\r\nContent-Length: 100\r\n\r\n{{"
+    )
+    .unwrap();
+    slow.flush().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = raw::request(
+        "POST",
+        &new_order,
+        Some("application/jose+json"),
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.problem(), "serverInternal");
+    assert_eq!(r.headers.get("retry-after").unwrap(), "1");
+    drop(slow);
+    // The slot is free again once the slow request is gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = raw::request(
+            "POST",
+            &new_order,
+            Some("application/jose+json"),
+            b"{}".to_vec(),
+        )
+        .await;
+        if r.status != 503 {
+            assert_eq!(r.status, 400, "an ordinary refusal once admitted");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot was never released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _, body) = crate::flow::reqwest_get(&format!("{}/health", server.base())).await;
+    assert_eq!(
+        (status, String::from_utf8(body).unwrap().as_str()),
+        (200, "{\"status\":\"ok\"}")
+    );
+    server.stop().await;
+}
+
+#[test]
+fn an_unknown_configuration_key_stops_start_up_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("acme-proxy.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\n[profiles.default]\nbypas = true\n",
+    )
+    .unwrap();
+    let out = Command::new(binary())
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bypas") && stderr.contains("bypass"),
+        "names the key and what to write: {stderr}"
+    );
+    // Nothing was created: a broken configuration starts nothing.
+    assert!(!dir.path().join("acme-proxy-data").exists());
+
+    let out = Command::new(binary())
+        .args(["serve"])
+        .current_dir(dir.path())
+        .env("ACME_PROXY_LISTNE", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("listne"),
+        "an environment key is checked too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly() {
+    let cwd = tempfile::tempdir().unwrap();
+    let (mut server, directory) = spawn_binary(
+        cwd.path(),
+        &["serve"],
+        &[
+            ("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned()),
+            ("ACME_PROXY_LOG_FORMAT", "json".to_owned()),
+        ],
+    );
+    let r = raw::request("GET", &directory, None, vec![]).await;
+    assert_eq!(r.status, 200);
+    let request_id = r.headers["x-request-id"].to_str().unwrap().to_owned();
+
+    Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = server.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not stop the server");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "graceful exit, got {status:?}");
+
+    let mut log = String::new();
+    std::fs::File::open(cwd.path().join("acme-proxy.log"))
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        assert!(
+            l["fields"]["event"].is_string() && l["fields"]["outcome"].is_string(),
+            "event and outcome on {l}"
+        );
+    }
+    let served = lines
+        .iter()
+        .find(|l| l["fields"]["event"] == "http.request")
+        .expect("a request line");
+    assert_eq!(served["span"]["request_id"], request_id.as_str());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["event"] == "server.shutdown"
+                && l["fields"]["outcome"] == "success")
+    );
+}
