@@ -405,6 +405,78 @@ mod tests {
         assert!(err.contains("profiles.a.signer.crl_validity"), "{err}");
     }
 
+    /// Every key, as a dotted path; a new key must be added here and to
+    /// `acme-proxy.example.toml`, which this test checks against.
+    const EVERY_KEY: &[&str] = &[
+        "listen",
+        "public_url",
+        "data_dir",
+        "database_url",
+        "log_format",
+        "max_body_bytes",
+        "max_in_flight",
+        "nonce_lifetime",
+        "shutdown_grace",
+        "validation.http_port",
+        "validation.timeout",
+        "validation.concurrency",
+        "validation.dns_resolvers",
+        "profiles.default.bypass",
+        "profiles.default.challenges",
+        "profiles.default.terms_of_service",
+        "profiles.default.website",
+        "profiles.default.caa_identities",
+        "profiles.default.order_lifetime",
+        "profiles.default.authorization_lifetime",
+        "profiles.default.signer.type",
+        "profiles.default.signer.ca_cert",
+        "profiles.default.signer.ca_key",
+        "profiles.default.signer.chain",
+        "profiles.default.signer.validity",
+        "profiles.default.signer.backdate",
+        "profiles.default.signer.crl_url",
+        "profiles.default.signer.issuer_url",
+        "profiles.default.signer.crl_validity",
+    ];
+
+    #[test]
+    fn the_example_configuration_parses_and_documents_every_key() {
+        let text = include_str!("../../../acme-proxy.example.toml");
+        Config::from_toml(text).unwrap();
+        // Keys shown commented out count as documented: strip the comment
+        // markers and parse again, keeping the tables in place.
+        // The commented-out example profiles at the end are not parsed.
+        let documented = text
+            .split("\n# [profiles.staging]\n")
+            .next()
+            .unwrap_or(text);
+        let uncommented: String = documented
+            .lines()
+            .map(|l| {
+                let t = l.trim_start();
+                let is_key = |rest: &str| {
+                    rest.split_once(" = ").is_some_and(|(k, _)| {
+                        !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+                };
+                match t.strip_prefix("# ") {
+                    Some(rest) if is_key(rest) => rest,
+                    _ => l,
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let value: figment::value::Value = Figment::from(Toml::string(&uncommented))
+            .extract()
+            .unwrap_or_else(|e| panic!("{e}"));
+        for key in EVERY_KEY {
+            assert!(
+                value.find_ref(key).is_some(),
+                "{key} is not documented in acme-proxy.example.toml"
+            );
+        }
+    }
+
     #[test]
     fn half_an_operator_ca_is_refused() {
         let err =

@@ -133,6 +133,12 @@ async fn instant_acme_obtains_renews_and_revokes_a_certificate_and_the_crl_lists
         leaf.raw_serial().len() >= 8,
         "serial carries at least 64 bits"
     );
+    assert!(
+        leaf.get_extension_unique(&x509_parser::oid_registry::OID_X509_EXT_SUBJECT_KEY_IDENTIFIER)
+            .unwrap()
+            .is_some(),
+        "the leaf has an SKI"
+    );
 
     // Renewal: a second order for the same names gets a new certificate.
     let (chain2, _) = client::issue(&account, &responder, &names).await;
