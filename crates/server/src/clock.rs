@@ -15,6 +15,46 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     fn unix(&self) -> i64 {
         self.now().unix_timestamp()
     }
+
+    /// Unix milliseconds, as the job queue keeps time (leases are seconds).
+    fn unix_ms(&self) -> i64 {
+        (self.now().unix_timestamp_nanos() / 1_000_000) as i64
+    }
+}
+
+/// A clock that moves only when told to, for tests of expiry, leases,
+/// backoff and deadlines without sleeping.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: std::sync::Mutex<OffsetDateTime>,
+}
+
+impl ManualClock {
+    pub fn new(start: OffsetDateTime) -> Self {
+        Self {
+            now: std::sync::Mutex::new(start),
+        }
+    }
+
+    /// Starts at the system time, so certificates it dates are valid now.
+    pub fn starting_now() -> Self {
+        Self::new(SystemClock.now())
+    }
+
+    pub fn advance(&self, by: std::time::Duration) {
+        if let Ok(mut now) = self.now.lock() {
+            *now += by;
+        }
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> OffsetDateTime {
+        self.now
+            .lock()
+            .map(|n| *n)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+    }
 }
 
 /// The system's wall clock.

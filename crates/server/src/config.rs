@@ -37,7 +37,52 @@ pub struct Config {
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
     pub validation: ValidationConfig,
+    pub jobs: JobsConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
+}
+
+/// The durable job queue (background validation, periodic sweeps).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// Jobs run at once by this process.
+    pub concurrency: usize,
+    /// How often the runner looks for scheduled work when nothing woke it.
+    #[serde(deserialize_with = "duration")]
+    pub poll_interval: Duration,
+    /// How long a claim lasts unless renewed; a dead runner's jobs are
+    /// reclaimed after at most this long. Renewed every third of it.
+    #[serde(deserialize_with = "duration")]
+    pub lease: Duration,
+    /// Default time budget of one attempt (handlers may set their own).
+    #[serde(deserialize_with = "duration")]
+    pub attempt_budget: Duration,
+    /// Attempts before a job is retired for good.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt, jittered.
+    #[serde(deserialize_with = "duration")]
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    #[serde(deserialize_with = "duration")]
+    pub backoff_cap: Duration,
+    /// How long finished jobs are kept for operators to inspect.
+    #[serde(deserialize_with = "duration")]
+    pub retention: Duration,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            poll_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(15),
+            attempt_budget: Duration::from_secs(300),
+            max_attempts: 10,
+            backoff_base: Duration::from_secs(2),
+            backoff_cap: Duration::from_secs(600),
+            retention: Duration::from_secs(7 * 86400),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -131,6 +176,7 @@ impl Default for Config {
             nonce_lifetime: Duration::from_secs(3600),
             shutdown_grace: Duration::from_secs(10),
             validation: ValidationConfig::default(),
+            jobs: JobsConfig::default(),
             profiles,
         }
     }

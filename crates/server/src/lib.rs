@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod ids;
+pub mod jobs;
 pub mod logging;
 pub mod server;
 pub mod signer;

@@ -13,9 +13,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Urls};
-use crate::authority::{Authority, Profile};
+use crate::authority::{Authority, Profile, ValidationJobs};
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
+use crate::jobs::periodic::{CrlRefresh, JobRetention, NonceSweep};
+use crate::jobs::{Queue, Registry, Runner};
 use crate::signer::{LocalCa, Signer};
 use crate::validation::Validators;
 
@@ -23,6 +25,8 @@ use crate::validation::Validators;
 const NONCE_SWEEP_EVERY: Duration = Duration::from_secs(300);
 /// How often CRL freshness is checked.
 const CRL_CHECK_EVERY: Duration = Duration::from_secs(60);
+/// How often finished jobs past retention are deleted.
+const RETENTION_EVERY: Duration = Duration::from_secs(3600);
 
 /// A started server.
 #[derive(Debug)]
@@ -30,9 +34,10 @@ pub struct Running {
     pub addr: SocketAddr,
     pub base_url: String,
     pub authority: Arc<Authority>,
+    pub runner: Arc<Runner>,
     shutdown: watch::Sender<bool>,
     http: JoinHandle<()>,
-    background: Vec<JoinHandle<()>>,
+    jobs: JoinHandle<()>,
 }
 
 impl Running {
@@ -41,12 +46,20 @@ impl Running {
         Urls::new(&self.base_url, profile).directory()
     }
 
-    /// Stops accepting connections, lets in-flight requests finish (up to
-    /// `grace`), stops background tasks and closes the database.
+    /// Stops accepting connections and claiming jobs, lets in-flight
+    /// requests and attempts finish (up to `grace`), releases the leases of
+    /// attempts still running, and closes the database.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.shutdown.send(true);
-        for task in &self.background {
-            task.abort();
+        if tokio::time::timeout(grace + Duration::from_secs(5), self.jobs)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                event = "server.shutdown",
+                outcome = "timeout",
+                "the job runner did not stop in time"
+            );
         }
         if tokio::time::timeout(grace, self.http).await.is_err() {
             tracing::warn!(
@@ -89,27 +102,49 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         );
     }
     let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
+    let queue = Arc::new(Queue::new(
+        store.clone(),
+        Arc::clone(&clock),
+        config.jobs.clone(),
+    ));
     let authority = Arc::new(Authority::new(
-        store,
+        store.clone(),
         Arc::clone(&clock),
         profiles,
         validators,
+        Arc::clone(&queue),
         &config,
     ));
-
-    let resumed = authority
-        .resume_validations()
-        .await
-        .map_err(|e| anyhow::anyhow!("resuming validations: {:?}", e.internal))?;
-    if resumed > 0 {
-        tracing::info!(
-            event = "validation.resume",
-            outcome = "success",
-            resumed,
-            "resumed interrupted validations"
-        );
-    }
     authority.refresh_stale_crls().await;
+
+    let mut registry = Registry::default();
+    registry
+        .register(Arc::new(ValidationJobs {
+            authority: Arc::clone(&authority),
+        }))
+        .map_err(anyhow::Error::msg)?;
+    registry
+        .register(Arc::new(NonceSweep {
+            authority: Arc::clone(&authority),
+            every: NONCE_SWEEP_EVERY,
+        }))
+        .map_err(anyhow::Error::msg)?;
+    registry
+        .register(Arc::new(CrlRefresh {
+            authority: Arc::clone(&authority),
+            every: CRL_CHECK_EVERY,
+        }))
+        .map_err(anyhow::Error::msg)?;
+    registry
+        .register(Arc::new(JobRetention {
+            clock: Arc::clone(&clock),
+            store,
+            retention: config.jobs.retention,
+            every: RETENTION_EVERY,
+        }))
+        .map_err(anyhow::Error::msg)?;
+    let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
+    runner.recover().await.map_err(anyhow::Error::msg)?;
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -127,6 +162,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         config.max_in_flight,
     ));
     let (shutdown, mut stop) = watch::channel(false);
+    let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
     // Nagle's algorithm costs ~40 ms per small response on loopback.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
@@ -144,38 +180,15 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         }
     });
 
-    let mut background = Vec::new();
-    {
-        let authority = Arc::clone(&authority);
-        background.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(NONCE_SWEEP_EVERY);
-            loop {
-                tick.tick().await;
-                match authority.store.sweep_nonces(authority.clock.unix()).await {
-                    Ok(n) => tracing::debug!(event = "nonce.sweep", outcome = "success", deleted = n, "expired nonces deleted"),
-                    Err(e) => tracing::error!(event = "nonce.sweep", outcome = "failure", error = %e, "nonce sweep failed"),
-                }
-            }
-        }));
-    }
-    {
-        let authority = Arc::clone(&authority);
-        background.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(CRL_CHECK_EVERY);
-            loop {
-                tick.tick().await;
-                authority.refresh_stale_crls().await;
-            }
-        }));
-    }
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
     Ok(Running {
         addr,
         base_url,
         authority,
+        runner,
         shutdown,
         http,
-        background,
+        jobs,
     })
 }
 

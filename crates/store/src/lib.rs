@@ -15,6 +15,7 @@
 
 mod accounts;
 mod certificates;
+mod jobs;
 mod nonces;
 mod orders;
 
@@ -26,6 +27,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
+pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow, OrderRow,
     ProcessingChallenge,

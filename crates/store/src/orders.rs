@@ -330,6 +330,50 @@ impl Store {
             == 1)
     }
 
+    /// pending → processing (as [`Store::start_challenge`]) and the job that
+    /// will validate it, in one transaction: a challenge is never left
+    /// processing without the work that settles it.
+    pub async fn start_challenge_with_job(
+        &self,
+        challenge_id: &str,
+        now: i64,
+        job: &crate::NewJob<'_>,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let mut tx = self.writer.begin().await?;
+        let started = sqlx::query(
+            "UPDATE challenges SET status = 'processing'
+             WHERE id = $1 AND status = 'pending'
+               AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
+                           AND a.status = 'pending' AND a.expires_at > $2)",
+        )
+        .bind(challenge_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !started {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
+             VALUES ($1, $2, $3, 'queued', 0, $4, $5, $6, $7, $7)
+             ON CONFLICT (kind, key) WHERE status IN ('queued', 'running', 'retiring') DO NOTHING",
+        )
+        .bind(job.kind)
+        .bind(job.key)
+        .bind(job.payload)
+        .bind(job.max_attempts)
+        .bind(job.run_at)
+        .bind(job.deadline)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     /// Records a validation outcome and moves the authorization and every
     /// order that contains it, in one transaction:
     ///

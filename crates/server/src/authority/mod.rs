@@ -11,6 +11,7 @@
 mod accounts;
 mod certificates;
 mod orders;
+mod validation;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,10 +22,12 @@ use tokio::sync::{Mutex, Semaphore};
 use crate::clock::SharedClock;
 use crate::config::{Config, ProfileConfig};
 use crate::error::{AcmeError, AcmeResult};
+use crate::jobs::Queue;
 use crate::signer::Signer;
 use crate::validation::Validators;
 
 pub use certificates::{RevocationSigner, crl_needs_refresh};
+pub use validation::{VALIDATION_KIND, ValidationJobs};
 
 /// One ACME endpoint: its configuration and its signer.
 #[derive(Debug)]
@@ -54,10 +57,12 @@ pub struct Authority {
     pub store: Store,
     pub clock: SharedClock,
     profiles: BTreeMap<String, Arc<Profile>>,
-    validators: Validators,
-    /// Bounds background validations (SYSTEM.md: validation runs off the
-    /// request path with bounded concurrency).
-    validation_slots: Arc<Semaphore>,
+    pub(crate) validators: Validators,
+    /// Bounds validations running at once (SYSTEM.md: validation runs off
+    /// the request path, as jobs, with bounded concurrency).
+    pub(crate) validation_slots: Arc<Semaphore>,
+    /// Where background work goes (validations).
+    pub queue: Arc<Queue>,
     nonce_lifetime: i64,
 }
 
@@ -67,6 +72,7 @@ impl Authority {
         clock: SharedClock,
         profiles: BTreeMap<String, Arc<Profile>>,
         validators: Validators,
+        queue: Arc<Queue>,
         config: &Config,
     ) -> Self {
         Self {
@@ -75,6 +81,7 @@ impl Authority {
             profiles,
             validators,
             validation_slots: Arc::new(Semaphore::new(config.validation.concurrency)),
+            queue,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
         }
     }

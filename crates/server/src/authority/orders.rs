@@ -14,7 +14,6 @@ use super::{Authority, Profile};
 use crate::clock::parse_rfc3339;
 use crate::error::{AcmeError, AcmeResult};
 use crate::ids;
-use crate::validation::ValidationTarget;
 
 /// Identifiers accepted in one order.
 pub const MAX_IDENTIFIERS: usize = 100;
@@ -320,15 +319,10 @@ impl Authority {
                 }
             )));
         }
-        if !self.store.start_challenge(&ch.id, now).await? {
-            return self.challenge(profile, account, id).await;
-        }
-        let target = ValidationTarget {
-            identifier: authz.identifier.value.clone(),
-            token: ch.token.clone(),
-            key_authorization: format!("{}.{}", ch.token, account.key_thumbprint),
-        };
         if profile.config.bypass {
+            if !self.store.start_challenge(&ch.id, now).await? {
+                return self.challenge(profile, account, id).await;
+            }
             tracing::warn!(
                 event = "validation.bypassed",
                 outcome = "success",
@@ -339,57 +333,32 @@ impl Authority {
             );
             self.settle(profile, &ch, Ok(())).await?;
         } else {
-            self.spawn_validation(Arc::clone(profile), ch.clone(), target);
+            // The state change and the job that settles it commit together.
+            let payload = serde_json::json!({ "challenge": ch.id }).to_string();
+            let now_ms = self.clock.unix_ms();
+            let job = acme_proxy_store::NewJob {
+                kind: super::VALIDATION_KIND,
+                key: &ch.id,
+                payload: &payload,
+                run_at: now_ms,
+                // Past the authorization's expiry a result is useless.
+                deadline: Some(authz.expires_at * 1000),
+                max_attempts: i64::from(self.queue.config.max_attempts),
+            };
+            if self
+                .store
+                .start_challenge_with_job(&ch.id, now, &job, now_ms)
+                .await?
+            {
+                self.queue.wake(super::VALIDATION_KIND);
+            }
         }
         self.challenge(profile, account, id).await
     }
 
-    fn spawn_validation(
-        self: &Arc<Self>,
-        profile: Arc<Profile>,
-        ch: ChallengeRow,
-        target: ValidationTarget,
-    ) {
-        let this = Arc::clone(self);
-        let span = tracing::Span::current();
-        tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                let Ok(_slot) = Arc::clone(&this.validation_slots).acquire_owned().await else {
-                    return;
-                };
-                let started = std::time::Instant::now();
-                let result = this.validators.validate(&ch.kind, &target).await;
-                let outcome = match &result {
-                    Ok(()) => "valid",
-                    Err(_) => "invalid",
-                };
-                tracing::info!(
-                    event = "validation.finished",
-                    outcome,
-                    profile = %profile.name,
-                    challenge = %ch.id,
-                    kind = %ch.kind,
-                    identifier = %target.identifier,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    error = result.as_ref().err().map(|e| e.detail.as_str()),
-                    "validation finished"
-                );
-                let result = result.map_err(|e| Problem::new(e.kind, e.detail));
-                if let Err(e) = this.settle(&profile, &ch, result).await {
-                    tracing::error!(
-                        event = "validation.settle",
-                        outcome = "failure",
-                        challenge = %ch.id,
-                        error = ?e.internal,
-                        "could not record a validation outcome; it will be retried at the next start"
-                    );
-                }
-            },
-            span,
-        ));
-    }
-
-    async fn settle(
+    /// Records a validation outcome on the challenge, its authorization and
+    /// orders (one store transaction).
+    pub(super) async fn settle(
         &self,
         profile: &Profile,
         ch: &ChallengeRow,
@@ -401,41 +370,6 @@ impl Authority {
             .settle_challenge(&ch.id, result.as_ref().map(|_| ()), now, valid_until)
             .await?;
         Ok(())
-    }
-
-    /// Re-runs validations that were in flight when the previous process
-    /// stopped (their challenges are still `processing`).
-    pub async fn resume_validations(self: &Arc<Self>) -> AcmeResult<usize> {
-        const BATCH: i64 = 10_000;
-        let pending = self.store.processing_challenges(BATCH).await?;
-        let n = pending.len();
-        for p in pending {
-            let Some(profile) = self.profile(&p.authorization.profile).cloned() else {
-                continue;
-            };
-            let Some(account) = self.store.account(&p.authorization.account_id).await? else {
-                continue;
-            };
-            let target = ValidationTarget {
-                identifier: p.authorization.identifier.value.clone(),
-                token: p.challenge.token.clone(),
-                key_authorization: format!("{}.{}", p.challenge.token, account.key_thumbprint),
-            };
-            if profile.config.bypass {
-                self.settle(&profile, &p.challenge, Ok(())).await?;
-            } else {
-                self.spawn_validation(profile, p.challenge, target);
-            }
-        }
-        if n as i64 == BATCH {
-            tracing::warn!(
-                event = "validation.resume",
-                outcome = "partial",
-                resumed = n,
-                "more interrupted validations than one batch; the rest resume at the next start"
-            );
-        }
-        Ok(n)
     }
 }
 

@@ -1,0 +1,185 @@
+//! Challenge validation as durable jobs (RFC 8555 §7.5.1: the server
+//! validates after the client's trigger, off the request path).
+//!
+//! The trigger moves the challenge to `processing` and queues the job in
+//! one transaction. The job validates and records the outcome; a validation
+//! that was running when the process died is reclaimed by the next runner
+//! after one lease. A job that is retired for good (it kept failing for
+//! reasons of ours, or its authorization expired meanwhile) settles the
+//! challenge `invalid` with `serverInternal`, so no order waits forever.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_protocol::{Problem, ProblemType};
+use acme_proxy_store::JobRow;
+
+use super::Authority;
+use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use crate::validation::ValidationTarget;
+
+/// The job kind; the key is the challenge id.
+pub const VALIDATION_KIND: &str = "challenge_validation";
+
+/// Interrupted validations picked up per start (the rest at the next).
+const RECOVER_BATCH: i64 = 10_000;
+
+/// The handler of [`VALIDATION_KIND`] jobs.
+#[derive(Debug)]
+pub struct ValidationJobs {
+    pub authority: Arc<Authority>,
+}
+
+fn challenge_id(job: &JobRow) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(&job.payload)
+        .ok()?
+        .get("challenge")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+impl JobHandler for ValidationJobs {
+    fn kind(&self) -> &'static str {
+        VALIDATION_KIND
+    }
+
+    /// The validation's own timeout plus room to record the outcome.
+    fn budget(&self, _job: &JobRow) -> Option<Duration> {
+        Some(self.authority.validators.timeout + Duration::from_secs(10))
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let a = &self.authority;
+            let Some(id) = challenge_id(job) else {
+                return Outcome::Failed(format!("payload {:?} names no challenge", job.payload));
+            };
+            let loaded = async {
+                let Some(ch) = a.store.challenge(&id).await? else {
+                    return Ok(None);
+                };
+                let Some(authz) = a.store.authorization(&ch.authz_id).await? else {
+                    return Ok(None);
+                };
+                let account = a.store.account(&authz.account_id).await?;
+                Ok::<_, acme_proxy_store::StoreError>(account.map(|acct| (ch, authz, acct)))
+            }
+            .await;
+            let (ch, authz, account) = match loaded {
+                Ok(Some(found)) => found,
+                Ok(None) => return Outcome::Done,
+                Err(e) => return Outcome::Retry(format!("reading the challenge: {e}")),
+            };
+            // Already settled (a previous attempt got this far): nothing to do.
+            if ch.status != "processing" {
+                return Outcome::Done;
+            }
+            let Some(profile) = a.profile(&authz.profile).cloned() else {
+                return Outcome::Failed(format!(
+                    "profile {} is no longer configured",
+                    authz.profile
+                ));
+            };
+            let Ok(_slot) = Arc::clone(&a.validation_slots).acquire_owned().await else {
+                return Outcome::Retry("validation slots closed".into());
+            };
+            let result = if profile.config.bypass {
+                Ok(())
+            } else {
+                let target = ValidationTarget {
+                    identifier: authz.identifier.value.clone(),
+                    token: ch.token.clone(),
+                    key_authorization: format!("{}.{}", ch.token, account.key_thumbprint),
+                };
+                let started = std::time::Instant::now();
+                let r = a.validators.validate(&ch.kind, &target).await;
+                tracing::info!(
+                    event = "validation.finished",
+                    outcome = if r.is_ok() { "valid" } else { "invalid" },
+                    profile = %profile.name,
+                    challenge = %ch.id,
+                    kind = %ch.kind,
+                    identifier = %target.identifier,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    error = r.as_ref().err().map(|e| e.detail.as_str()),
+                    "validation finished"
+                );
+                r.map_err(|e| Problem::new(e.kind, e.detail))
+            };
+            match a.settle(&profile, &ch, result).await {
+                Ok(()) => Outcome::Done,
+                // Our database refused: validate again next attempt.
+                Err(e) => Outcome::Retry(format!("recording the outcome: {:?}", e.internal)),
+            }
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let a = &self.authority;
+            let Some(id) = challenge_id(job) else { return };
+            let problem = Problem::new(
+                ProblemType::ServerInternal,
+                "the server could not complete this validation; create a new order to try again",
+            );
+            let now = a.clock.unix();
+            match a.store.settle_challenge(&id, Err(&problem), now, now).await {
+                Ok(true) => tracing::warn!(
+                    event = "validation.abandoned",
+                    outcome = "failure",
+                    challenge = %id,
+                    reason = %reason,
+                    "validation retired; the challenge is invalid"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(event = "validation.abandoned", outcome = "failure", challenge = %id, error = %e, "could not mark the challenge invalid")
+                }
+            }
+        })
+    }
+
+    /// Re-queues a job for every challenge left `processing` without one
+    /// (the identity key makes this safe to run any number of times).
+    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let pending = self
+                .authority
+                .store
+                .processing_challenges(RECOVER_BATCH)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut requeued = 0;
+            for p in &pending {
+                let mut spec = JobSpec::new(
+                    VALIDATION_KIND,
+                    p.challenge.id.clone(),
+                    serde_json::json!({ "challenge": p.challenge.id }),
+                );
+                spec.deadline =
+                    time::OffsetDateTime::from_unix_timestamp(p.authorization.expires_at).ok();
+                if let acme_proxy_store::Enqueued::Queued(_) =
+                    queue.enqueue(spec).await.map_err(|e| e.to_string())?
+                {
+                    requeued += 1;
+                }
+            }
+            if requeued > 0 {
+                tracing::warn!(
+                    event = "validation.recover",
+                    outcome = "success",
+                    requeued,
+                    "re-queued validations that had no job"
+                );
+            }
+            if pending.len() as i64 == RECOVER_BATCH {
+                tracing::warn!(
+                    event = "validation.recover",
+                    outcome = "partial",
+                    "more processing challenges than one batch; the rest at the next start"
+                );
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,698 @@
+//! The durable job queue (SYSTEM.md "The job queue contract"): at-least-once
+//! background work that survives crashes, retries what is transient and
+//! retires what is not, exactly once.
+//!
+//! - [`Queue::enqueue`]: (kind, key) is unique among unfinished jobs, so
+//!   enqueueing twice queues once (and says so).
+//! - [`JobHandler`]: `run` → [`Outcome`]; `abandon` runs once when a job is
+//!   retired for good (failed, attempts exhausted, deadline passed, or
+//!   cancelled by an operator) — never between retries; `recover` runs at
+//!   start-up to re-queue work whose job row was lost.
+//! - [`Runner`]: claims due jobs of the kinds it has handlers for, with a
+//!   short lease it renews while the attempt runs (the heartbeat). The
+//!   lease is separate from the attempt's time budget: a runner that dies
+//!   has its jobs reclaimed within one lease, however long the budget.
+//!   Every settlement is guarded on the lease owner, so a runner that lost
+//!   its lease cannot overwrite a newer claim.
+//!
+//! Architecture Invariant: the queue knows nothing of ACME. Handlers live
+//! with the subsystem whose work they do (the authority's validations, the
+//! periodic sweeps) and are registered at assembly.
+
+mod backoff;
+pub mod periodic;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acme_proxy_store::{Enqueued, JobRow, NewJob, Store, StoreError};
+use time::OffsetDateTime;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+
+pub use backoff::backoff;
+
+use crate::clock::SharedClock;
+use crate::config::JobsConfig;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A job to queue.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub kind: &'static str,
+    /// Identity within the kind: a second enqueue of a live (kind, key) is a no-op.
+    pub key: String,
+    pub payload: serde_json::Value,
+    /// When to run first; `None` is now.
+    pub run_at: Option<OffsetDateTime>,
+    /// Past this the job is retired (its result could no longer be used).
+    pub deadline: Option<OffsetDateTime>,
+    /// Overrides the configured maximum number of attempts.
+    pub max_attempts: Option<u32>,
+}
+
+impl JobSpec {
+    pub fn new(kind: &'static str, key: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            kind,
+            key: key.into(),
+            payload,
+            run_at: None,
+            deadline: None,
+            max_attempts: None,
+        }
+    }
+}
+
+/// What one attempt concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Finished.
+    Done,
+    /// Nobody decided anything (a timeout, a 503): try again after backoff.
+    Retry(String),
+    /// Somebody decided no: retire the job now and run `abandon`.
+    Failed(String),
+    /// Done for now; run again at this time (periodic work). Attempts reset.
+    Reschedule(OffsetDateTime),
+}
+
+/// Why a job was retired for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetireReason {
+    Failed(String),
+    AttemptsExhausted {
+        attempts: i64,
+        last_error: String,
+    },
+    DeadlinePassed,
+    Cancelled {
+        actor: String,
+    },
+    /// A runner died while abandoning; this is the stored reason, and
+    /// `abandon` runs again (handlers' abandon must be idempotent).
+    Resumed(String),
+}
+
+impl std::fmt::Display for RetireReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failed(e) => write!(f, "failed: {e}"),
+            Self::AttemptsExhausted {
+                attempts,
+                last_error,
+            } => {
+                write!(f, "gave up after {attempts} attempts: {last_error}")
+            }
+            Self::DeadlinePassed => write!(f, "deadline passed"),
+            Self::Cancelled { actor } => write!(f, "cancelled by {actor}"),
+            Self::Resumed(reason) => write!(f, "{reason}"),
+        }
+    }
+}
+
+/// The work of one job kind.
+pub trait JobHandler: Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+
+    /// The time budget of one attempt; past it the attempt is cancelled and
+    /// counted as a retry. `None` takes the configured default.
+    fn budget(&self, _job: &JobRow) -> Option<Duration> {
+        None
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome>;
+
+    /// Called once when the job is retired for good.
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()>;
+
+    /// Called at start-up: re-queue whatever should be running.
+    fn recover<'a>(&'a self, _queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Hooks for metrics: called on every queue event.
+pub trait JobObserver: Send + Sync + std::fmt::Debug {
+    fn enqueued(&self, _kind: &str) {}
+    fn claimed(&self, _kind: &str, _latency: Duration) {}
+    fn done(&self, _kind: &str) {}
+    fn retried(&self, _kind: &str) {}
+    fn abandoned(&self, _kind: &str) {}
+}
+
+/// Counters per (event, kind): the default observer, ready to be exported.
+#[derive(Debug, Default)]
+pub struct JobCounters {
+    counts: Mutex<BTreeMap<(&'static str, String), u64>>,
+    claim_latency_ms_total: AtomicU64,
+}
+
+impl JobCounters {
+    fn bump(&self, event: &'static str, kind: &str) {
+        if let Ok(mut c) = self.counts.lock() {
+            *c.entry((event, kind.to_owned())).or_default() += 1;
+        }
+    }
+
+    /// How many `event`s ("enqueued", "claimed", "done", "retried",
+    /// "abandoned") happened for `kind`.
+    pub fn get(&self, event: &str, kind: &str) -> u64 {
+        self.counts
+            .lock()
+            .ok()
+            .and_then(|c| {
+                c.iter()
+                    .find(|((e, k), _)| *e == event && k == kind)
+                    .map(|(_, v)| *v)
+            })
+            .unwrap_or(0)
+    }
+
+    pub fn claim_latency_ms_total(&self) -> u64 {
+        self.claim_latency_ms_total.load(Ordering::Relaxed)
+    }
+}
+
+impl JobObserver for JobCounters {
+    fn enqueued(&self, kind: &str) {
+        self.bump("enqueued", kind);
+    }
+    fn claimed(&self, kind: &str, latency: Duration) {
+        self.bump("claimed", kind);
+        self.claim_latency_ms_total
+            .fetch_add(latency.as_millis() as u64, Ordering::Relaxed);
+    }
+    fn done(&self, kind: &str) {
+        self.bump("done", kind);
+    }
+    fn retried(&self, kind: &str) {
+        self.bump("retried", kind);
+    }
+    fn abandoned(&self, kind: &str) {
+        self.bump("abandoned", kind);
+    }
+}
+
+/// The queue: where work is put. Cheap to share.
+#[derive(Debug)]
+pub struct Queue {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub config: JobsConfig,
+    pub observer: Arc<JobCounters>,
+    wake: Notify,
+}
+
+impl Queue {
+    pub fn new(store: Store, clock: SharedClock, config: JobsConfig) -> Self {
+        Self {
+            store,
+            clock,
+            config,
+            observer: Arc::new(JobCounters::default()),
+            wake: Notify::new(),
+        }
+    }
+
+    /// Wakes the runner: work was queued by other means (in a store
+    /// transaction together with the state it belongs to).
+    pub fn wake(&self, kind: &str) {
+        self.observer.enqueued(kind);
+        self.wake.notify_one();
+    }
+
+    /// Queues `spec` unless a job of the same identity is unfinished; wakes
+    /// the runner at once.
+    pub async fn enqueue(&self, spec: JobSpec) -> Result<Enqueued, StoreError> {
+        let now = self.clock.unix_ms();
+        let ms = |t: OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as i64;
+        let payload = spec.payload.to_string();
+        let result = self
+            .store
+            .insert_job(
+                &NewJob {
+                    kind: spec.kind,
+                    key: &spec.key,
+                    payload: &payload,
+                    run_at: spec.run_at.map_or(now, ms),
+                    deadline: spec.deadline.map(ms),
+                    max_attempts: i64::from(spec.max_attempts.unwrap_or(self.config.max_attempts)),
+                },
+                now,
+            )
+            .await?;
+        if let Enqueued::Queued(id) = result {
+            self.observer.enqueued(spec.kind);
+            tracing::debug!(event = "job.enqueued", outcome = "success", kind = spec.kind, key = %spec.key, id, "job queued");
+            self.wake.notify_one();
+        }
+        Ok(result)
+    }
+}
+
+/// Handlers by kind; refuses two handlers for one kind.
+#[derive(Default)]
+pub struct Registry {
+    handlers: BTreeMap<&'static str, Arc<dyn JobHandler>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.handlers.keys()).finish()
+    }
+}
+
+impl Registry {
+    pub fn register(&mut self, handler: Arc<dyn JobHandler>) -> Result<(), String> {
+        let kind = handler.kind();
+        if self.handlers.insert(kind, handler).is_some() {
+            return Err(format!("two job handlers registered for kind {kind:?}"));
+        }
+        Ok(())
+    }
+
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.handlers.keys().copied().collect()
+    }
+
+    fn get(&self, kind: &str) -> Option<&Arc<dyn JobHandler>> {
+        self.handlers.get(kind)
+    }
+}
+
+/// Claims and runs jobs.
+pub struct Runner {
+    queue: Arc<Queue>,
+    registry: Arc<Registry>,
+    /// Lease owner: unique per runner incarnation.
+    owner: String,
+    slots: Arc<Semaphore>,
+    held: Arc<Mutex<HashSet<i64>>>,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("owner", &self.owner)
+            .field("kinds", &self.registry)
+            .finish()
+    }
+}
+
+impl Runner {
+    pub fn new(queue: Arc<Queue>, registry: Registry) -> Self {
+        let owner = format!("{}:{}", std::process::id(), crate::ids::request_id());
+        let slots = Arc::new(Semaphore::new(queue.config.concurrency));
+        Self {
+            queue,
+            registry: Arc::new(registry),
+            owner,
+            slots,
+            held: Arc::default(),
+        }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Runs every handler's `recover` (start-up).
+    pub async fn recover(&self) -> Result<(), String> {
+        for handler in self.registry.handlers.values() {
+            handler
+                .recover(&self.queue)
+                .await
+                .map_err(|e| format!("recovering {} jobs: {e}", handler.kind()))?;
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, limit: usize) -> Vec<JobRow> {
+        if limit == 0 {
+            return Vec::new();
+        }
+        let kinds = self.registry.kinds();
+        let lease = self.queue.config.lease.as_millis() as i64;
+        let now = self.queue.clock.unix_ms();
+        match self
+            .queue
+            .store
+            .claim_jobs(&self.owner, &kinds, now, lease, limit as i64)
+            .await
+        {
+            Ok(jobs) => {
+                for j in &jobs {
+                    let waited = Duration::from_millis(now.saturating_sub(j.run_at).max(0) as u64);
+                    self.queue.observer.claimed(&j.kind, waited);
+                }
+                jobs
+            }
+            Err(e) => {
+                tracing::error!(event = "job.claim", outcome = "failure", error = %e, "claiming jobs failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Claims every due job (up to the concurrency) and runs them to their
+    /// settlement; returns how many ran. Used by tests with an injected
+    /// clock, and by nothing else.
+    pub async fn run_due(self: &Arc<Self>) -> usize {
+        let jobs = self.claim(self.slots.available_permits()).await;
+        let n = jobs.len();
+        let mut set = JoinSet::new();
+        for job in jobs {
+            let this = Arc::clone(self);
+            set.spawn(async move { this.execute(job).await });
+        }
+        while set.join_next().await.is_some() {}
+        n
+    }
+
+    /// The claim loop, until `stop` turns true; then waits up to `grace` for
+    /// attempts in flight and releases the leases of those still running.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>, grace: Duration) {
+        let mut set = JoinSet::new();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            while set.try_join_next().is_some() {}
+            let free = self.slots.available_permits();
+            let jobs = self.claim(free).await;
+            let claimed = jobs.len();
+            for job in jobs {
+                let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
+                    break;
+                };
+                let this = Arc::clone(&self);
+                set.spawn(async move {
+                    this.execute(job).await;
+                    drop(permit);
+                });
+            }
+            if claimed > 0 && claimed == free {
+                // There may be more due work; wait only for a free slot.
+                tokio::select! {
+                    _ = set.join_next(), if !set.is_empty() => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = self.queue.wake.notified() => {}
+                _ = tokio::time::sleep(self.queue.config.poll_interval) => {}
+                _ = stop.changed() => {}
+                _ = set.join_next(), if !set.is_empty() => {}
+            }
+        }
+        // Graceful shutdown: let attempts finish, then give back what is held.
+        let _ =
+            tokio::time::timeout(grace, async { while set.join_next().await.is_some() {} }).await;
+        set.abort_all();
+        let held: Vec<i64> = self
+            .held
+            .lock()
+            .map(|h| h.iter().copied().collect())
+            .unwrap_or_default();
+        for id in held {
+            match self
+                .queue
+                .store
+                .release_job(id, &self.owner, self.queue.clock.unix_ms())
+                .await
+            {
+                Ok(true) => tracing::info!(
+                    event = "job.released",
+                    outcome = "success",
+                    id,
+                    "lease released at shutdown"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(event = "job.released", outcome = "failure", id, error = %e, "could not release a lease")
+                }
+            }
+        }
+    }
+
+    /// One claimed job: retire it, or run one attempt under heartbeat and
+    /// budget, then settle.
+    async fn execute(self: &Arc<Self>, job: JobRow) {
+        let Some(handler) = self.registry.get(&job.kind).cloned() else {
+            // Never claimed: the claim names only registered kinds.
+            return;
+        };
+        if let Ok(mut h) = self.held.lock() {
+            h.insert(job.id);
+        }
+        let span = tracing::info_span!("job", id = job.id, kind = %job.kind, key = %job.key, attempt = job.attempts);
+        tracing::Instrument::instrument(self.execute_inner(handler, &job), span).await;
+        if let Ok(mut h) = self.held.lock() {
+            h.remove(&job.id);
+        }
+    }
+
+    async fn execute_inner(self: &Arc<Self>, handler: Arc<dyn JobHandler>, job: &JobRow) {
+        let now = self.queue.clock.unix_ms();
+        if job.status == "retiring" {
+            let reason = RetireReason::Resumed(job.last_error.clone().unwrap_or_default());
+            return self.abandon_and_finish(&handler, job, &reason).await;
+        }
+        if let Some(actor) = &job.cancel_requested_by {
+            return self
+                .retire(
+                    &handler,
+                    job,
+                    RetireReason::Cancelled {
+                        actor: actor.clone(),
+                    },
+                )
+                .await;
+        }
+        if job.deadline.is_some_and(|d| now >= d) {
+            return self
+                .retire(&handler, job, RetireReason::DeadlinePassed)
+                .await;
+        }
+        if job.attempts > job.max_attempts {
+            let reason = RetireReason::AttemptsExhausted {
+                attempts: job.attempts - 1,
+                last_error: job.last_error.clone().unwrap_or_default(),
+            };
+            return self.retire(&handler, job, reason).await;
+        }
+
+        let budget = handler
+            .budget(job)
+            .unwrap_or(self.queue.config.attempt_budget);
+        let attempt = {
+            let handler = Arc::clone(&handler);
+            let job = job.clone();
+            tokio::spawn(async move { handler.run(&job).await })
+        };
+        let attempt_abort = attempt.abort_handle();
+        let lease = self.queue.config.lease;
+        let mut heartbeat = tokio::time::interval(lease / 3);
+        heartbeat.tick().await;
+        let budget_over = tokio::time::sleep(budget);
+        tokio::pin!(attempt, budget_over);
+        let outcome = loop {
+            tokio::select! {
+                result = &mut attempt => {
+                    break match result {
+                        Ok(outcome) => outcome,
+                        Err(e) if e.is_panic() => Outcome::Retry(format!("the handler panicked: {}", panic_message(e))),
+                        Err(e) => Outcome::Retry(format!("the attempt was cancelled: {e}")),
+                    };
+                }
+                () = &mut budget_over => {
+                    attempt_abort.abort();
+                    break Outcome::Retry(format!("the attempt exceeded its budget of {budget:?}"));
+                }
+                _ = heartbeat.tick() => {
+                    let now = self.queue.clock.unix_ms();
+                    match self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
+                        Ok(Some(None)) => {}
+                        Ok(Some(Some(actor))) => {
+                            attempt_abort.abort();
+                            return self.retire(&handler, job, RetireReason::Cancelled { actor }).await;
+                        }
+                        Ok(None) => {
+                            // Another runner holds it now: stop, settle nothing.
+                            attempt_abort.abort();
+                            tracing::warn!(event = "job.lease_lost", outcome = "failure", "lease lost; attempt stopped");
+                            return;
+                        }
+                        Err(e) => {
+                            // Keep going: the lease is still ours until it
+                            // expires, and the next beat may succeed.
+                            tracing::warn!(event = "job.heartbeat", outcome = "failure", error = %e, "lease renewal failed");
+                        }
+                    }
+                }
+            }
+        };
+        self.settle(&handler, job, outcome).await;
+    }
+
+    async fn settle(
+        self: &Arc<Self>,
+        handler: &Arc<dyn JobHandler>,
+        job: &JobRow,
+        outcome: Outcome,
+    ) {
+        let store = &self.queue.store;
+        let now = self.queue.clock.unix_ms();
+        let settled = match &outcome {
+            Outcome::Done => {
+                self.queue.observer.done(&job.kind);
+                store.finish_job(job.id, &self.owner, now).await
+            }
+            Outcome::Reschedule(at) => {
+                let at = (at.unix_timestamp_nanos() / 1_000_000) as i64;
+                store
+                    .requeue_job(job.id, &self.owner, now, at, None, true)
+                    .await
+            }
+            Outcome::Failed(reason) => {
+                return self
+                    .retire(handler, job, RetireReason::Failed(reason.clone()))
+                    .await;
+            }
+            Outcome::Retry(reason) => {
+                if job.attempts >= job.max_attempts {
+                    let reason = RetireReason::AttemptsExhausted {
+                        attempts: job.attempts,
+                        last_error: reason.clone(),
+                    };
+                    return self.retire(handler, job, reason).await;
+                }
+                let cfg = &self.queue.config;
+                let delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
+                let mut next = now + delay.as_millis() as i64;
+                // Waiting past the deadline is pointless: come back at the
+                // deadline, to be retired then.
+                if let Some(deadline) = job.deadline {
+                    next = next.min(deadline);
+                }
+                self.queue.observer.retried(&job.kind);
+                tracing::info!(event = "job.retry", outcome = "retry", reason = %reason, delay_ms = delay.as_millis() as u64, "attempt failed; will retry");
+                store
+                    .requeue_job(job.id, &self.owner, now, next, Some(reason), false)
+                    .await
+            }
+        };
+        match settled {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                event = "job.settle",
+                outcome = "stale",
+                "the lease was lost before settling; another runner owns the job"
+            ),
+            Err(e) => {
+                tracing::error!(event = "job.settle", outcome = "failure", error = %e, "settling failed; the lease will expire and the job run again")
+            }
+        }
+    }
+
+    /// Retires a job: the one runner that moves it to `retiring` runs
+    /// `abandon`, then marks it failed or cancelled.
+    async fn retire(
+        self: &Arc<Self>,
+        handler: &Arc<dyn JobHandler>,
+        job: &JobRow,
+        reason: RetireReason,
+    ) {
+        let now = self.queue.clock.unix_ms();
+        match self
+            .queue
+            .store
+            .begin_retire_job(job.id, &self.owner, now, &reason.to_string())
+            .await
+        {
+            Ok(true) => self.abandon_and_finish(handler, job, &reason).await,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(event = "job.retire", outcome = "failure", error = %e, "could not retire the job; it will be reclaimed")
+            }
+        }
+    }
+
+    async fn abandon_and_finish(
+        self: &Arc<Self>,
+        handler: &Arc<dyn JobHandler>,
+        job: &JobRow,
+        reason: &RetireReason,
+    ) {
+        tracing::warn!(event = "job.abandoned", outcome = "failure", reason = %reason, "job retired for good");
+        let abandon = {
+            let handler = Arc::clone(handler);
+            let job = job.clone();
+            let reason = reason.clone();
+            tokio::spawn(async move { handler.abandon(&job, &reason).await })
+        };
+        let budget = handler
+            .budget(job)
+            .unwrap_or(self.queue.config.attempt_budget);
+        match tokio::time::timeout(budget, abandon).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(event = "job.abandon", outcome = "failure", error = %e, "abandon panicked")
+            }
+            Err(_) => tracing::error!(
+                event = "job.abandon",
+                outcome = "failure",
+                "abandon exceeded the attempt budget"
+            ),
+        }
+        self.queue.observer.abandoned(&job.kind);
+        let cancelled = matches!(reason, RetireReason::Cancelled { .. })
+            || job.cancel_requested_by.is_some() && matches!(reason, RetireReason::Resumed(_));
+        let now = self.queue.clock.unix_ms();
+        if let Err(e) = self
+            .queue
+            .store
+            .finish_retire_job(job.id, &self.owner, now, cancelled)
+            .await
+        {
+            tracing::error!(event = "job.retire", outcome = "failure", error = %e, "could not mark the job retired");
+        }
+    }
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(p) => p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "non-string panic".to_owned()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A uniform number in [0, 1) from the OS random source.
+fn jitter() -> f64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 4];
+    let _ = ring::rand::SystemRandom::new().fill(&mut b);
+    f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
+}
+
+/// Jobs by kind and status, for metrics and `job list`.
+pub async fn depth(store: &Store) -> Result<HashMap<(String, String), i64>, StoreError> {
+    Ok(store
+        .job_counts()
+        .await?
+        .by_kind_and_status
+        .into_iter()
+        .map(|(k, s, n)| ((k, s), n))
+        .collect())
+}
