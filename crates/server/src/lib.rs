@@ -7,12 +7,14 @@
 
 pub mod api;
 pub mod authority;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod ids;
 pub mod jobs;
 pub mod logging;
+pub mod ops;
 pub mod server;
 pub mod signer;
 pub mod validation;

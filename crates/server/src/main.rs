@@ -29,6 +29,9 @@ enum Command {
     Serve,
     /// Load and check the configuration, then exit.
     CheckConfig,
+    /// Inspect and steer the durable job queue.
+    #[command(subcommand)]
+    Job(acme_proxy::cli::JobCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,6 +51,13 @@ fn main() -> anyhow::Result<()> {
                 config.listen
             );
             Ok(())
+        }
+        Command::Job(job) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(acme_proxy::cli::job(&config, job))
         }
         Command::Serve => {
             acme_proxy::logging::init(config.log_format);

@@ -108,16 +108,27 @@ impl Dns {
 }
 
 /// An http-01 responder: serves `/.well-known/acme-challenge/{token}` from a
-/// map the test fills.
+/// map the test fills. It can be told to hang the next requests (hold the
+/// connection without answering), and counts the requests it got.
 #[derive(Clone)]
 pub struct Responder {
     pub port: u16,
     tokens: Arc<Mutex<HashMap<String, String>>>,
+    hang_next: Arc<std::sync::atomic::AtomicUsize>,
+    hits: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Responder {
     pub async fn start() -> Responder {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        type St = (
+            Arc<Mutex<HashMap<String, String>>>,
+            Arc<AtomicUsize>,
+            Arc<AtomicUsize>,
+        );
         let tokens: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+        let hang_next: Arc<AtomicUsize> = Arc::default();
+        let hits: Arc<AtomicUsize> = Arc::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -126,8 +137,15 @@ impl Responder {
             .route(
                 "/.well-known/acme-challenge/{token}",
                 get(
-                    |State(t): State<Arc<Mutex<HashMap<String, String>>>>,
-                     AxPath(token): AxPath<String>| async move {
+                    |State((t, hang, hits)): State<St>, AxPath(token): AxPath<String>| async move {
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        if hang
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok()
+                        {
+                            // Hold the connection like a host that never answers.
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                        }
                         match t.lock().expect("lock").get(&token) {
                             Some(v) => (http::StatusCode::OK, v.clone()),
                             None => (http::StatusCode::NOT_FOUND, String::new()),
@@ -135,11 +153,30 @@ impl Responder {
                     },
                 ),
             )
-            .with_state(Arc::clone(&tokens));
+            .with_state((
+                Arc::clone(&tokens),
+                Arc::clone(&hang_next),
+                Arc::clone(&hits),
+            ));
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Responder { port, tokens }
+        Responder {
+            port,
+            tokens,
+            hang_next,
+            hits,
+        }
+    }
+
+    /// The next `n` requests hang instead of answering.
+    pub fn hang_next(&self, n: usize) {
+        self.hang_next.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Requests received so far.
+    pub fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn publish(&self, token: &str, key_authorization: &str) {

@@ -12,5 +12,6 @@ mod harness;
 mod jws_table;
 mod operations;
 mod raw;
+mod recovery;
 mod resources;
 mod zero_config;
