@@ -101,8 +101,6 @@ pub struct ValidationConfig {
     /// Time allowed for one validation, connection to answer.
     #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
-    /// Validations running at once.
-    pub concurrency: usize,
     /// DNS servers (`ip:port`) used to resolve identifiers; empty means the
     /// system's resolver configuration.
     pub dns_resolvers: Vec<SocketAddr>,
@@ -187,7 +185,6 @@ impl Default for ValidationConfig {
         Self {
             http_port: 80,
             timeout: Duration::from_secs(10),
-            concurrency: 32,
             dns_resolvers: Vec::new(),
         }
     }
@@ -348,6 +345,33 @@ impl Config {
             Duration::from_secs(1),
             "10s",
         )?;
+        let j = &self.jobs;
+        at_least(
+            "jobs.poll_interval",
+            j.poll_interval,
+            Duration::from_millis(10),
+            "1s",
+        )?;
+        at_least("jobs.lease", j.lease, Duration::from_millis(300), "15s")?;
+        at_least(
+            "jobs.attempt_budget",
+            j.attempt_budget,
+            Duration::from_millis(10),
+            "5m",
+        )?;
+        at_least(
+            "jobs.backoff_base",
+            j.backoff_base,
+            Duration::from_millis(1),
+            "2s",
+        )?;
+        at_least("jobs.backoff_cap", j.backoff_cap, j.backoff_base, "10m")?;
+        at_least("jobs.retention", j.retention, Duration::from_secs(60), "7d")?;
+        if j.concurrency == 0 || j.max_attempts == 0 {
+            return Err(ConfigError::Invalid(
+                "jobs.concurrency and jobs.max_attempts must be at least 1; write e.g. concurrency = 16 and max_attempts = 10 under [jobs]".into(),
+            ));
+        }
         for (name, p) in &self.profiles {
             at_least(
                 &format!("profiles.{name}.order_lifetime"),
@@ -369,9 +393,9 @@ impl Config {
                 "1d",
             )?;
         }
-        if self.max_in_flight == 0 || self.validation.concurrency == 0 {
+        if self.max_in_flight == 0 {
             return Err(ConfigError::Invalid(
-                "max_in_flight and validation.concurrency must be at least 1".into(),
+                "max_in_flight must be at least 1".into(),
             ));
         }
         Ok(())
@@ -465,8 +489,15 @@ mod tests {
         "shutdown_grace",
         "validation.http_port",
         "validation.timeout",
-        "validation.concurrency",
         "validation.dns_resolvers",
+        "jobs.concurrency",
+        "jobs.poll_interval",
+        "jobs.lease",
+        "jobs.attempt_budget",
+        "jobs.max_attempts",
+        "jobs.backoff_base",
+        "jobs.backoff_cap",
+        "jobs.retention",
         "profiles.default.bypass",
         "profiles.default.challenges",
         "profiles.default.terms_of_service",
@@ -521,6 +552,22 @@ mod tests {
                 "{key} is not documented in acme-proxy.example.toml"
             );
         }
+    }
+
+    #[test]
+    fn a_zero_lease_or_concurrency_for_jobs_is_refused() {
+        let err = Config::from_toml("[jobs]\nlease = \"0s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("jobs.lease"), "{err}");
+        let err = Config::from_toml("[jobs]\nconcurrency = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("jobs.concurrency"), "{err}");
+        let err = Config::from_toml("[jobs]\nmax_attempts = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_attempts"), "{err}");
     }
 
     #[test]

@@ -13,10 +13,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Urls};
-use crate::authority::{Authority, Profile, ValidationJobs};
+use crate::authority::{Authority, CrlRefresh, NonceSweep, Profile, ValidationJobs};
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
-use crate::jobs::periodic::{CrlRefresh, JobRetention, NonceSweep};
+use crate::jobs::periodic::JobRetention;
 use crate::jobs::{Queue, Registry, Runner};
 use crate::signer::{LocalCa, Signer};
 use crate::validation::Validators;

@@ -348,13 +348,13 @@ impl Store {
         rows.iter().map(job_from_row).collect()
     }
 
-    /// Asks for an unfinished job to be cancelled; the runner holding it (or
-    /// the next to claim it) stops it and runs its `abandon`. False if the
-    /// job is finished or unknown.
+    /// Asks for a queued or running job to be cancelled; the runner holding
+    /// it (or the next to claim it) stops it and runs its `abandon`. False
+    /// if the job is unknown, finished, or already being retired.
     pub async fn request_job_cancel(&self, id: i64, actor: &str, now: i64) -> Result<bool> {
         Ok(sqlx::query(
             "UPDATE jobs SET cancel_requested_by = $1, updated_at = $2
-             WHERE id = $3 AND status IN ('queued', 'running', 'retiring')",
+             WHERE id = $3 AND status IN ('queued', 'running')",
         )
         .bind(actor)
         .bind(now)
@@ -371,7 +371,9 @@ impl Store {
     pub async fn retry_job(&self, id: i64, now: i64) -> Result<bool> {
         let result = sqlx::query(
             "UPDATE jobs SET status = 'queued', attempts = CASE WHEN status = 'queued' THEN attempts ELSE 0 END,
-                 run_at = $1, finished_at = NULL, cancel_requested_by = NULL, updated_at = $1
+                 run_at = $1, finished_at = NULL, updated_at = $1,
+                 -- A queued job keeps a pending cancellation: retry is not undo.
+                 cancel_requested_by = CASE WHEN status = 'queued' THEN cancel_requested_by ELSE NULL END
              WHERE id = $2 AND status IN ('queued', 'failed', 'cancelled')",
         )
         .bind(now)

@@ -555,9 +555,14 @@ impl Store {
             == 1)
     }
 
-    /// Challenges left `processing` (e.g. by a process that died mid-
-    /// validation), to be validated again at start-up.
-    pub async fn processing_challenges(&self, limit: i64) -> Result<Vec<ProcessingChallenge>> {
+    /// Challenges left `processing` without a live job of `job_kind` whose
+    /// key is the challenge id (e.g. the job row was lost), oldest
+    /// authorization first, to be queued again at start-up.
+    pub async fn orphaned_processing_challenges(
+        &self,
+        job_kind: &str,
+        limit: i64,
+    ) -> Result<Vec<ProcessingChallenge>> {
         let rows = sqlx::query(concat!(
             "SELECT ",
             challenge_columns!(),
@@ -565,9 +570,14 @@ impl Store {
             authz_columns!(),
             " FROM challenges ch
              JOIN authorizations a ON a.id = ch.authz_id
-             WHERE ch.status = 'processing' LIMIT $1"
+             WHERE ch.status = 'processing'
+               AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = $2 AND j.key = ch.id
+                               AND j.status IN ('queued', 'running', 'retiring'))
+             ORDER BY a.created_at, ch.id
+             LIMIT $1"
         ))
         .bind(limit)
+        .bind(job_kind)
         .fetch_all(&self.reader)
         .await?;
         rows.iter()

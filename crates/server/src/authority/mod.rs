@@ -10,6 +10,7 @@
 
 mod accounts;
 mod certificates;
+mod maintenance;
 mod orders;
 mod validation;
 
@@ -17,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use acme_proxy_store::{AccountRow, Store};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 
 use crate::clock::SharedClock;
 use crate::config::{Config, ProfileConfig};
@@ -27,6 +28,7 @@ use crate::signer::Signer;
 use crate::validation::Validators;
 
 pub use certificates::{RevocationSigner, crl_needs_refresh};
+pub use maintenance::{CrlRefresh, NonceSweep};
 pub use validation::{VALIDATION_KIND, ValidationJobs};
 
 /// One ACME endpoint: its configuration and its signer.
@@ -58,10 +60,8 @@ pub struct Authority {
     pub clock: SharedClock,
     profiles: BTreeMap<String, Arc<Profile>>,
     pub(crate) validators: Validators,
-    /// Bounds validations running at once (SYSTEM.md: validation runs off
-    /// the request path, as jobs, with bounded concurrency).
-    pub(crate) validation_slots: Arc<Semaphore>,
-    /// Where background work goes (validations).
+    /// Where background work goes. Validations are jobs, so the queue's
+    /// `jobs.concurrency` bounds how many run at once.
     pub queue: Arc<Queue>,
     nonce_lifetime: i64,
 }
@@ -80,7 +80,6 @@ impl Authority {
             clock,
             profiles,
             validators,
-            validation_slots: Arc::new(Semaphore::new(config.validation.concurrency)),
             queue,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
         }

@@ -80,9 +80,6 @@ impl JobHandler for ValidationJobs {
                     authz.profile
                 ));
             };
-            let Ok(_slot) = Arc::clone(&a.validation_slots).acquire_owned().await else {
-                return Outcome::Retry("validation slots closed".into());
-            };
             let result = if profile.config.bypass {
                 Ok(())
             } else {
@@ -146,7 +143,7 @@ impl JobHandler for ValidationJobs {
             let pending = self
                 .authority
                 .store
-                .processing_challenges(RECOVER_BATCH)
+                .orphaned_processing_challenges(VALIDATION_KIND, RECOVER_BATCH)
                 .await
                 .map_err(|e| e.to_string())?;
             let mut requeued = 0;

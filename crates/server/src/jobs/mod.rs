@@ -271,9 +271,11 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     pub fn register(&mut self, handler: Arc<dyn JobHandler>) -> Result<(), String> {
         let kind = handler.kind();
-        if self.handlers.insert(kind, handler).is_some() {
+        // The first registration stays: refusing must not replace it.
+        if self.handlers.contains_key(kind) {
             return Err(format!("two job handlers registered for kind {kind:?}"));
         }
+        self.handlers.insert(kind, handler);
         Ok(())
     }
 
@@ -498,6 +500,9 @@ impl Runner {
             tokio::spawn(async move { handler.run(&job).await })
         };
         let attempt_abort = attempt.abort_handle();
+        // If this task is itself aborted (shutdown), the attempt must not
+        // live on detached.
+        let _stop_attempt = AbortOnDrop(attempt.abort_handle());
         let lease = self.queue.config.lease;
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
@@ -638,19 +643,37 @@ impl Runner {
             let reason = reason.clone();
             tokio::spawn(async move { handler.abandon(&job, &reason).await })
         };
+        let _stop_abandon = AbortOnDrop(abandon.abort_handle());
+        // The lease is renewed while abandon runs, as during an attempt, so
+        // a slow abandon is not reclaimed and run twice at once.
         let budget = handler
             .budget(job)
             .unwrap_or(self.queue.config.attempt_budget);
-        match tokio::time::timeout(budget, abandon).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(event = "job.abandon", outcome = "failure", error = %e, "abandon panicked")
+        let lease = self.queue.config.lease;
+        let mut heartbeat = tokio::time::interval(lease / 3);
+        heartbeat.tick().await;
+        let over = tokio::time::sleep(budget);
+        tokio::pin!(abandon, over);
+        loop {
+            tokio::select! {
+                result = &mut abandon => {
+                    if let Err(e) = result {
+                        tracing::error!(event = "job.abandon", outcome = "failure", error = %e, "abandon panicked");
+                    }
+                    break;
+                }
+                () = &mut over => {
+                    tracing::error!(event = "job.abandon", outcome = "failure", "abandon exceeded the attempt budget; the job is retired anyway");
+                    break;
+                }
+                _ = heartbeat.tick() => {
+                    let now = self.queue.clock.unix_ms();
+                    if let Ok(None) = self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
+                        tracing::warn!(event = "job.lease_lost", outcome = "failure", "lease lost during abandon");
+                        return;
+                    }
+                }
             }
-            Err(_) => tracing::error!(
-                event = "job.abandon",
-                outcome = "failure",
-                "abandon exceeded the attempt budget"
-            ),
         }
         self.queue.observer.abandoned(&job.kind);
         let cancelled = matches!(reason, RetireReason::Cancelled { .. })
@@ -664,6 +687,15 @@ impl Runner {
         {
             tracing::error!(event = "job.retire", outcome = "failure", error = %e, "could not mark the job retired");
         }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -686,7 +718,7 @@ fn jitter() -> f64 {
     f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
 }
 
-/// Jobs by kind and status, for metrics and `job list`.
+/// Jobs by kind and status: the queue-depth gauge for the metrics endpoint.
 pub async fn depth(store: &Store) -> Result<HashMap<(String, String), i64>, StoreError> {
     Ok(store
         .job_counts()

@@ -9,6 +9,7 @@ mod clients;
 mod concurrency;
 mod flow;
 mod harness;
+mod jobs;
 mod jws_table;
 mod operations;
 mod raw;

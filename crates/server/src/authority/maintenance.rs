@@ -1,0 +1,80 @@
+//! Periodic maintenance of the authority's data, as self-rescheduling jobs
+//! (see `jobs::periodic`): the expired-nonce sweep and CRL re-signing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_store::JobRow;
+
+use super::Authority;
+use crate::jobs::periodic::{log_abandon, queue_periodic};
+use crate::jobs::{BoxFuture, JobHandler, Outcome, Queue, RetireReason};
+
+/// Deletes expired nonces (RFC 8555 §6.5 nonces are single-use and short-lived).
+#[derive(Debug)]
+pub struct NonceSweep {
+    pub authority: Arc<Authority>,
+    pub every: Duration,
+}
+
+impl JobHandler for NonceSweep {
+    fn kind(&self) -> &'static str {
+        "nonce_sweep"
+    }
+
+    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let clock = &self.authority.clock;
+            match self.authority.store.sweep_nonces(clock.unix()).await {
+                Ok(n) => tracing::debug!(
+                    event = "nonce.sweep",
+                    outcome = "success",
+                    deleted = n,
+                    "expired nonces deleted"
+                ),
+                Err(e) => {
+                    tracing::error!(event = "nonce.sweep", outcome = "failure", error = %e, "nonce sweep failed")
+                }
+            }
+            Outcome::Reschedule(clock.now() + self.every)
+        })
+    }
+
+    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        log_abandon(self.kind(), reason);
+        Box::pin(async {})
+    }
+
+    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        queue_periodic(queue, self.kind())
+    }
+}
+
+/// Re-signs CRLs past half their life (RFC 5280 §5: never let nextUpdate pass).
+#[derive(Debug)]
+pub struct CrlRefresh {
+    pub authority: Arc<Authority>,
+    pub every: Duration,
+}
+
+impl JobHandler for CrlRefresh {
+    fn kind(&self) -> &'static str {
+        "crl_refresh"
+    }
+
+    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            self.authority.refresh_stale_crls().await;
+            Outcome::Reschedule(self.authority.clock.now() + self.every)
+        })
+    }
+
+    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        log_abandon(self.kind(), reason);
+        Box::pin(async {})
+    }
+
+    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        queue_periodic(queue, self.kind())
+    }
+}

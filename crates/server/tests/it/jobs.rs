@@ -1,0 +1,992 @@
+//! The durable job queue against its contract (SYSTEM.md "The job queue
+//! contract"): exactly-once claims across two processes over one SQLite
+//! file, bounded retries with backoff, deadlines, exactly-once `abandon`,
+//! identity de-duplication, lease-guarded settlements, survival of
+//! panicking and hanging handlers, and graceful shutdown.
+//!
+//! Every test runs over a real SQLite file in a temporary directory. Tests
+//! about time use a [`ManualClock`] and `Runner::run_due`; the others run
+//! the real `Runner::run` loop. Every wait is bounded.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acme_proxy::clock::{Clock, ManualClock, SharedClock, SystemClock};
+use acme_proxy::config::JobsConfig;
+use acme_proxy::jobs::{
+    BoxFuture, JobHandler, JobSpec, Outcome, Queue, Registry, RetireReason, Runner,
+};
+use acme_proxy_store::{Enqueued, JobRow, NewJob, Store, StoreOptions};
+use serde_json::json;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+const KIND: &str = "test.scripted";
+
+/// Opens the store at `dir/jobs.db` (each call is a separate "process":
+/// its own writer and reader pools on the same file).
+async fn open_store(dir: &std::path::Path) -> Store {
+    let path = dir.join("jobs.db");
+    Store::open(
+        &format!("sqlite:{}", path.display()),
+        &StoreOptions::default(),
+    )
+    .await
+    .expect("open the store")
+}
+
+/// A configuration fit for tests: short polls, the rest as given.
+fn config(f: impl FnOnce(&mut JobsConfig)) -> JobsConfig {
+    let mut c = JobsConfig {
+        poll_interval: Duration::from_millis(20),
+        ..JobsConfig::default()
+    };
+    f(&mut c);
+    c
+}
+
+/// A manual clock at a whole second, so millisecond arithmetic is exact.
+fn manual_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(
+        OffsetDateTime::from_unix_timestamp(1_700_000_000).expect("a valid time"),
+    ))
+}
+
+fn ms(t: OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+async fn job(queue: &Queue, id: i64) -> JobRow {
+    queue
+        .store
+        .job(id)
+        .await
+        .expect("read the job")
+        .expect("the job exists")
+}
+
+/// A handler that plays a per-key script of outcomes (then `Done`), and
+/// records every attempt and every abandon.
+struct Scripted {
+    kind: &'static str,
+    scripts: Mutex<HashMap<String, VecDeque<Outcome>>>,
+    calls: Mutex<Vec<String>>,
+    abandons: Arc<Mutex<Vec<(String, RetireReason)>>>,
+}
+
+impl Scripted {
+    fn new(kind: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            kind,
+            scripts: Mutex::default(),
+            calls: Mutex::default(),
+            abandons: Arc::default(),
+        })
+    }
+
+    fn script(&self, key: &str, outcomes: impl IntoIterator<Item = Outcome>) {
+        self.scripts
+            .lock()
+            .unwrap()
+            .entry(key.to_owned())
+            .or_default()
+            .extend(outcomes);
+    }
+
+    fn calls_for(&self, key: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|k| *k == key)
+            .count()
+    }
+
+    fn total_calls(&self) -> usize {
+        self.calls.lock().unwrap().len()
+    }
+
+    fn abandons(&self) -> Vec<(String, RetireReason)> {
+        self.abandons.lock().unwrap().clone()
+    }
+}
+
+impl JobHandler for Scripted {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            self.calls.lock().unwrap().push(job.key.clone());
+            self.scripts
+                .lock()
+                .unwrap()
+                .get_mut(&job.key)
+                .and_then(VecDeque::pop_front)
+                .unwrap_or(Outcome::Done)
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.abandons
+                .lock()
+                .unwrap()
+                .push((job.key.clone(), reason.clone()));
+        })
+    }
+}
+
+/// One queue over `store` with `clock`, and a runner with `handlers`.
+fn runner_with(
+    store: Store,
+    clock: SharedClock,
+    config: JobsConfig,
+    handlers: Vec<Arc<dyn JobHandler>>,
+) -> (Arc<Queue>, Arc<Runner>) {
+    let queue = Arc::new(Queue::new(store, clock, config));
+    let mut registry = Registry::default();
+    for h in handlers {
+        registry.register(h).expect("register the handler");
+    }
+    let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
+    (queue, runner)
+}
+
+/// Polls `check` every 20 ms until it holds, failing after `within`.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let waited = tokio::time::timeout(within, async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "timed out after {within:?} waiting for {what}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Exactly once across two processes
+
+/// Runs each job while checking that no other attempt of the same key is
+/// in flight anywhere, and records which runner ran it.
+struct Exclusive {
+    kind: &'static str,
+    runner: &'static str,
+    live: Arc<Mutex<HashSet<String>>>,
+    overlaps: Arc<Mutex<Vec<String>>>,
+    runs: Arc<Mutex<HashMap<String, Vec<&'static str>>>>,
+}
+
+impl JobHandler for Exclusive {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            if !self.live.lock().unwrap().insert(job.key.clone()) {
+                self.overlaps.lock().unwrap().push(job.key.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.live.lock().unwrap().remove(&job.key);
+            self.runs
+                .lock()
+                .unwrap()
+                .entry(job.key.clone())
+                .or_default()
+                .push(self.runner);
+            Outcome::Done
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            panic!("job {} abandoned: {reason}", job.key);
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_once_without_overlap()
+ {
+    const JOBS: usize = 2000;
+    const KIND: &str = "test.exclusive";
+    let dir = tempfile::tempdir().unwrap();
+    let store_a = open_store(dir.path()).await;
+    let store_b = open_store(dir.path()).await;
+    let live: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+    let runs: Arc<Mutex<HashMap<String, Vec<&'static str>>>> = Arc::default();
+    let handler = |runner: &'static str| -> Arc<dyn JobHandler> {
+        Arc::new(Exclusive {
+            kind: KIND,
+            runner,
+            live: Arc::clone(&live),
+            overlaps: Arc::clone(&overlaps),
+            runs: Arc::clone(&runs),
+        })
+    };
+    let cfg = config(|c| c.concurrency = 8);
+    let clock: SharedClock = Arc::new(SystemClock);
+    let (queue_a, runner_a) =
+        runner_with(store_a, Arc::clone(&clock), cfg.clone(), vec![handler("a")]);
+    let (_queue_b, runner_b) = runner_with(store_b, clock, cfg, vec![handler("b")]);
+    assert_ne!(runner_a.owner(), runner_b.owner());
+
+    let (stop, stop_rx) = watch::channel(false);
+    let loop_a = tokio::spawn(Arc::clone(&runner_a).run(stop_rx.clone(), Duration::from_secs(5)));
+    let loop_b = tokio::spawn(Arc::clone(&runner_b).run(stop_rx, Duration::from_secs(5)));
+
+    for i in 0..JOBS {
+        let queued = queue_a
+            .enqueue(JobSpec::new(KIND, format!("job-{i}"), json!({ "i": i })))
+            .await
+            .expect("enqueue");
+        assert!(matches!(queued, Enqueued::Queued(_)), "{queued:?}");
+    }
+
+    let store = queue_a.store.clone();
+    eventually(Duration::from_secs(120), "every job to be done", || {
+        let store = store.clone();
+        async move {
+            store
+                .list_jobs(Some(KIND), Some("done"), 5000)
+                .await
+                .expect("list jobs")
+                .len()
+                == JOBS
+        }
+    })
+    .await;
+
+    stop.send(true).unwrap();
+    for (name, handle) in [("a", loop_a), ("b", loop_b)] {
+        tokio::time::timeout(Duration::from_secs(10), handle)
+            .await
+            .unwrap_or_else(|_| panic!("runner {name} did not stop"))
+            .unwrap_or_else(|e| panic!("runner {name} died: {e}"));
+    }
+
+    assert_eq!(
+        *overlaps.lock().unwrap(),
+        Vec::<String>::new(),
+        "overlapping attempts"
+    );
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), JOBS, "every key ran");
+    let twice: Vec<_> = runs.iter().filter(|(_, r)| r.len() != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "keys that did not run exactly once: {twice:?}"
+    );
+    let by_a = runs.values().filter(|r| r[0] == "a").count();
+    let by_b = runs.values().filter(|r| r[0] == "b").count();
+    assert!(
+        by_a > 0 && by_b > 0,
+        "both runners ran jobs (a ran {by_a}, b ran {by_b})"
+    );
+    let all = store.list_jobs(Some(KIND), None, 5000).await.unwrap();
+    assert_eq!(all.len(), JOBS);
+    assert!(
+        all.iter()
+            .all(|j| j.status == "done" && j.attempts == 1 && j.lease_owner.is_none()),
+        "every job done in one attempt with its lease cleared"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Retries, backoff, deadlines, abandon
+
+#[tokio::test]
+async fn retries_back_off_within_bounds_and_exhausted_attempts_abandon_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let handler = Scripted::new(KIND);
+    handler.script(
+        "k",
+        [
+            Outcome::Retry("one".into()),
+            Outcome::Retry("two".into()),
+            Outcome::Retry("three".into()),
+        ],
+    );
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|c| {
+            c.max_attempts = 3;
+            c.backoff_base = Duration::from_secs(10);
+            c.backoff_cap = Duration::from_secs(3600);
+        }),
+        vec![handler.clone()],
+    );
+    let id = queue
+        .enqueue(JobSpec::new(KIND, "k", json!({})))
+        .await
+        .unwrap()
+        .id();
+
+    // Attempt 1 → retry after [base/2, base].
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(handler.calls_for("k"), 1);
+    let row = job(&queue, id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("queued", 1));
+    assert_eq!(row.last_error.as_deref(), Some("one"));
+    assert!(row.lease_owner.is_none());
+    let delay = row.run_at - clock.unix_ms();
+    assert!((5_000..=10_000).contains(&delay), "first delay {delay} ms");
+
+    // Not before its time.
+    clock.advance(Duration::from_millis(delay as u64 - 1));
+    assert_eq!(runner.run_due().await, 0, "ran before its retry time");
+    assert_eq!(handler.calls_for("k"), 1);
+
+    // Attempt 2 at run_at → retry after [2·base/2, 2·base].
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(handler.calls_for("k"), 2);
+    let row = job(&queue, id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("queued", 2));
+    let delay = row.run_at - clock.unix_ms();
+    assert!(
+        (10_000..=20_000).contains(&delay),
+        "second delay {delay} ms"
+    );
+    assert!(handler.abandons().is_empty(), "no abandon between retries");
+
+    // Attempt 3 → attempts exhausted → abandon, once.
+    clock.advance(Duration::from_millis(delay as u64));
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(handler.calls_for("k"), 3);
+    assert_eq!(
+        handler.abandons(),
+        vec![(
+            "k".to_owned(),
+            RetireReason::AttemptsExhausted {
+                attempts: 3,
+                last_error: "three".into()
+            }
+        )]
+    );
+    let row = job(&queue, id).await;
+    assert_eq!(row.status, "failed");
+    assert!(row.finished_at.is_some());
+    assert!(row.lease_owner.is_none());
+
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(7200));
+        assert_eq!(runner.run_due().await, 0, "a failed job was claimed again");
+    }
+    assert_eq!(handler.calls_for("k"), 3);
+    assert_eq!(handler.abandons().len(), 1, "abandon ran more than once");
+    assert_eq!(queue.observer.get("abandoned", KIND), 1);
+    assert_eq!(queue.observer.get("retried", KIND), 2);
+}
+
+#[tokio::test]
+async fn a_deadline_that_passes_while_a_job_waits_for_its_retry_abandons_it_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let handler = Scripted::new(KIND);
+    handler.script("k", [Outcome::Retry("not yet".into())]);
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|c| {
+            c.max_attempts = 10;
+            c.backoff_base = Duration::from_secs(60);
+            c.backoff_cap = Duration::from_secs(3600);
+        }),
+        vec![handler.clone()],
+    );
+    let deadline = clock.now() + Duration::from_secs(5);
+    let id = queue
+        .enqueue(JobSpec {
+            deadline: Some(deadline),
+            ..JobSpec::new(KIND, "k", json!({}))
+        })
+        .await
+        .unwrap()
+        .id();
+
+    assert_eq!(runner.run_due().await, 1);
+    let row = job(&queue, id).await;
+    assert_eq!(row.status, "queued");
+    assert_eq!(row.deadline, Some(ms(deadline)));
+    assert_eq!(
+        row.run_at,
+        ms(deadline),
+        "the retry waits no longer than the deadline"
+    );
+
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(
+        handler.calls_for("k"),
+        1,
+        "an attempt ran after the deadline"
+    );
+    assert_eq!(
+        handler.abandons(),
+        vec![("k".to_owned(), RetireReason::DeadlinePassed)]
+    );
+    let row = job(&queue, id).await;
+    assert_eq!(row.status, "failed");
+    assert!(row.lease_owner.is_none());
+
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(runner.run_due().await, 0);
+    assert_eq!(handler.abandons().len(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_outcome_abandons_exactly_once_and_done_never_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let handler = Scripted::new(KIND);
+    let later = clock.now() + Duration::from_secs(3600);
+    handler.script("fails", [Outcome::Failed("no".into())]);
+    handler.script("done", [Outcome::Done]);
+    handler.script("again", [Outcome::Reschedule(later)]);
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|c| c.max_attempts = 5),
+        vec![handler.clone()],
+    );
+    let mut ids = HashMap::new();
+    for key in ["fails", "done", "again"] {
+        let id = queue
+            .enqueue(JobSpec::new(KIND, key, json!({})))
+            .await
+            .unwrap()
+            .id();
+        ids.insert(key, id);
+    }
+
+    assert_eq!(runner.run_due().await, 3);
+    assert_eq!(
+        handler.abandons(),
+        vec![("fails".to_owned(), RetireReason::Failed("no".into()))]
+    );
+    let failed = job(&queue, ids["fails"]).await;
+    assert_eq!(failed.status, "failed");
+    assert_eq!(failed.attempts, 1, "a refusal is not retried");
+    assert!(
+        failed.last_error.as_deref().unwrap_or("").contains("no"),
+        "{:?}",
+        failed.last_error
+    );
+    let done = job(&queue, ids["done"]).await;
+    assert_eq!(done.status, "done");
+    assert!(done.finished_at.is_some() && done.lease_owner.is_none());
+    let again = job(&queue, ids["again"]).await;
+    assert_eq!(
+        (again.status.as_str(), again.attempts, again.run_at),
+        ("queued", 0, ms(later)),
+        "a rescheduled job is queued for its new time with its attempts reset"
+    );
+    assert!(again.lease_owner.is_none());
+
+    // Nothing more happens until the rescheduled time; then only it runs,
+    // and nothing is abandoned again.
+    clock.advance(Duration::from_secs(3599));
+    assert_eq!(runner.run_due().await, 0);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(
+        (
+            handler.calls_for("fails"),
+            handler.calls_for("done"),
+            handler.calls_for("again")
+        ),
+        (1, 1, 2)
+    );
+    assert_eq!(job(&queue, ids["again"]).await.status, "done");
+    assert_eq!(handler.abandons().len(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Misbehaving handlers
+
+/// Panics for "boom", hangs for "hang", succeeds for everything else.
+struct Unruly {
+    calls: Mutex<HashMap<String, usize>>,
+    abandons: Mutex<Vec<(String, RetireReason)>>,
+}
+
+impl JobHandler for Unruly {
+    fn kind(&self) -> &'static str {
+        "test.unruly"
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            *self
+                .calls
+                .lock()
+                .unwrap()
+                .entry(job.key.clone())
+                .or_default() += 1;
+            match job.key.as_str() {
+                "boom" => panic!("boom goes the handler"),
+                "hang" => {
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                    Outcome::Done
+                }
+                _ => Outcome::Done,
+            }
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.abandons
+                .lock()
+                .unwrap()
+                .push((job.key.clone(), reason.clone()));
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_handler_and_one_that_hangs_past_its_budget_are_retried_while_other_jobs_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Unruly {
+        calls: Mutex::default(),
+        abandons: Mutex::default(),
+    });
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        Arc::new(SystemClock),
+        config(|c| {
+            c.concurrency = 4;
+            c.lease = Duration::from_secs(1);
+            c.attempt_budget = Duration::from_millis(300);
+            c.backoff_base = Duration::from_millis(50);
+            c.backoff_cap = Duration::from_millis(100);
+            c.max_attempts = 3;
+        }),
+        vec![handler.clone()],
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    let looping = tokio::spawn(Arc::clone(&runner).run(stop_rx, Duration::from_secs(1)));
+
+    // The bad ones first, so they hold slots while the others run.
+    let mut ids = HashMap::new();
+    let keys: Vec<String> = ["boom", "hang"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((0..20).map(|i| format!("ok-{i}")))
+        .collect();
+    for key in &keys {
+        let id = queue
+            .enqueue(JobSpec::new("test.unruly", key.clone(), json!({})))
+            .await
+            .unwrap()
+            .id();
+        ids.insert(key.clone(), id);
+    }
+
+    let store = queue.store.clone();
+    let ids_ref = &ids;
+    eventually(
+        Duration::from_secs(30),
+        "the good jobs to be done and the bad ones retired",
+        || {
+            let store = store.clone();
+            async move {
+                let mut settled = true;
+                for (key, id) in ids_ref {
+                    let row = store.job(*id).await.unwrap().unwrap();
+                    let want = if key.starts_with("ok-") {
+                        "done"
+                    } else {
+                        "failed"
+                    };
+                    settled &= row.status == want;
+                }
+                settled
+            }
+        },
+    )
+    .await;
+    assert!(
+        !looping.is_finished(),
+        "the runner loop died under misbehaving handlers"
+    );
+
+    let calls = handler.calls.lock().unwrap().clone();
+    for i in 0..20 {
+        assert_eq!(calls.get(&format!("ok-{i}")), Some(&1), "ok-{i}");
+    }
+    for (key, needle) in [("boom", "panicked"), ("hang", "budget")] {
+        let row = job(&queue, ids[key]).await;
+        assert_eq!(row.attempts, 3, "{key}: {row:?}");
+        assert_eq!(calls.get(key), Some(&3), "{key} ran three times");
+        let error = row.last_error.unwrap_or_default();
+        assert!(error.contains(needle), "{key}: last error {error:?}");
+    }
+    let abandons = handler.abandons.lock().unwrap().clone();
+    assert_eq!(abandons.len(), 2, "{abandons:?}");
+    for (key, needle) in [("boom", "panicked"), ("hang", "budget")] {
+        let reasons: Vec<_> = abandons.iter().filter(|(k, _)| k == key).collect();
+        assert_eq!(reasons.len(), 1, "{key} abandoned once: {abandons:?}");
+        match &reasons[0].1 {
+            RetireReason::AttemptsExhausted {
+                attempts: 3,
+                last_error,
+            } if last_error.contains(needle) => {}
+            other => panic!("{key}: unexpected reason {other:?}"),
+        }
+    }
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), looping)
+        .await
+        .expect("the runner stops")
+        .expect("the runner did not panic");
+}
+
+// ---------------------------------------------------------------------------
+// Identity, leases, registry
+
+#[tokio::test]
+async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_can_be_queued_again()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let handler = Scripted::new(KIND);
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|_| {}),
+        vec![handler.clone()],
+    );
+
+    let first = queue
+        .enqueue(JobSpec::new(KIND, "same", json!({"n": 1})))
+        .await
+        .unwrap();
+    let Enqueued::Queued(id) = first else {
+        panic!("first enqueue: {first:?}");
+    };
+    let second = queue
+        .enqueue(JobSpec::new(KIND, "same", json!({"n": 2})))
+        .await
+        .unwrap();
+    assert_eq!(second, Enqueued::AlreadyQueued(id));
+    // The same key of another kind is another identity.
+    let other = queue
+        .enqueue(JobSpec::new("test.other-kind", "same", json!({})))
+        .await
+        .unwrap();
+    assert!(matches!(other, Enqueued::Queued(o) if o != id), "{other:?}");
+
+    let rows = queue.store.list_jobs(Some(KIND), None, 100).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].payload, json!({"n": 1}).to_string());
+
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(handler.calls_for("same"), 1);
+    assert_eq!(job(&queue, id).await.status, "done");
+
+    let third = queue
+        .enqueue(JobSpec::new(KIND, "same", json!({"n": 3})))
+        .await
+        .unwrap();
+    assert!(
+        matches!(third, Enqueued::Queued(new) if new != id),
+        "a finished identity can be queued again: {third:?}"
+    );
+    assert_eq!(
+        queue
+            .store
+            .list_jobs(Some(KIND), None, 100)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path()).await;
+    let t = 1_700_000_000_000_i64;
+    let queued = store
+        .insert_job(
+            &NewJob {
+                kind: KIND,
+                key: "k",
+                payload: "{}",
+                run_at: t,
+                deadline: None,
+                max_attempts: 5,
+            },
+            t,
+        )
+        .await
+        .unwrap();
+    let id = queued.id();
+
+    let a = store.claim_jobs("a", &[KIND], t, 1000, 10).await.unwrap();
+    assert_eq!(a.len(), 1);
+    assert_eq!((a[0].attempts, a[0].lease_owner.as_deref()), (1, Some("a")));
+    // Still leased to "a": nobody else gets it.
+    assert!(
+        store
+            .claim_jobs("b", &[KIND], t + 999, 1000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // "a" went quiet; its lease ran out and "b" reclaimed the job.
+    let b = store
+        .claim_jobs("b", &[KIND], t + 2000, 1000, 10)
+        .await
+        .unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        (b[0].id, b[0].attempts, b[0].lease_owner.as_deref()),
+        (id, 2, Some("b"))
+    );
+
+    // "a" comes back and tries every settlement: all refused.
+    assert_eq!(
+        store
+            .renew_job_lease(id, "a", t + 2100, 1000)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(!store.finish_job(id, "a", t + 2100).await.unwrap());
+    assert!(
+        !store
+            .requeue_job(id, "a", t + 2100, t + 5000, Some("late"), false)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .begin_retire_job(id, "a", t + 2100, "late")
+            .await
+            .unwrap()
+    );
+    assert!(!store.release_job(id, "a", t + 2100).await.unwrap());
+    let row = store.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.lease_owner.as_deref(),
+            row.attempts
+        ),
+        ("running", Some("b"), 2),
+        "the stale runner changed the job: {row:?}"
+    );
+    assert_eq!(row.last_error, None);
+
+    // The holder settles.
+    assert!(store.finish_job(id, "b", t + 2200).await.unwrap());
+    let row = store.job(id).await.unwrap().unwrap();
+    assert_eq!(row.status, "done");
+    assert!(!store.finish_job(id, "b", t + 2300).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_registry_refuses_two_handlers_for_one_kind_and_a_runner_never_claims_a_kind_it_has_no_handler_for()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let accepted = Scripted::new(KIND);
+    let refused = Scripted::new(KIND);
+    let mut registry = Registry::default();
+    registry
+        .register(accepted.clone())
+        .expect("the first handler");
+    let err = registry
+        .register(refused.clone())
+        .expect_err("a second handler for the same kind");
+    assert!(err.contains(KIND), "the error names the kind: {err}");
+    assert_eq!(registry.kinds(), vec![KIND]);
+
+    let queue = Arc::new(Queue::new(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|_| {}),
+    ));
+    let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
+    let orphan = queue
+        .enqueue(JobSpec::new("orphan", "o", json!({})))
+        .await
+        .unwrap()
+        .id();
+    let mine = queue
+        .enqueue(JobSpec::new(KIND, "m", json!({})))
+        .await
+        .unwrap()
+        .id();
+
+    assert_eq!(
+        runner.run_due().await,
+        1,
+        "only the handled kind is claimed"
+    );
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(runner.run_due().await, 0);
+    let row = job(&queue, orphan).await;
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.attempts,
+            row.lease_owner.as_deref()
+        ),
+        ("queued", 0, None),
+        "the orphan was touched: {row:?}"
+    );
+    assert_eq!(job(&queue, mine).await.status, "done");
+    assert_eq!(
+        accepted.total_calls() + refused.total_calls(),
+        1,
+        "the handled job ran once"
+    );
+    assert_eq!(
+        (accepted.total_calls(), refused.total_calls()),
+        (1, 0),
+        "a refused registration must leave the first handler in place"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Shutdown
+
+/// Sleeps for an hour; says when an attempt starts and when its future is
+/// dropped (cancelled).
+struct Sleeper {
+    started: AtomicUsize,
+    dropped: Arc<AtomicBool>,
+}
+
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl JobHandler for Sleeper {
+    fn kind(&self) -> &'static str {
+        "test.sleeper"
+    }
+
+    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let _guard = SetOnDrop(Arc::clone(&self.dropped));
+            self.started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Outcome::Done
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move { panic!("job {} abandoned: {reason}", job.key) })
+    }
+}
+
+/// Starts a runner loop over a sleeping job, waits until the attempt runs,
+/// stops the loop with `grace`, and returns the queue, the job id and the
+/// handler.
+async fn shut_down_during_an_attempt(
+    dir: &std::path::Path,
+    grace: Duration,
+) -> (Arc<Queue>, i64, Arc<Sleeper>) {
+    let handler = Arc::new(Sleeper {
+        started: AtomicUsize::new(0),
+        dropped: Arc::default(),
+    });
+    let (queue, runner) = runner_with(
+        open_store(dir).await,
+        Arc::new(SystemClock),
+        config(|c| {
+            c.lease = Duration::from_secs(1);
+            c.attempt_budget = Duration::from_secs(7200);
+        }),
+        vec![handler.clone()],
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    let looping = tokio::spawn(Arc::clone(&runner).run(stop_rx, grace));
+    let id = queue
+        .enqueue(JobSpec::new("test.sleeper", "zzz", json!({})))
+        .await
+        .unwrap()
+        .id();
+    let h = Arc::clone(&handler);
+    eventually(Duration::from_secs(10), "the attempt to start", || {
+        let h = Arc::clone(&h);
+        async move { h.started.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    let row = job(&queue, id).await;
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.attempts,
+            row.lease_owner.as_deref()
+        ),
+        ("running", 1, Some(runner.owner()))
+    );
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(grace + Duration::from_secs(10), looping)
+        .await
+        .expect("the runner stops within its grace")
+        .expect("the runner did not panic");
+    (queue, id, handler)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_releases_the_leases_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (queue, id, handler) =
+        shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
+    let row = job(&queue, id).await;
+    assert_eq!(row.status, "queued", "{row:?}");
+    assert_eq!(row.lease_owner, None);
+    assert_eq!(row.lease_until, None);
+    assert_eq!(row.attempts, 0, "the interrupted attempt is not counted");
+    assert!(row.run_at <= SystemClock.unix_ms(), "claimable at once");
+    assert_eq!(handler.started.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_stops_the_attempts_whose_leases_it_gives_back() {
+    // A released job may be claimed at once by another runner; an attempt
+    // left running here would then overlap with the new one.
+    let dir = tempfile::tempdir().unwrap();
+    let (queue, id, handler) =
+        shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
+    assert_eq!(job(&queue, id).await.status, "queued");
+    let dropped = Arc::clone(&handler.dropped);
+    eventually(
+        Duration::from_secs(2),
+        "the interrupted attempt to be cancelled after its lease was released",
+        || {
+            let dropped = Arc::clone(&dropped);
+            async move { dropped.load(Ordering::SeqCst) }
+        },
+    )
+    .await;
+}
