@@ -124,6 +124,11 @@ pub struct ProfileConfig {
     /// How long a valid authorization stays valid.
     #[serde(deserialize_with = "duration")]
     pub authorization_lifetime: Duration,
+    /// Reuse a valid authorization of the same account for the same
+    /// identifier in a new order, if it was validated within this window
+    /// (and outlives the new order). Absent: never reuse (the default).
+    #[serde(deserialize_with = "opt_duration")]
+    pub authorization_reuse: Option<Duration>,
     pub signer: SignerConfig,
 }
 
@@ -200,6 +205,7 @@ impl Default for ProfileConfig {
             caa_identities: Vec::new(),
             order_lifetime: Duration::from_secs(7 * 86400),
             authorization_lifetime: Duration::from_secs(30 * 86400),
+            authorization_reuse: None,
             signer: SignerConfig::LocalCa(LocalCaConfig::default()),
         }
     }
@@ -236,7 +242,7 @@ pub enum ConfigError {
 }
 
 /// The challenge types this build can validate.
-pub const SUPPORTED_CHALLENGES: [&str; 1] = ["http-01"];
+pub const SUPPORTED_CHALLENGES: [&str; 2] = ["http-01", "dns-01"];
 
 impl Config {
     /// Loads the file (if any) and the environment, then checks the result.
@@ -417,6 +423,11 @@ impl Config {
     }
 }
 
+/// As [`duration`], for optional keys.
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
 /// Deserialises "90d", "1h 30m", "10s" (humantime) into a Duration.
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
@@ -505,6 +516,7 @@ mod tests {
         "profiles.default.caa_identities",
         "profiles.default.order_lifetime",
         "profiles.default.authorization_lifetime",
+        "profiles.default.authorization_reuse",
         "profiles.default.signer.type",
         "profiles.default.signer.ca_cert",
         "profiles.default.signer.ca_key",

@@ -29,8 +29,8 @@ pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
-    AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow, OrderRow,
-    ProcessingChallenge,
+    AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,
+    OrderAuthorization, OrderRow, ProcessingChallenge,
 };
 
 /// Errors from the store. A caller maps them to `serverInternal`; the detail

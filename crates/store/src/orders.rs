@@ -83,7 +83,15 @@ pub struct NewOrderRow {
     pub not_after: Option<i64>,
     pub expires_at: i64,
     pub now: i64,
-    pub authorizations: Vec<NewAuthorization>,
+    /// One per identifier, in the order's order.
+    pub authorizations: Vec<OrderAuthorization>,
+}
+
+/// An order's authorization: a new one, or a valid one being reused.
+#[derive(Clone, Debug)]
+pub enum OrderAuthorization {
+    New(NewAuthorization),
+    Reuse(String),
 }
 
 macro_rules! order_columns {
@@ -174,41 +182,57 @@ impl Store {
         .bind(new.now)
         .execute(&mut *tx)
         .await?;
-        for (position, authz) in new.authorizations.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8)",
-            )
-            .bind(&authz.id)
-            .bind(&new.profile)
-            .bind(&new.account_id)
-            .bind(&authz.identifier.kind)
-            .bind(&authz.identifier.value)
-            .bind(authz.wildcard)
-            .bind(authz.expires_at)
-            .bind(new.now)
-            .execute(&mut *tx)
-            .await?;
-            for ch in &authz.challenges {
-                sqlx::query(
-                    "INSERT INTO challenges (id, authz_id, type, token, status) VALUES ($1, $2, $3, $4, 'pending')",
-                )
-                .bind(&ch.id)
-                .bind(&authz.id)
-                .bind(&ch.kind)
-                .bind(&ch.token)
-                .execute(&mut *tx)
-                .await?;
-            }
+        for (position, entry) in new.authorizations.iter().enumerate() {
+            let authz_id = match entry {
+                OrderAuthorization::Reuse(id) => id,
+                OrderAuthorization::New(authz) => {
+                    sqlx::query(
+                        "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8)",
+                    )
+                    .bind(&authz.id)
+                    .bind(&new.profile)
+                    .bind(&new.account_id)
+                    .bind(&authz.identifier.kind)
+                    .bind(&authz.identifier.value)
+                    .bind(authz.wildcard)
+                    .bind(authz.expires_at)
+                    .bind(new.now)
+                    .execute(&mut *tx)
+                    .await?;
+                    for ch in &authz.challenges {
+                        sqlx::query(
+                            "INSERT INTO challenges (id, authz_id, type, token, status) VALUES ($1, $2, $3, $4, 'pending')",
+                        )
+                        .bind(&ch.id)
+                        .bind(&authz.id)
+                        .bind(&ch.kind)
+                        .bind(&ch.token)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    &authz.id
+                }
+            };
             sqlx::query(
                 "INSERT INTO order_authorizations (order_id, authz_id, position) VALUES ($1, $2, $3)",
             )
             .bind(&new.id)
-            .bind(&authz.id)
+            .bind(authz_id)
             .bind(position as i64)
             .execute(&mut *tx)
             .await?;
         }
+        // Every authorization reused and valid: the order is ready at once
+        // (RFC 8555 §7.1.6).
+        sqlx::query(
+            "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'pending'
+               AND NOT EXISTS (SELECT 1 FROM order_authorizations oa JOIN authorizations a ON a.id = oa.authz_id
+                               WHERE oa.order_id = orders.id AND a.status <> 'valid')",
+        )
+        .bind(&new.id)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -286,6 +310,38 @@ impl Store {
         .fetch_optional(&self.reader)
         .await?;
         row.as_ref().map(challenge_from_row).transpose()
+    }
+
+    /// A valid authorization of `account_id` for `identifier` (same wildcard
+    /// flag) that was validated at or after `validated_since` and stays valid
+    /// past `valid_past`: one a new order may reuse.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn reusable_authorization(
+        &self,
+        profile: &str,
+        account_id: &str,
+        identifier: &Identifier,
+        wildcard: bool,
+        validated_since: i64,
+        valid_past: i64,
+    ) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT a.id FROM authorizations a
+             WHERE a.profile = $1 AND a.account_id = $2 AND a.identifier_type = $3 AND a.identifier_value = $4
+               AND a.wildcard = $5 AND a.status = 'valid' AND a.expires_at > $6
+               AND EXISTS (SELECT 1 FROM challenges ch WHERE ch.authz_id = a.id AND ch.status = 'valid'
+                           AND ch.validated_at >= $7)
+             ORDER BY a.expires_at DESC LIMIT 1",
+        )
+        .bind(profile)
+        .bind(account_id)
+        .bind(&identifier.kind)
+        .bind(&identifier.value)
+        .bind(wildcard)
+        .bind(valid_past)
+        .bind(validated_since)
+        .fetch_optional(&self.reader)
+        .await?)
     }
 
     /// Whether `account_id` holds a valid, unexpired authorization for

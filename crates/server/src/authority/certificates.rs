@@ -207,6 +207,13 @@ impl Authority {
                     let now = self.clock.unix();
                     let mut all = !cert.identifiers.is_empty();
                     for id in &cert.identifiers {
+                        // A wildcard name is authorized by its base name's
+                        // authorization (RFC 8555 §7.1.3).
+                        let base = Identifier {
+                            kind: id.kind.clone(),
+                            value: id.value.strip_prefix("*.").unwrap_or(&id.value).to_owned(),
+                        };
+                        let id = &base;
                         if !self
                             .store
                             .has_valid_authorization(&profile.name, &acct.id, id, now)

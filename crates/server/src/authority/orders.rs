@@ -7,7 +7,7 @@ use acme_proxy_protocol::types::{Identifier, NewOrder};
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
     AccountRow, AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,
-    OrderRow,
+    OrderAuthorization, OrderRow,
 };
 
 use super::{Authority, Profile};
@@ -75,25 +75,57 @@ impl Authority {
         let now = self.clock.unix();
         let (not_before, not_after) = self.requested_validity(profile, req, now)?;
         let expires_at = now + profile.config.order_lifetime.as_secs() as i64;
-        let authorizations = identifiers
-            .iter()
-            .map(|id| NewAuthorization {
+        let mut authorizations = Vec::with_capacity(identifiers.len());
+        let mut reused = 0;
+        for id in &identifiers {
+            // RFC 8555 §7.1.3: a wildcard's authorization is for the base
+            // name, flagged `wildcard`, and only dns-01 can prove it (§8.4).
+            let (value, wildcard) = match id.value.strip_prefix("*.") {
+                Some(base) if id.kind == "dns" => (base.to_owned(), true),
+                _ => (id.value.clone(), false),
+            };
+            let identifier = Identifier {
+                kind: id.kind.clone(),
+                value,
+            };
+            if let Some(window) = profile.config.authorization_reuse {
+                let since = now - window.as_secs() as i64;
+                if let Some(existing) = self
+                    .store
+                    .reusable_authorization(
+                        &profile.name,
+                        &account.id,
+                        &identifier,
+                        wildcard,
+                        since,
+                        expires_at,
+                    )
+                    .await?
+                {
+                    reused += 1;
+                    authorizations.push(OrderAuthorization::Reuse(existing));
+                    continue;
+                }
+            }
+            let challenges = profile
+                .config
+                .challenges
+                .iter()
+                .filter(|kind| !wildcard || kind.as_str() == "dns-01")
+                .map(|kind| NewChallenge {
+                    id: ids::object_id(),
+                    kind: kind.clone(),
+                    token: ids::token(),
+                })
+                .collect();
+            authorizations.push(OrderAuthorization::New(NewAuthorization {
                 id: ids::object_id(),
-                identifier: id.clone(),
-                wildcard: false,
+                identifier,
+                wildcard,
                 expires_at,
-                challenges: profile
-                    .config
-                    .challenges
-                    .iter()
-                    .map(|kind| NewChallenge {
-                        id: ids::object_id(),
-                        kind: kind.clone(),
-                        token: ids::token(),
-                    })
-                    .collect(),
-            })
-            .collect();
+                challenges,
+            }));
+        }
         let new = NewOrderRow {
             id: ids::object_id(),
             profile: profile.name.clone(),
@@ -113,6 +145,7 @@ impl Authority {
             account = %account.id,
             order = %new.id,
             identifiers = new.identifiers.len(),
+            reused_authorizations = reused,
             "order created"
         );
         self.store

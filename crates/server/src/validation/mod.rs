@@ -6,6 +6,7 @@
 //! never touches the store: the authority records the outcome and moves the
 //! authorization and orders (Architecture Invariant: one writer per fact).
 
+pub mod dns01;
 pub mod http01;
 
 use std::net::IpAddr;
@@ -48,7 +49,7 @@ pub struct ValidationTarget {
 /// Shared validation machinery: the resolver and the http-01 client settings.
 #[derive(Clone)]
 pub struct Validators {
-    resolver: Arc<TokioResolver>,
+    pub(crate) resolver: Arc<TokioResolver>,
     pub http_port: u16,
     pub timeout: Duration,
     tls: Arc<rustls::ClientConfig>,
@@ -130,6 +131,7 @@ impl Validators {
         let work = async {
             match kind {
                 "http-01" => http01::validate(self, target).await,
+                "dns-01" => dns01::validate(self, target).await,
                 other => Err(ValidationError::new(
                     ProblemType::Malformed,
                     format!("challenge type {other} cannot be validated by this server"),

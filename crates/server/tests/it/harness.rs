@@ -73,6 +73,8 @@ pub fn wait_for_tcp(addr: SocketAddr, within: Duration) {
 /// 127.0.0.1, so any test name reaches the local responders.
 pub struct Dns {
     pub addr: SocketAddr,
+    /// The HTTP management API (`/set-txt`, `/set-cname`, …).
+    pub management: SocketAddr,
     _child: ChildGuard,
 }
 
@@ -102,8 +104,34 @@ impl Dns {
         );
         Some(Dns {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            management,
             _child: guard,
         })
+    }
+}
+
+impl Dns {
+    /// POSTs `body` to a management endpoint, e.g. `("set-txt", {"host": "_acme-challenge.a.test.", "value": "x"})`.
+    pub async fn manage(&self, endpoint: &str, body: serde_json::Value) {
+        let r = crate::raw::request(
+            "POST",
+            &format!("http://{}/{endpoint}", self.management),
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            200,
+            "challtestsrv /{endpoint}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+
+    /// Adds a TXT record (several for one name accumulate).
+    pub async fn add_txt(&self, host: &str, value: &str) {
+        self.manage("set-txt", serde_json::json!({"host": host, "value": value}))
+            .await;
     }
 }
 

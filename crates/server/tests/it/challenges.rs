@@ -1,0 +1,254 @@
+//! dns-01 (RFC 8555 §8.4), wildcards (§7.1.3) and authorization reuse,
+//! against a real DNS server (pebble-challtestsrv) the test writes to.
+
+use instant_acme::{AuthorizationStatus, ChallengeType, Identifier, NewOrder, OrderStatus};
+use serde_json::json;
+use x509_parser::prelude::*;
+
+use crate::client;
+use crate::harness::{Dns, Responder, TestServer};
+use crate::raw::{self, Acct, Key};
+
+const DNS_PROFILE: &str = "[profiles.default]\nchallenges = [\"http-01\", \"dns-01\"]\n";
+
+#[tokio::test]
+async fn a_wildcard_and_its_base_name_are_proven_by_dns_01_records_in_a_real_dns_server() {
+    let Some(dns) = Dns::start() else { return };
+    let server = TestServer::start(1, Some(&dns), DNS_PROFILE).await;
+    let account = client::account(&server.directory("default")).await;
+    let ids = [
+        Identifier::Dns("*.wild.example.test".into()),
+        Identifier::Dns("wild.example.test".into()),
+    ];
+    let mut order = account.new_order(&NewOrder::new(&ids)).await.unwrap();
+    let mut authorizations = order.authorizations();
+    let mut wildcards = 0;
+    while let Some(authz) = authorizations.next().await {
+        let mut authz = authz.unwrap();
+        assert_eq!(authz.status, AuthorizationStatus::Pending);
+        // The authorization is for the base name; a wildcard one offers dns-01 only.
+        assert_eq!(
+            authz.identifier().identifier,
+            &Identifier::Dns("wild.example.test".into())
+        );
+        if authz.identifier().wildcard {
+            wildcards += 1;
+            assert_eq!(authz.challenges.len(), 1);
+            assert_eq!(authz.challenges[0].r#type, ChallengeType::Dns01);
+        }
+        let mut challenge = authz
+            .challenge(ChallengeType::Dns01)
+            .expect("dns-01 offered");
+        let value = challenge.key_authorization().dns_value();
+        dns.add_txt("_acme-challenge.wild.example.test.", &value)
+            .await;
+        challenge.set_ready().await.unwrap();
+    }
+    assert_eq!(wildcards, 1);
+    assert_eq!(
+        order.poll_ready(&client::retry()).await.unwrap(),
+        OrderStatus::Ready
+    );
+    order.finalize().await.unwrap();
+    let chain = order.poll_certificate(&client::retry()).await.unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).unwrap();
+    let leaf = pem.parse_x509().unwrap();
+    let mut sans: Vec<String> = leaf
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|g| match g {
+            GeneralName::DNSName(n) => (*n).to_owned(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    sans.sort();
+    assert_eq!(sans, vec!["*.wild.example.test", "wild.example.test"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn dns_01_follows_a_cname_and_refuses_a_wrong_or_missing_record() {
+    let Some(dns) = Dns::start() else { return };
+    let server = TestServer::start(1, Some(&dns), DNS_PROFILE).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
+        .unwrap()
+        .thumbprint_b64();
+    // (name, how the test publishes, expected status, expected problem)
+    for (name, setup, want, problem) in [
+        ("cname.example.test", "cname", "valid", ""),
+        (
+            "wrong.example.test",
+            "wrong",
+            "invalid",
+            "incorrectResponse",
+        ),
+        ("none.example.test", "none", "invalid", "unauthorized"),
+    ] {
+        let r = acct
+            .post(
+                &dir,
+                dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+            )
+            .await;
+        let authz = acct
+            .post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None)
+            .await
+            .json();
+        let ch = authz["challenges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "dns-01")
+            .unwrap()
+            .clone();
+        let token = ch["token"].as_str().unwrap();
+        let value = acme_proxy::validation::dns01::txt_value(&format!("{token}.{thumb}"));
+        match setup {
+            "cname" => {
+                dns.manage("set-cname", json!({"host": format!("_acme-challenge.{name}."), "target": "delegated.example.test."}))
+                    .await;
+                dns.add_txt("delegated.example.test.", &value).await;
+            }
+            "wrong" => {
+                dns.add_txt(&format!("_acme-challenge.{name}."), "not-the-digest")
+                    .await
+            }
+            _ => {}
+        }
+        let r = acct
+            .post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
+            .await;
+        assert_eq!(r.json()["status"], "processing");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let settled = loop {
+            let c = acct
+                .post(&dir, ch["url"].as_str().unwrap(), None)
+                .await
+                .json();
+            if c["status"] != "processing" {
+                break c;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} did not settle"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert_eq!(settled["status"], want, "{name}: {settled}");
+        let got = settled["error"]["type"]
+            .as_str()
+            .unwrap_or("")
+            .trim_start_matches("urn:ietf:params:acme:error:");
+        assert_eq!(got, problem, "{name}: {settled}");
+    }
+    server.stop().await;
+}
+
+/// Orders `name` for `acct` and answers http-01; returns the order document.
+async fn validated_order(
+    dir: &serde_json::Value,
+    acct: &Acct,
+    responder: &Responder,
+    name: &str,
+) -> serde_json::Value {
+    let r = acct
+        .post(
+            dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let order_url = r.location().unwrap();
+    let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+    let authz = acct.post(dir, &authz_url, None).await.json();
+    if authz["status"] == "pending" {
+        let ch = &authz["challenges"][0];
+        let token = ch["token"].as_str().unwrap();
+        let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
+            .unwrap()
+            .thumbprint_b64();
+        responder.publish(token, &format!("{token}.{thumb}"));
+        acct.post(dir, ch["url"].as_str().unwrap(), Some(&json!({})))
+            .await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while acct.post(dir, &order_url, None).await.json()["status"] == "pending" {
+            assert!(std::time::Instant::now() < deadline);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    acct.post(dir, &order_url, None).await.json()
+}
+
+async fn reuse_case(reuse: bool) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    let dns = Dns::start().expect("pebble-challtestsrv");
+    let responder = Responder::start().await;
+    let profile = if reuse {
+        "[profiles.default]\nauthorization_reuse = \"1d\"\n"
+    } else {
+        "[profiles.default]\n"
+    };
+    let server = TestServer::start(responder.port, Some(&dns), profile).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let bob = Acct::create(&dir, Key::p256()).await;
+    let first = validated_order(&dir, &alice, &responder, "reuse.example.test").await;
+    assert_eq!(first["status"], "ready");
+    let hits = responder.hits();
+    // A second order by the same account, and one by another account.
+    let r = alice
+        .post(
+            &dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": [{"type": "dns", "value": "reuse.example.test"}]})),
+        )
+        .await;
+    let second = r.json();
+    let r = bob
+        .post(
+            &dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": [{"type": "dns", "value": "reuse.example.test"}]})),
+        )
+        .await;
+    let other = r.json();
+    assert_eq!(
+        responder.hits(),
+        hits,
+        "no validation ran for the new orders"
+    );
+    server.stop().await;
+    (first, second, other)
+}
+
+#[tokio::test]
+async fn a_valid_authorization_is_reused_by_the_same_account_only_when_enabled() {
+    if !crate::harness::require_program("pebble-challtestsrv") {
+        return;
+    }
+    let (first, second, other) = reuse_case(true).await;
+    assert_eq!(
+        second["status"], "ready",
+        "reused: the order is ready at once"
+    );
+    assert_eq!(second["authorizations"], first["authorizations"]);
+    assert_eq!(
+        other["status"], "pending",
+        "another account never reuses it"
+    );
+    assert_ne!(other["authorizations"], first["authorizations"]);
+
+    let (first, second, _) = reuse_case(false).await;
+    assert_eq!(
+        second["status"], "pending",
+        "disabled: a fresh authorization"
+    );
+    assert_ne!(second["authorizations"], first["authorizations"]);
+}
