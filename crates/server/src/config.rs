@@ -98,6 +98,8 @@ pub enum LogFormat {
 pub struct ValidationConfig {
     /// Port http-01 connects to (RFC 8555 §8.3 says 80; tests use another).
     pub http_port: u16,
+    /// Port tls-alpn-01 connects to (RFC 8737 says 443; tests use another).
+    pub tls_port: u16,
     /// Time allowed for one validation, connection to answer.
     #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
@@ -189,6 +191,7 @@ impl Default for ValidationConfig {
     fn default() -> Self {
         Self {
             http_port: 80,
+            tls_port: 443,
             timeout: Duration::from_secs(10),
             dns_resolvers: Vec::new(),
         }
@@ -242,7 +245,7 @@ pub enum ConfigError {
 }
 
 /// The challenge types this build can validate.
-pub const SUPPORTED_CHALLENGES: [&str; 2] = ["http-01", "dns-01"];
+pub const SUPPORTED_CHALLENGES: [&str; 3] = ["http-01", "dns-01", "tls-alpn-01"];
 
 impl Config {
     /// Loads the file (if any) and the environment, then checks the result.
@@ -499,6 +502,7 @@ mod tests {
         "nonce_lifetime",
         "shutdown_grace",
         "validation.http_port",
+        "validation.tls_port",
         "validation.timeout",
         "validation.dns_resolvers",
         "jobs.concurrency",

@@ -403,14 +403,20 @@ impl Runner {
                 // There may be more due work; wait only for a free slot.
                 tokio::select! {
                     _ = set.join_next(), if !set.is_empty() => {}
-                    _ = stop.changed() => {}
+                    changed = stop.changed() => {
+                        // A dropped sender means nobody can stop us any more: stop now.
+                        if changed.is_err() { break; }
+                    }
                 }
                 continue;
             }
             tokio::select! {
                 _ = self.queue.wake.notified() => {}
                 _ = tokio::time::sleep(self.queue.config.poll_interval) => {}
-                _ = stop.changed() => {}
+                changed = stop.changed() => {
+                        // A dropped sender means nobody can stop us any more: stop now.
+                        if changed.is_err() { break; }
+                    }
                 _ = set.join_next(), if !set.is_empty() => {}
             }
         }

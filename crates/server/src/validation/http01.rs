@@ -270,16 +270,26 @@ where
 /// DANGER: used only to follow an http-01 redirect to https, where RFC 8555
 /// §8.3 validation proves control through the body, not the certificate
 /// (the name may not even have a certificate yet — that is why the client
-/// is asking us for one).
-pub fn danger_unverified_tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+/// is asking us for one), and for tls-alpn-01, whose certificate is checked
+/// by `tlsalpn01` itself (RFC 8737 §3), not by a chain of trust.
+pub fn danger_unverified_tls_config(alpn: &[u8]) -> Result<rustls::ClientConfig, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(DangerAcceptAnyCertificate(provider)))
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(config)
+}
+
+/// The SubjectPublicKeyInfo (DER) of a certificate and its key bits.
+fn spki_of(cert: &CertificateDer<'_>) -> Result<(Vec<u8>, Vec<u8>), rustls::Error> {
+    use x509_parser::prelude::FromDer;
+    let (_, parsed) = x509_parser::certificate::X509Certificate::from_der(cert.as_ref())
+        .map_err(|_| rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding))?;
+    let spki = parsed.public_key();
+    Ok((spki.raw.to_vec(), spki.subject_public_key.data.to_vec()))
 }
 
 #[derive(Debug)]
@@ -297,18 +307,37 @@ impl ServerCertVerifier for DangerAcceptAnyCertificate {
         Ok(ServerCertVerified::assertion())
     }
 
+    // The handshake signature is checked against the certificate's key,
+    // read with x509-parser rather than webpki: webpki refuses certificates
+    // with critical extensions it does not know, and the tls-alpn-01
+    // certificate's acmeIdentifier extension is critical by design.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        let (_, key) = spki_of(cert)?;
+        let candidates = self
+            .0
+            .signature_verification_algorithms
+            .mapping
+            .iter()
+            .find(|(scheme, _)| *scheme == dss.scheme)
+            .map(|(_, algs)| *algs)
+            .ok_or(rustls::Error::PeerMisbehaved(
+                rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme,
+            ))?;
+        if candidates
+            .iter()
+            .any(|alg| alg.verify_signature(&key, message, dss.signature()).is_ok())
+        {
+            Ok(HandshakeSignatureValid::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::BadSignature,
+            ))
+        }
     }
 
     fn verify_tls13_signature(
@@ -317,9 +346,10 @@ impl ServerCertVerifier for DangerAcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
+        let (spki, _) = spki_of(cert)?;
+        rustls::crypto::verify_tls13_signature_with_raw_key(
             message,
-            cert,
+            &rustls::pki_types::SubjectPublicKeyInfoDer::from(spki),
             dss,
             &self.0.signature_verification_algorithms,
         )

@@ -8,6 +8,7 @@
 
 pub mod dns01;
 pub mod http01;
+pub mod tlsalpn01;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -51,8 +52,10 @@ pub struct ValidationTarget {
 pub struct Validators {
     pub(crate) resolver: Arc<TokioResolver>,
     pub http_port: u16,
+    pub tls_port: u16,
     pub timeout: Duration,
     tls: Arc<rustls::ClientConfig>,
+    tls_alpn: Arc<rustls::ClientConfig>,
 }
 
 impl std::fmt::Debug for Validators {
@@ -91,9 +94,14 @@ impl Validators {
         Ok(Self {
             resolver: Arc::new(resolver),
             http_port: config.http_port,
+            tls_port: config.tls_port,
+            tls_alpn: Arc::new(
+                http01::danger_unverified_tls_config(tlsalpn01::ACME_TLS_1)
+                    .map_err(|e| format!("building the TLS client: {e}"))?,
+            ),
             timeout: config.timeout,
             tls: Arc::new(
-                http01::danger_unverified_tls_config()
+                http01::danger_unverified_tls_config(b"http/1.1")
                     .map_err(|e| format!("building the TLS client: {e}"))?,
             ),
         })
@@ -132,6 +140,7 @@ impl Validators {
             match kind {
                 "http-01" => http01::validate(self, target).await,
                 "dns-01" => dns01::validate(self, target).await,
+                "tls-alpn-01" => tlsalpn01::validate(self, target).await,
                 other => Err(ValidationError::new(
                     ProblemType::Malformed,
                     format!("challenge type {other} cannot be validated by this server"),

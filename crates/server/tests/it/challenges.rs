@@ -252,3 +252,131 @@ async fn a_valid_authorization_is_reused_by_the_same_account_only_when_enabled()
     );
     assert_ne!(second["authorizations"], first["authorizations"]);
 }
+
+/// A tls-alpn-01 responder (RFC 8737 §3): answers handshakes that offer
+/// `acme-tls/1` with whatever certificate the test put in its slot.
+#[derive(Debug, Default)]
+struct AlpnSlot(std::sync::Mutex<Option<std::sync::Arc<rustls::sign::CertifiedKey>>>);
+
+impl rustls::server::ResolvesServerCert for AlpnSlot {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<std::sync::Arc<rustls::sign::CertifiedKey>> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl AlpnSlot {
+    /// Presents a self-signed certificate for `name` with the
+    /// acmeIdentifier extension over SHA-256(`digest_of`).
+    fn present(&self, name: &str, digest_of: &str) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        let digest = ring::digest::digest(&ring::digest::SHA256, digest_of.as_bytes());
+        params
+            .custom_extensions
+            .push(rcgen::CustomExtension::new_acme_identifier(digest.as_ref()));
+        let cert = params.self_signed(&key).unwrap();
+        let der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let signing = rustls::crypto::ring::sign::any_supported_type(&der).unwrap();
+        *self.0.lock().unwrap() = Some(std::sync::Arc::new(rustls::sign::CertifiedKey::new(
+            vec![cert.der().clone()],
+            signing,
+        )));
+    }
+}
+
+async fn tls_alpn_responder() -> (u16, std::sync::Arc<AlpnSlot>) {
+    let slot = std::sync::Arc::new(AlpnSlot::default());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_cert_resolver(slot.clone());
+    config.alpn_protocols = vec![b"acme-tls/1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(tcp).await;
+            });
+        }
+    });
+    (port, slot)
+}
+
+#[tokio::test]
+async fn tls_alpn_01_checks_the_acme_identifier_of_the_certificate_presented_over_acme_tls_1() {
+    let Some(dns) = Dns::start() else { return };
+    let (port, slot) = tls_alpn_responder().await;
+    let server = TestServer::start(
+        1,
+        Some(&dns),
+        &format!("tls_port = {port}\n[profiles.default]\nchallenges = [\"tls-alpn-01\"]\n"),
+    )
+    .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
+        .unwrap()
+        .thumbprint_b64();
+    for (name, right, want, problem) in [
+        ("alpn.example.test", true, "valid", ""),
+        (
+            "alpn-wrong.example.test",
+            false,
+            "invalid",
+            "incorrectResponse",
+        ),
+    ] {
+        let r = acct
+            .post(
+                &dir,
+                dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+            )
+            .await;
+        let authz = acct
+            .post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None)
+            .await
+            .json();
+        let ch = &authz["challenges"][0];
+        assert_eq!(ch["type"], "tls-alpn-01");
+        let token = ch["token"].as_str().unwrap();
+        let ka = if right {
+            format!("{token}.{thumb}")
+        } else {
+            "someone else's".to_owned()
+        };
+        slot.present(name, &ka);
+        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
+            .await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let settled = loop {
+            let c = acct
+                .post(&dir, ch["url"].as_str().unwrap(), None)
+                .await
+                .json();
+            if c["status"] != "processing" {
+                break c;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} did not settle"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert_eq!(settled["status"], want, "{name}: {settled}");
+        let got = settled["error"]["type"]
+            .as_str()
+            .unwrap_or("")
+            .trim_start_matches("urn:ietf:params:acme:error:");
+        assert_eq!(got, problem, "{name}: {settled}");
+    }
+    server.stop().await;
+}

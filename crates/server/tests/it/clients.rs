@@ -2,7 +2,9 @@
 //! `acme-proxy` binary started as a separate process: each obtains a
 //! certificate over http-01 (answered by the client's own standalone server,
 //! the name resolved through a real DNS server), renews it, revokes it, and
-//! the CRL then lists the revoked serial.
+//! the CRL then lists the revoked serial. Each also obtains one over dns-01,
+//! its hooks writing the TXT records into that DNS server (certbot for a
+//! wildcard and its base name at once).
 //!
 //! Every client run has a deadline and is killed when it passes; a failure
 //! message carries the client's stdout and stderr (and certbot's log).
@@ -58,9 +60,10 @@ impl Ran {
     }
 }
 
-/// Runs `program` with `args`, its home in `home` (so nothing of the user's
-/// is read or written), killed after `CLIENT_TIMEOUT`. Blocking.
-fn run_blocking(program: &str, args: &[String], home: &Path) -> Ran {
+/// Runs `program` with `args` and the extra environment `env`, its home in
+/// `home` (so nothing of the user's is read or written), killed after
+/// `CLIENT_TIMEOUT`. Blocking.
+fn run_blocking(program: &str, args: &[String], env: &[(String, String)], home: &Path) -> Ran {
     let command = format!("{program} {}", args.join(" "));
     let started = Instant::now();
     let mut cmd = Command::new(program);
@@ -73,6 +76,9 @@ fn run_blocking(program: &str, args: &[String], home: &Path) -> Ran {
         .stderr(Stdio::piped());
     for var in PROXY_VARS {
         cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
     }
     let mut child = cmd
         .spawn()
@@ -115,7 +121,17 @@ fn run_blocking(program: &str, args: &[String], home: &Path) -> Ran {
 
 /// `run_blocking` off the async runtime's worker threads.
 async fn run(program: &'static str, args: Vec<String>, home: PathBuf) -> Ran {
-    tokio::task::spawn_blocking(move || run_blocking(program, &args, &home))
+    run_with_env(program, args, Vec::new(), home).await
+}
+
+/// `run` with extra environment variables.
+async fn run_with_env(
+    program: &'static str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    home: PathBuf,
+) -> Ran {
+    tokio::task::spawn_blocking(move || run_blocking(program, &args, &env, &home))
         .await
         .expect("client thread")
 }
@@ -131,13 +147,14 @@ struct Proxy {
 
 impl Proxy {
     /// Writes a config whose http-01 validation goes to `http_port` and
-    /// whose names resolve through `dns`, then runs `acme-proxy serve`.
-    fn start(dns: &Dns, http_port: u16) -> Proxy {
+    /// whose names resolve through `dns` (`extra` appended to it), then runs
+    /// `acme-proxy serve`.
+    fn start(dns: &Dns, http_port: u16, extra: &str) -> Proxy {
         let dir = tempfile::tempdir().expect("tempdir");
         let data_dir = dir.path().join("data");
         // A client's standalone server may be slower to answer than the
         // in-process responder: give validation more room.
-        let text = TestServer::config_text(&data_dir, http_port, Some(dns), "").replacen(
+        let text = TestServer::config_text(&data_dir, http_port, Some(dns), extra).replacen(
             "timeout = \"5s\"",
             "timeout = \"10s\"",
             1,
@@ -228,6 +245,60 @@ fn assert_issued(leaf: &Leaf, name: &str, ca: &(Vec<u8>, String)) {
     );
 }
 
+/// The options isolating certbot in `d` and pointing it at `directory`.
+fn certbot_common(d: &Path, directory: &str) -> Vec<String> {
+    let p = |sub: &str| d.join(sub).display().to_string();
+    [
+        "--config-dir",
+        &p("conf"),
+        "--work-dir",
+        &p("work"),
+        "--logs-dir",
+        &p("logs"),
+        "--non-interactive",
+        "--agree-tos",
+        "-m",
+        "admin@example.test",
+        "--server",
+        directory,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// The profile of the dns-01 tests.
+const DNS_PROFILE: &str = "[profiles.default]\nchallenges = [\"http-01\", \"dns-01\"]\n";
+
+/// Writes the executable shell script `dir/name`: `body` runs after a
+/// `post ENDPOINT JSON` function that POSTs JSON to the management API of
+/// `dns` (through python3, or curl without it) and fails on any error.
+fn dns_hook(dir: &Path, name: &str, dns: &Dns, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = format!(
+        r#"#!/bin/sh
+set -eu
+post() {{
+    url="http://{management}/$1"
+    if command -v python3 >/dev/null 2>&1; then
+        python3 -c 'import sys, urllib.request
+req = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), headers={{"Content-Type": "application/json"}}, method="POST")
+urllib.request.urlopen(req, timeout=10).read()' "$url" "$2"
+    else
+        curl -fsS -m 10 -X POST -H 'Content-Type: application/json' -d "$2" "$url"
+    fi
+}}
+{body}
+"#,
+        management = dns.management,
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, script).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
 /// The last lines of certbot's log, which hold the ACME exchanges.
 fn certbot_log_tail(dir: &Path) -> String {
     let log = std::fs::read_to_string(dir.join("logs").join("letsencrypt.log"))
@@ -244,31 +315,12 @@ async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
         return;
     }
     let port = harness::free_port();
-    let proxy = Proxy::start(&dns, port);
+    let proxy = Proxy::start(&dns, port, "");
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_path_buf();
     let name = "certbot.example.test";
 
-    let common = |d: &Path| -> Vec<String> {
-        let p = |sub: &str| d.join(sub).display().to_string();
-        [
-            "--config-dir",
-            &p("conf"),
-            "--work-dir",
-            &p("work"),
-            "--logs-dir",
-            &p("logs"),
-            "--non-interactive",
-            "--agree-tos",
-            "-m",
-            "admin@example.test",
-            "--server",
-            &proxy.directory,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
-    };
+    let common = |d: &Path| certbot_common(d, &proxy.directory);
     let standalone: Vec<String> = [
         "--standalone",
         "--http-01-port",
@@ -367,7 +419,7 @@ async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
         return;
     }
     let port = harness::free_port();
-    let proxy = Proxy::start(&dns, port);
+    let proxy = Proxy::start(&dns, port, "");
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_path_buf();
     let name = "lego.example.test";
@@ -437,5 +489,149 @@ async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
     assert!(
         !crl.iter().any(|(serial, _)| *serial == first.serial),
         "the earlier, unrevoked certificate is not on the CRL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lego_obtains_a_certificate_over_dns_01_with_its_exec_provider_writing_to_a_real_dns_server()
+ {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("lego") {
+        return;
+    }
+    // No http-01 here: the port is never used.
+    let proxy = Proxy::start(&dns, 1, DNS_PROFILE);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_path_buf();
+    let name = "lego-dns.example.test";
+
+    // lego calls `script present|cleanup FQDN VALUE`, FQDN with its
+    // trailing dot.
+    let script = dns_hook(
+        &d,
+        "exec-provider.sh",
+        &dns,
+        r#"case "$1" in
+    present) post set-txt "{\"host\": \"$2\", \"value\": \"$3\"}" ;;
+    cleanup) post clear-txt "{\"host\": \"$2\"}" ;;
+    *) echo "unexpected call: $*" >&2; exit 2 ;;
+esac"#,
+    );
+    let path = d.join("lego");
+    let args: Vec<String> = [
+        "--server",
+        &proxy.directory,
+        "--email",
+        "admin@example.test",
+        "--accept-tos",
+        "--path",
+        path.to_str().expect("utf-8 path"),
+        "--key-type",
+        "ec256",
+        "--dns",
+        "exec",
+        "--dns.resolvers",
+        &dns.addr.to_string(),
+        "--dns.disable-cp",
+        "-d",
+        name,
+        "run",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let env: Vec<(String, String)> = [
+        ("EXEC_PATH", script.to_str().expect("utf-8 path")),
+        // Seconds: the record is in place when the script returns.
+        ("EXEC_PROPAGATION_TIMEOUT", "10"),
+        ("EXEC_POLLING_INTERVAL", "1"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let ran = run_with_env("lego", args, env, d.clone()).await;
+    assert!(ran.success(), "lego run failed\n{}", ran.report());
+    eprintln!("lego run (dns-01): {:.1?}", ran.elapsed);
+
+    let cert_path = path.join("certificates").join(format!("{name}.crt"));
+    let issued = leaf(&cert_path, &|| ran.report());
+    assert_issued(&issued, name, &proxy.ca_subject());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_obtains_a_wildcard_and_its_base_name_over_dns_01_with_manual_hooks() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("certbot") {
+        return;
+    }
+    // No http-01 here: the port is never used.
+    let proxy = Proxy::start(&dns, 1, DNS_PROFILE);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_path_buf();
+    let wildcard = "*.certbot-wild.example.test";
+    let base = "certbot-wild.example.test";
+
+    // Both authorizations put their value at the same name: challtestsrv
+    // keeps every value set for it, and the cleanup (which certbot runs
+    // once all authorizations are done) clears them all.
+    let hooks = d.join("hooks");
+    std::fs::create_dir(&hooks).expect("hooks directory");
+    let auth = dns_hook(
+        &hooks,
+        "auth.sh",
+        &dns,
+        r#"post set-txt "{\"host\": \"_acme-challenge.$CERTBOT_DOMAIN.\", \"value\": \"$CERTBOT_VALIDATION\"}""#,
+    );
+    let cleanup = dns_hook(
+        &hooks,
+        "cleanup.sh",
+        &dns,
+        r#"post clear-txt "{\"host\": \"_acme-challenge.$CERTBOT_DOMAIN.\"}""#,
+    );
+
+    let mut args = vec!["certonly".to_owned()];
+    args.extend(certbot_common(&d, &proxy.directory));
+    args.extend(
+        [
+            "--manual",
+            "--preferred-challenges",
+            "dns",
+            "--manual-auth-hook",
+            auth.to_str().expect("utf-8 path"),
+            "--manual-cleanup-hook",
+            cleanup.to_str().expect("utf-8 path"),
+            "-d",
+            wildcard,
+            "-d",
+            base,
+            "--cert-name",
+            "w",
+        ]
+        .map(str::to_owned),
+    );
+    let ran = run("certbot", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "certbot certonly failed\n{}\n--- letsencrypt.log (tail) ---\n{}",
+        ran.report(),
+        certbot_log_tail(&d)
+    );
+    eprintln!("certbot certonly (dns-01, wildcard): {:.1?}", ran.elapsed);
+
+    let cert_path = d.join("conf").join("live").join("w").join("cert.pem");
+    let issued = leaf(&cert_path, &|| ran.report());
+    let mut sans = issued.sans.clone();
+    sans.sort();
+    assert_eq!(
+        sans,
+        vec![wildcard.to_owned(), base.to_owned()],
+        "SANs of the certificate"
+    );
+    let ca = proxy.ca_subject();
+    assert!(
+        issued.issuer == ca.0,
+        "issuer {} is not the profile's CA {}",
+        issued.issuer_text,
+        ca.1
     );
 }

@@ -277,17 +277,21 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
             .unwrap_or_else(|e| panic!("runner {name} died: {e}"));
     }
 
-    assert_eq!(
-        *overlaps.lock().unwrap(),
-        Vec::<String>::new(),
-        "overlapping attempts"
+    let overlaps = overlaps.lock().unwrap().clone();
+    assert!(
+        overlaps.is_empty(),
+        "{} attempts overlapped another attempt of the same job, e.g. {:?}",
+        overlaps.len(),
+        &overlaps[..overlaps.len().min(10)]
     );
     let runs = runs.lock().unwrap().clone();
     assert_eq!(runs.len(), JOBS, "every key ran");
     let twice: Vec<_> = runs.iter().filter(|(_, r)| r.len() != 1).collect();
     assert!(
         twice.is_empty(),
-        "keys that did not run exactly once: {twice:?}"
+        "{} keys did not run exactly once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(10)]
     );
     let by_a = runs.values().filter(|r| r[0] == "a").count();
     let by_b = runs.values().filter(|r| r[0] == "b").count();
