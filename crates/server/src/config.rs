@@ -131,6 +131,8 @@ pub struct ProfileConfig {
     /// (and outlives the new order). Absent: never reuse (the default).
     #[serde(deserialize_with = "opt_duration")]
     pub authorization_reuse: Option<Duration>,
+    /// Accept `ip` identifiers (RFC 8738).
+    pub ip_identifiers: bool,
     pub signer: SignerConfig,
 }
 
@@ -209,6 +211,7 @@ impl Default for ProfileConfig {
             order_lifetime: Duration::from_secs(7 * 86400),
             authorization_lifetime: Duration::from_secs(30 * 86400),
             authorization_reuse: None,
+            ip_identifiers: true,
             signer: SignerConfig::LocalCa(LocalCaConfig::default()),
         }
     }
@@ -520,6 +523,7 @@ mod tests {
         "profiles.default.caa_identities",
         "profiles.default.order_lifetime",
         "profiles.default.authorization_lifetime",
+        "profiles.default.ip_identifiers",
         "profiles.default.authorization_reuse",
         "profiles.default.signer.type",
         "profiles.default.signer.ca_cert",

@@ -112,6 +112,8 @@ impl Authority {
                 .challenges
                 .iter()
                 .filter(|kind| !wildcard || kind.as_str() == "dns-01")
+                // dns-01 cannot prove an IP address (RFC 8738 §7).
+                .filter(|kind| identifier.kind != "ip" || kind.as_str() != "dns-01")
                 .map(|kind| NewChallenge {
                     id: ids::object_id(),
                     kind: kind.clone(),
@@ -430,9 +432,43 @@ fn check_identifier(
             }
             Ok(Identifier::dns(name.as_str()))
         }
+        // RFC 8738: IP addresses, proven by http-01 or tls-alpn-01.
+        "ip" if profile.config.ip_identifiers => {
+            let ip: std::net::IpAddr = id.value.parse().map_err(|_| {
+                (
+                    ProblemType::Malformed,
+                    format!("{:?} is not an IP address (RFC 8738 §3)", id.value),
+                )
+            })?;
+            if !profile
+                .config
+                .challenges
+                .iter()
+                .any(|c| c == "http-01" || c == "tls-alpn-01")
+            {
+                return Err((
+                    ProblemType::RejectedIdentifier,
+                    format!(
+                        "{ip}: an IP address is proven by http-01 or tls-alpn-01, which this profile does not offer"
+                    ),
+                ));
+            }
+            // The canonical text form, so the CSR's IP SAN compares equal.
+            Ok(Identifier {
+                kind: "ip".into(),
+                value: ip.to_string(),
+            })
+        }
         other => Err((
             ProblemType::UnsupportedIdentifier,
-            format!("identifier type {other:?} is not supported at this profile (\"dns\" is)"),
+            format!(
+                "identifier type {other:?} is not supported at this profile ({})",
+                if profile.config.ip_identifiers {
+                    "\"dns\" and \"ip\" are"
+                } else {
+                    "\"dns\" is"
+                }
+            ),
         )),
     }
 }

@@ -150,7 +150,7 @@ impl LocalCa {
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let mut dn = DistinguishedName::new();
-        if let Some(first) = req.identifiers.first() {
+        if let Some(first) = req.identifiers.iter().find(|i| i.kind == "dns") {
             // A CN is optional but some older TLS clients still look at it;
             // it must fit the 64-character upper bound (RFC 5280 App. A).
             if first.value.len() <= 64 {

@@ -47,11 +47,20 @@ struct Target {
 }
 
 impl Target {
+    /// The host as it appears in a URL or Host header: an IPv6 address in
+    /// brackets (RFC 3986 §3.2.2), as RFC 8738 §6 validation needs.
+    fn authority_host(&self) -> String {
+        match self.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(v6)) => format!("[{v6}]"),
+            _ => self.host.clone(),
+        }
+    }
+
     fn url(&self) -> String {
         format!(
             "{}://{}:{}{}",
             if self.https { "https" } else { "http" },
-            self.host,
+            self.authority_host(),
             self.port,
             self.path_and_query
         )
@@ -191,9 +200,9 @@ async fn fetch(
     let _ = stream.set_nodelay(true);
     let host_header =
         if (target.https && target.port == 443) || (!target.https && target.port == 80) {
-            target.host.clone()
+            target.authority_host()
         } else {
-            format!("{}:{}", target.host, target.port)
+            format!("{}:{}", target.authority_host(), target.port)
         };
     if target.https {
         let server_name = match target.host.parse::<IpAddr>() {

@@ -380,3 +380,86 @@ async fn tls_alpn_01_checks_the_acme_identifier_of_the_certificate_presented_ove
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_ip_address_is_certified_via_http_01_and_via_tls_alpn_01_with_an_ip_san() {
+    let responder = Responder::start().await;
+    let (alpn_port, slot) = tls_alpn_responder().await;
+    let server = TestServer::start(
+        responder.port,
+        None,
+        &format!("tls_port = {alpn_port}\n[profiles.default]\nchallenges = [\"http-01\", \"tls-alpn-01\"]\n"),
+    )
+    .await;
+    let account = client::account(&server.directory("default")).await;
+    for kind in [ChallengeType::Http01, ChallengeType::TlsAlpn01] {
+        let ids = [Identifier::Ip("127.0.0.1".parse().unwrap())];
+        let mut order = account.new_order(&NewOrder::new(&ids)).await.unwrap();
+        let mut authorizations = order.authorizations();
+        while let Some(authz) = authorizations.next().await {
+            let mut authz = authz.unwrap();
+            // dns-01 cannot prove an address (RFC 8738 §7).
+            assert!(
+                authz
+                    .challenges
+                    .iter()
+                    .all(|c| c.r#type != ChallengeType::Dns01)
+            );
+            let mut challenge = authz.challenge(kind.clone()).unwrap();
+            let ka = challenge.key_authorization();
+            match kind {
+                ChallengeType::Http01 => responder.publish(&challenge.token, ka.as_str()),
+                _ => slot.present("127.0.0.1", ka.as_str()),
+            }
+            challenge.set_ready().await.unwrap();
+        }
+        assert_eq!(
+            order.poll_ready(&client::retry()).await.unwrap(),
+            OrderStatus::Ready,
+            "{kind:?}"
+        );
+        order.finalize().await.unwrap();
+        let chain = order.poll_certificate(&client::retry()).await.unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).unwrap();
+        let leaf = pem.parse_x509().unwrap();
+        let sans: Vec<String> = leaf
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|g| format!("{g:?}"))
+            .collect();
+        assert_eq!(
+            sans,
+            vec!["IPAddress([127, 0, 0, 1])".to_owned()],
+            "{kind:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_profile_with_ip_identifiers_off_refuses_them() {
+    let server = TestServer::start(
+        1,
+        None,
+        "[profiles.default]\nip_identifiers = false\nbypass = true\n",
+    )
+    .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let r = acct
+        .post(
+            &dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": [{"type": "ip", "value": "127.0.0.1"}]})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.problem().as_str()),
+        (400, "unsupportedIdentifier")
+    );
+    server.stop().await;
+}

@@ -559,10 +559,21 @@ async fn new_order_reports_every_bad_identifier_and_normalises_the_good_ones() {
         .post(
             &dir,
             &new_order,
-            Some(&order(json!([{"type": "ip", "value": "192.0.2.1"}]))),
+            Some(&order(
+                json!([{"type": "email", "value": "a@example.test"}]),
+            )),
         )
         .await;
-    assert_problem(&r, 400, "unsupportedIdentifier", "ip identifier");
+    assert_problem(&r, 400, "unsupportedIdentifier", "email identifier");
+
+    let r = alice
+        .post(
+            &dir,
+            &new_order,
+            Some(&order(json!([{"type": "ip", "value": "300.1.1.1"}]))),
+        )
+        .await;
+    assert_problem(&r, 400, "malformed", "ip identifier that is no address");
 
     let r = alice.post(&dir, &new_order, Some(&order(json!([])))).await;
     assert_problem(&r, 400, "malformed", "no identifiers");
