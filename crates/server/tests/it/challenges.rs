@@ -463,3 +463,53 @@ async fn a_profile_with_ip_identifiers_off_refuses_them() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_challenge_post_answers_at_once_even_when_the_host_never_answers_and_the_authorization_later_fails_with_connection()
+ {
+    let Some(dns) = Dns::start() else { return };
+    let responder = Responder::start().await;
+    let server = TestServer::start(responder.port, Some(&dns), "").await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let r = acct
+        .post(
+            &dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": [{"type": "dns", "value": "silent.example.test"}]})),
+        )
+        .await;
+    let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+    let authz = acct.post(&dir, &authz_url, None).await.json();
+    let ch = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
+    responder.hang_next(1);
+    let started = std::time::Instant::now();
+    let r = acct.post(&dir, &ch, Some(&json!({}))).await;
+    let answered = started.elapsed();
+    assert_eq!(r.json()["status"], "processing");
+    // The validation timeout of the test server is 5 s.
+    assert!(
+        answered < std::time::Duration::from_secs(1),
+        "the trigger took {answered:?}"
+    );
+    let r = acct.post(&dir, &authz_url, None).await;
+    assert_eq!(
+        r.headers["retry-after"], "1",
+        "a pending authorization being validated says when to come back"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let authz = loop {
+        let a = acct.post(&dir, &authz_url, None).await.json();
+        if a["status"] != "pending" {
+            break a;
+        }
+        assert!(std::time::Instant::now() < deadline, "never settled: {a}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(authz["status"], "invalid");
+    assert_eq!(
+        authz["challenges"][0]["error"]["type"], "urn:ietf:params:acme:error:connection",
+        "{authz}"
+    );
+    server.stop().await;
+}

@@ -635,3 +635,47 @@ async fn certbot_obtains_a_wildcard_and_its_base_name_over_dns_01_with_manual_ho
         ca.1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lego_obtains_a_certificate_over_tls_alpn_01_with_its_own_tls_server() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("lego") {
+        return;
+    }
+    let port = harness::free_port();
+    // tls_port lands in [validation]; only tls-alpn-01 is offered.
+    let proxy = Proxy::start(
+        &dns,
+        1,
+        &format!("tls_port = {port}\n[profiles.default]\nchallenges = [\"tls-alpn-01\"]\n"),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_path_buf();
+    let name = "lego-tls.example.test";
+    let args: Vec<String> = [
+        "--server",
+        &proxy.directory,
+        "--email",
+        "admin@example.test",
+        "--accept-tos",
+        "--path",
+        d.to_str().expect("utf-8 path"),
+        "--key-type",
+        "ec256",
+        "--tls",
+        "--tls.port",
+        &format!("127.0.0.1:{port}"),
+        "-d",
+        name,
+        "run",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let ran = run("lego", args, d.clone()).await;
+    assert!(ran.success(), "lego run failed\n{}", ran.report());
+    eprintln!("lego run (tls-alpn-01): {:.1?}", ran.elapsed);
+    let cert_path = d.join("certificates").join(format!("{name}.crt"));
+    let issued = leaf(&cert_path, &|| ran.report());
+    assert_issued(&issued, name, &proxy.ca_subject());
+}
