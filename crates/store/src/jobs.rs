@@ -65,6 +65,14 @@ pub struct JobCounts {
     pub by_kind_and_status: Vec<(String, String, i64)>,
 }
 
+/// Queues a job unless its (kind, key) is live; returns the new id, or no
+/// row when it was already queued.
+pub(crate) const INSERT_JOB: &str =
+    "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
+     VALUES ($1, $2, $3, 'queued', 0, $4, $5, $6, $7, $7)
+     ON CONFLICT (kind, key) WHERE status IN ('queued', 'running', 'retiring') DO NOTHING
+     RETURNING id";
+
 macro_rules! job_columns {
     () => {
         "id, kind, key, payload, status, attempts, max_attempts, run_at, deadline, lease_owner, \
@@ -97,21 +105,16 @@ impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
     pub async fn insert_job(&self, job: &NewJob<'_>, now: i64) -> Result<Enqueued> {
-        let inserted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
-             VALUES ($1, $2, $3, 'queued', 0, $4, $5, $6, $7, $7)
-             ON CONFLICT (kind, key) WHERE status IN ('queued', 'running', 'retiring') DO NOTHING
-             RETURNING id",
-        )
-        .bind(job.kind)
-        .bind(job.key)
-        .bind(job.payload)
-        .bind(job.max_attempts)
-        .bind(job.run_at)
-        .bind(job.deadline)
-        .bind(now)
-        .fetch_optional(&self.writer)
-        .await?;
+        let inserted: Option<i64> = sqlx::query_scalar(INSERT_JOB)
+            .bind(job.kind)
+            .bind(job.key)
+            .bind(job.payload)
+            .bind(job.max_attempts)
+            .bind(job.run_at)
+            .bind(job.deadline)
+            .bind(now)
+            .fetch_optional(&self.writer)
+            .await?;
         if let Some(id) = inserted {
             return Ok(Enqueued::Queued(id));
         }

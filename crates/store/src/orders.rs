@@ -94,6 +94,13 @@ pub enum OrderAuthorization {
     Reuse(String),
 }
 
+/// pending → processing for a challenge whose authorization is still
+/// pending and unexpired ($1 challenge id, $2 now).
+const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
+     WHERE id = $1 AND status = 'pending'
+       AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
+                   AND a.status = 'pending' AND a.expires_at > $2)";
+
 macro_rules! order_columns {
     () => {
         "o.id, o.profile, o.account_id, o.status, o.identifiers, o.not_before, \
@@ -372,17 +379,12 @@ impl Store {
     /// pending and unexpired. False if another request got there first or
     /// the authorization moved on (RFC 8555 §7.5.1).
     pub async fn start_challenge(&self, challenge_id: &str, now: i64) -> Result<bool> {
-        Ok(sqlx::query(
-            "UPDATE challenges SET status = 'processing'
-             WHERE id = $1 AND status = 'pending'
-               AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                           AND a.status = 'pending' AND a.expires_at > $2)",
-        )
-        .bind(challenge_id)
-        .bind(now)
-        .execute(&self.writer)
-        .await?
-        .rows_affected()
+        Ok(sqlx::query(START_CHALLENGE)
+            .bind(challenge_id)
+            .bind(now)
+            .execute(&self.writer)
+            .await?
+            .rows_affected()
             == 1)
     }
 
@@ -397,35 +399,26 @@ impl Store {
         now_ms: i64,
     ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
-        let started = sqlx::query(
-            "UPDATE challenges SET status = 'processing'
-             WHERE id = $1 AND status = 'pending'
-               AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                           AND a.status = 'pending' AND a.expires_at > $2)",
-        )
-        .bind(challenge_id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
+        let started = sqlx::query(START_CHALLENGE)
+            .bind(challenge_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
             == 1;
         if !started {
             return Ok(false);
         }
-        sqlx::query(
-            "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
-             VALUES ($1, $2, $3, 'queued', 0, $4, $5, $6, $7, $7)
-             ON CONFLICT (kind, key) WHERE status IN ('queued', 'running', 'retiring') DO NOTHING",
-        )
-        .bind(job.kind)
-        .bind(job.key)
-        .bind(job.payload)
-        .bind(job.max_attempts)
-        .bind(job.run_at)
-        .bind(job.deadline)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(crate::jobs::INSERT_JOB)
+            .bind(job.kind)
+            .bind(job.key)
+            .bind(job.payload)
+            .bind(job.max_attempts)
+            .bind(job.run_at)
+            .bind(job.deadline)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -126,21 +126,14 @@ async fn dns_01_follows_a_cname_and_refuses_a_wrong_or_missing_record() {
             .post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
             .await;
         assert_eq!(r.json()["status"], "processing");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let settled = loop {
-            let c = acct
-                .post(&dir, ch["url"].as_str().unwrap(), None)
-                .await
-                .json();
-            if c["status"] != "processing" {
-                break c;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{name} did not settle"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
+        let settled = acct
+            .wait_while(
+                &dir,
+                ch["url"].as_str().unwrap(),
+                "processing",
+                std::time::Duration::from_secs(10),
+            )
+            .await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
         let got = settled["error"]["type"]
             .as_str()
@@ -356,21 +349,14 @@ async fn tls_alpn_01_checks_the_acme_identifier_of_the_certificate_presented_ove
         slot.present(name, &ka);
         acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
             .await;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let settled = loop {
-            let c = acct
-                .post(&dir, ch["url"].as_str().unwrap(), None)
-                .await
-                .json();
-            if c["status"] != "processing" {
-                break c;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{name} did not settle"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
+        let settled = acct
+            .wait_while(
+                &dir,
+                ch["url"].as_str().unwrap(),
+                "processing",
+                std::time::Duration::from_secs(10),
+            )
+            .await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
         let got = settled["error"]["type"]
             .as_str()

@@ -272,21 +272,14 @@ async fn http_01_follows_redirects_only_to_allowed_ports_and_not_forever() {
                 .iter()
                 .any(|l| l.to_str().unwrap().contains("rel=\"up\""))
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let settled = loop {
-            let c = acct
-                .post(&dir, ch["url"].as_str().unwrap(), None)
-                .await
-                .json();
-            if c["status"] != "processing" {
-                break c;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: validation did not settle"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let settled = acct
+            .wait_while(
+                &dir,
+                ch["url"].as_str().unwrap(),
+                "processing",
+                Duration::from_secs(10),
+            )
+            .await;
         assert_eq!(settled["status"], want_status, "{name}: {settled}");
         let problem = settled["error"]["type"]
             .as_str()

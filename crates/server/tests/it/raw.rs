@@ -221,6 +221,29 @@ impl Acct {
         }
     }
 
+    /// POST-as-GETs `url` until its `status` is no longer `while_status`
+    /// (background validation settling), for at most `within`.
+    pub async fn wait_while(
+        &self,
+        directory: &Value,
+        url: &str,
+        while_status: &str,
+        within: std::time::Duration,
+    ) -> Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let doc = self.post(directory, url, None).await.json();
+            if doc["status"] != while_status {
+                return doc;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{url} still {while_status} after {within:?}: {doc}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// A kid-signed request with a fresh nonce.
     pub async fn post(&self, directory: &Value, url: &str, payload: Option<&Value>) -> Resp {
         let protected = json!({"alg": self.key.alg(), "kid": self.url, "nonce": nonce(directory).await, "url": url});
