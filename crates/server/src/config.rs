@@ -131,6 +131,9 @@ pub struct ProfileConfig {
     /// (and outlives the new order). Absent: never reuse (the default).
     #[serde(deserialize_with = "opt_duration")]
     pub authorization_reuse: Option<Duration>,
+    /// Check CAA (RFC 8659, with RFC 8657 parameters) at validation time,
+    /// against `caa_identities`.
+    pub caa: bool,
     /// Accept `ip` identifiers (RFC 8738).
     pub ip_identifiers: bool,
     pub signer: SignerConfig,
@@ -212,6 +215,7 @@ impl Default for ProfileConfig {
             authorization_lifetime: Duration::from_secs(30 * 86400),
             authorization_reuse: None,
             ip_identifiers: true,
+            caa: false,
             signer: SignerConfig::LocalCa(LocalCaConfig::default()),
         }
     }
@@ -298,6 +302,11 @@ impl Config {
             {
                 return Err(ConfigError::Invalid(format!(
                     "profile name {name:?} must be lowercase letters, digits, '-' or '_' (it is part of URLs)"
+                )));
+            }
+            if profile.caa && profile.caa_identities.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.caa is on but caa_identities is empty: write the issuer domain names CAA records must name, e.g. caa_identities = [\"acme.example.internal\"]"
                 )));
             }
             if profile.challenges.is_empty() {
@@ -523,6 +532,7 @@ mod tests {
         "profiles.default.caa_identities",
         "profiles.default.order_lifetime",
         "profiles.default.authorization_lifetime",
+        "profiles.default.caa",
         "profiles.default.ip_identifiers",
         "profiles.default.authorization_reuse",
         "profiles.default.signer.type",

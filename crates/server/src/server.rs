@@ -101,6 +101,17 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
             Arc::new(Profile::new(name.clone(), pc.clone(), signer)),
         );
     }
+    // Bound before anything else needs the public URL (account URLs in CAA
+    // accounturi checks); requests wait until the router is served below.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let base_url = match &config.public_url {
+        Some(url) => url.clone(),
+        // With port 0 the real port is known only now.
+        None => format!("http://{addr}"),
+    };
     let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
     let queue = Arc::new(Queue::new(
         store.clone(),
@@ -113,6 +124,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         profiles,
         validators,
         Arc::clone(&queue),
+        base_url.clone(),
         &config,
     ));
     authority.refresh_stale_crls().await;
@@ -146,15 +158,6 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
     runner.recover().await.map_err(anyhow::Error::msg)?;
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
-    let addr = listener.local_addr()?;
-    let base_url = match &config.public_url {
-        Some(url) => url.clone(),
-        // With port 0 the real port is known only now.
-        None => format!("http://{addr}"),
-    };
     let app = Arc::new(AppState::new(
         Arc::clone(&authority),
         base_url.clone(),

@@ -359,16 +359,18 @@ impl Store {
         profile: &str,
         account_id: &str,
         identifier: &Identifier,
+        wildcard: bool,
         now: i64,
     ) -> Result<bool> {
         let found: Option<i64> = sqlx::query_scalar(
             "SELECT 1 FROM authorizations WHERE profile = $1 AND account_id = $2 AND identifier_type = $3
-             AND identifier_value = $4 AND status = 'valid' AND expires_at > $5 LIMIT 1",
+             AND identifier_value = $4 AND wildcard = $5 AND status = 'valid' AND expires_at > $6 LIMIT 1",
         )
         .bind(profile)
         .bind(account_id)
         .bind(&identifier.kind)
         .bind(&identifier.value)
+        .bind(wildcard)
         .bind(now)
         .fetch_optional(&self.reader)
         .await?;

@@ -207,16 +207,18 @@ impl Authority {
                     let now = self.clock.unix();
                     let mut all = !cert.identifiers.is_empty();
                     for id in &cert.identifiers {
-                        // A wildcard name is authorized by its base name's
-                        // authorization (RFC 8555 §7.1.3).
+                        // A wildcard name is authorized by a wildcard
+                        // authorization of its base name (RFC 8555 §7.1.3),
+                        // never by a plain one: proving example.com over
+                        // http-01 says nothing about *.example.com.
+                        let wildcard = id.value.starts_with("*.");
                         let base = Identifier {
                             kind: id.kind.clone(),
                             value: id.value.strip_prefix("*.").unwrap_or(&id.value).to_owned(),
                         };
-                        let id = &base;
                         if !self
                             .store
-                            .has_valid_authorization(&profile.name, &acct.id, id, now)
+                            .has_valid_authorization(&profile.name, &acct.id, &base, wildcard, now)
                             .await?
                         {
                             all = false;

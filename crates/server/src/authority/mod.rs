@@ -63,6 +63,9 @@ pub struct Authority {
     /// Where background work goes. Validations are jobs, so the queue's
     /// `jobs.concurrency` bounds how many run at once.
     pub queue: Arc<Queue>,
+    /// The public base URL, for account URLs in CAA `accounturi` checks
+    /// (RFC 8657 §3); the front end builds every other URL.
+    base_url: String,
     nonce_lifetime: i64,
 }
 
@@ -73,6 +76,7 @@ impl Authority {
         profiles: BTreeMap<String, Arc<Profile>>,
         validators: Validators,
         queue: Arc<Queue>,
+        base_url: String,
         config: &Config,
     ) -> Self {
         Self {
@@ -81,6 +85,7 @@ impl Authority {
             profiles,
             validators,
             queue,
+            base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
         }
     }
@@ -91,6 +96,11 @@ impl Authority {
 
     pub fn profiles(&self) -> impl Iterator<Item = &Arc<Profile>> {
         self.profiles.values()
+    }
+
+    /// The account URL of `account_id` at `profile`, as clients know it.
+    pub fn account_url(&self, profile: &str, account_id: &str) -> String {
+        format!("{}/profile/{profile}/acct/{account_id}", self.base_url)
     }
 
     /// Issues a fresh nonce (RFC 8555 §6.5, §7.2).

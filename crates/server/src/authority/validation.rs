@@ -89,7 +89,21 @@ impl JobHandler for ValidationJobs {
                     key_authorization: format!("{}.{}", ch.token, account.key_thumbprint),
                 };
                 let started = std::time::Instant::now();
-                let r = a.validators.validate(&ch.kind, &target).await;
+                let mut r = a.validators.validate(&ch.kind, &target).await;
+                if r.is_ok() && profile.config.caa {
+                    // RFC 8659 §3: checked when the name is validated.
+                    let account_uri = a.account_url(&profile.name, &account.id);
+                    let request = crate::validation::caa::CaaRequest {
+                        name: &authz.identifier.value,
+                        wildcard: authz.wildcard,
+                        identities: &profile.config.caa_identities,
+                        account_uri: &account_uri,
+                        method: &ch.kind,
+                    };
+                    if authz.identifier.kind == "dns" {
+                        r = crate::validation::caa::check(&a.validators, &request).await;
+                    }
+                }
                 tracing::info!(
                     event = "validation.finished",
                     outcome = if r.is_ok() { "valid" } else { "invalid" },

@@ -6,6 +6,7 @@
 //! never touches the store: the authority records the outcome and moves the
 //! authorization and orders (Architecture Invariant: one writer per fact).
 
+pub mod caa;
 pub mod dns01;
 pub mod http01;
 pub mod tlsalpn01;

@@ -499,3 +499,136 @@ async fn a_challenge_post_answers_at_once_even_when_the_host_never_answers_and_t
     );
     server.stop().await;
 }
+
+/// (name, host of the CAA records, (tag, value) policies, expected status)
+type CaaCase = (
+    &'static str,
+    &'static str,
+    Vec<(&'static str, String)>,
+    &'static str,
+);
+
+#[tokio::test]
+async fn caa_records_in_a_real_dns_server_give_the_expected_verdicts() {
+    let Some(dns) = Dns::start() else { return };
+    let responder = Responder::start().await;
+    let server = TestServer::start(
+        responder.port,
+        Some(&dns),
+        "[profiles.default]\ncaa = true\ncaa_identities = [\"ca.example.test\"]\n",
+    )
+    .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let other = Acct::create(&dir, Key::p256()).await;
+    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
+        .unwrap()
+        .thumbprint_b64();
+    // (name, CAA host, policies, expected status)
+    let cases: Vec<CaaCase> = vec![
+        ("none.caa.test", "", vec![], "valid"),
+        (
+            "us.caa.test",
+            "us.caa.test",
+            vec![("issue", "ca.example.test".into())],
+            "valid",
+        ),
+        (
+            "them.caa.test",
+            "them.caa.test",
+            vec![("issue", "other.example".into())],
+            "invalid",
+        ),
+        (
+            "wildonly.caa.test",
+            "wildonly.caa.test",
+            vec![
+                ("issuewild", "ca.example.test".into()),
+                ("issue", "other.example".into()),
+            ],
+            "invalid",
+        ),
+        (
+            "acct.caa.test",
+            "acct.caa.test",
+            vec![(
+                "issue",
+                format!("ca.example.test; accounturi={}", other.url),
+            )],
+            "invalid",
+        ),
+        (
+            "myacct.caa.test",
+            "myacct.caa.test",
+            vec![("issue", format!("ca.example.test; accounturi={}", acct.url))],
+            "valid",
+        ),
+        (
+            "method.caa.test",
+            "method.caa.test",
+            vec![("issue", "ca.example.test; validationmethods=dns-01".into())],
+            "invalid",
+        ),
+        (
+            "host.parent.caa.test",
+            "parent.caa.test",
+            vec![("issue", "other.example".into())],
+            "invalid",
+        ),
+        (
+            "host.parentok.caa.test",
+            "parentok.caa.test",
+            vec![("issue", "ca.example.test".into())],
+            "valid",
+        ),
+    ];
+    for (name, host, policies, want) in cases {
+        if !host.is_empty() {
+            let policies: Vec<serde_json::Value> = policies
+                .iter()
+                .map(|(t, v)| json!({"tag": t, "value": v}))
+                .collect();
+            dns.manage(
+                "add-caa",
+                json!({"host": format!("{host}."), "policies": policies}),
+            )
+            .await;
+        }
+        let r = acct
+            .post(
+                &dir,
+                dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+            )
+            .await;
+        let authz = acct
+            .post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None)
+            .await
+            .json();
+        let ch = &authz["challenges"][0];
+        let token = ch["token"].as_str().unwrap();
+        responder.publish(token, &format!("{token}.{thumb}"));
+        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
+            .await;
+        let settled = acct
+            .wait_while(
+                &dir,
+                ch["url"].as_str().unwrap(),
+                "processing",
+                std::time::Duration::from_secs(10),
+            )
+            .await;
+        assert_eq!(settled["status"], want, "{name}: {settled}");
+        if want == "invalid" {
+            assert_eq!(
+                settled["error"]["type"], "urn:ietf:params:acme:error:caa",
+                "{name}: {settled}"
+            );
+            assert!(
+                settled["error"]["detail"].as_str().unwrap().contains("CAA"),
+                "{name}: {settled}"
+            );
+        }
+    }
+    server.stop().await;
+}
