@@ -632,3 +632,45 @@ async fn caa_records_in_a_real_dns_server_give_the_expected_verdicts() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_unknown_critical_caa_property_in_a_real_zone_forbids_issuance() {
+    // pebble-challtestsrv cannot set CAA flags; BIND serves a real zone.
+    let Some(bind) = crate::harness::Bind::start(
+        "crit.caa.test",
+        "host IN A 127.0.0.1\nhost IN CAA 0 issue \"ca.example.test\"\nhost IN CAA 128 tbs \"unknown\"\nplain IN A 127.0.0.1\nplain IN CAA 0 issue \"ca.example.test\"\nplain IN CAA 0 tbs \"unknown\"",
+    ) else {
+        return;
+    };
+    let responder = Responder::start().await;
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {}\ntimeout = \"5s\"\ndns_resolvers = [\"{}\"]\n[profiles.default]\ncaa = true\ncaa_identities = [\"ca.example.test\"]\n",
+        dir_tmp.path().display(),
+        responder.port,
+        bind.addr
+    );
+    let server = TestServer::start_with_toml(&toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk).unwrap().thumbprint_b64();
+    for (name, want) in [("host.crit.caa.test", "invalid"), ("plain.crit.caa.test", "valid")] {
+        let r = acct
+            .post(&dir, dir["newOrder"].as_str().unwrap(), Some(&json!({"identifiers": [{"type": "dns", "value": name}]})))
+            .await;
+        let authz = acct.post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None).await.json();
+        let ch = &authz["challenges"][0];
+        let token = ch["token"].as_str().unwrap();
+        responder.publish(token, &format!("{token}.{thumb}"));
+        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({}))).await;
+        let settled = acct
+            .wait_while(&dir, ch["url"].as_str().unwrap(), "processing", std::time::Duration::from_secs(10))
+            .await;
+        assert_eq!(settled["status"], want, "{name}: {settled}");
+        if want == "invalid" {
+            assert_eq!(settled["error"]["type"], "urn:ietf:params:acme:error:caa", "{settled}");
+            assert!(settled["error"]["detail"].as_str().unwrap().contains("critical"), "{settled}");
+        }
+    }
+    server.stop().await;
+}

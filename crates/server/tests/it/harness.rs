@@ -135,6 +135,54 @@ impl Dns {
     }
 }
 
+/// BIND (`named`) serving one zone from records the test writes: for what
+/// pebble-challtestsrv cannot express (CAA flags, real zone data).
+pub struct Bind {
+    pub addr: SocketAddr,
+    _child: ChildGuard,
+    _dir: tempfile::TempDir,
+}
+
+impl Bind {
+    /// Serves `zone` with `records` (zone-file lines relative to the
+    /// origin); an SOA and NS are added.
+    pub fn start(zone: &str, records: &str) -> Option<Bind> {
+        if !require_program("named") {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path().display().to_string();
+        let port = free_port();
+        std::fs::write(
+            dir.path().join("named.conf"),
+            format!(
+                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion no; dnssec-validation no; }};\ncontrols {{ }};\nzone \"{zone}\" {{ type primary; file \"{d}/db\"; }};\n"
+            ),
+        )
+        .expect("named.conf");
+        std::fs::write(
+            dir.path().join("db"),
+            format!("$TTL 60\n@ IN SOA ns.{zone}. admin.{zone}. 1 60 60 600 60\n@ IN NS ns.{zone}.\nns IN A 127.0.0.1\n{records}\n"),
+        )
+        .expect("zone file");
+        let child = Command::new("named")
+            .args(["-g", "-c"])
+            .arg(dir.path().join("named.conf"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("named.log")).expect("log"))
+            .spawn()
+            .expect("start named");
+        let guard = ChildGuard(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_for_tcp(addr, Duration::from_secs(15));
+        Some(Bind {
+            addr,
+            _child: guard,
+            _dir: dir,
+        })
+    }
+}
+
 /// An http-01 responder: serves `/.well-known/acme-challenge/{token}` from a
 /// map the test fills. It can be told to hang the next requests (hold the
 /// connection without answering), and counts the requests it got.
