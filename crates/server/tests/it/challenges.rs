@@ -653,23 +653,50 @@ async fn an_unknown_critical_caa_property_in_a_real_zone_forbids_issuance() {
     let server = TestServer::start_with_toml(&toml).await;
     let dir = raw::directory(&server.directory("default")).await;
     let acct = Acct::create(&dir, Key::p256()).await;
-    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk).unwrap().thumbprint_b64();
-    for (name, want) in [("host.crit.caa.test", "invalid"), ("plain.crit.caa.test", "valid")] {
+    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
+        .unwrap()
+        .thumbprint_b64();
+    for (name, want) in [
+        ("host.crit.caa.test", "invalid"),
+        ("plain.crit.caa.test", "valid"),
+    ] {
         let r = acct
-            .post(&dir, dir["newOrder"].as_str().unwrap(), Some(&json!({"identifiers": [{"type": "dns", "value": name}]})))
+            .post(
+                &dir,
+                dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+            )
             .await;
-        let authz = acct.post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None).await.json();
+        let authz = acct
+            .post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None)
+            .await
+            .json();
         let ch = &authz["challenges"][0];
         let token = ch["token"].as_str().unwrap();
         responder.publish(token, &format!("{token}.{thumb}"));
-        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({}))).await;
+        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
+            .await;
         let settled = acct
-            .wait_while(&dir, ch["url"].as_str().unwrap(), "processing", std::time::Duration::from_secs(10))
+            .wait_while(
+                &dir,
+                ch["url"].as_str().unwrap(),
+                "processing",
+                std::time::Duration::from_secs(10),
+            )
             .await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
         if want == "invalid" {
-            assert_eq!(settled["error"]["type"], "urn:ietf:params:acme:error:caa", "{settled}");
-            assert!(settled["error"]["detail"].as_str().unwrap().contains("critical"), "{settled}");
+            assert_eq!(
+                settled["error"]["type"], "urn:ietf:params:acme:error:caa",
+                "{settled}"
+            );
+            assert!(
+                settled["error"]["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("critical"),
+                "{settled}"
+            );
         }
     }
     server.stop().await;
