@@ -548,6 +548,14 @@ async fn caa_records_in_a_real_dns_server_give_the_expected_verdicts() {
             ],
             "invalid",
         ),
+        // Only issuewild (naming someone else): a plain name is not
+        // restricted by it (RFC 8659 §4.3), so issuance is permitted.
+        (
+            "wildonly2.caa.test",
+            "wildonly2.caa.test",
+            vec![("issuewild", "other.example".into())],
+            "valid",
+        ),
         (
             "acct.caa.test",
             "acct.caa.test",
