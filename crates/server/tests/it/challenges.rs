@@ -521,9 +521,6 @@ async fn caa_records_in_a_real_dns_server_give_the_expected_verdicts() {
     let dir = raw::directory(&server.directory("default")).await;
     let acct = Acct::create(&dir, Key::p256()).await;
     let other = Acct::create(&dir, Key::p256()).await;
-    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
-        .unwrap()
-        .thumbprint_b64();
     // (name, CAA host, policies, expected status)
     let cases: Vec<CaaCase> = vec![
         ("none.caa.test", "", vec![], "valid"),
@@ -602,30 +599,7 @@ async fn caa_records_in_a_real_dns_server_give_the_expected_verdicts() {
             )
             .await;
         }
-        let r = acct
-            .post(
-                &dir,
-                dir["newOrder"].as_str().unwrap(),
-                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
-            )
-            .await;
-        let authz = acct
-            .post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None)
-            .await
-            .json();
-        let ch = &authz["challenges"][0];
-        let token = ch["token"].as_str().unwrap();
-        responder.publish(token, &format!("{token}.{thumb}"));
-        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
-            .await;
-        let settled = acct
-            .wait_while(
-                &dir,
-                ch["url"].as_str().unwrap(),
-                "processing",
-                std::time::Duration::from_secs(10),
-            )
-            .await;
+        let settled = validate_http_01(&dir, &acct, &responder, name).await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
         if want == "invalid" {
             assert_eq!(
@@ -661,37 +635,11 @@ async fn an_unknown_critical_caa_property_in_a_real_zone_forbids_issuance() {
     let server = TestServer::start_with_toml(&toml).await;
     let dir = raw::directory(&server.directory("default")).await;
     let acct = Acct::create(&dir, Key::p256()).await;
-    let thumb = acme_proxy_protocol::Jwk::from_value(&acct.key.jwk)
-        .unwrap()
-        .thumbprint_b64();
     for (name, want) in [
         ("host.crit.caa.test", "invalid"),
         ("plain.crit.caa.test", "valid"),
     ] {
-        let r = acct
-            .post(
-                &dir,
-                dir["newOrder"].as_str().unwrap(),
-                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
-            )
-            .await;
-        let authz = acct
-            .post(&dir, r.json()["authorizations"][0].as_str().unwrap(), None)
-            .await
-            .json();
-        let ch = &authz["challenges"][0];
-        let token = ch["token"].as_str().unwrap();
-        responder.publish(token, &format!("{token}.{thumb}"));
-        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
-            .await;
-        let settled = acct
-            .wait_while(
-                &dir,
-                ch["url"].as_str().unwrap(),
-                "processing",
-                std::time::Duration::from_secs(10),
-            )
-            .await;
+        let settled = validate_http_01(&dir, &acct, &responder, name).await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
         if want == "invalid" {
             assert_eq!(
@@ -708,4 +656,23 @@ async fn an_unknown_critical_caa_property_in_a_real_zone_forbids_issuance() {
         }
     }
     server.stop().await;
+}
+
+/// Orders `name`, answers its http-01 challenge on `responder`, triggers it
+/// and returns the challenge once validation has settled.
+async fn validate_http_01(
+    dir: &serde_json::Value,
+    acct: &Acct,
+    responder: &Responder,
+    name: &str,
+) -> serde_json::Value {
+    let (chall, _) = crate::recovery::pending_challenge(dir, acct, responder, name).await;
+    acct.post(dir, &chall, Some(&json!({}))).await;
+    acct.wait_while(
+        dir,
+        &chall,
+        "processing",
+        std::time::Duration::from_secs(10),
+    )
+    .await
 }

@@ -17,7 +17,7 @@ use crate::raw::{self, Acct, Key};
 
 /// A pending challenge for `name`: (challenge URL, order URL), published on
 /// the responder with the right key authorization.
-async fn pending_challenge(
+pub(crate) async fn pending_challenge(
     dir: &Value,
     acct: &Acct,
     responder: &Responder,
