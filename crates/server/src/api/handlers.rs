@@ -340,7 +340,9 @@ pub async fn authz(
             let urls = app.urls(&p.name);
             let doc = documents::authorization(&urls, &row, &challenges, app.authority.clock.unix())?;
             let mut reply = Reply::json(200, &doc);
-            if challenges.iter().any(|c| c.status == "processing") {
+            // A pending authorization will change (once its challenge is
+            // answered and validated): tell pollers when to come back.
+            if doc.status == acme_proxy_protocol::types::AuthorizationStatus::Pending {
                 reply = reply.retry_after(RETRY_AFTER);
             }
             Ok(reply)
