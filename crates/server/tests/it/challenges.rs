@@ -122,24 +122,11 @@ async fn dns_01_follows_a_cname_and_refuses_a_wrong_or_missing_record() {
             }
             _ => {}
         }
-        let r = acct
-            .post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
-            .await;
-        assert_eq!(r.json()["status"], "processing");
         let settled = acct
-            .wait_while(
-                &dir,
-                ch["url"].as_str().unwrap(),
-                "processing",
-                std::time::Duration::from_secs(10),
-            )
+            .trigger_and_settle(&dir, ch["url"].as_str().unwrap())
             .await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
-        let got = settled["error"]["type"]
-            .as_str()
-            .unwrap_or("")
-            .trim_start_matches("urn:ietf:params:acme:error:");
-        assert_eq!(got, problem, "{name}: {settled}");
+        assert_eq!(raw::error_type(&settled), problem, "{name}: {settled}");
     }
     server.stop().await;
 }
@@ -347,22 +334,11 @@ async fn tls_alpn_01_checks_the_acme_identifier_of_the_certificate_presented_ove
             "someone else's".to_owned()
         };
         slot.present(name, &ka);
-        acct.post(&dir, ch["url"].as_str().unwrap(), Some(&json!({})))
-            .await;
         let settled = acct
-            .wait_while(
-                &dir,
-                ch["url"].as_str().unwrap(),
-                "processing",
-                std::time::Duration::from_secs(10),
-            )
+            .trigger_and_settle(&dir, ch["url"].as_str().unwrap())
             .await;
         assert_eq!(settled["status"], want, "{name}: {settled}");
-        let got = settled["error"]["type"]
-            .as_str()
-            .unwrap_or("")
-            .trim_start_matches("urn:ietf:params:acme:error:");
-        assert_eq!(got, problem, "{name}: {settled}");
+        assert_eq!(raw::error_type(&settled), problem, "{name}: {settled}");
     }
     server.stop().await;
 }
@@ -673,12 +649,5 @@ async fn validate_http_01(
     name: &str,
 ) -> serde_json::Value {
     let (chall, _) = crate::recovery::pending_challenge(dir, acct, responder, name).await;
-    acct.post(dir, &chall, Some(&json!({}))).await;
-    acct.wait_while(
-        dir,
-        &chall,
-        "processing",
-        std::time::Duration::from_secs(10),
-    )
-    .await
+    acct.trigger_and_settle(dir, &chall).await
 }

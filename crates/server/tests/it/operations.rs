@@ -281,11 +281,7 @@ async fn http_01_follows_redirects_only_to_allowed_ports_and_not_forever() {
             )
             .await;
         assert_eq!(settled["status"], want_status, "{name}: {settled}");
-        let problem = settled["error"]["type"]
-            .as_str()
-            .unwrap_or("")
-            .trim_start_matches("urn:ietf:params:acme:error:");
-        assert_eq!(problem, want_problem, "{name}: {settled}");
+        assert_eq!(raw::error_type(&settled), want_problem, "{name}: {settled}");
     }
     server.stop().await;
 }

@@ -99,6 +99,14 @@ pub struct Resp {
     pub body: Vec<u8>,
 }
 
+/// The short problem type of a document's `error` ("" when it has none).
+pub fn error_type(doc: &Value) -> &str {
+    doc["error"]["type"]
+        .as_str()
+        .unwrap_or("")
+        .trim_start_matches("urn:ietf:params:acme:error:")
+}
+
 impl Resp {
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
@@ -242,6 +250,24 @@ impl Acct {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+    }
+
+    /// Triggers the challenge at `url` (RFC 8555 §7.5.1) and returns it once
+    /// its background validation has settled.
+    pub async fn trigger_and_settle(&self, directory: &Value, url: &str) -> Value {
+        let r = self.post(directory, url, Some(&json!({}))).await;
+        assert_eq!(
+            r.json()["status"],
+            "processing",
+            "validation runs off the request path"
+        );
+        self.wait_while(
+            directory,
+            url,
+            "processing",
+            std::time::Duration::from_secs(10),
+        )
+        .await
     }
 
     /// A kid-signed request with a fresh nonce.
