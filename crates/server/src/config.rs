@@ -144,6 +144,112 @@ pub struct ProfileConfig {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SignerConfig {
     LocalCa(LocalCaConfig),
+    Relay(RelayConfig),
+}
+
+/// The relay signer: certificates come from an upstream ACME CA, with one
+/// upstream account per profile (SYSTEM.md "The relay, step by step").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// The upstream's directory URL (https).
+    pub directory: String,
+    /// The upstream account key (PKCS#8 PEM), created 0600 by `acme-proxy
+    /// upstream register`; defaults to `{data_dir}/upstream/{profile}.key`.
+    pub account_key: Option<PathBuf>,
+    /// Contact URLs given at registration (`mailto:ops@example.org`).
+    pub contact: Vec<String>,
+    /// PEM files of CA certificates trusted for the upstream's TLS, in
+    /// addition to the system roots (a private CA, a test CA).
+    pub trust_anchors: Vec<PathBuf>,
+    /// How the upstream's challenges are answered: `dns01`, `http01` or `bypass`.
+    pub strategy: RelayStrategy,
+    /// Polling interval when the upstream gives no `Retry-After`.
+    #[serde(deserialize_with = "duration")]
+    pub poll_interval: Duration,
+    /// Time budget of one attempt of the relay job.
+    #[serde(deserialize_with = "duration")]
+    pub attempt_budget: Duration,
+    /// Time budget of one upstream HTTP request (a black-holed request costs
+    /// this, then a backoff — not the whole attempt).
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// dns01: wait this long after publishing before telling the upstream.
+    #[serde(deserialize_with = "duration")]
+    pub propagation_wait: Duration,
+    /// dns01: where and how to publish TXT records (RFC 2136 + TSIG).
+    pub dns01: Option<Rfc2136Config>,
+}
+
+/// How a relay profile answers the upstream's challenges.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayStrategy {
+    /// RFC 2136 UPDATE of `_acme-challenge` TXT records, signed with TSIG.
+    Dns01,
+    /// The key authorization served on our own `/.well-known/acme-challenge/`.
+    Http01,
+    /// The upstream already trusts the account (pre-validated domains).
+    #[default]
+    Bypass,
+}
+
+/// An RFC 2136 primary server that accepts TSIG-signed updates.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rfc2136Config {
+    /// `HOST:PORT` of the primary.
+    pub server: SocketAddr,
+    /// Zones the server is primary for; each name is updated in the
+    /// longest zone that contains it.
+    pub zones: Vec<String>,
+    pub tsig_key_name: String,
+    /// `hmac-sha256`, `hmac-sha384` or `hmac-sha512`.
+    #[serde(default = "default_tsig_algorithm")]
+    pub tsig_algorithm: String,
+    /// File holding the base64 secret (as `tsig-keygen` prints it); never
+    /// in the configuration itself.
+    pub tsig_secret_file: PathBuf,
+    /// TTL of the published TXT records.
+    #[serde(default = "default_txt_ttl")]
+    pub ttl: u32,
+}
+
+fn default_tsig_algorithm() -> String {
+    "hmac-sha256".to_owned()
+}
+
+fn default_txt_ttl() -> u32 {
+    60
+}
+
+/// The TSIG algorithms accepted for RFC 2136 updates (RFC 8945 §6).
+pub const TSIG_ALGORITHMS: [&str; 3] = ["hmac-sha256", "hmac-sha384", "hmac-sha512"];
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            directory: String::new(),
+            account_key: None,
+            contact: Vec::new(),
+            trust_anchors: Vec::new(),
+            strategy: RelayStrategy::Bypass,
+            poll_interval: Duration::from_secs(1),
+            attempt_budget: Duration::from_secs(300),
+            request_timeout: Duration::from_secs(10),
+            propagation_wait: Duration::ZERO,
+            dns01: None,
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Where the upstream account key of `profile` lives.
+    pub fn account_key_path(&self, data_dir: &Path, profile: &str) -> PathBuf {
+        self.account_key
+            .clone()
+            .unwrap_or_else(|| data_dir.join("upstream").join(format!("{profile}.key")))
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -242,6 +348,49 @@ impl Default for LocalCaConfig {
     }
 }
 
+/// The relay settings that must agree with each other.
+fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if r.directory.is_empty() {
+        return invalid(format!(
+            "profiles.{name}.signer.directory is missing: write the upstream CA's directory URL, e.g. directory = \"https://acme-v02.api.letsencrypt.org/directory\""
+        ));
+    }
+    if !r.directory.starts_with("https://") {
+        return invalid(format!(
+            "profiles.{name}.signer.directory {:?} must be an https:// URL (RFC 8555 §6.1)",
+            r.directory
+        ));
+    }
+    match (r.strategy, &r.dns01) {
+        (RelayStrategy::Dns01, None) => {
+            return invalid(format!(
+                "profiles.{name}.signer.strategy is \"dns01\" but [profiles.{name}.signer.dns01] is missing: write server, zones, tsig_key_name and tsig_secret_file there"
+            ));
+        }
+        (RelayStrategy::Http01 | RelayStrategy::Bypass, Some(_)) => {
+            return invalid(format!(
+                "profiles.{name}.signer.dns01 is set but strategy is not \"dns01\": remove the section or write strategy = \"dns01\""
+            ));
+        }
+        _ => {}
+    }
+    if let Some(d) = &r.dns01 {
+        if !TSIG_ALGORITHMS.contains(&d.tsig_algorithm.as_str()) {
+            return invalid(format!(
+                "profiles.{name}.signer.dns01.tsig_algorithm {:?} is not supported; write one of {TSIG_ALGORITHMS:?}",
+                d.tsig_algorithm
+            ));
+        }
+        if d.zones.is_empty() {
+            return invalid(format!(
+                "profiles.{name}.signer.dns01.zones is empty: write the zones the server is primary for, e.g. zones = [\"example.org\"]"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Configuration problems found at start-up, each saying what to write.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -321,7 +470,13 @@ impl Config {
                     )));
                 }
             }
-            let SignerConfig::LocalCa(ca) = &profile.signer;
+            let ca = match &profile.signer {
+                SignerConfig::LocalCa(ca) => ca,
+                SignerConfig::Relay(relay) => {
+                    check_relay(name, relay)?;
+                    continue;
+                }
+            };
             if ca.ca_cert.is_some() != ca.ca_key.is_some() {
                 return Err(ConfigError::Invalid(format!(
                     "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
@@ -406,13 +561,34 @@ impl Config {
                 Duration::from_secs(60),
                 "30d",
             )?;
-            let SignerConfig::LocalCa(ca) = &p.signer;
-            at_least(
-                &format!("profiles.{name}.signer.crl_validity"),
-                ca.crl_validity,
-                Duration::from_secs(3600),
-                "1d",
-            )?;
+            match &p.signer {
+                SignerConfig::LocalCa(ca) => at_least(
+                    &format!("profiles.{name}.signer.crl_validity"),
+                    ca.crl_validity,
+                    Duration::from_secs(3600),
+                    "1d",
+                )?,
+                SignerConfig::Relay(r) => {
+                    at_least(
+                        &format!("profiles.{name}.signer.request_timeout"),
+                        r.request_timeout,
+                        Duration::from_millis(100),
+                        "10s",
+                    )?;
+                    at_least(
+                        &format!("profiles.{name}.signer.attempt_budget"),
+                        r.attempt_budget,
+                        r.request_timeout * 2,
+                        "5m",
+                    )?;
+                    at_least(
+                        &format!("profiles.{name}.signer.poll_interval"),
+                        r.poll_interval,
+                        Duration::from_millis(10),
+                        "1s",
+                    )?;
+                }
+            }
         }
         if self.max_in_flight == 0 {
             return Err(ConfigError::Invalid(
@@ -544,6 +720,22 @@ mod tests {
         "profiles.default.signer.crl_url",
         "profiles.default.signer.issuer_url",
         "profiles.default.signer.crl_validity",
+        "profiles.edge.signer.type",
+        "profiles.edge.signer.directory",
+        "profiles.edge.signer.account_key",
+        "profiles.edge.signer.contact",
+        "profiles.edge.signer.trust_anchors",
+        "profiles.edge.signer.strategy",
+        "profiles.edge.signer.poll_interval",
+        "profiles.edge.signer.attempt_budget",
+        "profiles.edge.signer.request_timeout",
+        "profiles.edge.signer.propagation_wait",
+        "profiles.edge.signer.dns01.server",
+        "profiles.edge.signer.dns01.zones",
+        "profiles.edge.signer.dns01.tsig_key_name",
+        "profiles.edge.signer.dns01.tsig_algorithm",
+        "profiles.edge.signer.dns01.tsig_secret_file",
+        "profiles.edge.signer.dns01.ttl",
     ];
 
     #[test]
@@ -566,8 +758,10 @@ mod tests {
                         !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
                     })
                 };
+                // The commented-out relay profile's tables count too.
+                let is_table = |rest: &str| rest.starts_with("[profiles.edge");
                 match t.strip_prefix("# ") {
-                    Some(rest) if is_key(rest) => rest,
+                    Some(rest) if is_key(rest) || is_table(rest) => rest,
                     _ => l,
                 }
             })
@@ -582,6 +776,43 @@ mod tests {
                 "{key} is not documented in acme-proxy.example.toml"
             );
         }
+    }
+
+    #[test]
+    fn relay_settings_that_cannot_work_are_refused_saying_what_to_write() {
+        let relay = |body: &str| {
+            Config::from_toml(&format!("[profiles.edge.signer]\ntype = \"relay\"\n{body}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let err = relay("");
+        assert!(err.contains("profiles.edge.signer.directory"), "{err}");
+        let err = relay("directory = \"http://ca.example/dir\"");
+        assert!(err.contains("https://"), "{err}");
+        let err = relay("directory = \"https://ca.example/dir\"\nstrategy = \"dns01\"");
+        assert!(err.contains("[profiles.edge.signer.dns01]"), "{err}");
+        let err = relay(
+            "directory = \"https://ca.example/dir\"\nstrategy = \"dns01\"\n[profiles.edge.signer.dns01]\nserver = \"127.0.0.1:53\"\nzones = [\"a.test\"]\ntsig_key_name = \"k\"\ntsig_algorithm = \"hmac-md5\"\ntsig_secret_file = \"s\"",
+        );
+        assert!(err.contains("hmac-sha256"), "{err}");
+        let err = relay("directory = \"https://ca.example/dir\"\nstrategy = \"tls-alpn\"");
+        assert!(err.contains("tls-alpn") && err.contains("dns01"), "{err}");
+        let err = relay(
+            "directory = \"https://ca.example/dir\"\nrequest_timeout = \"10s\"\nattempt_budget = \"15s\"",
+        );
+        assert!(err.contains("attempt_budget"), "{err}");
+        let ok = Config::from_toml(
+            "[profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://ca.example/dir\"\nstrategy = \"http01\"",
+        )
+        .unwrap();
+        let SignerConfig::Relay(r) = &ok.profiles["edge"].signer else {
+            panic!("not a relay")
+        };
+        assert_eq!(r.strategy, RelayStrategy::Http01);
+        assert_eq!(
+            r.account_key_path(Path::new("/d"), "edge"),
+            PathBuf::from("/d/upstream/edge.key")
+        );
     }
 
     #[test]

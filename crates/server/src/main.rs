@@ -32,6 +32,9 @@ enum Command {
     /// Inspect and steer the durable job queue.
     #[command(subcommand)]
     Job(acme_proxy::cli::JobCommand),
+    /// The relay profiles' upstream accounts and relayed orders.
+    #[command(subcommand)]
+    Upstream(acme_proxy::cli::UpstreamCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,6 +62,13 @@ fn main() -> anyhow::Result<()> {
                 .context("starting the async runtime")?;
             runtime.block_on(acme_proxy::cli::job(&config, job))
         }
+        Command::Upstream(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(acme_proxy::cli::upstream(&config, command))
+        }
         Command::Serve => {
             acme_proxy::logging::init(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -74,11 +84,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let grace = config.shutdown_grace;
     let data_dir = config.data_dir.clone();
     let profiles: Vec<String> = config.profiles.keys().cloned().collect();
-    let self_generated: Vec<bool> = config
+    // None: a relay profile, whose chain comes from its upstream.
+    let self_generated: Vec<Option<bool>> = config
         .profiles
         .values()
         .map(|p| match &p.signer {
-            acme_proxy::config::SignerConfig::LocalCa(ca) => ca.ca_cert.is_none(),
+            acme_proxy::config::SignerConfig::LocalCa(ca) => Some(ca.ca_cert.is_none()),
+            acme_proxy::config::SignerConfig::Relay(_) => None,
         })
         .collect();
     let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
@@ -89,6 +101,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         println!("  ACME directory ({p}): {}", running.directory_url(p));
     }
     for (p, generated) in profiles.iter().zip(&self_generated) {
+        let Some(generated) = generated else {
+            println!("  {p} relays to its upstream CA; clients trust the upstream's roots");
+            continue;
+        };
         print!(
             "  trust the CA of {p}: {}/profile/{p}/ca.pem",
             running.base_url

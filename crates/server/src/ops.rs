@@ -2,10 +2,12 @@
 //! admin) can do, as plain functions over the store. Front ends only parse
 //! arguments and format results.
 
-use acme_proxy_store::{JobRow, Store, StoreError};
+use acme_proxy_store::{JobRow, Store, StoreError, UpstreamAccountRow};
 use serde::Serialize;
 
 use crate::clock::{Clock, rfc3339};
+use crate::config::{Config, RelayConfig, SignerConfig};
+use crate::signer::relay::{Eab, Registered};
 
 /// A job as operators see it.
 #[derive(Debug, Clone, Serialize)]
@@ -118,4 +120,158 @@ pub async fn cancel_job(
     }
     tracing::info!(event = "job.cancel_requested", outcome = "success", id, kind = %job.kind, actor, "operator cancelled a job");
     show_job(store, id).await
+}
+
+/// A relay profile's upstream account as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamAccountView {
+    pub profile: String,
+    pub directory: String,
+    /// None until `acme-proxy upstream register` has run.
+    pub account_url: Option<String>,
+    pub key_thumbprint: Option<String>,
+    pub key_file: String,
+    pub registered_at: Option<String>,
+}
+
+/// The relay profile a command is about: the one named, or the only one.
+pub fn relay_profile<'a>(
+    config: &'a Config,
+    profile: Option<&str>,
+) -> Result<(&'a str, &'a RelayConfig), OpsError> {
+    let relays: Vec<(&str, &RelayConfig)> = config
+        .profiles
+        .iter()
+        .filter_map(|(name, p)| match &p.signer {
+            SignerConfig::Relay(r) => Some((name.as_str(), r)),
+            SignerConfig::LocalCa(_) => None,
+        })
+        .collect();
+    match profile {
+        Some(want) => relays
+            .into_iter()
+            .find(|(name, _)| *name == want)
+            .ok_or_else(|| {
+                OpsError::Refused(format!(
+                    "profile {want:?} is not a relay profile of this configuration"
+                ))
+            }),
+        None if relays.len() == 1 => Ok(relays[0]),
+        None if relays.is_empty() => Err(OpsError::Refused(
+            "this configuration has no relay profile (a [profiles.NAME.signer] with type = \"relay\")".into(),
+        )),
+        None => Err(OpsError::Refused(format!(
+            "several relay profiles ({}); name one with --profile",
+            relays.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// Registers the upstream account of a relay profile and records its URL
+/// (the key stays in its 0600 file).
+pub async fn register_upstream(
+    store: &Store,
+    clock: &dyn Clock,
+    config: &Config,
+    profile: Option<&str>,
+    eab: Option<&Eab>,
+) -> Result<(UpstreamAccountView, Registered), OpsError> {
+    let (name, relay) = relay_profile(config, profile)?;
+    let registered = crate::signer::relay::register(name, relay, &config.data_dir, eab)
+        .await
+        .map_err(OpsError::Refused)?;
+    store
+        .save_upstream_account(&UpstreamAccountRow {
+            profile: name.to_owned(),
+            directory: relay.directory.clone(),
+            account_url: registered.account_url.clone(),
+            key_thumbprint: registered.key_thumbprint.clone(),
+            created_at: clock.unix(),
+        })
+        .await?;
+    tracing::info!(event = "upstream.registered", outcome = "success", profile = %name, account = %registered.account_url, "upstream account registered");
+    let view = upstream_accounts(store, config, Some(name))
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| OpsError::Refused("the account vanished after registration".into()))?;
+    Ok((view, registered))
+}
+
+/// The upstream accounts of the relay profiles (one, or all).
+pub async fn upstream_accounts(
+    store: &Store,
+    config: &Config,
+    profile: Option<&str>,
+) -> Result<Vec<UpstreamAccountView>, OpsError> {
+    let mut views = Vec::new();
+    for (name, p) in &config.profiles {
+        let SignerConfig::Relay(relay) = &p.signer else {
+            continue;
+        };
+        if profile.is_some_and(|want| want != name) {
+            continue;
+        }
+        let row = store.upstream_account(name).await?;
+        views.push(UpstreamAccountView {
+            profile: name.clone(),
+            directory: relay.directory.clone(),
+            account_url: row.as_ref().map(|r| r.account_url.clone()),
+            key_thumbprint: row.as_ref().map(|r| r.key_thumbprint.clone()),
+            key_file: relay
+                .account_key_path(&config.data_dir, name)
+                .display()
+                .to_string(),
+            registered_at: row.map(|r| rfc3339(r.created_at)),
+        });
+    }
+    if let Some(want) = profile
+        && views.is_empty()
+    {
+        return Err(OpsError::Refused(format!(
+            "profile {want:?} is not a relay profile of this configuration"
+        )));
+    }
+    Ok(views)
+}
+
+/// A relayed order as operators see it: local order ↔ upstream order.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamOrderView {
+    pub order: String,
+    pub profile: String,
+    pub account: String,
+    pub status: String,
+    pub upstream_order: Option<String>,
+    pub certificate_url: Option<String>,
+    pub error: Option<String>,
+    pub client_ip: Option<String>,
+    pub request_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+pub async fn upstream_orders(
+    store: &Store,
+    status: Option<&str>,
+    limit: i64,
+) -> Result<Vec<UpstreamOrderView>, OpsError> {
+    Ok(store
+        .upstream_orders(status, limit)
+        .await?
+        .into_iter()
+        .map(|m| UpstreamOrderView {
+            order: m.order_id,
+            profile: m.profile,
+            account: m.account_id,
+            status: m.status,
+            upstream_order: m.upstream_url,
+            certificate_url: m.certificate_url,
+            error: m.error,
+            client_ip: m.client_ip,
+            request_id: m.request_id,
+            created_at: rfc3339(m.created_at),
+            updated_at: rfc3339(m.updated_at),
+        })
+        .collect())
 }

@@ -13,12 +13,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Urls};
-use crate::authority::{Authority, CrlRefresh, NonceSweep, Profile, ValidationJobs};
+use crate::authority::{Authority, CrlRefresh, NonceSweep, Profile, RelayJobs, ValidationJobs};
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
 use crate::jobs::periodic::JobRetention;
 use crate::jobs::{Queue, Registry, Runner};
-use crate::signer::{LocalCa, Signer};
+use crate::signer::relay::ChallengeBoard;
+use crate::signer::{LocalCa, Relay, Signer};
 use crate::validation::Validators;
 
 /// How often expired nonces are deleted.
@@ -80,6 +81,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         .await
         .with_context(|| format!("opening the database {}", config.database_url()))?;
 
+    let board = Arc::new(ChallengeBoard::default());
     let mut profiles = BTreeMap::new();
     for (name, pc) in &config.profiles {
         let signer = match &pc.signer {
@@ -87,6 +89,35 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
                 LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
                     .with_context(|| format!("setting up the CA of profile {name}"))?,
             ),
+            SignerConfig::Relay(relay) => {
+                // Registration is an operator's act: start-up never
+                // re-registers, and a missing account says what to run.
+                let account = store.upstream_account(name).await?.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "profile {name} relays to {} but has no upstream account yet; run `acme-proxy upstream register --profile {name}` first",
+                        relay.directory
+                    )
+                })?;
+                if account.directory != relay.directory {
+                    anyhow::bail!(
+                        "profile {name}'s upstream account was registered at {} but the configuration now says {}; run `acme-proxy upstream register --profile {name}` again",
+                        account.directory,
+                        relay.directory
+                    );
+                }
+                Signer::Relay(
+                    Relay::new(
+                        name,
+                        relay,
+                        &config.data_dir,
+                        account.account_url,
+                        Arc::clone(&board),
+                        Arc::clone(&clock),
+                    )
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("setting up the relay of profile {name}"))?,
+                )
+            }
         };
         if pc.bypass {
             tracing::warn!(
@@ -136,6 +167,11 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         }))
         .map_err(anyhow::Error::msg)?;
     registry
+        .register(Arc::new(RelayJobs {
+            authority: Arc::clone(&authority),
+        }))
+        .map_err(anyhow::Error::msg)?;
+    registry
         .register(Arc::new(NonceSweep {
             authority: Arc::clone(&authority),
             every: NONCE_SWEEP_EVERY,
@@ -163,6 +199,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         base_url.clone(),
         config.max_body_bytes,
         config.max_in_flight,
+        board,
     ));
     let (shutdown, mut stop) = watch::channel(false);
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
@@ -175,7 +212,8 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         let graceful = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, router)
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        if let Err(e) = axum::serve(listener, service)
             .with_graceful_shutdown(graceful)
             .await
         {

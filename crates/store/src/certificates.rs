@@ -96,36 +96,9 @@ impl Store {
     /// certificate per order" hold whatever the callers do.
     pub async fn complete_order(&self, cert: &NewCertificateRow<'_>) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
-        let processing: Option<String> =
-            sqlx::query_scalar("SELECT status FROM orders WHERE id = $1 AND status = 'processing'")
-                .bind(cert.order_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if processing.is_none() {
+        if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
-        sqlx::query(
-            "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
-                 identifiers, not_before, not_after, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(cert.id)
-        .bind(cert.profile)
-        .bind(cert.order_id)
-        .bind(cert.account_id)
-        .bind(cert.serial)
-        .bind(cert.chain_pem)
-        .bind(cert.key_thumbprint)
-        .bind(to_json(cert.identifiers))
-        .bind(cert.not_before)
-        .bind(cert.not_after)
-        .bind(cert.now)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE orders SET status = 'valid' WHERE id = $1 AND status = 'processing'")
-            .bind(cert.order_id)
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -274,4 +247,43 @@ impl Store {
         .rows_affected()
             == 1)
     }
+}
+
+/// The certificate row and processing → valid, inside the caller's
+/// transaction; false (nothing written) when the order is not processing.
+pub(crate) async fn complete_order_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    cert: &NewCertificateRow<'_>,
+) -> Result<bool> {
+    let processing: Option<String> =
+        sqlx::query_scalar("SELECT status FROM orders WHERE id = $1 AND status = 'processing'")
+            .bind(cert.order_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    if processing.is_none() {
+        return Ok(false);
+    }
+    sqlx::query(
+            "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
+                 identifiers, not_before, not_after, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(cert.id)
+        .bind(cert.profile)
+        .bind(cert.order_id)
+        .bind(cert.account_id)
+        .bind(cert.serial)
+        .bind(cert.chain_pem)
+        .bind(cert.key_thumbprint)
+        .bind(to_json(cert.identifiers))
+        .bind(cert.not_before)
+        .bind(cert.not_after)
+        .bind(cert.now)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query("UPDATE orders SET status = 'valid' WHERE id = $1 AND status = 'processing'")
+        .bind(cert.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(true)
 }

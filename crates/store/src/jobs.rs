@@ -128,6 +128,22 @@ impl Store {
         Ok(Enqueued::AlreadyQueued(live))
     }
 
+    /// Makes a queued job due now (its producer finished what it waited
+    /// for). True if a queued job was found.
+    pub async fn wake_job(&self, kind: &str, key: &str, now_ms: i64) -> Result<bool> {
+        Ok(sqlx::query(
+            "UPDATE jobs SET run_at = $1, updated_at = $1
+             WHERE kind = $2 AND key = $3 AND status = 'queued' AND run_at > $1",
+        )
+        .bind(now_ms)
+        .bind(kind)
+        .bind(key)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
     /// Claims up to `limit` jobs of `kinds` for `owner`: queued jobs that are
     /// due (or whose cancellation was requested), and jobs whose lease ran
     /// out (their runner died). A queued or reclaimed running job counts

@@ -14,10 +14,12 @@
 //! backend can be added beside SQLite without touching any caller.
 
 mod accounts;
+mod audit;
 mod certificates;
 mod jobs;
 mod nonces;
 mod orders;
+mod relay;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -26,12 +28,14 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
+pub use audit::{AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,
     OrderAuthorization, OrderRow, ProcessingChallenge,
 };
+pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 
 /// Errors from the store. A caller maps them to `serverInternal`; the detail
 /// is for logs only.

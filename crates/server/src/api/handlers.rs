@@ -8,7 +8,7 @@ use acme_proxy_protocol::types::{
 use acme_proxy_protocol::{Jws, KeyRef};
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, StatusCode, Uri};
@@ -282,6 +282,7 @@ pub async fn order(
 pub async fn finalize(
     State(app): State<App>,
     Path((profile, id)): Path<(String, String)>,
+    ctx: Option<axum::Extension<crate::authority::RequestContext>>,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -301,7 +302,13 @@ pub async fn finalize(
                 })?;
             let row = app
                 .authority
-                .finalize(&p, req.account()?, &id, &csr)
+                .finalize(
+                    &p,
+                    req.account()?,
+                    &id,
+                    &csr,
+                    &ctx.map(|c| c.0).unwrap_or_default(),
+                )
                 .await?;
             order_reply(&app, &p.name, &row).await
         }
@@ -471,4 +478,17 @@ pub async fn method_not_allowed() -> Response {
         "method not allowed on this resource",
     )
     .with_status(405)))
+}
+
+/// The relay's http01 strategy: the upstream CA fetches the key
+/// authorization it asked for, verbatim (RFC 8555 §8.3), from our root.
+pub async fn upstream_http01(State(app): State<App>, Path(token): Path<String>) -> Response {
+    match app.board.get(&token) {
+        Some(key_authorization) => (
+            [(http::header::CONTENT_TYPE, "application/octet-stream")],
+            key_authorization,
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }

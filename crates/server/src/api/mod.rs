@@ -23,8 +23,9 @@ use http::{HeaderValue, Method, header};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::authority::{Authority, Profile};
+use crate::authority::{Authority, Profile, RequestContext};
 use crate::error::{AcmeError, AcmeResult};
+use crate::signer::relay::ChallengeBoard;
 pub use urls::Urls;
 
 /// Everything a handler needs.
@@ -35,6 +36,8 @@ pub struct AppState {
     pub base_url: String,
     pub max_body: usize,
     admission: Arc<Semaphore>,
+    /// Key authorizations the relay publishes for upstream http-01.
+    pub board: Arc<ChallengeBoard>,
 }
 
 pub type App = Arc<AppState>;
@@ -45,12 +48,14 @@ impl AppState {
         base_url: String,
         max_body: usize,
         max_in_flight: usize,
+        board: Arc<ChallengeBoard>,
     ) -> Self {
         Self {
             authority,
             base_url,
             max_body,
             admission: Arc::new(Semaphore::new(max_in_flight)),
+            board,
         }
     }
 
@@ -104,6 +109,10 @@ pub fn router(app: App) -> Router {
     Router::new()
         .merge(acme)
         .route("/health", get(handlers::health))
+        .route(
+            "/.well-known/acme-challenge/{token}",
+            get(handlers::upstream_http01),
+        )
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(from_fn(request_context))
@@ -167,7 +176,7 @@ async fn acme_headers(State(app): State<App>, req: Request, next: Next) -> Respo
 
 /// Gives every request an id, a span that every log line of the request
 /// carries, and one summary line.
-async fn request_context(req: Request, next: Next) -> Response {
+async fn request_context(mut req: Request, next: Next) -> Response {
     let request_id = crate::ids::request_id();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -179,6 +188,15 @@ async fn request_context(req: Request, next: Next) -> Response {
         .chars()
         .take(128)
         .collect();
+    let client_ip = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip().to_string());
+    req.extensions_mut().insert(RequestContext {
+        client_ip,
+        user_agent: Some(user_agent.clone()).filter(|u| !u.is_empty()),
+        request_id: Some(request_id.clone()),
+    });
     let span =
         tracing::info_span!("request", request_id = %request_id, method = %method, path = %path);
     let started = Instant::now();

@@ -56,6 +56,7 @@ impl Authority {
         account: &AccountRow,
         order_id: &str,
         csr_der: &[u8],
+        ctx: &super::RequestContext,
     ) -> AcmeResult<OrderRow> {
         let order = self.order(profile, account, order_id).await?;
         if order.status != "ready" {
@@ -68,6 +69,11 @@ impl Authority {
             ));
         }
         let csr = check_csr(csr_der, &order.identifiers, &account.key_thumbprint)?;
+        if let Some(relay) = profile.signer.relay() {
+            return self
+                .finalize_relay(profile, relay, account, &order, csr_der, ctx)
+                .await;
+        }
         if !self.store.begin_finalize(&order.id).await? {
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
@@ -237,6 +243,39 @@ impl Authority {
                 "the signer of this request may not revoke this certificate: sign with the account that ordered it, an account authorized for all its names, or the certificate's own key",
             ));
         }
+        if cert.revoked_at.is_some() {
+            return Err(AcmeError::new(
+                ProblemType::AlreadyRevoked,
+                "the certificate is already revoked",
+            ));
+        }
+        // A relayed certificate is revoked where it was issued first; only
+        // then is it recorded here, so a failure leaves nothing half-done
+        // and the client can simply retry.
+        if let Some(relay) = profile.signer.relay()
+            && let Err(e) = relay.revoke(cert_der, reason).await
+        {
+            tracing::warn!(
+                event = "certificate.revoke",
+                outcome = "failure",
+                profile = %profile.name,
+                serial = %serial,
+                error = %e,
+                "the upstream did not revoke the certificate"
+            );
+            let kind = e
+                .problem_type
+                .as_deref()
+                .and_then(ProblemType::from_urn)
+                .filter(|_| e.is_permanent());
+            return Err(match kind {
+                Some(kind) => AcmeError::new(
+                    kind,
+                    format!("the upstream CA refused the revocation: {}", e.detail),
+                ),
+                None => AcmeError::internal(e),
+            });
+        }
         match self
             .store
             .revoke_certificate(
@@ -269,6 +308,9 @@ impl Authority {
         // fails the revocation still stands (it is recorded): the periodic
         // check re-signs any CRL older than the newest revocation, so the
         // client is not told "failed" for something that happened.
+        if profile.signer.local_ca().is_none() {
+            return Ok(());
+        }
         if let Err(e) = self.refresh_crl(profile).await {
             tracing::error!(
                 event = "crl.refresh",
@@ -456,7 +498,28 @@ fn check_csr(
         )));
     }
 
-    let spki = &info.subject_pki;
+    let key_thumbprint = checked_key(&info.subject_pki)?;
+    if key_thumbprint.as_deref() == Some(account_thumbprint) {
+        return Err(bad_csr("the certificate key must not be the account key"));
+    }
+    Ok(CheckedCsr {
+        spki_der: info.subject_pki.raw.to_vec(),
+        key_thumbprint,
+    })
+}
+
+/// The SubjectPublicKeyInfo (DER) and key thumbprint of a stored CSR that
+/// finalize already checked.
+pub(super) fn csr_key(der: &[u8]) -> Result<(Vec<u8>, Option<String>), String> {
+    let (_, csr) = X509CertificationRequest::from_der(der).map_err(|e| e.to_string())?;
+    let spki = &csr.certification_request_info.subject_pki;
+    let thumbprint = checked_key(spki).map_err(|e| e.detail)?;
+    Ok((spki.raw.to_vec(), thumbprint))
+}
+
+/// An acceptable key (ECDSA P-256/P-384, RSA 2048–8192) and its RFC 7638
+/// thumbprint.
+fn checked_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> AcmeResult<Option<String>> {
     let alg = &spki.algorithm.algorithm;
     let key_thumbprint = if *alg == OID_KEY_TYPE_EC_PUBLIC_KEY {
         let curve = spki
@@ -499,13 +562,7 @@ fn check_csr(
             "the CSR's key type is not accepted; use ECDSA P-256/P-384 or RSA of at least 2048 bits",
         ));
     };
-    if key_thumbprint.as_deref() == Some(account_thumbprint) {
-        return Err(bad_csr("the certificate key must not be the account key"));
-    }
-    Ok(CheckedCsr {
-        spki_der: spki.raw.to_vec(),
-        key_thumbprint,
-    })
+    Ok(key_thumbprint)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ mod accounts;
 mod certificates;
 mod maintenance;
 mod orders;
+mod relay;
 mod validation;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,18 @@ use crate::validation::Validators;
 
 pub use certificates::{RevocationSigner, crl_needs_refresh};
 pub use maintenance::{CrlRefresh, NonceSweep};
+pub use relay::{RELAY_KIND, RelayJobs};
 pub use validation::{VALIDATION_KIND, ValidationJobs};
+
+/// Where a request came from, for the audit trail (SYSTEM.md "Audit
+/// record"). Filled by the front end; every field is best-effort.
+#[derive(Clone, Debug, Default)]
+pub struct RequestContext {
+    pub client_ip: Option<String>,
+    /// Capped by the front end.
+    pub user_agent: Option<String>,
+    pub request_id: Option<String>,
+}
 
 /// One ACME endpoint: its configuration and its signer.
 #[derive(Debug)]

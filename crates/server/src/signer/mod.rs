@@ -8,11 +8,13 @@
 //! result and the authority records it.
 
 pub mod local_ca;
+pub mod relay;
 
 use acme_proxy_protocol::types::Identifier;
 use time::OffsetDateTime;
 
 pub use local_ca::LocalCa;
+pub use relay::Relay;
 
 /// What a signer is asked to sign. The authority has already checked the
 /// CSR's signature, key strength and names against the order.
@@ -50,6 +52,9 @@ pub enum SignerError {
 #[derive(Debug)]
 pub enum Signer {
     LocalCa(LocalCa),
+    /// Issues through a durable job, not inside the request: the authority
+    /// takes the relay path at finalize.
+    Relay(Relay),
 }
 
 impl Signer {
@@ -58,19 +63,32 @@ impl Signer {
             // Signing one certificate is a single ECDSA/RSA signature: cheaper
             // than a thread hop, so it runs inline.
             Self::LocalCa(ca) => ca.issue(req),
+            Self::Relay(_) => Err(SignerError::Internal(
+                "a relay issues through its job, not inline".into(),
+            )),
         }
     }
 
     /// PEM of the CA certificate clients should trust (and what is above it).
+    /// Empty for a relay: the upstream's chain comes with each certificate.
     pub fn ca_pem(&self) -> &str {
         match self {
             Self::LocalCa(ca) => ca.ca_pem(),
+            Self::Relay(_) => "",
         }
     }
 
     pub fn local_ca(&self) -> Option<&LocalCa> {
         match self {
             Self::LocalCa(ca) => Some(ca),
+            Self::Relay(_) => None,
+        }
+    }
+
+    pub fn relay(&self) -> Option<&Relay> {
+        match self {
+            Self::Relay(r) => Some(r),
+            Self::LocalCa(_) => None,
         }
     }
 }

@@ -34,7 +34,7 @@ const PROXY_VARS: [&str; 6] = [
 ];
 
 /// One finished (or killed) client command.
-struct Ran {
+pub(crate) struct Ran {
     command: String,
     /// None when the deadline passed and the client was killed.
     status: Option<ExitStatus>,
@@ -44,11 +44,11 @@ struct Ran {
 }
 
 impl Ran {
-    fn success(&self) -> bool {
+    pub(crate) fn success(&self) -> bool {
         self.status.is_some_and(|s| s.success())
     }
 
-    fn report(&self) -> String {
+    pub(crate) fn report(&self) -> String {
         let status = match self.status {
             Some(s) => s.to_string(),
             None => format!("killed after {CLIENT_TIMEOUT:?}"),
@@ -120,12 +120,12 @@ fn run_blocking(program: &str, args: &[String], env: &[(String, String)], home: 
 }
 
 /// `run_blocking` off the async runtime's worker threads.
-async fn run(program: &'static str, args: Vec<String>, home: PathBuf) -> Ran {
+pub(crate) async fn run(program: &'static str, args: Vec<String>, home: PathBuf) -> Ran {
     run_with_env(program, args, Vec::new(), home).await
 }
 
 /// `run` with extra environment variables.
-async fn run_with_env(
+pub(crate) async fn run_with_env(
     program: &'static str,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -200,15 +200,15 @@ impl Proxy {
 }
 
 /// What the tests check of an issued certificate.
-struct Leaf {
-    serial: Vec<u8>,
-    sans: Vec<String>,
-    issuer: Vec<u8>,
-    issuer_text: String,
+pub(crate) struct Leaf {
+    pub(crate) serial: Vec<u8>,
+    pub(crate) sans: Vec<String>,
+    pub(crate) issuer: Vec<u8>,
+    pub(crate) issuer_text: String,
 }
 
 /// The first certificate of the PEM file at `path` (a chain's leaf).
-fn leaf(path: &Path, context: &dyn Fn() -> String) -> Leaf {
+pub(crate) fn leaf(path: &Path, context: &dyn Fn() -> String) -> Leaf {
     let pem =
         std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), context()));
     let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("certificate PEM");
@@ -246,7 +246,7 @@ fn assert_issued(leaf: &Leaf, name: &str, ca: &(Vec<u8>, String)) {
 }
 
 /// The options isolating certbot in `d` and pointing it at `directory`.
-fn certbot_common(d: &Path, directory: &str) -> Vec<String> {
+pub(crate) fn certbot_common(d: &Path, directory: &str) -> Vec<String> {
     let p = |sub: &str| d.join(sub).display().to_string();
     [
         "--config-dir",
@@ -300,7 +300,7 @@ urllib.request.urlopen(req, timeout=10).read()' "$url" "$2"
 }
 
 /// The last lines of certbot's log, which hold the ACME exchanges.
-fn certbot_log_tail(dir: &Path) -> String {
+pub(crate) fn certbot_log_tail(dir: &Path) -> String {
     let log = std::fs::read_to_string(dir.join("logs").join("letsencrypt.log"))
         .unwrap_or_else(|e| format!("(no certbot log: {e})"));
     let lines: Vec<&str> = log.lines().collect();

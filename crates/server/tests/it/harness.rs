@@ -1,7 +1,7 @@
 //! Shared test machinery: free ports, child processes killed on drop, a
 //! real DNS server (pebble-challtestsrv) that answers every name with
-//! 127.0.0.1, an http-01 responder, and servers started in-process or as
-//! the `acme-proxy` binary.
+//! 127.0.0.1, BIND with a static or a TSIG-updatable zone, an http-01
+//! responder, and servers started in-process or as the `acme-proxy` binary.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -135,18 +135,88 @@ impl Dns {
     }
 }
 
-/// BIND (`named`) serving one zone from records the test writes: for what
-/// pebble-challtestsrv cannot express (CAA flags, real zone data).
+/// BIND (`named`) serving one zone: from records the test writes, for what
+/// pebble-challtestsrv cannot express (CAA flags, real zone data), or as a
+/// dynamic zone taking TSIG-signed RFC 2136 updates (the relay's dns01
+/// strategy; pebble-challtestsrv does not accept updates).
 pub struct Bind {
     pub addr: SocketAddr,
     _child: ChildGuard,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Bind {
     /// Serves `zone` with `records` (zone-file lines relative to the
     /// origin); an SOA and NS are added.
     pub fn start(zone: &str, records: &str) -> Option<Bind> {
+        Self::launch(zone, records, "", "")
+    }
+
+    /// Serves `zone` as a dynamic primary zone that accepts updates of TXT
+    /// records anywhere in it, signed with the TSIG key `key_name`
+    /// (`algorithm` as BIND spells it, e.g. `hmac-sha256`; `secret_b64` as
+    /// [`tsig_secret`] makes it). The zone starts with only its SOA and NS;
+    /// named keeps the journal (`db.jnl`) in the temporary directory, which
+    /// is why the zone file lives there and not in a read-only place.
+    pub fn start_dynamic(
+        zone: &str,
+        key_name: &str,
+        algorithm: &str,
+        secret_b64: &str,
+    ) -> Option<Bind> {
+        Self::launch(
+            zone,
+            "",
+            &format!("key \"{key_name}\" {{ algorithm {algorithm}; secret \"{secret_b64}\"; }};\n"),
+            &format!(" update-policy {{ grant {key_name} zonesub TXT; }};"),
+        )
+    }
+
+    /// The TXT strings served for the absolute `name` right now, one per
+    /// record (a record split into several character-strings is joined), as
+    /// an authoritative answer (`+norecurse`), in dig's order.
+    pub fn txt(&self, name: &str) -> Vec<String> {
+        assert!(
+            require_program("dig"),
+            "dig (package bind9-dnsutils) is needed to read BIND's answers"
+        );
+        let out = Command::new("dig")
+            .arg(format!("@{}", self.addr.ip()))
+            .args(["-p", &self.addr.port().to_string()])
+            .args(["TXT", name, "+short", "+norecurse", "+time=2", "+tries=2"])
+            .output()
+            .expect("run dig");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "dig TXT {name}: {}{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                // `"abc" "def"` → `abcdef`; ACME values are base64url, so no
+                // escapes to undo.
+                l.split('"')
+                    .enumerate()
+                    .filter(|(i, _)| i % 2 == 1)
+                    .map(|(_, s)| s)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// named's log so far, for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("named.log")).unwrap_or_default()
+    }
+
+    /// Writes the configuration (with `keys` before the zone and
+    /// `zone_extra` inside its stanza) and a zone file with the SOA, NS and
+    /// the name server's A record plus `records`, then starts named in the
+    /// foreground and waits for its TCP listener.
+    fn launch(zone: &str, records: &str, keys: &str, zone_extra: &str) -> Option<Bind> {
         if !require_program("named") {
             return None;
         }
@@ -156,7 +226,7 @@ impl Bind {
         std::fs::write(
             dir.path().join("named.conf"),
             format!(
-                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion no; dnssec-validation no; }};\ncontrols {{ }};\nzone \"{zone}\" {{ type primary; file \"{d}/db\"; }};\n"
+                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion no; dnssec-validation no; }};\ncontrols {{ }};\n{keys}zone \"{zone}\" {{ type primary; file \"{d}/db\";{zone_extra} }};\n"
             ),
         )
         .expect("named.conf");
@@ -178,9 +248,21 @@ impl Bind {
         Some(Bind {
             addr,
             _child: guard,
-            _dir: dir,
+            dir,
         })
     }
+}
+
+/// A fresh TSIG secret: 32 random bytes in standard base64, the form
+/// `tsig-keygen -a hmac-sha256` prints and `nsupdate -y` takes.
+pub fn tsig_secret() -> String {
+    use base64::Engine;
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("random bytes");
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// An http-01 responder: serves `/.well-known/acme-challenge/{token}` from a
@@ -287,7 +369,7 @@ impl TestServer {
         Self::start_in(dir, &toml).await
     }
 
-    async fn start_in(dir: tempfile::TempDir, toml: &str) -> TestServer {
+    pub async fn start_in(dir: tempfile::TempDir, toml: &str) -> TestServer {
         let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
         let running = acme_proxy::server::start(config, Arc::new(SystemClock))
             .await

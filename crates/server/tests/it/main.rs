@@ -15,5 +15,7 @@ mod jws_table;
 mod operations;
 mod raw;
 mod recovery;
+mod relay;
 mod resources;
+mod upstream;
 mod zero_config;

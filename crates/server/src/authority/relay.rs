@@ -1,0 +1,535 @@
+//! The relay's side of the state machine (SYSTEM.md "The relay, step by
+//! step"): finalize records the mapping and queues the job; the job's
+//! attempts drive the upstream; settle and abandon are the only writers of
+//! the local order's outcome.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_protocol::{Problem, ProblemType};
+use acme_proxy_store::{
+    AccountRow, JobRow, NewAuditRow, NewCertificateRow, NewJob, NewUpstreamOrder, OrderRow,
+    UpstreamOrderRow,
+};
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use super::{Authority, Profile, RequestContext};
+use crate::error::{AcmeError, AcmeResult};
+use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use crate::signer::Relay;
+use crate::signer::relay::{RelayError, SETTLE_MARGIN};
+
+/// The job kind; the key is the local order id.
+pub const RELAY_KIND: &str = "signer_relay_issue";
+
+/// Relays picked up per start (the rest at the next).
+const RECOVER_BATCH: i64 = 10_000;
+
+/// What the client sees when a relay is abandoned: nothing of the
+/// upstream's words, which are for the operator (audit row, mapping row).
+const GENERIC_FAILURE: &str =
+    "the certificate could not be obtained; the operator's audit log has the reason";
+
+fn payload(order_id: &str, profile: &str) -> String {
+    serde_json::json!({ "order": order_id, "profile": profile }).to_string()
+}
+
+fn order_of(job: &JobRow) -> Option<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(&job.payload).ok()?;
+    Some((
+        v.get("order")?.as_str()?.to_owned(),
+        v.get("profile")?.as_str()?.to_owned(),
+    ))
+}
+
+impl Authority {
+    /// finalize for a relay profile (§7.4): record the mapping and the job
+    /// with ready → processing in one transaction, then try the upstream
+    /// `newOrder` once. A blip leaves the job to create it; a stated
+    /// refusal goes back to the client as that problem and the order is
+    /// ready again.
+    pub(super) async fn finalize_relay(
+        &self,
+        profile: &Profile,
+        relay: &Relay,
+        account: &AccountRow,
+        order: &OrderRow,
+        csr_der: &[u8],
+        ctx: &RequestContext,
+    ) -> AcmeResult<OrderRow> {
+        let now_ms = self.clock.unix_ms();
+        // The job waits for this request's own newOrder (one request
+        // timeout) so that the two do not both create an upstream order;
+        // it is woken as soon as the request is done.
+        let hold = relay.config.request_timeout + Duration::from_secs(1);
+        let payload = payload(&order.id, &profile.name);
+        let job = NewJob {
+            kind: RELAY_KIND,
+            key: &order.id,
+            payload: &payload,
+            run_at: now_ms + hold.as_millis() as i64,
+            // Past the order's expiry the client could never collect it.
+            deadline: Some(order.expires_at * 1000),
+            max_attempts: i64::from(self.queue.config.max_attempts),
+        };
+        let row = NewUpstreamOrder {
+            order_id: &order.id,
+            profile: &profile.name,
+            account_id: &account.id,
+            csr_der,
+            client_ip: ctx.client_ip.as_deref(),
+            reverse_name: None,
+            user_agent: ctx.user_agent.as_deref(),
+            request_id: ctx.request_id.as_deref(),
+            now: self.clock.unix(),
+        };
+        if !self.store.begin_relay(&row, &job, now_ms).await? {
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                "the order is already being finalized",
+            ));
+        }
+        self.queue.wake(RELAY_KIND);
+        match relay.create_order(&order.identifiers).await {
+            Ok(url) => {
+                self.store
+                    .set_upstream_url(&order.id, &url, self.clock.unix())
+                    .await?;
+            }
+            Err(e) if e.is_permanent() => {
+                if self
+                    .store
+                    .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
+                    .await?
+                {
+                    return Err(self
+                        .refused_upstream(profile, account, order, ctx, &e)
+                        .await);
+                }
+            }
+            Err(e) => tracing::warn!(
+                event = "relay.new_order",
+                outcome = "retry",
+                profile = %profile.name,
+                order = %order.id,
+                error = %e,
+                "the upstream newOrder failed transiently; the relay job will create it"
+            ),
+        }
+        self.store
+            .wake_job(RELAY_KIND, &order.id, self.clock.unix_ms())
+            .await?;
+        self.queue.nudge();
+        tracing::info!(
+            event = "relay.queued",
+            outcome = "success",
+            profile = %profile.name,
+            account = %account.id,
+            order = %order.id,
+            "order relayed upstream; the client polls while the job runs"
+        );
+        self.store
+            .order(&order.id)
+            .await?
+            .ok_or_else(|| AcmeError::internal("order vanished after finalize"))
+    }
+
+    /// The client's problem for an upstream refusal at finalize, audited.
+    async fn refused_upstream(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order: &OrderRow,
+        ctx: &RequestContext,
+        e: &RelayError,
+    ) -> AcmeError {
+        let kind = e
+            .problem_type
+            .as_deref()
+            .and_then(ProblemType::from_urn)
+            .unwrap_or(ProblemType::ServerInternal);
+        let actor = format!("account:{}", account.id);
+        let audit = NewAuditRow {
+            at: self.clock.unix(),
+            event: "certificate.issue_failed",
+            outcome: "refused",
+            profile: Some(&profile.name),
+            actor: &actor,
+            account_id: Some(&account.id),
+            order_id: Some(&order.id),
+            identifiers: Some(&order.identifiers),
+            client_ip: ctx.client_ip.as_deref(),
+            user_agent: ctx.user_agent.as_deref(),
+            request_id: ctx.request_id.as_deref(),
+            problem_type: Some(kind.name()),
+            detail: Some(&e.detail),
+            ..Default::default()
+        };
+        if let Err(err) = self.store.insert_audit(&audit).await {
+            tracing::error!(event = "audit.write", outcome = "failure", error = %err, "could not write the audit row");
+        }
+        tracing::warn!(
+            event = "relay.new_order",
+            outcome = "refused",
+            profile = %profile.name,
+            order = %order.id,
+            error = %e,
+            "the upstream refused the order"
+        );
+        if kind == ProblemType::ServerInternal {
+            return AcmeError::internal(&e.detail);
+        }
+        AcmeError::new(
+            kind,
+            format!("the upstream CA refused this order: {}", e.detail),
+        )
+    }
+
+    /// One attempt of the relay job for `order_id`.
+    async fn relay_attempt(&self, order_id: &str, profile_name: &str) -> Outcome {
+        let mapping = match self.store.upstream_order(order_id).await {
+            Ok(Some(m)) => m,
+            // Nothing to relay (an undone finalize): done.
+            Ok(None) => return Outcome::Done,
+            Err(e) => return Outcome::Retry(format!("reading the mapping row: {e}")),
+        };
+        if mapping.status != "processing" {
+            return Outcome::Done;
+        }
+        let order = match self.store.order(order_id).await {
+            Ok(Some(o)) => o,
+            Ok(None) => return Outcome::Done,
+            Err(e) => return Outcome::Retry(format!("reading the order: {e}")),
+        };
+        if order.status != "processing" {
+            return Outcome::Done;
+        }
+        // A profile that is not mounted right now (a reload in progress, a
+        // configuration being fixed) is retried, not failed.
+        let Some(profile) = self.profile(profile_name).cloned() else {
+            return Outcome::Retry(format!("profile {profile_name} is not mounted"));
+        };
+        let Some(relay) = profile.signer.relay() else {
+            return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
+        };
+        let deadline = tokio::time::Instant::now() + relay.config.attempt_budget;
+        let url = match mapping.upstream_url.clone() {
+            Some(url) => url,
+            None => match relay.create_order(&order.identifiers).await {
+                Ok(url) => match self
+                    .store
+                    .set_upstream_url(order_id, &url, self.clock.unix())
+                    .await
+                {
+                    Ok(Some(in_force)) => in_force,
+                    Ok(None) => return Outcome::Done,
+                    Err(e) => return Outcome::Retry(format!("recording the upstream order: {e}")),
+                },
+                Err(e) => return relay_outcome(e),
+            },
+        };
+        let collected = match relay.attempt(&url, &mapping.csr_der, deadline).await {
+            Ok(c) => c,
+            Err(e) => return relay_outcome(e),
+        };
+        match self
+            .settle_relay(
+                &profile,
+                &mapping,
+                &order,
+                &collected.chain_pem,
+                &collected.certificate_url,
+            )
+            .await
+        {
+            Ok(()) => Outcome::Done,
+            Err(e) => e,
+        }
+    }
+
+    /// Writes the certificate on the local order, the mapping and the audit
+    /// row in one transaction.
+    async fn settle_relay(
+        &self,
+        profile: &Profile,
+        mapping: &UpstreamOrderRow,
+        order: &OrderRow,
+        chain_pem: &str,
+        certificate_url: &str,
+    ) -> Result<(), Outcome> {
+        let leaf = match parse_leaf(chain_pem) {
+            Ok(leaf) => leaf,
+            Err(e) => return Err(Outcome::Failed(e)),
+        };
+        // The thumbprint of the client's key, for revocation signed by it.
+        let thumbprint = match super::certificates::csr_key(&mapping.csr_der) {
+            Ok((spki, thumb)) => {
+                if spki != leaf.spki_der {
+                    return Err(Outcome::Failed(
+                        "the upstream's leaf is not for the key in the client's CSR".into(),
+                    ));
+                }
+                thumb
+            }
+            Err(e) => return Err(Outcome::Failed(format!("the stored CSR: {e}"))),
+        };
+        let now = self.clock.unix();
+        let cert_id = crate::ids::object_id();
+        let actor = format!("account:{}", mapping.account_id);
+        let audit = NewAuditRow {
+            at: now,
+            event: "certificate.issued",
+            outcome: "success",
+            profile: Some(&profile.name),
+            actor: &actor,
+            account_id: Some(&mapping.account_id),
+            order_id: Some(&order.id),
+            serial: Some(&leaf.serial),
+            identifiers: Some(&order.identifiers),
+            client_ip: mapping.client_ip.as_deref(),
+            reverse_name: mapping.reverse_name.as_deref(),
+            user_agent: mapping.user_agent.as_deref(),
+            request_id: mapping.request_id.as_deref(),
+            detail: Some(certificate_url),
+            ..Default::default()
+        };
+        let stored = self
+            .store
+            .settle_relay(
+                &NewCertificateRow {
+                    id: &cert_id,
+                    profile: &profile.name,
+                    order_id: &order.id,
+                    account_id: &order.account_id,
+                    serial: &leaf.serial,
+                    chain_pem,
+                    key_thumbprint: thumbprint.as_deref(),
+                    identifiers: &order.identifiers,
+                    not_before: leaf.not_before,
+                    not_after: leaf.not_after,
+                    now,
+                },
+                certificate_url,
+                &audit,
+            )
+            .await;
+        match stored {
+            Ok(true) => {
+                tracing::info!(
+                    event = "certificate.issued",
+                    outcome = "success",
+                    profile = %profile.name,
+                    account = %mapping.account_id,
+                    order = %order.id,
+                    serial = %leaf.serial,
+                    signer = "relay",
+                    "certificate issued by the upstream CA"
+                );
+                Ok(())
+            }
+            // Someone else settled it (an operator cancelled meanwhile).
+            Ok(false) => Ok(()),
+            // Our database refused: the certificate is collected again next
+            // attempt (the upstream order stays valid).
+            Err(e) => Err(Outcome::Retry(format!("recording the certificate: {e}"))),
+        }
+    }
+
+    /// Retires a relay for good: order invalid with a generic problem,
+    /// mapping invalid with the real reason, audit row. Idempotent.
+    async fn abandon_relay(&self, order_id: &str, reason: &RetireReason) {
+        let mapping = self.store.upstream_order(order_id).await.ok().flatten();
+        let order = self.store.order(order_id).await.ok().flatten();
+        let actor = match (reason, &mapping) {
+            (RetireReason::Cancelled { actor }, _) if actor.contains(':') => actor.clone(),
+            (RetireReason::Cancelled { actor }, _) => format!("operator:{actor}"),
+            (_, Some(m)) => format!("account:{}", m.account_id),
+            (_, None) => "system".to_owned(),
+        };
+        let detail = reason.to_string();
+        let problem = Problem::new(ProblemType::ServerInternal, GENERIC_FAILURE);
+        let audit = NewAuditRow {
+            at: self.clock.unix(),
+            event: "certificate.issue_failed",
+            outcome: "failure",
+            profile: mapping.as_ref().map(|m| m.profile.as_str()),
+            actor: &actor,
+            account_id: mapping.as_ref().map(|m| m.account_id.as_str()),
+            order_id: Some(order_id),
+            identifiers: order.as_ref().map(|o| o.identifiers.as_slice()),
+            client_ip: mapping.as_ref().and_then(|m| m.client_ip.as_deref()),
+            reverse_name: mapping.as_ref().and_then(|m| m.reverse_name.as_deref()),
+            user_agent: mapping.as_ref().and_then(|m| m.user_agent.as_deref()),
+            request_id: mapping.as_ref().and_then(|m| m.request_id.as_deref()),
+            problem_type: Some(ProblemType::ServerInternal.name()),
+            detail: Some(&detail),
+            ..Default::default()
+        };
+        match self
+            .store
+            .abandon_relay(order_id, &problem, &detail, &audit)
+            .await
+        {
+            Ok(true) => tracing::warn!(
+                event = "relay.abandoned",
+                outcome = "failure",
+                order = %order_id,
+                actor = %actor,
+                reason = %detail,
+                "relay retired; the order is invalid"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::error!(
+                event = "relay.abandoned",
+                outcome = "failure",
+                order = %order_id,
+                error = %e,
+                "could not record the abandoned relay"
+            ),
+        }
+    }
+}
+
+/// The job outcome for an attempt's error.
+fn relay_outcome(e: RelayError) -> Outcome {
+    if e.is_permanent() {
+        Outcome::Failed(e.detail)
+    } else {
+        Outcome::Retry(e.detail)
+    }
+}
+
+/// What settle needs from the upstream's leaf.
+struct Leaf {
+    serial: String,
+    spki_der: Vec<u8>,
+    not_before: i64,
+    not_after: i64,
+}
+
+/// Parses the first certificate of a PEM chain; an error is permanent
+/// (the same bytes will not parse next time).
+fn parse_leaf(chain_pem: &str) -> Result<Leaf, String> {
+    let blocks =
+        pem::parse_many(chain_pem).map_err(|e| format!("the upstream's chain is not PEM: {e}"))?;
+    let first = blocks
+        .iter()
+        .find(|b| b.tag() == "CERTIFICATE")
+        .ok_or("the upstream's chain holds no certificate")?;
+    let (_, cert) = X509Certificate::from_der(first.contents())
+        .map_err(|e| format!("the upstream's leaf does not parse: {e}"))?;
+    Ok(Leaf {
+        serial: hex::encode(cert.raw_serial()),
+        spki_der: cert.tbs_certificate.subject_pki.raw.to_vec(),
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
+/// The handler of [`RELAY_KIND`] jobs: one for every relay profile; the
+/// backend is picked per job from the profile the payload names.
+#[derive(Debug)]
+pub struct RelayJobs {
+    pub authority: Arc<Authority>,
+}
+
+impl JobHandler for RelayJobs {
+    fn kind(&self) -> &'static str {
+        RELAY_KIND
+    }
+
+    fn budget(&self, job: &JobRow) -> Option<Duration> {
+        let (_, profile) = order_of(job)?;
+        let relay = self.authority.profile(&profile)?.signer.relay()?;
+        Some(relay.config.attempt_budget + SETTLE_MARGIN)
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let Some((order, profile)) = order_of(job) else {
+                return Outcome::Failed(format!("payload {:?} names no order", job.payload));
+            };
+            self.authority.relay_attempt(&order, &profile).await
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some((order, _)) = order_of(job) {
+                self.authority.abandon_relay(&order, reason).await;
+            }
+        })
+    }
+
+    /// Re-queues every relay still processing (the identity key makes this
+    /// safe to run any number of times).
+    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let a = &self.authority;
+            let rows = a
+                .store
+                .upstream_orders(Some("processing"), RECOVER_BATCH)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut requeued = 0;
+            for m in &rows {
+                let Some(order) = a
+                    .store
+                    .order(&m.order_id)
+                    .await
+                    .map_err(|e| e.to_string())?
+                else {
+                    continue;
+                };
+                let mut spec = JobSpec::new(
+                    RELAY_KIND,
+                    m.order_id.clone(),
+                    serde_json::from_str(&payload(&m.order_id, &m.profile))
+                        .map_err(|e| e.to_string())?,
+                );
+                spec.deadline = time::OffsetDateTime::from_unix_timestamp(order.expires_at).ok();
+                if let acme_proxy_store::Enqueued::Queued(_) =
+                    queue.enqueue(spec).await.map_err(|e| e.to_string())?
+                {
+                    requeued += 1;
+                }
+            }
+            if requeued > 0 {
+                tracing::warn!(
+                    event = "relay.recover",
+                    outcome = "success",
+                    requeued,
+                    "re-queued relays that had no job"
+                );
+            }
+            if rows.len() as i64 == RECOVER_BATCH {
+                tracing::warn!(
+                    event = "relay.recover",
+                    outcome = "partial",
+                    "more relays in flight than one batch; the rest at the next start"
+                );
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_that_will_not_parse_is_a_permanent_failure() {
+        assert!(parse_leaf("not pem at all").is_err());
+        let garbage = pem::encode(&pem::Pem::new("CERTIFICATE", vec![1, 2, 3]));
+        let e = parse_leaf(&garbage).err().unwrap_or_default();
+        assert!(e.contains("does not parse"), "{e}");
+    }
+
+    #[test]
+    fn the_job_payload_names_the_order_and_profile_and_nothing_else() {
+        let p: serde_json::Value =
+            serde_json::from_str(&payload("o1", "relay")).unwrap_or_default();
+        assert_eq!(p, serde_json::json!({"order": "o1", "profile": "relay"}));
+    }
+}

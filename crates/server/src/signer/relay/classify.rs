@@ -1,0 +1,219 @@
+//! Retryable or permanent: SYSTEM.md's classification table, decided by
+//! whose answer a failure is. Nobody decided anything (a transport error, a
+//! proxy's HTML page, a 5xx, a rate limit) → retry after backoff; the CA
+//! stated a reason (any other problem document) → believe it.
+
+use std::fmt;
+
+/// Whether the relay job should try again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Retryable,
+    Permanent,
+}
+
+/// A failure of one relay attempt, with the real reason (for operators and
+/// the audit row; the client only ever sees a generic problem).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayError {
+    pub class: Class,
+    pub detail: String,
+    /// The upstream's problem type, when it stated one.
+    pub problem_type: Option<String>,
+}
+
+impl RelayError {
+    pub fn retryable(detail: impl Into<String>) -> Self {
+        Self {
+            class: Class::Retryable,
+            detail: detail.into(),
+            problem_type: None,
+        }
+    }
+
+    pub fn permanent(detail: impl Into<String>) -> Self {
+        Self {
+            class: Class::Permanent,
+            detail: detail.into(),
+            problem_type: None,
+        }
+    }
+
+    pub fn is_permanent(&self) -> bool {
+        self.class == Class::Permanent
+    }
+
+    /// Prefixes the detail with what was being done.
+    pub fn context(mut self, doing: &str) -> Self {
+        self.detail = format!("{doing}: {}", self.detail);
+        self
+    }
+}
+
+impl fmt::Display for RelayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+/// Problem types that mean "not now" even without an HTTP status in the
+/// document: the CA is overloaded, throttling, or wants a fresh nonce.
+const TRANSIENT_TYPES: [&str; 3] = [
+    "urn:ietf:params:acme:error:serverInternal",
+    "urn:ietf:params:acme:error:rateLimited",
+    "urn:ietf:params:acme:error:badNonce",
+];
+
+/// Maps an `instant-acme` error onto the table.
+pub fn classify(e: &instant_acme::Error) -> RelayError {
+    use instant_acme::Error as E;
+    let class = match e {
+        // A problem document: the CA's own words. ≥ 500 and 429 say "later".
+        E::Api(p) => match p.status {
+            Some(s) if s >= 500 || s == 429 => Class::Retryable,
+            Some(_) => Class::Permanent,
+            None if p
+                .r#type
+                .as_deref()
+                .is_some_and(|t| TRANSIENT_TYPES.contains(&t)) =>
+            {
+                Class::Retryable
+            }
+            None => Class::Permanent,
+        },
+        // Not the JSON expected: typically a proxy's HTML error page.
+        E::Json(_) => Class::Retryable,
+        // Transport: resets, refused connections, timeouts, TLS, bad URLs.
+        E::Http(_) | E::Hyper(_) | E::InvalidUri(_) | E::Other(_) => Class::Retryable,
+        // Polling ran out of its budget: the authorization or order did not
+        // settle in time; the next attempt re-reads it.
+        E::Timeout(_) => Class::Retryable,
+        // Our own key cannot sign: no retry will fix that.
+        E::Crypto | E::KeyRejected => Class::Permanent,
+        // The CA lacks what we need, or a document misses a required URL
+        // (a valid order without a certificate URL): a stated state.
+        E::Unsupported(_) | E::Str(_) => Class::Permanent,
+        // instant-acme's error is non-exhaustive: an unknown kind is
+        // nobody's decision.
+        _ => Class::Retryable,
+    };
+    let problem_type = match e {
+        E::Api(p) => p.r#type.clone(),
+        _ => None,
+    };
+    RelayError {
+        class,
+        detail: e.to_string(),
+        problem_type,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn problem(status: Option<u16>, kind: &str) -> instant_acme::Error {
+        let mut doc = serde_json::json!({ "type": kind, "detail": "said so" });
+        if let Some(s) = status {
+            doc["status"] = s.into();
+        }
+        instant_acme::Error::Api(serde_json::from_value(doc).unwrap())
+    }
+
+    fn class(e: instant_acme::Error) -> Class {
+        classify(&e).class
+    }
+
+    #[test]
+    fn transport_errors_and_bad_urls_are_retried() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        assert_eq!(
+            class(instant_acme::Error::Other(Box::new(io))),
+            Class::Retryable
+        );
+        let timeout = std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out");
+        assert_eq!(
+            class(instant_acme::Error::Other(Box::new(timeout))),
+            Class::Retryable
+        );
+        let bad_uri = "http://[::1".parse::<http::Uri>().unwrap_err();
+        assert_eq!(
+            class(instant_acme::Error::InvalidUri(bad_uri)),
+            Class::Retryable
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_the_json_expected_is_retried() {
+        let html =
+            serde_json::from_str::<serde_json::Value>("<html>502 Bad Gateway</html>").unwrap_err();
+        assert_eq!(class(instant_acme::Error::Json(html)), Class::Retryable);
+    }
+
+    #[test]
+    fn problem_documents_of_5xx_and_429_are_retried() {
+        for status in [500, 502, 503, 504] {
+            assert_eq!(
+                class(problem(
+                    Some(status),
+                    "urn:ietf:params:acme:error:serverInternal"
+                )),
+                Class::Retryable,
+                "{status}"
+            );
+        }
+        assert_eq!(
+            class(problem(Some(429), "urn:ietf:params:acme:error:rateLimited")),
+            Class::Retryable
+        );
+        assert_eq!(
+            class(problem(None, "urn:ietf:params:acme:error:rateLimited")),
+            Class::Retryable
+        );
+    }
+
+    #[test]
+    fn any_other_problem_document_is_believed() {
+        for (status, kind) in [
+            (403, "urn:ietf:params:acme:error:unauthorized"),
+            (400, "urn:ietf:params:acme:error:badCSR"),
+            (400, "urn:ietf:params:acme:error:rejectedIdentifier"),
+            (404, "about:blank"),
+        ] {
+            let e = classify(&problem(Some(status), kind));
+            assert_eq!(e.class, Class::Permanent, "{status} {kind}");
+            assert_eq!(e.problem_type.as_deref(), Some(kind));
+        }
+        assert_eq!(
+            class(problem(None, "urn:ietf:params:acme:error:malformed")),
+            Class::Permanent
+        );
+    }
+
+    #[test]
+    fn a_local_signing_failure_with_the_account_key_is_permanent() {
+        assert_eq!(class(instant_acme::Error::Crypto), Class::Permanent);
+        assert_eq!(class(instant_acme::Error::KeyRejected), Class::Permanent);
+    }
+
+    #[test]
+    fn an_authorization_that_did_not_settle_within_the_budget_is_retried() {
+        assert_eq!(class(instant_acme::Error::Timeout(None)), Class::Retryable);
+    }
+
+    #[test]
+    fn a_valid_order_without_a_certificate_url_is_permanent() {
+        assert_eq!(
+            class(instant_acme::Error::Str("no certificate URL found")),
+            Class::Permanent
+        );
+        assert_eq!(
+            class(instant_acme::Error::Unsupported(
+                "ACME renewal information (ARI)"
+            )),
+            Class::Permanent
+        );
+    }
+}

@@ -1,0 +1,132 @@
+//! The upstream's HTTP client: HTTPS only, the system roots plus the
+//! profile's trust anchors, `TCP_NODELAY`, and one timeout per request that
+//! covers connecting, the headers *and* the body — so a black-holed request
+//! costs one timeout, not the attempt's whole budget.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
+
+type Inner = Client<hyper_rustls::HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>;
+
+/// An [`HttpClient`] for instant-acme with a per-request deadline.
+#[derive(Clone)]
+pub struct UpstreamHttp {
+    inner: Inner,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamHttp")
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// A request that did not finish within its timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream did not answer within {0:?}")]
+pub struct RequestTimedOut(Duration);
+
+impl UpstreamHttp {
+    /// Trusts the system roots and every certificate in `anchors` (PEM files).
+    pub fn new(anchors: &[PathBuf], timeout: Duration) -> Result<Self, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for cert in native.certs {
+            // A system store may hold certificates rustls cannot use; skip them.
+            let _ = roots.add(cert);
+        }
+        for path in anchors {
+            let text = std::fs::read(path)
+                .map_err(|e| format!("reading trust anchor {}: {e}", path.display()))?;
+            let blocks = pem::parse_many(&text)
+                .map_err(|e| format!("trust anchor {} is not PEM: {e}", path.display()))?;
+            let mut added = 0;
+            for block in blocks.iter().filter(|b| b.tag() == "CERTIFICATE") {
+                roots
+                    .add(block.contents().to_vec().into())
+                    .map_err(|e| format!("trust anchor {}: {e}", path.display()))?;
+                added += 1;
+            }
+            if added == 0 {
+                return Err(format!(
+                    "trust anchor {} holds no CERTIFICATE block",
+                    path.display()
+                ));
+            }
+        }
+        if roots.is_empty() {
+            return Err(
+                "no trust anchors: the system has no CA certificates and trust_anchors is empty"
+                    .into(),
+            );
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(http);
+        let inner = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self { inner, timeout })
+    }
+}
+
+impl HttpClient for UpstreamHttp {
+    fn request(
+        &self,
+        req: http::Request<BodyWrapper<Bytes>>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<BytesResponse, instant_acme::Error>> + Send>>
+    {
+        let inner = self.inner.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let exchange = async {
+                let response = inner
+                    .request(req)
+                    .await
+                    .map_err(|e| instant_acme::Error::Other(Box::new(e)))?;
+                let (parts, body) = response.into_parts();
+                // Read the whole body inside the deadline: a server that
+                // sends headers and then stalls is as stuck as one that
+                // never answers.
+                let body = body
+                    .collect()
+                    .await
+                    .map_err(|e| instant_acme::Error::Other(Box::new(e)))?
+                    .to_bytes();
+                Ok(BytesResponse::from(http::Response::from_parts(
+                    parts,
+                    Full::new(body),
+                )))
+            };
+            match tokio::time::timeout(timeout, exchange).await {
+                Ok(result) => result,
+                Err(_) => Err(instant_acme::Error::Other(Box::new(RequestTimedOut(
+                    timeout,
+                )))),
+            }
+        })
+    }
+}

@@ -1,0 +1,691 @@
+//! The relay signer: certificates obtained from an upstream ACME CA with
+//! one upstream account per profile, through a durable job
+//! (SYSTEM.md "The relay, step by step").
+//!
+//! This module is the upstream *client* side: the account, one attempt of
+//! the relay (re-read the upstream order, answer its challenges with the
+//! profile's strategy, finalize with the client's CSR byte for byte, collect
+//! the chain), revocation, registration. The job that drives attempts and
+//! settles or abandons the local order is the authority's
+//! (`authority/relay.rs`): signers never change order status.
+//!
+//! Every attempt starts from the top and re-reads everything: RFC 8555
+//! lets an order be re-read at any time, so "start again" and "carry on"
+//! are the same code and nothing is checkpointed.
+
+pub mod board;
+pub mod classify;
+pub mod http;
+pub mod rfc2136;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_protocol::types::Identifier;
+use instant_acme::{
+    Account, AuthorizationStatus, ChallengeStatus, ChallengeType, NewAccount, NewOrder, Order,
+    OrderStatus, RetryPolicy,
+};
+use tokio::time::Instant;
+
+pub use board::ChallengeBoard;
+pub use classify::{Class, RelayError, classify};
+
+use crate::clock::SharedClock;
+use crate::config::{RelayConfig, RelayStrategy};
+use board::Published;
+use http::UpstreamHttp;
+use rfc2136::Rfc2136;
+
+/// The relay backend of one profile.
+pub struct Relay {
+    pub profile: String,
+    pub config: RelayConfig,
+    key_path: PathBuf,
+    account_url: String,
+    http: UpstreamHttp,
+    /// Built on first use: the directory is fetched lazily, so the server
+    /// starts and serves while the upstream is unreachable.
+    account: tokio::sync::Mutex<Option<Account>>,
+    dns: Option<Arc<Rfc2136>>,
+    board: Arc<ChallengeBoard>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("profile", &self.profile)
+            .field("directory", &self.config.directory)
+            .field("strategy", &self.config.strategy)
+            .field("account_url", &self.account_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a successful attempt collected.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    /// Leaf first, as the upstream served it.
+    pub chain_pem: String,
+    pub certificate_url: String,
+}
+
+impl Relay {
+    /// A relay for `profile` whose upstream account is `account_url` (from
+    /// the database; registration is an operator's act, never start-up's).
+    pub fn new(
+        profile: &str,
+        config: &RelayConfig,
+        data_dir: &Path,
+        account_url: String,
+        board: Arc<ChallengeBoard>,
+        clock: SharedClock,
+    ) -> Result<Self, String> {
+        let key_path = config.account_key_path(data_dir, profile);
+        if !key_path.exists() {
+            return Err(format!(
+                "the upstream account key {} is missing; run `acme-proxy upstream register --profile {profile}` (or restore the file)",
+                key_path.display()
+            ));
+        }
+        let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout)?;
+        let dns = match &config.dns01 {
+            Some(d) => Some(Arc::new(Rfc2136::new(d, config.request_timeout, clock)?)),
+            None => None,
+        };
+        Ok(Self {
+            profile: profile.to_owned(),
+            config: config.clone(),
+            key_path,
+            account_url,
+            http,
+            account: tokio::sync::Mutex::new(None),
+            dns,
+            board,
+        })
+    }
+
+    /// The upstream account, restored from the key file and the recorded
+    /// URL; fetching the directory is the first upstream request.
+    pub async fn account(&self) -> Result<Account, RelayError> {
+        let mut cached = self.account.lock().await;
+        if let Some(a) = cached.as_ref() {
+            return Ok(a.clone());
+        }
+        let key = read_key(&self.key_path).map_err(RelayError::permanent)?;
+        let account = Account::builder_with_http(Box::new(self.http.clone()))
+            .from_parts(self.account_url.clone(), key, self.config.directory.clone())
+            .await
+            .map_err(|e| classify(&e).context("fetching the upstream directory"))?;
+        *cached = Some(account.clone());
+        Ok(account)
+    }
+
+    /// Places the upstream order for the same identifiers (one request).
+    ///
+    /// `notBefore`/`notAfter` are not forwarded: instant-acme 0.8's
+    /// `NewOrder` has no such fields, and Let's Encrypt refuses them anyway.
+    pub async fn create_order(&self, identifiers: &[Identifier]) -> Result<String, RelayError> {
+        let account = self.account().await?;
+        let ids = identifiers
+            .iter()
+            .map(upstream_identifier)
+            .collect::<Result<Vec<_>, _>>()?;
+        let order = account
+            .new_order(&NewOrder::new(&ids))
+            .await
+            .map_err(|e| classify(&e).context("creating the upstream order"))?;
+        Ok(order.url().to_owned())
+    }
+
+    /// One attempt: from the upstream order at `url` to the chain, within
+    /// `deadline`. Records published for the upstream's challenges are
+    /// retracted on every exit path.
+    pub async fn attempt(
+        &self,
+        url: &str,
+        csr_der: &[u8],
+        deadline: Instant,
+    ) -> Result<Collected, RelayError> {
+        let account = self.account().await?;
+        let mut order = account
+            .order(url.to_owned())
+            .await
+            .map_err(|e| classify(&e).context("reading the upstream order"))?;
+        let mut cleanup = Cleanup {
+            dns: self.dns.clone(),
+            records: Vec::new(),
+            published: Vec::new(),
+        };
+        let result = self
+            .drive(&mut order, csr_der, deadline, &mut cleanup)
+            .await;
+        cleanup.finish().await;
+        result
+    }
+
+    async fn drive(
+        &self,
+        order: &mut Order,
+        csr_der: &[u8],
+        deadline: Instant,
+        cleanup: &mut Cleanup,
+    ) -> Result<Collected, RelayError> {
+        let mut status = order.state().status;
+        if status == OrderStatus::Invalid {
+            return Err(order_invalid(order));
+        }
+        if status == OrderStatus::Pending {
+            self.solve(order, deadline, cleanup).await?;
+            status = order
+                .poll_ready(&self.policy(deadline))
+                .await
+                .map_err(|e| polled(order, &e, "waiting for the upstream order to be ready"))?;
+        }
+        match status {
+            OrderStatus::Invalid => return Err(order_invalid(order)),
+            OrderStatus::Ready => {
+                if order.state().finalize.is_empty() {
+                    return Err(RelayError::permanent(
+                        "the upstream order is ready but has no finalize URL",
+                    ));
+                }
+                // The client's CSR byte for byte: the key and names are theirs.
+                order
+                    .finalize_csr(csr_der)
+                    .await
+                    .map_err(|e| polled(order, &e, "finalizing the upstream order"))?;
+            }
+            _ => {}
+        }
+        let chain_pem = if order.state().status == OrderStatus::Valid {
+            order
+                .certificate()
+                .await
+                .map_err(|e| polled(order, &e, "downloading the certificate"))?
+                .ok_or_else(|| RelayError::retryable("the upstream order is still processing"))?
+        } else {
+            order
+                .poll_certificate(&self.policy(deadline))
+                .await
+                .map_err(|e| polled(order, &e, "waiting for the upstream certificate"))?
+        };
+        let certificate_url = order.state().certificate.clone().ok_or_else(|| {
+            RelayError::permanent("the upstream order is valid but has no certificate URL")
+        })?;
+        Ok(Collected {
+            chain_pem,
+            certificate_url,
+        })
+    }
+
+    /// Answers every pending upstream authorization with the profile's
+    /// strategy and waits until each is terminal.
+    async fn solve(
+        &self,
+        order: &mut Order,
+        deadline: Instant,
+        cleanup: &mut Cleanup,
+    ) -> Result<(), RelayError> {
+        // Publish everything first, then (after any propagation wait) tell
+        // the upstream: a CA may check as soon as it hears.
+        let mut chosen: Vec<Option<ChallengeType>> = Vec::new();
+        let mut auths = order.authorizations();
+        while let Some(a) = auths.next().await {
+            let mut a = a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
+            match a.status {
+                AuthorizationStatus::Valid => {
+                    chosen.push(None);
+                    continue;
+                }
+                AuthorizationStatus::Pending => {}
+                other => {
+                    return Err(RelayError::permanent(format!(
+                        "the upstream authorization for {} is {other:?}",
+                        a.identifier()
+                    )));
+                }
+            }
+            let identifier = a.identifier().to_string();
+            let offered: Vec<ChallengeType> =
+                a.challenges.iter().map(|c| c.r#type.clone()).collect();
+            let kind = pick_challenge(self.config.strategy, a.wildcard, &identifier, &offered)?;
+            let Some(challenge) = a.challenge(kind.clone()) else {
+                return Err(RelayError::permanent(format!(
+                    "the upstream offers no {kind:?} challenge for {identifier}"
+                )));
+            };
+            let key_authorization = challenge.key_authorization();
+            match self.config.strategy {
+                RelayStrategy::Http01 => cleanup.published.push(
+                    self.board
+                        .publish(&challenge.token, key_authorization.as_str()),
+                ),
+                RelayStrategy::Dns01 => {
+                    let dns = self.dns.as_ref().ok_or_else(|| {
+                        RelayError::permanent("strategy dns01 without a [signer.dns01] server")
+                    })?;
+                    let name = format!(
+                        "_acme-challenge.{}.",
+                        identifier.trim_start_matches("*.").trim_end_matches('.')
+                    );
+                    let value = key_authorization.dns_value();
+                    dns.add_txt(&name, &value).await?;
+                    cleanup.records.push((name, value));
+                }
+                RelayStrategy::Bypass => {}
+            }
+            chosen.push(Some(kind));
+        }
+        if self.config.strategy == RelayStrategy::Dns01 && !self.config.propagation_wait.is_zero() {
+            tokio::time::sleep(self.config.propagation_wait).await;
+        }
+        let mut auths = order.authorizations();
+        let mut index = 0;
+        while let Some(a) = auths.next().await {
+            let mut a = a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
+            let kind = chosen.get(index).cloned().flatten();
+            index += 1;
+            let Some(kind) = kind else { continue };
+            let Some(mut challenge) = a.challenge(kind) else {
+                continue;
+            };
+            // A challenge already processing (an earlier attempt told the
+            // upstream before the process died) is only waited for.
+            if challenge.status == ChallengeStatus::Pending {
+                challenge
+                    .set_ready()
+                    .await
+                    .map_err(|e| classify(&e).context("answering the upstream challenge"))?;
+            }
+        }
+        // Wait until every authorization we answered is terminal.
+        loop {
+            let mut waiting = false;
+            let mut auths = order.authorizations();
+            while let Some(a) = auths.next().await {
+                let mut a =
+                    a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
+                if a.status != AuthorizationStatus::Pending {
+                    continue;
+                }
+                a.refresh()
+                    .await
+                    .map_err(|e| classify(&e).context("polling an upstream authorization"))?;
+                match a.status {
+                    AuthorizationStatus::Pending => waiting = true,
+                    AuthorizationStatus::Valid => {}
+                    other => {
+                        let why = a
+                            .challenges
+                            .iter()
+                            .find_map(|c| c.error.as_ref())
+                            .map(|p| p.to_string())
+                            .unwrap_or_default();
+                        return Err(RelayError::permanent(format!(
+                            "the upstream authorization for {} turned {other:?}: {why}",
+                            a.identifier()
+                        )));
+                    }
+                }
+            }
+            if !waiting {
+                return Ok(());
+            }
+            if Instant::now() + self.config.poll_interval >= deadline {
+                return Err(RelayError::retryable(
+                    "an upstream authorization did not settle within the attempt's budget",
+                ));
+            }
+            tokio::time::sleep(self.config.poll_interval).await;
+        }
+    }
+
+    fn policy(&self, deadline: Instant) -> RetryPolicy {
+        RetryPolicy::new()
+            .initial_delay(self.config.poll_interval)
+            .backoff(1.0)
+            .timeout(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// Revokes a relayed certificate upstream (RFC 8555 §7.6); a
+    /// certificate the upstream already revoked counts as done.
+    pub async fn revoke(&self, cert_der: &[u8], reason: u64) -> Result<(), RelayError> {
+        use instant_acme::{RevocationReason as R, RevocationRequest};
+        let account = self.account().await?;
+        let reason = match reason {
+            1 => R::KeyCompromise,
+            3 => R::AffiliationChanged,
+            4 => R::Superseded,
+            5 => R::CessationOfOperation,
+            _ => R::Unspecified,
+        };
+        let der = rustls::pki_types::CertificateDer::from(cert_der.to_vec());
+        match account
+            .revoke(&RevocationRequest {
+                certificate: &der,
+                reason: Some(reason),
+            })
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(instant_acme::Error::Api(p))
+                if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:alreadyRevoked") =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(classify(&e).context("revoking upstream")),
+        }
+    }
+}
+
+/// What an attempt published and must retract. `finish` retracts in
+/// order; if the attempt is cancelled before that (budget, shutdown,
+/// operator), `Drop` retracts in a spawned task.
+struct Cleanup {
+    dns: Option<Arc<Rfc2136>>,
+    records: Vec<(String, String)>,
+    published: Vec<Published>,
+}
+
+impl Cleanup {
+    async fn finish(&mut self) {
+        self.published.clear();
+        if let Some(dns) = &self.dns {
+            for (name, value) in std::mem::take(&mut self.records) {
+                retract(dns, &name, &value).await;
+            }
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let records = std::mem::take(&mut self.records);
+        if records.is_empty() {
+            return;
+        }
+        let (Some(dns), Ok(rt)) = (self.dns.clone(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        rt.spawn(async move {
+            for (name, value) in records {
+                retract(&dns, &name, &value).await;
+            }
+        });
+    }
+}
+
+/// Deletes one published TXT value; best-effort and logged.
+async fn retract(dns: &Rfc2136, name: &str, value: &str) {
+    match dns.delete_txt(name, value).await {
+        Ok(()) => {
+            tracing::debug!(event = "relay.dns01.cleanup", outcome = "success", %name, "TXT record removed")
+        }
+        Err(e) => {
+            tracing::warn!(event = "relay.dns01.cleanup", outcome = "failure", %name, error = %e, "could not remove the TXT record")
+        }
+    }
+}
+
+/// The challenge type a strategy answers for one authorization. No
+/// strategy falls back to another type.
+pub fn pick_challenge(
+    strategy: RelayStrategy,
+    wildcard: bool,
+    identifier: &str,
+    offered: &[ChallengeType],
+) -> Result<ChallengeType, RelayError> {
+    let want = match strategy {
+        RelayStrategy::Bypass => {
+            return offered.first().cloned().ok_or_else(|| {
+                RelayError::permanent(format!(
+                    "the upstream offers no challenge at all for {identifier}"
+                ))
+            });
+        }
+        RelayStrategy::Http01 if wildcard => {
+            return Err(RelayError::permanent(format!(
+                "{identifier} is a wildcard, which http-01 cannot prove (RFC 8555 §7.1.3); use strategy = \"dns01\""
+            )));
+        }
+        RelayStrategy::Http01 => ChallengeType::Http01,
+        RelayStrategy::Dns01 => ChallengeType::Dns01,
+    };
+    if offered.contains(&want) {
+        Ok(want)
+    } else {
+        Err(RelayError::permanent(format!(
+            "the upstream offers no {want:?} challenge for {identifier} (offered: {offered:?})"
+        )))
+    }
+}
+
+/// The error of an order that turned invalid: the CA's own detail.
+fn order_invalid(order: &mut Order) -> RelayError {
+    let state = order.state();
+    let mut e = RelayError::permanent(match &state.error {
+        Some(p) => format!("the upstream order is invalid: {p}"),
+        None => "the upstream order is invalid".to_owned(),
+    });
+    e.problem_type = state.error.as_ref().and_then(|p| p.r#type.clone());
+    e
+}
+
+/// Classifies a polling error, treating an order that turned invalid as
+/// permanent whatever the error said.
+fn polled(order: &mut Order, e: &instant_acme::Error, doing: &str) -> RelayError {
+    if order.state().status == OrderStatus::Invalid {
+        return order_invalid(order);
+    }
+    classify(e).context(doing)
+}
+
+fn upstream_identifier(id: &Identifier) -> Result<instant_acme::Identifier, RelayError> {
+    match id.kind.as_str() {
+        "dns" => Ok(instant_acme::Identifier::Dns(id.value.clone())),
+        "ip" => id
+            .value
+            .parse()
+            .map(instant_acme::Identifier::Ip)
+            .map_err(|_| RelayError::permanent(format!("{:?} is not an IP address", id.value))),
+        other => Err(RelayError::permanent(format!(
+            "identifier type {other:?} cannot be relayed"
+        ))),
+    }
+}
+
+/// Reads a PKCS#8 PEM key.
+fn read_key(path: &Path) -> Result<rustls::pki_types::PrivatePkcs8KeyDer<'static>, String> {
+    let text = std::fs::read(path)
+        .map_err(|e| format!("reading the upstream account key {}: {e}", path.display()))?;
+    let block = pem::parse(&text).map_err(|e| {
+        format!(
+            "the upstream account key {} is not PEM: {e}",
+            path.display()
+        )
+    })?;
+    if block.tag() != "PRIVATE KEY" {
+        return Err(format!(
+            "the upstream account key {} must be a PKCS#8 \"PRIVATE KEY\" PEM, not {:?}",
+            path.display(),
+            block.tag()
+        ));
+    }
+    Ok(block.into_contents().into())
+}
+
+/// Writes a new PKCS#8 key PEM readable by the owner only (0600), in a
+/// directory only the owner can enter.
+fn write_key(path: &Path, pkcs8: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    let text = pem::encode(&pem::Pem::new("PRIVATE KEY", pkcs8.to_vec()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("creating {}: {e}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// External account binding credentials for registration (RFC 8555 §7.3.4).
+#[derive(Debug)]
+pub struct Eab {
+    pub kid: String,
+    /// The decoded MAC key; never logged.
+    pub hmac_key: Vec<u8>,
+}
+
+/// A registered upstream account.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub account_url: String,
+    pub key_thumbprint: String,
+    pub key_path: PathBuf,
+    pub key_created: bool,
+}
+
+/// Registers (or finds, for an existing key) the upstream account of a
+/// relay profile. With no key file, a P-256 key is made and written 0600;
+/// with one, the same key is registered again (the upstream answers with
+/// the existing account).
+pub async fn register(
+    profile: &str,
+    config: &RelayConfig,
+    data_dir: &Path,
+    eab: Option<&Eab>,
+) -> Result<Registered, String> {
+    let key_path = config.account_key_path(data_dir, profile);
+    let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout)?;
+    let builder = Account::builder_with_http(Box::new(http));
+    let contact: Vec<&str> = config.contact.iter().map(String::as_str).collect();
+    let upstream_error = |e: instant_acme::Error| {
+        format!(
+            "the upstream CA at {} refused or could not be reached: {e}",
+            config.directory
+        )
+    };
+    if key_path.exists() {
+        if eab.is_some() {
+            return Err(format!(
+                "{} already exists; a registration with external account binding creates a new key: move the file away first",
+                key_path.display()
+            ));
+        }
+        let pkcs8 = read_key(&key_path)?;
+        let key = instant_acme::Key::from_pkcs8_der(pkcs8.clone_key())
+            .map_err(|e| format!("the upstream account key is unusable: {e}"))?;
+        let (account, _) = builder
+            .create_from_key(
+                (key, rustls::pki_types::PrivateKeyDer::Pkcs8(pkcs8)),
+                config.directory.clone(),
+            )
+            .await
+            .map_err(upstream_error)?;
+        return Ok(Registered {
+            account_url: account.id().to_owned(),
+            key_thumbprint: account.key_thumbprint().to_owned(),
+            key_path,
+            key_created: false,
+        });
+    }
+    let eab_key = eab.map(|e| instant_acme::ExternalAccountKey::new(e.kid.clone(), &e.hmac_key));
+    let (account, credentials) = builder
+        .create(
+            &NewAccount {
+                contact: &contact,
+                terms_of_service_agreed: true,
+                only_return_existing: false,
+            },
+            config.directory.clone(),
+            eab_key.as_ref(),
+        )
+        .await
+        .map_err(upstream_error)?;
+    write_key(&key_path, credentials.private_key().secret_pkcs8_der())?;
+    Ok(Registered {
+        account_url: account.id().to_owned(),
+        key_thumbprint: account.key_thumbprint().to_owned(),
+        key_path,
+        key_created: true,
+    })
+}
+
+/// How long an attempt may take beyond its own budget to record the outcome.
+pub const SETTLE_MARGIN: Duration = Duration::from_secs(15);
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn no_challenge_of_the_strategys_type_is_permanent_and_there_is_no_fallback() {
+        let offered = [ChallengeType::Http01, ChallengeType::TlsAlpn01];
+        let e = pick_challenge(RelayStrategy::Dns01, false, "a.test", &offered).unwrap_err();
+        assert!(e.is_permanent());
+        assert!(e.detail.contains("Dns01"), "{}", e.detail);
+        let e = pick_challenge(
+            RelayStrategy::Http01,
+            false,
+            "a.test",
+            &[ChallengeType::Dns01],
+        )
+        .unwrap_err();
+        assert!(e.is_permanent());
+    }
+
+    #[test]
+    fn a_wildcard_with_http01_is_permanent_and_names_dns01() {
+        let offered = [ChallengeType::Http01, ChallengeType::Dns01];
+        let e = pick_challenge(RelayStrategy::Http01, true, "*.a.test", &offered).unwrap_err();
+        assert!(e.is_permanent());
+        assert!(e.detail.contains("dns01"), "{}", e.detail);
+    }
+
+    #[test]
+    fn bypass_takes_the_first_challenge_offered() {
+        let offered = [ChallengeType::TlsAlpn01, ChallengeType::Http01];
+        assert_eq!(
+            pick_challenge(RelayStrategy::Bypass, true, "*.a.test", &offered).unwrap(),
+            ChallengeType::TlsAlpn01
+        );
+        assert!(
+            pick_challenge(RelayStrategy::Bypass, false, "a.test", &[])
+                .unwrap_err()
+                .is_permanent()
+        );
+    }
+
+    #[test]
+    fn the_account_key_file_is_written_owner_only_and_read_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("upstream").join("p.key");
+        let (_, pkcs8) = instant_acme::Key::generate_pkcs8().unwrap();
+        write_key(&path, pkcs8.secret_pkcs8_der()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            read_key(&path).unwrap().secret_pkcs8_der(),
+            pkcs8.secret_pkcs8_der()
+        );
+        // Never overwritten.
+        assert!(write_key(&path, pkcs8.secret_pkcs8_der()).is_err());
+    }
+}

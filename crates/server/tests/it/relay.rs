@@ -1,0 +1,1067 @@
+//! The relay signer against a real upstream ACME CA: Debian's Pebble, with
+//! its own TLS certificate that the relay is configured to trust, often
+//! behind the fault-injecting proxy of `upstream.rs`.
+//!
+//! Internal clients (instant-acme, certbot, lego) order from a relay
+//! profile; the relay obtains the certificate from Pebble with the
+//! profile's strategy (bypass, http01 served on our own root, dns01 through
+//! RFC 2136 updates to a real BIND), through faults, crashes and restarts.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use acme_proxy::clock::SystemClock;
+use acme_proxy::config::{Config, SignerConfig};
+use acme_proxy_store::{Store, StoreOptions};
+use instant_acme::{Account, Identifier, NewOrder, OrderStatus};
+use x509_parser::prelude::*;
+
+use crate::client;
+use crate::clients::{self, Ran};
+use crate::harness::{self, Bind, Dns, TestServer};
+use crate::upstream::{Fault, FaultProxy, Match, Pebble, PebbleOptions, TestPki};
+
+/// Pebble's newOrder path.
+const NEW_ORDER: &str = "order-plz";
+/// Pebble's finalize path.
+const FINALIZE: &str = "finalize-order";
+
+/// A relay profile named `name` whose upstream is `directory`, trusting
+/// the test PKI. Local validation is bypassed unless `extra_profile` says
+/// otherwise: these tests are about the upstream side.
+fn relay_profile(
+    name: &str,
+    directory: &str,
+    pki: &TestPki,
+    strategy: &str,
+    extra_profile: &str,
+    extra_signer: &str,
+) -> String {
+    format!(
+        "[profiles.{name}]\nchallenges = [\"http-01\", \"dns-01\"]\n{extra_profile}\n\n[profiles.{name}.signer]\ntype = \"relay\"\ndirectory = \"{directory}\"\ntrust_anchors = [\"{ca}\"]\nstrategy = \"{strategy}\"\npoll_interval = \"100ms\"\nrequest_timeout = \"2s\"\nattempt_budget = \"60s\"\n{extra_signer}\n",
+        ca = pki.ca_pem_path().display()
+    )
+}
+
+/// Bypassed local validation: only the upstream side is under test.
+const LOCAL_BYPASS: &str = "bypass = true";
+
+/// Fast retries, short leases: the server configuration of these tests.
+fn server_toml(data_dir: &Path, http_port: u16, dns: Option<&Dns>, profiles: &str) -> String {
+    TestServer::config_text(
+        data_dir,
+        http_port,
+        dns,
+        &format!(
+            "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"1s\"\nlease = \"2s\"\npoll_interval = \"100ms\"\n\n{profiles}"
+        ),
+    )
+}
+
+/// Registers the upstream account of every relay profile, as an operator
+/// does once with `acme-proxy upstream register`.
+async fn register_upstream_accounts(toml: &str) {
+    let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    std::fs::create_dir_all(&config.data_dir).expect("data dir");
+    let store = Store::open(&config.database_url(), &StoreOptions::default())
+        .await
+        .expect("open the database");
+    for (name, p) in &config.profiles {
+        if matches!(p.signer, SignerConfig::Relay(_)) {
+            acme_proxy::ops::register_upstream(&store, &SystemClock, &config, Some(name), None)
+                .await
+                .unwrap_or_else(|e| panic!("registering {name} upstream: {e}"));
+        }
+    }
+    store.close().await;
+}
+
+/// Registers, then starts a server from `toml` (whose data_dir is `dir`).
+async fn start_relay(dir: tempfile::TempDir, toml: &str) -> TestServer {
+    register_upstream_accounts(toml).await;
+    TestServer::start_in(dir, toml).await
+}
+
+/// One relayed issuance as the client saw it.
+struct Relayed {
+    order_url: String,
+    /// Every order status the client saw after finalize, in order.
+    seen: Vec<OrderStatus>,
+    /// The chain, or the order's error.
+    result: Result<String, String>,
+    finalize_to_end: Duration,
+}
+
+impl Relayed {
+    fn chain(&self) -> &str {
+        match &self.result {
+            Ok(chain) => chain,
+            Err(e) => panic!(
+                "the relayed order failed: {e} (statuses seen: {:?})",
+                self.seen
+            ),
+        }
+    }
+
+    fn local_id(&self) -> String {
+        self.order_url
+            .rsplit('/')
+            .next()
+            .expect("order id")
+            .to_owned()
+    }
+}
+
+/// Orders `names`, answers the local challenges (the profile bypasses
+/// validation, or the names' first offered challenge is enough), finalizes
+/// and polls until the order is valid or invalid, recording what it saw.
+async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Relayed {
+    let ids: Vec<Identifier> = names
+        .iter()
+        .map(|n| Identifier::Dns((*n).to_owned()))
+        .collect();
+    let mut order = account
+        .new_order(&NewOrder::new(&ids))
+        .await
+        .expect("new order");
+    let mut auths = order.authorizations();
+    while let Some(a) = auths.next().await {
+        let mut a = a.expect("authorization");
+        let kind = a.challenges[0].r#type.clone();
+        a.challenge(kind)
+            .expect("challenge")
+            .set_ready()
+            .await
+            .expect("trigger");
+    }
+    let status = order.poll_ready(&client::retry()).await.expect("ready");
+    assert_eq!(status, OrderStatus::Ready);
+    let started = Instant::now();
+    order.finalize().await.expect("finalize answers");
+    let mut seen = vec![order.state().status];
+    let deadline = started + within;
+    let result = loop {
+        match order.state().status {
+            OrderStatus::Valid => {
+                break Ok(order.certificate().await.expect("download").expect("chain"));
+            }
+            OrderStatus::Invalid => {
+                break Err(format!("{:?}", order.state().error));
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            break Err(format!("still {:?} after {within:?}", order.state().status));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let status = order.refresh().await.expect("poll the order").status;
+        if seen.last() != Some(&status) {
+            seen.push(status);
+        }
+    };
+    Relayed {
+        order_url: order.url().to_owned(),
+        seen,
+        result,
+        finalize_to_end: started.elapsed(),
+    }
+}
+
+/// The issuer (raw DER name) of the first certificate of a PEM chain, and
+/// its DNS SANs.
+fn leaf_of(chain: &str) -> (Vec<u8>, Vec<String>, Vec<u8>) {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).expect("chain PEM");
+    let cert = pem.parse_x509().expect("leaf parses");
+    let sans = cert
+        .subject_alternative_name()
+        .expect("SAN")
+        .map(|s| {
+            s.value
+                .general_names
+                .iter()
+                .filter_map(|g| match g {
+                    GeneralName::DNSName(n) => Some((*n).to_owned()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (
+        cert.issuer().as_raw().to_vec(),
+        sans,
+        cert.raw_serial().to_vec(),
+    )
+}
+
+/// The subject (raw DER name) of a PEM certificate.
+fn subject_of(pem_text: &str) -> Vec<u8> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_text.as_bytes()).expect("PEM");
+    let cert = pem.parse_x509().expect("certificate parses");
+    cert.subject().as_raw().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbles_chain() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("certbot") || !harness::require_program("lego") {
+        return;
+    }
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let intermediate = subject_of(&pebble.intermediate_pem().await);
+    // Clients prove control to us for real (http-01 to their standalone
+    // servers); the relay's upstream trusts its account (bypass).
+    let port = harness::free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile("default", &pebble.directory_url(), &pki, "bypass", "", "")
+        .replace(
+            "challenges = [\"http-01\", \"dns-01\"]",
+            "challenges = [\"http-01\"]",
+        );
+    let toml = server_toml(dir.path(), port, Some(&dns), &profiles)
+        .replace("timeout = \"5s\"", "timeout = \"10s\"");
+    let server = start_relay(dir, &toml).await;
+    let directory = server.directory("default");
+
+    let home = tempfile::tempdir().expect("tempdir");
+    let d = home.path().to_path_buf();
+    let name = "relay-certbot.example.test";
+    let mut args = clients::certbot_common(&d, &directory);
+    args.extend(
+        [
+            "certonly",
+            "--standalone",
+            "--http-01-port",
+            &port.to_string(),
+            "--http-01-address",
+            "127.0.0.1",
+            "-d",
+            name,
+        ]
+        .map(str::to_owned),
+    );
+    let ran: Ran = clients::run("certbot", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "certbot through the relay failed\n{}\n{}\n--- pebble ---\n{}",
+        ran.report(),
+        clients::certbot_log_tail(&d),
+        pebble.log()
+    );
+    let cert = d.join("conf/live").join(name).join("cert.pem");
+    let leaf = clients::leaf(&cert, &|| ran.report());
+    assert_eq!(leaf.sans, vec![name.to_owned()]);
+    assert_eq!(
+        leaf.issuer, intermediate,
+        "certbot's certificate was not issued by Pebble ({})",
+        leaf.issuer_text
+    );
+
+    let home = tempfile::tempdir().expect("tempdir");
+    let d = home.path().to_path_buf();
+    let name = "relay-lego.example.test";
+    let args: Vec<String> = [
+        "--server",
+        &directory,
+        "--email",
+        "admin@example.test",
+        "--accept-tos",
+        "--path",
+        d.to_str().expect("utf-8"),
+        "--key-type",
+        "ec256",
+        "--http",
+        "--http.port",
+        &format!("127.0.0.1:{port}"),
+        "-d",
+        name,
+        "run",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let ran = clients::run("lego", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "lego through the relay failed\n{}\n--- pebble ---\n{}",
+        ran.report(),
+        pebble.log()
+    );
+    let cert = d.join("certificates").join(format!("{name}.crt"));
+    let leaf = clients::leaf(&cert, &|| ran.report());
+    assert_eq!(leaf.sans, vec![name.to_owned()]);
+    assert_eq!(
+        leaf.issuer, intermediate,
+        "lego's certificate is not Pebble's"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_route() {
+    let Some(dns) = Dns::start() else { return };
+    let pki = TestPki::new();
+    // Pebble really validates, fetching from our listener: names resolve to
+    // 127.0.0.1 through pebble-challtestsrv.
+    let port = harness::free_port();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: false,
+            http_port: port,
+            dns_server: Some(dns.addr),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &pebble.directory_url(),
+        &pki,
+        "http01",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles).replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(
+        &account,
+        &["relay-http.example.test"],
+        Duration::from_secs(60),
+    )
+    .await;
+    let (issuer, sans, _) = leaf_of(relayed.chain());
+    assert_eq!(sans, vec!["relay-http.example.test".to_owned()]);
+    assert_eq!(issuer, subject_of(&pebble.intermediate_pem().await));
+    assert!(
+        pebble.log().contains("/.well-known/acme-challenge/"),
+        "Pebble's log shows no http-01 fetch:\n{}",
+        pebble.log()
+    );
+
+    // A wildcard cannot be proved over http-01: the relay refuses it and
+    // says which strategy can, to the operator; the client gets a generic
+    // problem.
+    let relayed = relay_issue(&account, &["*.wild.example.test"], Duration::from_secs(30)).await;
+    let error = relayed
+        .result
+        .as_ref()
+        .expect_err("a wildcard over http01 must fail");
+    assert!(
+        !error.contains("dns01"),
+        "the client sees the operator's detail: {error}"
+    );
+    let audit = server
+        .running()
+        .authority
+        .store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let failed: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issue_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{audit:?}");
+    assert!(
+        failed[0].detail.as_deref().unwrap_or("").contains("dns01"),
+        "{:?}",
+        failed[0]
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns01_strategy_publishes_through_tsig_signed_updates_to_bind_and_obtains_a_wildcard() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    let secret = harness::tsig_secret();
+    let Some(bind) = Bind::start_dynamic("example.test", "acme-proxy-key", "hmac-sha256", &secret)
+    else {
+        return;
+    };
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: false,
+            dns_server: Some(bind.addr),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret_file = dir.path().join("tsig.secret");
+    std::fs::write(&secret_file, format!("{secret}\n")).expect("secret file");
+    let signer = format!(
+        "\n[profiles.default.signer.dns01]\nserver = \"{}\"\nzones = [\"example.test\"]\ntsig_key_name = \"acme-proxy-key\"\ntsig_algorithm = \"hmac-sha256\"\ntsig_secret_file = \"{}\"\nttl = 30\n",
+        bind.addr,
+        secret_file.display()
+    );
+    let profiles = relay_profile(
+        "default",
+        &pebble.directory_url(),
+        &pki,
+        "dns01",
+        LOCAL_BYPASS,
+        &signer,
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+
+    // The wildcard and its base name share one _acme-challenge RRset: watch
+    // it while the relay runs.
+    let record = "_acme-challenge.wild.example.test.";
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bind = Arc::new(bind);
+    let watcher = {
+        let stop = Arc::clone(&stop);
+        let bind = Arc::clone(&bind);
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(bind.txt(record).len());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            most
+        })
+    };
+    let relayed = relay_issue(
+        &account,
+        &["*.wild.example.test", "wild.example.test"],
+        Duration::from_secs(60),
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.join().expect("watcher");
+    let (issuer, mut sans, _) = leaf_of(relayed.chain());
+    sans.sort();
+    assert_eq!(
+        sans,
+        vec![
+            "*.wild.example.test".to_owned(),
+            "wild.example.test".to_owned()
+        ]
+    );
+    assert_eq!(issuer, subject_of(&pebble.intermediate_pem().await));
+    assert_eq!(
+        most, 2,
+        "both values (the wildcard's and the base name's) must be in the RRset at once"
+    );
+    // Every value this relay added is gone, and only those.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !bind.txt(record).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        bind.txt(record).is_empty(),
+        "left behind: {:?}",
+        bind.txt(record)
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns01_cleanup_removes_only_the_value_this_attempt_added() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    let secret = harness::tsig_secret();
+    let Some(bind) = Bind::start_dynamic("example.test", "k1", "hmac-sha512", &secret) else {
+        return;
+    };
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: false,
+            dns_server: Some(bind.addr),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    // Someone else's value already in the RRset (another order, another
+    // tool) must survive our cleanup.
+    let record = "_acme-challenge.shared.example.test.";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret_file = dir.path().join("tsig.secret");
+    std::fs::write(&secret_file, &secret).expect("secret file");
+    let status = std::process::Command::new("nsupdate")
+        .arg("-y")
+        .arg(format!("hmac-sha512:k1:{secret}"))
+        .stdin({
+            let input = format!(
+                "server 127.0.0.1 {}\nupdate add {record} 60 TXT \"someone-else\"\nsend\n",
+                bind.addr.port()
+            );
+            let path = dir.path().join("nsupdate.txt");
+            std::fs::write(&path, input).expect("nsupdate input");
+            std::fs::File::open(path).expect("nsupdate input")
+        })
+        .status();
+    if status.is_err() && !harness::require_program("nsupdate") {
+        return;
+    }
+    assert!(status.expect("nsupdate").success(), "nsupdate add");
+    assert_eq!(bind.txt(record), vec!["someone-else".to_owned()]);
+
+    let signer = format!(
+        "\n[profiles.default.signer.dns01]\nserver = \"{}\"\nzones = [\"example.test\"]\ntsig_key_name = \"k1\"\ntsig_algorithm = \"hmac-sha512\"\ntsig_secret_file = \"{}\"\n",
+        bind.addr,
+        secret_file.display()
+    );
+    let profiles = relay_profile(
+        "default",
+        &pebble.directory_url(),
+        &pki,
+        "dns01",
+        LOCAL_BYPASS,
+        &signer,
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let toml = toml.replace(
+        &format!("data_dir = \"{}\"", dir.path().display()),
+        &format!("data_dir = \"{}\"", dir2.path().display()),
+    );
+    let server = start_relay(dir2, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(&account, &["shared.example.test"], Duration::from_secs(60)).await;
+    relayed.chain();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bind.txt(record).len() > 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        bind.txt(record),
+        vec!["someone-else".to_owned()],
+        "cleanup must delete by value, not the whole RRset"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_profiles_to_two_pebbles_in_one_process_both_issue() {
+    let pki = TestPki::new();
+    let opts = || PebbleOptions {
+        always_valid: true,
+        ..PebbleOptions::default()
+    };
+    let (Some(alpha), Some(beta)) = (Pebble::start(&pki, opts()), Pebble::start(&pki, opts()))
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = format!(
+        "{}\n{}",
+        relay_profile(
+            "alpha",
+            &alpha.directory_url(),
+            &pki,
+            "bypass",
+            LOCAL_BYPASS,
+            ""
+        ),
+        relay_profile(
+            "beta",
+            &beta.directory_url(),
+            &pki,
+            "bypass",
+            LOCAL_BYPASS,
+            ""
+        )
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    for (profile, pebble) in [("alpha", &alpha), ("beta", &beta)] {
+        let account = client::account(&server.directory(profile)).await;
+        let name = format!("{profile}.example.test");
+        let relayed = relay_issue(&account, &[&name], Duration::from_secs(30)).await;
+        let (issuer, sans, _) = leaf_of(relayed.chain());
+        assert_eq!(sans, vec![name]);
+        assert_eq!(
+            issuer,
+            subject_of(&pebble.intermediate_pem().await),
+            "profile {profile} must issue from its own upstream"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_profile_without_an_upstream_account_stops_start_up_saying_what_to_run() {
+    let pki = TestPki::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "edge",
+        "https://127.0.0.1:9/dir",
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let config = Config::from_toml(&toml).expect("config");
+    let err = acme_proxy::server::start(config, Arc::new(SystemClock))
+        .await
+        .expect_err("start-up must refuse");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("acme-proxy upstream register --profile edge"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_register_creates_an_owner_only_key_once_and_show_and_orders_report_it() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &pebble.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let config_path = dir.path().join("acme-proxy.toml");
+    std::fs::write(&config_path, &toml).expect("config");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(harness::binary())
+            .args(args)
+            .arg("--config")
+            .arg(&config_path)
+            .env_remove("ACME_PROXY_CONFIG")
+            .output()
+            .expect("run acme-proxy");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, before, err) = cli(&["upstream", "show"]);
+    assert!(ok, "{err}");
+    assert!(
+        before.contains("upstream register --profile default"),
+        "{before}"
+    );
+
+    let (ok, out, err) = cli(&["upstream", "register"]);
+    assert!(ok, "register failed: {out}{err}");
+    assert!(out.contains("created the upstream account key"), "{out}");
+    let key = dir.path().join("upstream").join("default.key");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&key)
+        .expect("key file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the key file must be owner-only");
+    let (ok, shown, err) = cli(&["upstream", "show", "--json"]);
+    assert!(ok, "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+    let url = shown[0]["account_url"]
+        .as_str()
+        .expect("account URL")
+        .to_owned();
+    assert!(
+        url.starts_with(&format!("https://{}", pebble.addr)),
+        "{url}"
+    );
+
+    // Registering again keeps the key and finds the same account.
+    let key_before = std::fs::read(&key).expect("key");
+    let (ok, out, err) = cli(&["upstream", "register", "--profile", "default"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("created"), "{out}");
+    assert_eq!(std::fs::read(&key).expect("key"), key_before);
+    assert!(out.contains(&url), "{out}");
+
+    // The server starts on the recorded account and relays; the mapping is
+    // visible to operators.
+    let server = TestServer::start_in(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(&account, &["mapped.example.test"], Duration::from_secs(30)).await;
+    relayed.chain();
+    let (ok, listed, err) = cli(&["upstream", "orders", "--status", "valid", "--json"]);
+    assert!(ok, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("JSON");
+    let row = &listed[0];
+    assert_eq!(row["order"], relayed.local_id());
+    assert!(
+        row["upstream_order"]
+            .as_str()
+            .is_some_and(|u| u.starts_with(&format!("https://{}", pebble.addr))),
+        "{row}"
+    );
+    assert!(row["certificate_url"].is_string(), "{row}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_relayed_certificate_revokes_it_upstream_too() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(&account, &["revoked.example.test"], Duration::from_secs(30)).await;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(relayed.chain().as_bytes()).expect("PEM");
+    let der = rustls::pki_types::CertificateDer::from(pem.contents.clone());
+    account
+        .revoke(&instant_acme::RevocationRequest {
+            certificate: &der,
+            reason: Some(instant_acme::RevocationReason::KeyCompromise),
+        })
+        .await
+        .expect("revocation accepted");
+    let revokes: Vec<_> = proxy
+        .requests()
+        .into_iter()
+        .filter(|(m, p, _)| m == "POST" && p.contains("revoke-cert"))
+        .collect();
+    assert_eq!(revokes.len(), 1, "one upstream revocation: {revokes:?}");
+    assert_eq!(revokes[0].2, 200, "the upstream accepted it");
+    server.stop().await;
+}
+
+/// The relay profile of the fault tests: through `proxy`, short request
+/// timeout, a long attempt budget (so a hang that cost the budget would
+/// show).
+async fn fault_server(pki: &TestPki, proxy: &FaultProxy) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    start_relay(dir, &toml).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_faults_at_finalize_and_in_the_background_are_retried_and_the_order_ends_valid() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let server = fault_server(&pki, &proxy).await;
+    let account = client::account(&server.directory("default")).await;
+    let faults = [
+        Fault::Html502,
+        Fault::Unavailable503,
+        Fault::RateLimited429 {
+            retry_after_secs: 1,
+        },
+        Fault::Reset,
+        Fault::Hang,
+    ];
+    // newOrder is called inside the client's finalize request; finalize,
+    // the order and its authorizations are the job's (background) path.
+    let mut n = 0;
+    for path in [NEW_ORDER, FINALIZE, "my-order", "authZ"] {
+        for fault in faults
+            .iter()
+            .cloned()
+            .chain((path == FINALIZE).then_some(Fault::ResetAfterForward))
+        {
+            n += 1;
+            let applied = proxy.faults_applied();
+            proxy.inject(Match::PathContains(path), fault.clone());
+            let name = format!("fault{n}.example.test");
+            let relayed = relay_issue(&account, &[&name], Duration::from_secs(45)).await;
+            relayed.chain();
+            assert!(
+                !relayed.seen.contains(&OrderStatus::Invalid),
+                "{fault:?} on {path}: the client saw invalid: {:?}",
+                relayed.seen
+            );
+            assert_eq!(
+                proxy.faults_applied(),
+                applied + 1,
+                "{fault:?} on {path} was not exercised"
+            );
+            if fault == Fault::Hang {
+                // One request timeout (2 s) and a backoff, not the 60 s budget.
+                assert!(
+                    relayed.finalize_to_end < Duration::from_secs(15),
+                    "a hang on {path} cost {:?}",
+                    relayed.finalize_to_end
+                );
+            }
+            eprintln!(
+                "{fault:?} on {path}: valid after {:?}",
+                relayed.finalize_to_end
+            );
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_boots_and_takes_orders_while_the_upstream_answers_503() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    proxy.set_always(Match::Any, Some(Fault::Unavailable503));
+    let server = TestServer::start_in(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let order = tokio::spawn({
+        let account = account.clone();
+        async move { relay_issue(&account, &["outage.example.test"], Duration::from_secs(45)).await }
+    });
+    // The relay keeps retrying for a while; then the upstream comes back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(proxy.faults_applied() > 0, "the outage was not exercised");
+    proxy.set_always(Match::Any, None);
+    let relayed = order.await.expect("order task");
+    relayed.chain();
+    assert!(
+        !relayed.seen.contains(&OrderStatus::Invalid),
+        "{:?}",
+        relayed.seen
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stated_refusal_ends_the_order_invalid_after_exactly_one_abandon_with_the_reason_audited()
+{
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let server = fault_server(&pki, &proxy).await;
+    let account = client::account(&server.directory("default")).await;
+    proxy.inject(Match::PathContains(FINALIZE), Fault::Forbidden403);
+    let relayed = relay_issue(&account, &["refused.example.test"], Duration::from_secs(30)).await;
+    let error = relayed
+        .result
+        .as_ref()
+        .expect_err("a 403 is the CA's decision");
+    assert!(error.contains("serverInternal"), "{error}");
+    assert!(
+        !error.contains("upstream says no"),
+        "the client must not see the upstream's words: {error}"
+    );
+    let store = &server.running().authority.store;
+    let audit = store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let failed: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issue_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "exactly one abandon: {audit:?}");
+    assert!(
+        failed[0]
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("upstream says no"),
+        "{:?}",
+        failed[0]
+    );
+    assert!(failed[0].actor.starts_with("account:"), "{:?}", failed[0]);
+    let mapping = store
+        .upstream_order(&relayed.local_id())
+        .await
+        .expect("mapping")
+        .expect("row");
+    assert_eq!(mapping.status, "invalid");
+    assert!(
+        mapping
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("upstream says no")
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_authorization_turned_invalid_ends_the_order_invalid_with_the_cas_reason() {
+    let pki = TestPki::new();
+    // Pebble validates for real and fetches http-01 from a port where
+    // nothing listens: the upstream authorization turns invalid.
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: false,
+            http_port: harness::free_port(),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &pebble.directory_url(),
+        &pki,
+        "http01",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(
+        &account,
+        &["unreachable.example.test"],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(relayed.result.is_err(), "the order must end invalid");
+    let audit = server
+        .running()
+        .authority
+        .store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let failed: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issue_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{audit:?}");
+    let detail = failed[0].detail.as_deref().unwrap_or("");
+    assert!(detail.contains("Invalid"), "{detail}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let server = fault_server(&pki, &proxy).await;
+    let account = client::account(&server.directory("default")).await;
+    // The upstream is down for good: the relay keeps retrying.
+    proxy.set_always(Match::PathContains(NEW_ORDER), Some(Fault::Unavailable503));
+    let order = tokio::spawn({
+        let account = account.clone();
+        async move { relay_issue(&account, &["stuck.example.test"], Duration::from_secs(30)).await }
+    });
+    let store = server.running().authority.store.clone();
+    let job = {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let jobs = acme_proxy::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
+                .await
+                .expect("jobs");
+            if let Some(j) = jobs.into_iter().find(|j| j.attempts >= 2) {
+                break j;
+            }
+            assert!(Instant::now() < deadline, "the relay job never retried");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    acme_proxy::ops::cancel_job(&store, &SystemClock, job.id, "operator:alice")
+        .await
+        .expect("cancel");
+    let relayed = order.await.expect("order task");
+    assert!(relayed.result.is_err(), "cancelled relay must end invalid");
+    let audit = store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let failed: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issue_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{audit:?}");
+    assert_eq!(failed[0].actor, "operator:alice");
+    server.stop().await;
+}

@@ -1,0 +1,147 @@
+//! The audit trail: one insert-only row per issuance and per refusal, with
+//! who asked, from where, and why not (SYSTEM.md "Audit record").
+
+use acme_proxy_protocol::types::Identifier;
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::{Result, Store, StoreError, to_json};
+
+/// An audit record to write. Identifiers are a frozen copy: the row must
+/// say what was asked even after the order is deleted.
+#[derive(Clone, Debug, Default)]
+pub struct NewAuditRow<'a> {
+    pub at: i64,
+    pub event: &'a str,
+    pub outcome: &'a str,
+    pub profile: Option<&'a str>,
+    /// `account:<id>`, `operator:<name>` or `system`.
+    pub actor: &'a str,
+    pub account_id: Option<&'a str>,
+    pub order_id: Option<&'a str>,
+    pub serial: Option<&'a str>,
+    pub identifiers: Option<&'a [Identifier]>,
+    pub client_ip: Option<&'a str>,
+    pub reverse_name: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+    pub problem_type: Option<&'a str>,
+    /// Operator-only: never sent to a client.
+    pub detail: Option<&'a str>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    pub id: i64,
+    pub at: i64,
+    pub event: String,
+    pub outcome: String,
+    pub profile: Option<String>,
+    pub actor: String,
+    pub account_id: Option<String>,
+    pub order_id: Option<String>,
+    pub serial: Option<String>,
+    pub identifiers: Vec<Identifier>,
+    pub client_ip: Option<String>,
+    pub reverse_name: Option<String>,
+    pub user_agent: Option<String>,
+    pub request_id: Option<String>,
+    pub problem_type: Option<String>,
+    pub detail: Option<String>,
+}
+
+pub(crate) const INSERT_AUDIT: &str =
+    "INSERT INTO audit_log (at, event, outcome, profile, actor, account_id, order_id, serial,
+         identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+
+pub(crate) async fn insert_audit_in<'e, E>(executor: E, row: &NewAuditRow<'_>) -> Result<()>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
+{
+    sqlx::query(INSERT_AUDIT)
+        .bind(row.at)
+        .bind(row.event)
+        .bind(row.outcome)
+        .bind(row.profile)
+        .bind(row.actor)
+        .bind(row.account_id)
+        .bind(row.order_id)
+        .bind(row.serial)
+        .bind(row.identifiers.map(to_json))
+        .bind(row.client_ip)
+        .bind(row.reverse_name)
+        .bind(row.user_agent)
+        .bind(row.request_id)
+        .bind(row.problem_type)
+        .bind(row.detail)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+macro_rules! audit_columns {
+    () => {
+        "id, at, event, outcome, profile, actor, account_id, order_id, serial, identifiers, \
+         client_ip, reverse_name, user_agent, request_id, problem_type, detail"
+    };
+}
+
+fn audit_from_row(row: &SqliteRow) -> Result<AuditRow> {
+    let identifiers: Option<String> = row.try_get("identifiers")?;
+    Ok(AuditRow {
+        id: row.try_get("id")?,
+        at: row.try_get("at")?,
+        event: row.try_get("event")?,
+        outcome: row.try_get("outcome")?,
+        profile: row.try_get("profile")?,
+        actor: row.try_get("actor")?,
+        account_id: row.try_get("account_id")?,
+        order_id: row.try_get("order_id")?,
+        serial: row.try_get("serial")?,
+        identifiers: match identifiers {
+            Some(s) => serde_json::from_str(&s)
+                .map_err(|e| StoreError::Corrupt(format!("audit identifiers: {e}")))?,
+            None => Vec::new(),
+        },
+        client_ip: row.try_get("client_ip")?,
+        reverse_name: row.try_get("reverse_name")?,
+        user_agent: row.try_get("user_agent")?,
+        request_id: row.try_get("request_id")?,
+        problem_type: row.try_get("problem_type")?,
+        detail: row.try_get("detail")?,
+    })
+}
+
+impl Store {
+    pub async fn insert_audit(&self, row: &NewAuditRow<'_>) -> Result<()> {
+        insert_audit_in(&self.writer, row).await
+    }
+
+    /// The audit rows about one order, oldest first.
+    pub async fn audit_for_order(&self, order_id: &str) -> Result<Vec<AuditRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            audit_columns!(),
+            " FROM audit_log WHERE order_id = $1 ORDER BY id"
+        ))
+        .bind(order_id)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(audit_from_row).collect()
+    }
+
+    /// The newest audit rows, newest first, optionally of one event.
+    pub async fn audit_recent(&self, event: Option<&str>, limit: i64) -> Result<Vec<AuditRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            audit_columns!(),
+            " FROM audit_log WHERE ($1 IS NULL OR event = $1) ORDER BY id DESC LIMIT $2"
+        ))
+        .bind(event)
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(audit_from_row).collect()
+    }
+}
