@@ -181,8 +181,10 @@ impl Authority {
             return Ok((None, None));
         }
         let Some(ca) = profile.signer.local_ca() else {
+            // The relay's upstream client (instant-acme 0.8) cannot forward
+            // them, and accepting a window we cannot honour would mislead.
             return Err(AcmeError::malformed(
-                "this profile does not accept notBefore or notAfter",
+                "this profile relays to an upstream CA and cannot forward notBefore or notAfter; order without them",
             ));
         };
         let validity = ca.config().validity.as_secs() as i64;

@@ -90,6 +90,7 @@ impl Authority {
             ));
         }
         self.queue.wake(RELAY_KIND);
+        let mut retry_after = None;
         match relay.create_order(&order.identifiers).await {
             Ok(url) => {
                 self.store
@@ -107,17 +108,24 @@ impl Authority {
                         .await);
                 }
             }
-            Err(e) => tracing::warn!(
-                event = "relay.new_order",
-                outcome = "retry",
-                profile = %profile.name,
-                order = %order.id,
-                error = %e,
-                "the upstream newOrder failed transiently; the relay job will create it"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    event = "relay.new_order",
+                    outcome = "retry",
+                    profile = %profile.name,
+                    order = %order.id,
+                    error = %e,
+                    "the upstream newOrder failed transiently; the relay job will create it"
+                );
+                retry_after = e.retry_after;
+            }
         }
+        // Due now, or when the upstream asked us to come back (never later
+        // than the hold already set).
+        let now_ms = self.clock.unix_ms();
+        let due = now_ms + retry_after.map_or(0, |d| d.as_millis() as i64);
         self.store
-            .wake_job(RELAY_KIND, &order.id, self.clock.unix_ms())
+            .wake_job(RELAY_KIND, &order.id, due, now_ms)
             .await?;
         self.queue.nudge();
         tracing::info!(
@@ -392,10 +400,10 @@ impl Authority {
 
 /// The job outcome for an attempt's error.
 fn relay_outcome(e: RelayError) -> Outcome {
-    if e.is_permanent() {
-        Outcome::Failed(e.detail)
-    } else {
-        Outcome::Retry(e.detail)
+    match (e.is_permanent(), e.retry_after) {
+        (true, _) => Outcome::Failed(e.detail),
+        (false, Some(after)) => Outcome::RetryAfter(after, e.detail),
+        (false, None) => Outcome::Retry(e.detail),
     }
 }
 

@@ -76,6 +76,9 @@ pub enum Outcome {
     Done,
     /// Nobody decided anything (a timeout, a 503): try again after backoff.
     Retry(String),
+    /// As `Retry`, but not sooner than this (the other side said when,
+    /// e.g. `Retry-After` on a 429).
+    RetryAfter(Duration, String),
     /// Somebody decided no: retire the job now and run `abandon`.
     Failed(String),
     /// Done for now; run again at this time (periodic work). Attempts reset.
@@ -583,7 +586,7 @@ impl Runner {
                     .retire(handler, job, RetireReason::Failed(reason.clone()))
                     .await;
             }
-            Outcome::Retry(reason) => {
+            Outcome::Retry(reason) | Outcome::RetryAfter(_, reason) => {
                 if job.attempts >= job.max_attempts {
                     let reason = RetireReason::AttemptsExhausted {
                         attempts: job.attempts,
@@ -592,7 +595,10 @@ impl Runner {
                     return self.retire(handler, job, reason).await;
                 }
                 let cfg = &self.queue.config;
-                let delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
+                let mut delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
+                if let Outcome::RetryAfter(at_least, _) = &outcome {
+                    delay = delay.max(*at_least);
+                }
                 let mut next = now + delay.as_millis() as i64;
                 // Waiting past the deadline is pointless: come back at the
                 // deadline, to be retired then.

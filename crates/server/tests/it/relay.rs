@@ -837,6 +837,14 @@ async fn upstream_faults_at_finalize_and_in_the_background_are_retried_and_the_o
                 applied + 1,
                 "{fault:?} on {path} was not exercised"
             );
+            if matches!(fault, Fault::RateLimited429 { .. }) {
+                // Retry-After: 1 is honoured, wherever the 429 came from.
+                assert!(
+                    relayed.finalize_to_end >= Duration::from_secs(1),
+                    "a 429 with Retry-After: 1 on {path} was retried after {:?}",
+                    relayed.finalize_to_end
+                );
+            }
             if fault == Fault::Hang {
                 // One request timeout (2 s) and a backoff, not the 60 s budget.
                 assert!(
@@ -1063,5 +1071,218 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
         .collect();
     assert_eq!(failed.len(), 1, "{audit:?}");
     assert_eq!(failed[0].actor, "operator:alice");
+    server.stop().await;
+}
+
+/// Orders `names` and brings it to ready (local validation bypassed).
+async fn ready_order(account: &Account, name: &str) -> instant_acme::Order {
+    let ids = [Identifier::Dns(name.to_owned())];
+    let mut order = account
+        .new_order(&NewOrder::new(&ids))
+        .await
+        .expect("new order");
+    let mut auths = order.authorizations();
+    while let Some(a) = auths.next().await {
+        let mut a = a.expect("authorization");
+        let kind = a.challenges[0].r#type.clone();
+        a.challenge(kind)
+            .expect("challenge")
+            .set_ready()
+            .await
+            .expect("trigger");
+    }
+    let status = order.poll_ready(&client::retry()).await.expect("ready");
+    assert_eq!(status, OrderStatus::Ready);
+    order
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_none_left_processing()
+{
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    // The proxy only counts: every upstream finalize passes through it.
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let port = harness::free_port();
+    // Few relays at once and a slow poll, so that kills land mid-flight.
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    )
+    .replace("poll_interval = \"100ms\"", "poll_interval = \"300ms\"");
+    let toml = server_toml(&data, harness::free_port(), None, &profiles)
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace("[jobs]\n", "[jobs]\nconcurrency = 4\n");
+    register_upstream_accounts(&toml).await;
+    let config_path = dir.path().join("acme-proxy.toml");
+    std::fs::write(&config_path, &toml).expect("config");
+    let args = ["serve", "--config", config_path.to_str().expect("utf-8")];
+    let (mut child, directory) = harness::spawn_binary(dir.path(), &args, &[]);
+
+    let account = client::account(&directory).await;
+    let mut ready = Vec::new();
+    for i in 0..50 {
+        ready.push(ready_order(&account, &format!("crash{i}.example.test")).await);
+    }
+    let mut finalizing = tokio::task::JoinSet::new();
+    for mut order in ready {
+        finalizing.spawn(async move {
+            order.finalize().await.expect("finalize");
+            assert_ne!(order.state().status, OrderStatus::Invalid);
+            order.url().to_owned()
+        });
+    }
+    let urls: Vec<String> = finalizing.join_all().await;
+    assert_eq!(urls.len(), 50);
+
+    let database = Config::from_toml(&toml).expect("config").database_url();
+    let mut interrupted = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        drop(child); // SIGKILL
+        let store = Store::open(&database, &StoreOptions::default())
+            .await
+            .expect("open");
+        interrupted.push(
+            store
+                .upstream_orders(Some("processing"), 100)
+                .await
+                .expect("mapping rows")
+                .len(),
+        );
+        store.close().await;
+        child = harness::spawn_binary(dir.path(), &args, &[]).0;
+    }
+    let restarted = Instant::now();
+    assert!(
+        interrupted[0] > 0,
+        "the first kill found no relay in flight; the test proves nothing"
+    );
+
+    let deadline = restarted + Duration::from_secs(90);
+    let mut pending: Vec<String> = urls.clone();
+    while !pending.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} orders not valid 90 s after the last restart",
+            pending.len()
+        );
+        let mut still = Vec::new();
+        for url in pending {
+            let order = account.order(url.clone()).await.expect("poll");
+            let mut order = order;
+            match order.state().status {
+                OrderStatus::Valid => {}
+                OrderStatus::Invalid => panic!("order {url} ended invalid"),
+                _ => still.push(url),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let all_valid_after = restarted.elapsed();
+    eprintln!(
+        "in flight at each kill: {interrupted:?}; all 50 valid {all_valid_after:?} after the last restart"
+    );
+
+    // Each upstream order was finalized exactly once: a re-attempt re-reads
+    // the upstream order and never finalizes it again.
+    let finalizes: Vec<(String, String, u16)> = proxy
+        .requests()
+        .into_iter()
+        .filter(|(m, p, _)| m == "POST" && p.contains(FINALIZE))
+        .collect();
+    let accepted = finalizes.iter().filter(|(_, _, s)| *s == 200).count();
+    assert_eq!(accepted, 50, "upstream finalizes: {finalizes:?}");
+    let mut paths: Vec<&str> = finalizes.iter().map(|(_, p, _)| p.as_str()).collect();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths.len(), 50, "an upstream order was finalized twice");
+
+    drop(child);
+    let store = Store::open(&database, &StoreOptions::default())
+        .await
+        .expect("open");
+    let rows = store.upstream_orders(None, 1000).await.expect("rows");
+    assert_eq!(rows.len(), 50, "a relay was lost");
+    assert!(
+        rows.iter().all(|r| r.status == "valid"),
+        "{:?}",
+        rows.iter().map(|r| &r.status).collect::<Vec<_>>()
+    );
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_relay_latency_and_upstream_requests_per_issuance_over_fifty_orders() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let server = fault_server(&pki, &proxy).await;
+    let account = client::account(&server.directory("default")).await;
+    // Warm the relay's account (the directory is fetched on first use).
+    relay_issue(&account, &["warm.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
+    let before = proxy.requests().len();
+    let mut streams = tokio::task::JoinSet::new();
+    for s in 0..5 {
+        let account = account.clone();
+        streams.spawn(async move {
+            let mut took = Vec::new();
+            for i in 0..10 {
+                let name = format!("latency{s}-{i}.example.test");
+                let relayed = relay_issue(&account, &[&name], Duration::from_secs(30)).await;
+                relayed.chain();
+                took.push(relayed.finalize_to_end);
+            }
+            took
+        });
+    }
+    let mut took: Vec<Duration> = streams.join_all().await.into_iter().flatten().collect();
+    took.sort();
+    let requests = proxy.requests().len() - before;
+    let median = took[took.len() / 2];
+    let per_issuance = requests as f64 / 50.0;
+    eprintln!(
+        "bypass relay, 50 orders (5 streams): finalize→valid median {median:?}, p90 {:?}, max {:?}; {per_issuance:.1} upstream requests per issuance",
+        took[took.len() * 9 / 10],
+        took[took.len() - 1]
+    );
+    // An issuance is newNonce, newOrder, the order, one authorization, the
+    // challenge, polls, finalize, the certificate: a dozen requests, not a
+    // retry storm.
+    assert!(
+        per_issuance <= 16.0,
+        "{per_issuance} upstream requests per issuance"
+    );
+    assert!(median < Duration::from_secs(5), "median {median:?}");
     server.stop().await;
 }

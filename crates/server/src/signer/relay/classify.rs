@@ -20,6 +20,8 @@ pub struct RelayError {
     pub detail: String,
     /// The upstream's problem type, when it stated one.
     pub problem_type: Option<String>,
+    /// When the upstream asked us to come back (429/503 `Retry-After`).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl RelayError {
@@ -28,6 +30,7 @@ impl RelayError {
             class: Class::Retryable,
             detail: detail.into(),
             problem_type: None,
+            retry_after: None,
         }
     }
 
@@ -36,6 +39,7 @@ impl RelayError {
             class: Class::Permanent,
             detail: detail.into(),
             problem_type: None,
+            retry_after: None,
         }
     }
 
@@ -101,10 +105,17 @@ pub fn classify(e: &instant_acme::Error) -> RelayError {
         E::Api(p) => p.r#type.clone(),
         _ => None,
     };
+    let retry_after = match e {
+        E::Other(inner) => inner
+            .downcast_ref::<super::http::UpstreamBusy>()
+            .map(|busy| busy.retry_after),
+        _ => None,
+    };
     RelayError {
         class,
         detail: e.to_string(),
         problem_type,
+        retry_after,
     }
 }
 
@@ -143,6 +154,18 @@ mod tests {
             class(instant_acme::Error::InvalidUri(bad_uri)),
             Class::Retryable
         );
+    }
+
+    #[test]
+    fn a_rate_limit_with_retry_after_is_retried_no_sooner_than_asked() {
+        let busy = super::super::http::UpstreamBusy {
+            status: 429,
+            retry_after: std::time::Duration::from_secs(7),
+            body: "{\"type\":\"urn:ietf:params:acme:error:rateLimited\"}".into(),
+        };
+        let e = classify(&instant_acme::Error::Other(Box::new(busy)));
+        assert_eq!(e.class, Class::Retryable);
+        assert_eq!(e.retry_after, Some(std::time::Duration::from_secs(7)));
     }
 
     #[test]

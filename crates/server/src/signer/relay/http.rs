@@ -31,6 +31,29 @@ impl std::fmt::Debug for UpstreamHttp {
     }
 }
 
+/// A 429 or 503 that says when to come back (`Retry-After`, RFC 9110
+/// §10.2.3): surfaced as its own error so the relay job waits that long
+/// instead of its usual backoff.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream answered {status} and asks to retry after {retry_after:?}: {body}")]
+pub struct UpstreamBusy {
+    pub status: u16,
+    pub retry_after: Duration,
+    /// The start of the body (a problem document's detail, an HTML page).
+    pub body: String,
+}
+
+/// The delay of a `Retry-After` header in seconds (the HTTP-date form is
+/// not used by ACME CAs and is ignored).
+fn retry_after(parts: &http::response::Parts) -> Option<Duration> {
+    let value = parts
+        .headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
 /// A request that did not finish within its timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("the upstream did not answer within {0:?}")]
@@ -116,6 +139,14 @@ impl HttpClient for UpstreamHttp {
                     .await
                     .map_err(|e| instant_acme::Error::Other(Box::new(e)))?
                     .to_bytes();
+                let status = parts.status.as_u16();
+                if let (429 | 503, Some(delay)) = (status, retry_after(&parts)) {
+                    return Err(instant_acme::Error::Other(Box::new(UpstreamBusy {
+                        status,
+                        retry_after: delay,
+                        body: String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(),
+                    })));
+                }
                 Ok(BytesResponse::from(http::Response::from_parts(
                     parts,
                     Full::new(body),
