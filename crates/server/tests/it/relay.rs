@@ -347,11 +347,40 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
     let (issuer, sans, _) = leaf_of(relayed.chain());
     assert_eq!(sans, vec!["relay-http.example.test".to_owned()]);
     assert_eq!(issuer, subject_of(&pebble.intermediate_pem().await));
-    assert!(
-        pebble.log().contains("/.well-known/acme-challenge/"),
-        "Pebble's log shows no http-01 fetch:\n{}",
-        pebble.log()
-    );
+    let log = pebble.log();
+    let token = log
+        .split("/.well-known/acme-challenge/")
+        .nth(1)
+        .and_then(|rest| {
+            rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                .next()
+        })
+        .unwrap_or_else(|| panic!("Pebble's log shows no http-01 fetch:\n{log}"))
+        .to_owned();
+    // Retracted once the upstream authorization was terminal.
+    let (status, _, _) = crate::flow::reqwest_get(&format!(
+        "{}/.well-known/acme-challenge/{token}",
+        server.base()
+    ))
+    .await;
+    assert_eq!(status, 404, "token {token} is still published");
+    // The issuance is audited, attributed to the account that asked, with
+    // where the request came from.
+    let audit = server
+        .running()
+        .authority
+        .store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let issued: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issued")
+        .collect();
+    assert_eq!(issued.len(), 1, "{audit:?}");
+    assert!(issued[0].actor.starts_with("account:"), "{:?}", issued[0]);
+    assert_eq!(issued[0].client_ip.as_deref(), Some("127.0.0.1"));
+    assert!(issued[0].request_id.is_some() && issued[0].serial.is_some());
 
     // A wildcard cannot be proved over http-01: the relay refuses it and
     // says which strategy can, to the operator; the client gets a generic
@@ -1284,5 +1313,170 @@ async fn bypass_relay_latency_and_upstream_requests_per_issuance_over_fifty_orde
         "{per_issuance} upstream requests per issuance"
     );
     assert!(median < Duration::from_secs(5), "median {median:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_register_with_external_account_binding_reads_the_key_from_a_file_or_stdin() {
+    use base64::Engine;
+    let pki = TestPki::new();
+    let hmac = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([7u8; 32]);
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            eab: Some(("kid-1".to_owned(), hmac.clone())),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &pebble.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let config_path = dir.path().join("acme-proxy.toml");
+    std::fs::write(&config_path, &toml).expect("config");
+    let cli = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(harness::binary())
+            .args(args)
+            .arg("--config")
+            .arg(&config_path)
+            .env_remove("ACME_PROXY_CONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run acme-proxy");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
+        let out = child.wait_with_output().expect("wait");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    // Without EAB the upstream refuses, and nothing is recorded.
+    let (ok, out) = cli(&["upstream", "register"], "");
+    assert!(!ok, "registration without EAB must fail: {out}");
+    assert!(out.contains("externalAccount"), "{out}");
+    std::fs::remove_file(dir.path().join("upstream").join("default.key")).ok();
+    // A wrong MAC key is refused too.
+    let (ok, out) = cli(
+        &["upstream", "register", "--eab-kid", "kid-1", "--eab-hmac-key-file", "-"],
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([8u8; 32]),
+    );
+    assert!(!ok, "a wrong EAB key must fail: {out}");
+    std::fs::remove_file(dir.path().join("upstream").join("default.key")).ok();
+    // The right key, from stdin: registered.
+    let (ok, out) = cli(
+        &["upstream", "register", "--eab-kid", "kid-1", "--eab-hmac-key-file", "-"],
+        &format!("{hmac}\n"),
+    );
+    assert!(ok, "EAB registration failed: {out}");
+    assert!(out.contains("is registered at"), "{out}");
+    assert!(!out.contains(&hmac), "the secret was echoed: {out}");
+    // And the server relays with that account.
+    let server = TestServer::start_in(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    relay_issue(&account, &["eab.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_completes_once_it_is() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "",
+    );
+    // One address for all three starts: the client's URLs must stay valid.
+    let listen = format!("listen = \"127.0.0.1:{}\"", harness::free_port());
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles)
+        .replace("listen = \"127.0.0.1:0\"", &listen);
+    register_upstream_accounts(&toml).await;
+
+    // The upstream is down while the client finalizes: the order is left
+    // processing with its job.
+    proxy.set_always(Match::Any, Some(Fault::Unavailable503));
+    let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let mut order = ready_order(&account, "unmounted.example.test").await;
+    order.finalize().await.expect("finalize");
+    assert_eq!(order.state().status, OrderStatus::Processing);
+    let order_url = order.url().to_owned();
+    let order_id = order_url.rsplit('/').next().expect("id").to_owned();
+    server.stop().await;
+
+    // Restarted without the relay profile (another profile instead): its
+    // job cannot find its backend and waits.
+    let unmounted = server_toml(data.path(), harness::free_port(), None, "[profiles.other]\n")
+        .replace("listen = \"127.0.0.1:0\"", &listen);
+    let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &unmounted).await;
+    let store = server.running().authority.store.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let job = loop {
+        let jobs = acme_proxy::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
+            .await
+            .expect("jobs");
+        let job = jobs.into_iter().find(|j| j.key == order_id).expect("the relay job");
+        if job.last_error.as_deref().is_some_and(|e| e.contains("not mounted")) {
+            break job;
+        }
+        assert!(Instant::now() < deadline, "never tried without its profile: {job:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(job.status, "queued", "retried, not failed: {job:?}");
+    let row = store.order(&order_id).await.expect("order").expect("row");
+    assert_eq!(row.status, "processing");
+    server.stop().await;
+
+    // Mounted again and the upstream back: the same order completes.
+    proxy.set_always(Match::Any, None);
+    let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &toml).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let order = account.order(order_url.clone()).await.expect("poll");
+        let mut order = order;
+        match order.state().status {
+            OrderStatus::Valid => break,
+            OrderStatus::Invalid => panic!("the order ended invalid: {:?}", order.state().error),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "the relay did not complete");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     server.stop().await;
 }

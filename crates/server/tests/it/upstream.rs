@@ -263,6 +263,9 @@ pub struct PebbleOptions {
     /// override them (e.g. `PEBBLE_WFE_NONCEREJECT=50` to test badNonce
     /// retries, `PEBBLE_CHAIN_LENGTH`).
     pub extra_env: Vec<(String, String)>,
+    /// Require external account binding with this key id and base64url
+    /// MAC key (`externalAccountMACKeys`).
+    pub eab: Option<(String, String)>,
 }
 
 impl Default for PebbleOptions {
@@ -275,6 +278,7 @@ impl Default for PebbleOptions {
             tls_port: free_port(),
             dns_server: None,
             extra_env: Vec::new(),
+            eab: None,
         }
     }
 }
@@ -319,7 +323,8 @@ impl Pebble {
             "httpPort": opts.http_port,
             "tlsPort": opts.tls_port,
             "ocspResponderURL": "",
-            "externalAccountBindingRequired": false,
+            "externalAccountBindingRequired": opts.eab.is_some(),
+            "externalAccountMACKeys": opts.eab.iter().map(|(k, v)| (k.clone(), serde_json::Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
         }});
         let config_path = dir.path().join("pebble-config.json");
         std::fs::write(&config_path, config.to_string()).expect("write the Pebble config");
