@@ -174,6 +174,11 @@ pub struct RelayConfig {
     /// this, then a backoff — not the whole attempt).
     #[serde(deserialize_with = "duration")]
     pub request_timeout: Duration,
+    /// Attempts of one relay before it is abandoned (the order's expiry
+    /// bounds it too). Higher than `[jobs] max_attempts` by default: with
+    /// the backoff cap, 200 attempts ride out more than a day of upstream
+    /// outage instead of half an hour.
+    pub max_attempts: u32,
     /// dns01: wait this long after publishing before telling the upstream.
     #[serde(deserialize_with = "duration")]
     pub propagation_wait: Duration,
@@ -237,6 +242,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             attempt_budget: Duration::from_secs(300),
             request_timeout: Duration::from_secs(10),
+            max_attempts: 200,
             propagation_wait: Duration::ZERO,
             dns01: None,
         }
@@ -374,6 +380,11 @@ fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError> {
             ));
         }
         _ => {}
+    }
+    if r.max_attempts == 0 {
+        return invalid(format!(
+            "profiles.{name}.signer.max_attempts must be at least 1; write e.g. max_attempts = 200"
+        ));
     }
     if let Some(d) = &r.dns01 {
         if !TSIG_ALGORITHMS.contains(&d.tsig_algorithm.as_str()) {
@@ -730,6 +741,7 @@ mod tests {
         "profiles.edge.signer.attempt_budget",
         "profiles.edge.signer.request_timeout",
         "profiles.edge.signer.propagation_wait",
+        "profiles.edge.signer.max_attempts",
         "profiles.edge.signer.dns01.server",
         "profiles.edge.signer.dns01.zones",
         "profiles.edge.signer.dns01.tsig_key_name",

@@ -70,7 +70,7 @@ impl Authority {
             run_at: now_ms + hold.as_millis() as i64,
             // Past the order's expiry the client could never collect it.
             deadline: Some(order.expires_at * 1000),
-            max_attempts: i64::from(self.queue.config.max_attempts),
+            max_attempts: i64::from(relay.config.max_attempts),
         };
         let row = NewUpstreamOrder {
             order_id: &order.id,
@@ -496,6 +496,10 @@ impl JobHandler for RelayJobs {
                         .map_err(|e| e.to_string())?,
                 );
                 spec.deadline = time::OffsetDateTime::from_unix_timestamp(order.expires_at).ok();
+                spec.max_attempts = a
+                    .profile(&m.profile)
+                    .and_then(|p| p.signer.relay())
+                    .map(|r| r.config.max_attempts);
                 if let acme_proxy_store::Enqueued::Queued(_) =
                     queue.enqueue(spec).await.map_err(|e| e.to_string())?
                 {

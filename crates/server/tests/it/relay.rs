@@ -1085,6 +1085,10 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
+    assert_eq!(
+        job.max_attempts, 200,
+        "relays ride out long outages by default"
+    );
     acme_proxy::ops::cancel_job(&store, &SystemClock, job.id, "operator:alice")
         .await
         .expect("cancel");
@@ -1378,14 +1382,28 @@ async fn upstream_register_with_external_account_binding_reads_the_key_from_a_fi
     std::fs::remove_file(dir.path().join("upstream").join("default.key")).ok();
     // A wrong MAC key is refused too.
     let (ok, out) = cli(
-        &["upstream", "register", "--eab-kid", "kid-1", "--eab-hmac-key-file", "-"],
+        &[
+            "upstream",
+            "register",
+            "--eab-kid",
+            "kid-1",
+            "--eab-hmac-key-file",
+            "-",
+        ],
         &base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([8u8; 32]),
     );
     assert!(!ok, "a wrong EAB key must fail: {out}");
     std::fs::remove_file(dir.path().join("upstream").join("default.key")).ok();
     // The right key, from stdin: registered.
     let (ok, out) = cli(
-        &["upstream", "register", "--eab-kid", "kid-1", "--eab-hmac-key-file", "-"],
+        &[
+            "upstream",
+            "register",
+            "--eab-kid",
+            "kid-1",
+            "--eab-hmac-key-file",
+            "-",
+        ],
         &format!("{hmac}\n"),
     );
     assert!(ok, "EAB registration failed: {out}");
@@ -1442,8 +1460,13 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
 
     // Restarted without the relay profile (another profile instead): its
     // job cannot find its backend and waits.
-    let unmounted = server_toml(data.path(), harness::free_port(), None, "[profiles.other]\n")
-        .replace("listen = \"127.0.0.1:0\"", &listen);
+    let unmounted = server_toml(
+        data.path(),
+        harness::free_port(),
+        None,
+        "[profiles.other]\n",
+    )
+    .replace("listen = \"127.0.0.1:0\"", &listen);
     let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &unmounted).await;
     let store = server.running().authority.store.clone();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1451,11 +1474,21 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
         let jobs = acme_proxy::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
             .await
             .expect("jobs");
-        let job = jobs.into_iter().find(|j| j.key == order_id).expect("the relay job");
-        if job.last_error.as_deref().is_some_and(|e| e.contains("not mounted")) {
+        let job = jobs
+            .into_iter()
+            .find(|j| j.key == order_id)
+            .expect("the relay job");
+        if job
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not mounted"))
+        {
             break job;
         }
-        assert!(Instant::now() < deadline, "never tried without its profile: {job:?}");
+        assert!(
+            Instant::now() < deadline,
+            "never tried without its profile: {job:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(job.status, "queued", "retried, not failed: {job:?}");
@@ -1478,5 +1511,62 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
         assert!(Instant::now() < deadline, "the relay did not complete");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_processing() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "bypass",
+        LOCAL_BYPASS,
+        "max_attempts = 3",
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    proxy.set_always(Match::PathContains(NEW_ORDER), Some(Fault::Html502));
+    let relayed = relay_issue(
+        &account,
+        &["exhausted.example.test"],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(relayed.result.is_err(), "the order must end invalid");
+    let audit = server
+        .running()
+        .authority
+        .store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let failed: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issue_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{audit:?}");
+    let detail = failed[0].detail.as_deref().unwrap_or("");
+    assert!(detail.contains("gave up after 3 attempts"), "{detail}");
+    // One newOrder inside finalize, then one per attempt.
+    let new_orders = proxy
+        .requests()
+        .iter()
+        .filter(|(m, p, _)| m == "POST" && p.contains(NEW_ORDER))
+        .count();
+    assert_eq!(new_orders, 4, "{:?}", proxy.requests());
     server.stop().await;
 }
