@@ -67,11 +67,34 @@ pub struct JobCounts {
 
 /// Queues a job unless its (kind, key) is live; returns the new id, or no
 /// row when it was already queued.
-pub(crate) const INSERT_JOB: &str =
+const INSERT_JOB: &str =
     "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
      VALUES ($1, $2, $3, 'queued', 0, $4, $5, $6, $7, $7)
      ON CONFLICT (kind, key) WHERE status IN ('queued', 'running', 'retiring') DO NOTHING
      RETURNING id";
+
+/// [`INSERT_JOB`] inside the caller's transaction (or on a pool): the job
+/// that belongs to a state change commits with it. True if queued, false if
+/// a live job of the same (kind, key) already existed.
+pub(crate) async fn insert_job_in<'e, E>(
+    executor: E,
+    job: &NewJob<'_>,
+    now_ms: i64,
+) -> Result<Option<i64>>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
+{
+    Ok(sqlx::query_scalar(INSERT_JOB)
+        .bind(job.kind)
+        .bind(job.key)
+        .bind(job.payload)
+        .bind(job.max_attempts)
+        .bind(job.run_at)
+        .bind(job.deadline)
+        .bind(now_ms)
+        .fetch_optional(executor)
+        .await?)
+}
 
 macro_rules! job_columns {
     () => {
@@ -105,16 +128,7 @@ impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
     pub async fn insert_job(&self, job: &NewJob<'_>, now: i64) -> Result<Enqueued> {
-        let inserted: Option<i64> = sqlx::query_scalar(INSERT_JOB)
-            .bind(job.kind)
-            .bind(job.key)
-            .bind(job.payload)
-            .bind(job.max_attempts)
-            .bind(job.run_at)
-            .bind(job.deadline)
-            .bind(now)
-            .fetch_optional(&self.writer)
-            .await?;
+        let inserted = insert_job_in(&self.writer, job, now).await?;
         if let Some(id) = inserted {
             return Ok(Enqueued::Queued(id));
         }

@@ -411,16 +411,7 @@ impl Store {
         if !started {
             return Ok(false);
         }
-        sqlx::query(crate::jobs::INSERT_JOB)
-            .bind(job.kind)
-            .bind(job.key)
-            .bind(job.payload)
-            .bind(job.max_attempts)
-            .bind(job.run_at)
-            .bind(job.deadline)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
+        crate::jobs::insert_job_in(&mut *tx, job, now_ms).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -161,16 +161,7 @@ impl Store {
         .bind(row.now)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(crate::jobs::INSERT_JOB)
-            .bind(job.kind)
-            .bind(job.key)
-            .bind(job.payload)
-            .bind(job.max_attempts)
-            .bind(job.run_at)
-            .bind(job.deadline)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
+        crate::jobs::insert_job_in(&mut *tx, job, now_ms).await?;
         tx.commit().await?;
         Ok(true)
     }

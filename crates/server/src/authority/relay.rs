@@ -479,7 +479,7 @@ impl JobHandler for RelayJobs {
                 .upstream_orders(Some("processing"), RECOVER_BATCH)
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut requeued = 0;
+            let mut specs = Vec::with_capacity(rows.len());
             for m in &rows {
                 let Some(order) = a
                     .store
@@ -500,28 +500,11 @@ impl JobHandler for RelayJobs {
                     .profile(&m.profile)
                     .and_then(|p| p.signer.relay())
                     .map(|r| r.config.max_attempts);
-                if let acme_proxy_store::Enqueued::Queued(_) =
-                    queue.enqueue(spec).await.map_err(|e| e.to_string())?
-                {
-                    requeued += 1;
-                }
+                specs.push(spec);
             }
-            if requeued > 0 {
-                tracing::warn!(
-                    event = "relay.recover",
-                    outcome = "success",
-                    requeued,
-                    "re-queued relays that had no job"
-                );
-            }
-            if rows.len() as i64 == RECOVER_BATCH {
-                tracing::warn!(
-                    event = "relay.recover",
-                    outcome = "partial",
-                    "more relays in flight than one batch; the rest at the next start"
-                );
-            }
-            Ok(())
+            queue
+                .requeue_lost("relay.recover", specs, RECOVER_BATCH)
+                .await
         })
     }
 }

@@ -160,37 +160,22 @@ impl JobHandler for ValidationJobs {
                 .orphaned_processing_challenges(VALIDATION_KIND, RECOVER_BATCH)
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut requeued = 0;
-            for p in &pending {
-                let mut spec = JobSpec::new(
-                    VALIDATION_KIND,
-                    p.challenge.id.clone(),
-                    serde_json::json!({ "challenge": p.challenge.id }),
-                );
-                spec.deadline =
-                    time::OffsetDateTime::from_unix_timestamp(p.authorization.expires_at).ok();
-                if let acme_proxy_store::Enqueued::Queued(_) =
-                    queue.enqueue(spec).await.map_err(|e| e.to_string())?
-                {
-                    requeued += 1;
-                }
-            }
-            if requeued > 0 {
-                tracing::warn!(
-                    event = "validation.recover",
-                    outcome = "success",
-                    requeued,
-                    "re-queued validations that had no job"
-                );
-            }
-            if pending.len() as i64 == RECOVER_BATCH {
-                tracing::warn!(
-                    event = "validation.recover",
-                    outcome = "partial",
-                    "more processing challenges than one batch; the rest at the next start"
-                );
-            }
-            Ok(())
+            let specs = pending
+                .iter()
+                .map(|p| {
+                    let mut spec = JobSpec::new(
+                        VALIDATION_KIND,
+                        p.challenge.id.clone(),
+                        serde_json::json!({ "challenge": p.challenge.id }),
+                    );
+                    spec.deadline =
+                        time::OffsetDateTime::from_unix_timestamp(p.authorization.expires_at).ok();
+                    spec
+                })
+                .collect();
+            queue
+                .requeue_lost("validation.recover", specs, RECOVER_BATCH)
+                .await
         })
     }
 }

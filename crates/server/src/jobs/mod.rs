@@ -236,6 +236,42 @@ impl Queue {
         self.wake.notify_one();
     }
 
+    /// Start-up recovery for a handler: queues each of `specs` (a live job
+    /// of the same identity is left alone, so this is safe to run any number
+    /// of times) and says what it did. `batch` is the limit the caller read
+    /// its rows with; reaching it means more remain for the next start.
+    pub async fn requeue_lost(
+        &self,
+        event: &'static str,
+        specs: Vec<JobSpec>,
+        batch: i64,
+    ) -> Result<(), String> {
+        let found = specs.len();
+        let mut requeued = 0;
+        for spec in specs {
+            if let Enqueued::Queued(_) = self.enqueue(spec).await.map_err(|e| e.to_string())? {
+                requeued += 1;
+            }
+        }
+        if requeued > 0 {
+            tracing::warn!(
+                event,
+                outcome = "success",
+                requeued,
+                "re-queued work that had no job"
+            );
+        }
+        if found as i64 >= batch {
+            tracing::warn!(
+                event,
+                outcome = "partial",
+                batch,
+                "more work in flight than one batch; the rest at the next start"
+            );
+        }
+        Ok(())
+    }
+
     /// Queues `spec` unless a job of the same identity is unfinished; wakes
     /// the runner at once.
     pub async fn enqueue(&self, spec: JobSpec) -> Result<Enqueued, StoreError> {

@@ -47,6 +47,19 @@ fn relay_profile(
 /// Bypassed local validation: only the upstream side is under test.
 const LOCAL_BYPASS: &str = "bypass = true";
 
+/// The usual relay profile: "default", bypass strategy, local validation
+/// bypassed, `extra_signer` added to its signer table.
+fn bypass_profile(directory: &str, pki: &TestPki, extra_signer: &str) -> String {
+    relay_profile(
+        "default",
+        directory,
+        pki,
+        "bypass",
+        LOCAL_BYPASS,
+        extra_signer,
+    )
+}
+
 /// Fast retries, short leases: the server configuration of these tests.
 fn server_toml(data_dir: &Path, http_port: u16, dns: Option<&Dns>, profiles: &str) -> String {
     TestServer::config_text(
@@ -113,10 +126,9 @@ impl Relayed {
     }
 }
 
-/// Orders `names`, answers the local challenges (the profile bypasses
-/// validation, or the names' first offered challenge is enough), finalizes
-/// and polls until the order is valid or invalid, recording what it saw.
-async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Relayed {
+/// Orders `names` and brings the order to ready, answering each local
+/// challenge with the first type offered (the profile bypasses validation).
+async fn ready_order(account: &Account, names: &[&str]) -> instant_acme::Order {
     let ids: Vec<Identifier> = names
         .iter()
         .map(|n| Identifier::Dns((*n).to_owned()))
@@ -137,6 +149,14 @@ async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Rel
     }
     let status = order.poll_ready(&client::retry()).await.expect("ready");
     assert_eq!(status, OrderStatus::Ready);
+    order
+}
+
+/// Orders `names`, answers the local challenges (the profile bypasses
+/// validation, or the names' first offered challenge is enough), finalizes
+/// and polls until the order is valid or invalid, recording what it saw.
+async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Relayed {
+    let mut order = ready_order(account, names).await;
     let started = Instant::now();
     order.finalize().await.expect("finalize answers");
     let mut seen = vec![order.state().status];
@@ -166,6 +186,31 @@ async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Rel
         result,
         finalize_to_end: started.elapsed(),
     }
+}
+
+/// Pebble skipping validation (`PEBBLE_VA_ALWAYS_VALID`): the bypass
+/// strategy's upstream.
+fn always_valid() -> PebbleOptions {
+    PebbleOptions {
+        always_valid: true,
+        ..PebbleOptions::default()
+    }
+}
+
+/// The single `certificate.issue_failed` audit row of a relayed order
+/// (exactly one: abandon runs once).
+async fn the_one_issue_failure(store: &Store, relayed: &Relayed) -> acme_proxy_store::AuditRow {
+    let audit = store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let mut failed: Vec<_> = audit
+        .iter()
+        .filter(|a| a.event == "certificate.issue_failed")
+        .cloned()
+        .collect();
+    assert_eq!(failed.len(), 1, "exactly one abandon: {audit:?}");
+    failed.remove(0)
 }
 
 /// The issuer (raw DER name) of the first certificate of a PEM chain, and
@@ -208,13 +253,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
         return;
     }
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let intermediate = subject_of(&pebble.intermediate_pem().await);
@@ -394,22 +433,11 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
         !error.contains("dns01"),
         "the client sees the operator's detail: {error}"
     );
-    let audit = server
-        .running()
-        .authority
-        .store
-        .audit_for_order(&relayed.local_id())
-        .await
-        .expect("audit");
-    let failed: Vec<_> = audit
-        .iter()
-        .filter(|a| a.event == "certificate.issue_failed")
-        .collect();
-    assert_eq!(failed.len(), 1, "{audit:?}");
+    let failed = the_one_issue_failure(&server.running().authority.store, &relayed).await;
     assert!(
-        failed[0].detail.as_deref().unwrap_or("").contains("dns01"),
+        failed.detail.as_deref().unwrap_or("").contains("dns01"),
         "{:?}",
-        failed[0]
+        failed
     );
     server.stop().await;
 }
@@ -662,24 +690,11 @@ async fn a_relay_profile_without_an_upstream_account_stops_start_up_saying_what_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_register_creates_an_owner_only_key_once_and_show_and_orders_report_it() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &pebble.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    );
+    let profiles = bypass_profile(&pebble.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let config_path = dir.path().join("acme-proxy.toml");
     std::fs::write(&config_path, &toml).expect("config");
@@ -758,25 +773,12 @@ async fn upstream_register_creates_an_owner_only_key_once_and_show_and_orders_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_a_relayed_certificate_revokes_it_upstream_too() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let dir = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    );
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let server = start_relay(dir, &toml).await;
     let account = client::account(&server.directory("default")).await;
@@ -805,14 +807,7 @@ async fn revoking_a_relayed_certificate_revokes_it_upstream_too() {
 /// show).
 async fn fault_server(pki: &TestPki, proxy: &FaultProxy) -> TestServer {
     let dir = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    );
+    let profiles = bypass_profile(&proxy.directory_url(), pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     start_relay(dir, &toml).await
 }
@@ -820,13 +815,7 @@ async fn fault_server(pki: &TestPki, proxy: &FaultProxy) -> TestServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_faults_at_finalize_and_in_the_background_are_retried_and_the_order_ends_valid() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
@@ -894,25 +883,12 @@ async fn upstream_faults_at_finalize_and_in_the_background_are_retried_and_the_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_boots_and_takes_orders_while_the_upstream_answers_503() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let dir = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    );
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     register_upstream_accounts(&toml).await;
     proxy.set_always(Match::Any, Some(Fault::Unavailable503));
@@ -940,13 +916,7 @@ async fn the_server_boots_and_takes_orders_while_the_upstream_answers_503() {
 async fn a_stated_refusal_ends_the_order_invalid_after_exactly_one_abandon_with_the_reason_audited()
 {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
@@ -964,25 +934,17 @@ async fn a_stated_refusal_ends_the_order_invalid_after_exactly_one_abandon_with_
         "the client must not see the upstream's words: {error}"
     );
     let store = &server.running().authority.store;
-    let audit = store
-        .audit_for_order(&relayed.local_id())
-        .await
-        .expect("audit");
-    let failed: Vec<_> = audit
-        .iter()
-        .filter(|a| a.event == "certificate.issue_failed")
-        .collect();
-    assert_eq!(failed.len(), 1, "exactly one abandon: {audit:?}");
+    let failed = the_one_issue_failure(store, &relayed).await;
     assert!(
-        failed[0]
+        failed
             .detail
             .as_deref()
             .unwrap_or("")
             .contains("upstream says no"),
         "{:?}",
-        failed[0]
+        failed
     );
-    assert!(failed[0].actor.starts_with("account:"), "{:?}", failed[0]);
+    assert!(failed.actor.starts_with("account:"), "{:?}", failed);
     let mapping = store
         .upstream_order(&relayed.local_id())
         .await
@@ -1033,19 +995,8 @@ async fn an_upstream_authorization_turned_invalid_ends_the_order_invalid_with_th
     )
     .await;
     assert!(relayed.result.is_err(), "the order must end invalid");
-    let audit = server
-        .running()
-        .authority
-        .store
-        .audit_for_order(&relayed.local_id())
-        .await
-        .expect("audit");
-    let failed: Vec<_> = audit
-        .iter()
-        .filter(|a| a.event == "certificate.issue_failed")
-        .collect();
-    assert_eq!(failed.len(), 1, "{audit:?}");
-    let detail = failed[0].detail.as_deref().unwrap_or("");
+    let failed = the_one_issue_failure(&server.running().authority.store, &relayed).await;
+    let detail = failed.detail.as_deref().unwrap_or("");
     assert!(detail.contains("Invalid"), "{detail}");
     server.stop().await;
 }
@@ -1053,13 +1004,7 @@ async fn an_upstream_authorization_turned_invalid_ends_the_order_invalid_with_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
@@ -1094,52 +1039,16 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
         .expect("cancel");
     let relayed = order.await.expect("order task");
     assert!(relayed.result.is_err(), "cancelled relay must end invalid");
-    let audit = store
-        .audit_for_order(&relayed.local_id())
-        .await
-        .expect("audit");
-    let failed: Vec<_> = audit
-        .iter()
-        .filter(|a| a.event == "certificate.issue_failed")
-        .collect();
-    assert_eq!(failed.len(), 1, "{audit:?}");
-    assert_eq!(failed[0].actor, "operator:alice");
+    let failed = the_one_issue_failure(&store, &relayed).await;
+    assert_eq!(failed.actor, "operator:alice");
     server.stop().await;
-}
-
-/// Orders `names` and brings it to ready (local validation bypassed).
-async fn ready_order(account: &Account, name: &str) -> instant_acme::Order {
-    let ids = [Identifier::Dns(name.to_owned())];
-    let mut order = account
-        .new_order(&NewOrder::new(&ids))
-        .await
-        .expect("new order");
-    let mut auths = order.authorizations();
-    while let Some(a) = auths.next().await {
-        let mut a = a.expect("authorization");
-        let kind = a.challenges[0].r#type.clone();
-        a.challenge(kind)
-            .expect("challenge")
-            .set_ready()
-            .await
-            .expect("trigger");
-    }
-    let status = order.poll_ready(&client::retry()).await.expect("ready");
-    assert_eq!(status, OrderStatus::Ready);
-    order
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_none_left_processing()
 {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     // The proxy only counts: every upstream finalize passes through it.
@@ -1148,15 +1057,8 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
     let data = dir.path().join("data");
     let port = harness::free_port();
     // Few relays at once and a slow poll, so that kills land mid-flight.
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    )
-    .replace("poll_interval = \"100ms\"", "poll_interval = \"300ms\"");
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "")
+        .replace("poll_interval = \"100ms\"", "poll_interval = \"300ms\"");
     let toml = server_toml(&data, harness::free_port(), None, &profiles)
         .replace(
             "listen = \"127.0.0.1:0\"",
@@ -1172,7 +1074,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
     let account = client::account(&directory).await;
     let mut ready = Vec::new();
     for i in 0..50 {
-        ready.push(ready_order(&account, &format!("crash{i}.example.test")).await);
+        ready.push(ready_order(&account, &[&format!("crash{i}.example.test")]).await);
     }
     let mut finalizing = tokio::task::JoinSet::new();
     for mut order in ready {
@@ -1268,13 +1170,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bypass_relay_latency_and_upstream_requests_per_issuance_over_fifty_orders() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
@@ -1336,14 +1232,7 @@ async fn upstream_register_with_external_account_binding_reads_the_key_from_a_fi
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &pebble.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    );
+    let profiles = bypass_profile(&pebble.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let config_path = dir.path().join("acme-proxy.toml");
     std::fs::write(&config_path, &toml).expect("config");
@@ -1421,25 +1310,12 @@ async fn upstream_register_with_external_account_binding_reads_the_key_from_a_fi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_completes_once_it_is() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let data = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "",
-    );
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     // One address for all three starts: the client's URLs must stay valid.
     let listen = format!("listen = \"127.0.0.1:{}\"", harness::free_port());
     let toml = server_toml(data.path(), harness::free_port(), None, &profiles)
@@ -1451,7 +1327,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
     proxy.set_always(Match::Any, Some(Fault::Unavailable503));
     let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &toml).await;
     let account = client::account(&server.directory("default")).await;
-    let mut order = ready_order(&account, "unmounted.example.test").await;
+    let mut order = ready_order(&account, &["unmounted.example.test"]).await;
     order.finalize().await.expect("finalize");
     assert_eq!(order.state().status, OrderStatus::Processing);
     let order_url = order.url().to_owned();
@@ -1517,25 +1393,12 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_processing() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let dir = tempfile::tempdir().expect("tempdir");
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        &pki,
-        "bypass",
-        LOCAL_BYPASS,
-        "max_attempts = 3",
-    );
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "max_attempts = 3");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let server = start_relay(dir, &toml).await;
     let account = client::account(&server.directory("default")).await;
@@ -1547,19 +1410,8 @@ async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_pro
     )
     .await;
     assert!(relayed.result.is_err(), "the order must end invalid");
-    let audit = server
-        .running()
-        .authority
-        .store
-        .audit_for_order(&relayed.local_id())
-        .await
-        .expect("audit");
-    let failed: Vec<_> = audit
-        .iter()
-        .filter(|a| a.event == "certificate.issue_failed")
-        .collect();
-    assert_eq!(failed.len(), 1, "{audit:?}");
-    let detail = failed[0].detail.as_deref().unwrap_or("");
+    let failed = the_one_issue_failure(&server.running().authority.store, &relayed).await;
+    let detail = failed.detail.as_deref().unwrap_or("");
     assert!(detail.contains("gave up after 3 attempts"), "{detail}");
     // One newOrder inside finalize, then one per attempt.
     let new_orders = proxy
