@@ -38,7 +38,79 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub validation: ValidationConfig,
     pub jobs: JobsConfig,
+    pub notify: NotifyConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
+}
+
+/// Settings shared by every profile's notifications.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifyConfig {
+    /// Templates (one file each, named by file name) that add to or replace
+    /// the built-in `default.json` and `slack.json`.
+    pub templates_dir: Option<PathBuf>,
+}
+
+/// A profile's notification destinations.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileNotifyConfig {
+    /// Webhooks by name.
+    pub webhooks: BTreeMap<String, WebhookConfig>,
+}
+
+/// One webhook: where, how, which body, which events.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub url: String,
+    #[serde(default = "default_webhook_method")]
+    pub method: String,
+    /// Extra headers (e.g. `Authorization`); values are secrets, never logged.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The body template's name.
+    #[serde(default = "default_webhook_template")]
+    pub template: String,
+    #[serde(default = "default_webhook_content_type")]
+    pub content_type: String,
+    /// Events delivered here; empty means all.
+    #[serde(default)]
+    pub events: Vec<String>,
+    #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values carry tokens; the URL may too (Slack's does), so
+        // only its origin is shown.
+        let origin: String = self.url.split('/').take(3).collect::<Vec<_>>().join("/");
+        f.debug_struct("WebhookConfig")
+            .field("url", &format!("{origin}/…"))
+            .field("method", &self.method)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("template", &self.template)
+            .field("events", &self.events)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+fn default_webhook_method() -> String {
+    "POST".to_owned()
+}
+
+fn default_webhook_template() -> String {
+    "default.json".to_owned()
+}
+
+fn default_webhook_content_type() -> String {
+    "application/json".to_owned()
+}
+
+fn default_webhook_timeout() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// The durable job queue (background validation, periodic sweeps).
@@ -137,6 +209,7 @@ pub struct ProfileConfig {
     /// Accept `ip` identifiers (RFC 8738).
     pub ip_identifiers: bool,
     pub signer: SignerConfig,
+    pub notify: ProfileNotifyConfig,
 }
 
 /// How certificates are produced.
@@ -299,6 +372,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             validation: ValidationConfig::default(),
             jobs: JobsConfig::default(),
+            notify: NotifyConfig::default(),
             profiles,
         }
     }
@@ -329,6 +403,7 @@ impl Default for ProfileConfig {
             ip_identifiers: true,
             caa: false,
             signer: SignerConfig::LocalCa(LocalCaConfig::default()),
+            notify: ProfileNotifyConfig::default(),
         }
     }
 }
@@ -352,6 +427,44 @@ impl Default for LocalCaConfig {
             crl_validity: Duration::from_secs(86400),
         }
     }
+}
+
+/// A webhook that could never be delivered is refused at start-up.
+fn check_webhook(profile: &str, name: &str, w: &WebhookConfig) -> Result<(), ConfigError> {
+    let key = format!("profiles.{profile}.notify.webhooks.{name}");
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if !(w.url.starts_with("https://") || w.url.starts_with("http://"))
+        || w.url.parse::<http::Uri>().is_err()
+    {
+        return invalid(format!(
+            "{key}.url must be an http:// or https:// URL, e.g. url = \"https://chat.example.org/hooks/…\""
+        ));
+    }
+    if !["POST", "PUT"].contains(&w.method.as_str()) {
+        return invalid(format!(
+            "{key}.method {:?}: write \"POST\" or \"PUT\"",
+            w.method
+        ));
+    }
+    for header in w.headers.keys() {
+        if header.parse::<http::HeaderName>().is_err() {
+            return invalid(format!("{key}.headers: {header:?} is not a header name"));
+        }
+    }
+    for event in &w.events {
+        if !crate::notify::EVENTS.contains(&event.as_str()) {
+            return invalid(format!(
+                "{key}.events: {event:?} is not an event; write some of {:?} (or leave events out for all)",
+                crate::notify::EVENTS
+            ));
+        }
+    }
+    if w.timeout < Duration::from_millis(100) {
+        return invalid(format!(
+            "{key}.timeout is too short; write e.g. timeout = \"10s\""
+        ));
+    }
+    Ok(())
 }
 
 /// The relay settings that must agree with each other.
@@ -480,6 +593,9 @@ impl Config {
                         "profiles.{name}.challenges: {c:?} is not supported; supported: {SUPPORTED_CHALLENGES:?}"
                     )));
                 }
+            }
+            for (hook_name, hook) in &profile.notify.webhooks {
+                check_webhook(name, hook_name, hook)?;
             }
             let ca = match &profile.signer {
                 SignerConfig::LocalCa(ca) => ca,
@@ -731,6 +847,14 @@ mod tests {
         "profiles.default.signer.crl_url",
         "profiles.default.signer.issuer_url",
         "profiles.default.signer.crl_validity",
+        "notify.templates_dir",
+        "profiles.default.notify.webhooks.ops.url",
+        "profiles.default.notify.webhooks.ops.method",
+        "profiles.default.notify.webhooks.ops.headers",
+        "profiles.default.notify.webhooks.ops.template",
+        "profiles.default.notify.webhooks.ops.content_type",
+        "profiles.default.notify.webhooks.ops.events",
+        "profiles.default.notify.webhooks.ops.timeout",
         "profiles.edge.signer.type",
         "profiles.edge.signer.directory",
         "profiles.edge.signer.account_key",
@@ -771,7 +895,11 @@ mod tests {
                     })
                 };
                 // The commented-out relay profile's tables count too.
-                let is_table = |rest: &str| rest.starts_with("[profiles.edge");
+                let is_table = |rest: &str| {
+                    rest.starts_with("[profiles.edge")
+                        || rest.starts_with("[profiles.default.notify")
+                        || rest.starts_with("[notify]")
+                };
                 match t.strip_prefix("# ") {
                     Some(rest) if is_key(rest) || is_table(rest) => rest,
                     _ => l,

@@ -18,6 +18,7 @@ use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
 use crate::jobs::periodic::JobRetention;
 use crate::jobs::{Queue, Registry, Runner};
+use crate::notify::{Notifier, NotifyJobs};
 use crate::signer::relay::ChallengeBoard;
 use crate::signer::{LocalCa, Relay, Signer};
 use crate::validation::Validators;
@@ -149,14 +150,16 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         Arc::clone(&clock),
         config.jobs.clone(),
     ));
+    let notifier = Arc::new(
+        Notifier::new(&config, Arc::clone(&queue), store.clone()).map_err(anyhow::Error::msg)?,
+    );
     let authority = Arc::new(Authority::new(
-        store.clone(),
-        Arc::clone(&clock),
         profiles,
         validators,
         Arc::clone(&queue),
         base_url.clone(),
         &config,
+        Arc::clone(&notifier),
     ));
     authority.refresh_stale_crls().await;
 
@@ -170,6 +173,9 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         .register(Arc::new(RelayJobs {
             authority: Arc::clone(&authority),
         }))
+        .map_err(anyhow::Error::msg)?;
+    registry
+        .register(Arc::new(NotifyJobs { notifier }))
         .map_err(anyhow::Error::msg)?;
     registry
         .register(Arc::new(NonceSweep {

@@ -7,6 +7,7 @@ use acme_proxy_store::{AccountRow, KeyChangeOutcome, NewAccountRow};
 
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
+use crate::notify::Notice;
 
 /// Contacts accepted per account.
 const MAX_CONTACTS: usize = 10;
@@ -57,6 +58,9 @@ impl Authority {
             })
             .await?;
         if created {
+            let mut notice = Notice::new("account.created", &profile.name, self.clock.unix());
+            notice.account = Some(row.id.clone());
+            self.notifier.dispatch(notice).await;
             tracing::info!(
                 event = "account.created",
                 outcome = "success",
@@ -83,6 +87,9 @@ impl Authority {
                 ));
             }
             self.store.deactivate_account(&account.id).await?;
+            let mut notice = Notice::new("account.deactivated", &profile.name, self.clock.unix());
+            notice.account = Some(account.id.clone());
+            self.notifier.dispatch(notice).await;
             tracing::info!(
                 event = "account.deactivated",
                 outcome = "success",

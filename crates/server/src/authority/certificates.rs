@@ -18,6 +18,7 @@ use x509_parser::public_key::PublicKey;
 
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
+use crate::notify::Notice;
 use crate::signer::{IssueRequest, SignerError};
 
 /// Who signed a revocation request (§7.6).
@@ -146,6 +147,13 @@ impl Authority {
                 "order left processing while it was being signed",
             ));
         }
+        let mut notice = Notice::new("certificate.issued", &profile.name, self.clock.unix())
+            .identifiers(&order.identifiers);
+        notice.account = Some(account.id.clone());
+        notice.order = Some(order.id.clone());
+        notice.serial = Some(issued.serial.clone());
+        notice.not_after = Some(crate::clock::rfc3339(issued.not_after));
+        self.notifier.dispatch(notice).await;
         tracing::info!(
             event = "certificate.issued",
             outcome = "success",
@@ -295,6 +303,13 @@ impl Authority {
             }
             RevokeOutcome::NotFound => return Err(AcmeError::not_found("certificate")),
         }
+        let mut notice = Notice::new("certificate.revoked", &profile.name, self.clock.unix())
+            .identifiers(&cert.identifiers);
+        notice.account = Some(cert.account_id.clone());
+        notice.order = Some(cert.order_id.clone());
+        notice.serial = Some(serial.clone());
+        notice.detail = Some(format!("reason {reason}"));
+        self.notifier.dispatch(notice).await;
         tracing::info!(
             event = "certificate.revoked",
             outcome = "success",

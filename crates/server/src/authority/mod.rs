@@ -25,6 +25,7 @@ use crate::clock::SharedClock;
 use crate::config::{Config, ProfileConfig};
 use crate::error::{AcmeError, AcmeResult};
 use crate::jobs::Queue;
+use crate::notify::Notifier;
 use crate::signer::Signer;
 use crate::validation::Validators;
 
@@ -79,26 +80,29 @@ pub struct Authority {
     /// (RFC 8657 §3); the front end builds every other URL.
     base_url: String,
     nonce_lifetime: i64,
+    /// Where events are told (webhooks), as durable jobs.
+    pub notifier: Arc<Notifier>,
 }
 
 impl Authority {
+    /// The store and clock are the queue's: one of each per process.
     pub fn new(
-        store: Store,
-        clock: SharedClock,
         profiles: BTreeMap<String, Arc<Profile>>,
         validators: Validators,
         queue: Arc<Queue>,
         base_url: String,
         config: &Config,
+        notifier: Arc<Notifier>,
     ) -> Self {
         Self {
-            store,
-            clock,
+            store: queue.store.clone(),
+            clock: Arc::clone(&queue.clock),
             profiles,
             validators,
             queue,
             base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
+            notifier,
         }
     }
 

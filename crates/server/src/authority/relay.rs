@@ -16,6 +16,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use super::{Authority, Profile, RequestContext};
 use crate::error::{AcmeError, AcmeResult};
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use crate::notify::Notice;
 use crate::signer::Relay;
 use crate::signer::relay::{RelayError, SETTLE_MARGIN};
 
@@ -323,6 +324,13 @@ impl Authority {
             .await;
         match stored {
             Ok(true) => {
+                let mut notice = Notice::new("certificate.issued", &profile.name, now)
+                    .identifiers(&order.identifiers);
+                notice.account = Some(mapping.account_id.clone());
+                notice.order = Some(order.id.clone());
+                notice.serial = Some(leaf.serial.clone());
+                notice.not_after = Some(crate::clock::rfc3339(leaf.not_after));
+                self.notifier.dispatch(notice).await;
                 tracing::info!(
                     event = "certificate.issued",
                     outcome = "success",
@@ -378,14 +386,27 @@ impl Authority {
             .abandon_relay(order_id, &problem, &detail, &audit)
             .await
         {
-            Ok(true) => tracing::warn!(
-                event = "relay.abandoned",
-                outcome = "failure",
-                order = %order_id,
-                actor = %actor,
-                reason = %detail,
-                "relay retired; the order is invalid"
-            ),
+            Ok(true) => {
+                if let Some(m) = &mapping {
+                    let mut notice = Notice::new("relay.abandoned", &m.profile, audit.at);
+                    notice.account = Some(m.account_id.clone());
+                    notice.order = Some(order_id.to_owned());
+                    notice.identifiers = order
+                        .as_ref()
+                        .map(|o| o.identifiers.iter().map(|i| i.value.clone()).collect())
+                        .unwrap_or_default();
+                    notice.detail = Some(detail.clone());
+                    self.notifier.dispatch(notice).await;
+                }
+                tracing::warn!(
+                    event = "relay.abandoned",
+                    outcome = "failure",
+                    order = %order_id,
+                    actor = %actor,
+                    reason = %detail,
+                    "relay retired; the order is invalid"
+                );
+            }
             Ok(false) => {}
             Err(e) => tracing::error!(
                 event = "relay.abandoned",

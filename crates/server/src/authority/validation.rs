@@ -16,6 +16,7 @@ use acme_proxy_store::JobRow;
 
 use super::Authority;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use crate::notify::Notice;
 use crate::validation::ValidationTarget;
 
 /// The job kind; the key is the challenge id.
@@ -117,8 +118,22 @@ impl JobHandler for ValidationJobs {
                 );
                 r.map_err(|e| Problem::new(e.kind, e.detail))
             };
+            let failure = result
+                .as_ref()
+                .err()
+                .map(|p| p.detail.clone().unwrap_or_default());
             match a.settle(&profile, &ch, result).await {
-                Ok(()) => Outcome::Done,
+                Ok(()) => {
+                    if let Some(detail) = failure {
+                        let mut notice =
+                            Notice::new("challenge.failed", &profile.name, a.clock.unix());
+                        notice.account = Some(account.id.clone());
+                        notice.identifiers = vec![authz.identifier.value.clone()];
+                        notice.detail = Some(format!("{}: {detail}", ch.kind));
+                        a.notifier.dispatch(notice).await;
+                    }
+                    Outcome::Done
+                }
                 // Our database refused: validate again next attempt.
                 Err(e) => Outcome::Retry(format!("recording the outcome: {:?}", e.internal)),
             }

@@ -449,3 +449,91 @@ pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (Child
         .expect("acme-proxy printed its directory URL");
     (guard, url)
 }
+
+/// A webhook receiver: records every request (headers and body) and
+/// answers with the status it is told to (200 by default).
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    got: Arc<Mutex<Vec<Received>>>,
+    status: Arc<std::sync::atomic::AtomicU16>,
+}
+
+/// One request a [`Receiver`] got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: serde_json::Value,
+}
+
+impl Receiver {
+    /// Listens on `port` (0 for any).
+    pub async fn start_on(port: u16) -> Receiver {
+        use axum::body::Bytes;
+        use axum::http::{HeaderMap, StatusCode, Uri};
+        type St = (Arc<Mutex<Vec<Received>>>, Arc<std::sync::atomic::AtomicU16>);
+        async fn record(
+            State((got, status)): State<St>,
+            uri: Uri,
+            headers: HeaderMap,
+            body: Bytes,
+        ) -> StatusCode {
+            got.lock().expect("lock").push(Received {
+                path: uri.path().to_owned(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                    .collect(),
+                body: serde_json::from_slice(&body).unwrap_or_else(|_| {
+                    serde_json::Value::String(String::from_utf8_lossy(&body).into_owned())
+                }),
+            });
+            StatusCode::from_u16(status.load(std::sync::atomic::Ordering::SeqCst))
+                .unwrap_or(StatusCode::OK)
+        }
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
+        let app = axum::Router::new()
+            .fallback(record)
+            .with_state((Arc::clone(&got), Arc::clone(&status)));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind the receiver");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { addr, got, status }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Answer every later request with `status`.
+    pub fn answer(&self, status: u16) {
+        self.status
+            .store(status, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.got.lock().expect("lock").clone()
+    }
+
+    /// Waits until `pred` holds for what was received, or panics.
+    pub async fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[Received]) -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.received();
+            if pred(&got) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} not received within {within:?}; got {got:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -1422,3 +1422,52 @@ async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_pro
     assert_eq!(new_orders, 4, "{:?}", proxy.requests());
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_issuance_and_an_abandoned_relay_are_notified() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let receiver = harness::Receiver::start_on(0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = format!(
+        "{}\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\nevents = [\"certificate.issued\", \"relay.abandoned\"]\n",
+        bypass_profile(&proxy.directory_url(), &pki, ""),
+        receiver.url("/hook")
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let issued = relay_issue(&account, &["told.example.test"], Duration::from_secs(30)).await;
+    let (_, _, serial) = leaf_of(issued.chain());
+    proxy.inject(Match::PathContains(FINALIZE), Fault::Forbidden403);
+    let refused = relay_issue(&account, &["untold.example.test"], Duration::from_secs(30)).await;
+    assert!(refused.result.is_err());
+    receiver
+        .wait_for("both notices", Duration::from_secs(10), |got| {
+            got.len() >= 2
+        })
+        .await;
+    let got = receiver.received();
+    let notice = |event: &str| {
+        got.iter()
+            .find(|r| r.body["event"] == event)
+            .unwrap_or_else(|| panic!("no {event}: {got:#?}"))
+            .body
+            .clone()
+    };
+    let told = notice("certificate.issued");
+    assert_eq!(told["order"], issued.local_id());
+    assert_eq!(told["serial"], hex::encode(&serial));
+    let abandoned = notice("relay.abandoned");
+    assert_eq!(abandoned["order"], refused.local_id());
+    assert!(
+        abandoned["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("upstream says no")),
+        "{abandoned}"
+    );
+    server.stop().await;
+}

@@ -1,0 +1,266 @@
+//! Notifications (SYSTEM.md component 6): certificate issued or revoked,
+//! account created or deactivated, challenge failed, relay abandoned —
+//! told to the operator's webhooks, each delivery a durable job so a
+//! receiver that is down is retried, not lost.
+//!
+//! `dispatch` only queues (one job per event per destination) and never
+//! fails or delays an ACME response beyond that insert: a queueing error
+//! is logged. Delivery runs in the `notify_delivery` job: transport errors,
+//! timeouts, 408, 429 and 5xx are retried with backoff; any other answer
+//! and a template that cannot render are permanent and audited.
+//!
+//! Slack, Mattermost, Teams or Matrix are templates (bodies), not backends.
+
+pub mod templates;
+pub mod webhook;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_protocol::types::Identifier;
+use acme_proxy_store::{JobRow, NewAuditRow, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::SharedClock;
+use crate::config::{Config, WebhookConfig};
+use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use templates::Templates;
+use webhook::{Delivery, WebhookClient};
+
+/// The job kind; the key names the event, its subject and the destination.
+pub const NOTIFY_KIND: &str = "notify_delivery";
+
+/// The events a webhook may subscribe to.
+pub const EVENTS: [&str; 6] = [
+    "certificate.issued",
+    "certificate.revoked",
+    "account.created",
+    "account.deactivated",
+    "challenge.failed",
+    "relay.abandoned",
+];
+
+/// What happened, as templates see it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Notice {
+    pub event: String,
+    pub profile: String,
+    /// RFC 3339.
+    pub at: String,
+    pub account: Option<String>,
+    pub order: Option<String>,
+    pub serial: Option<String>,
+    pub identifiers: Vec<String>,
+    /// RFC 3339 notAfter of an issued certificate.
+    pub not_after: Option<String>,
+    /// A reason, for failures (operator-facing).
+    pub detail: Option<String>,
+}
+
+impl Notice {
+    pub fn new(event: &str, profile: &str, at: i64) -> Self {
+        Self {
+            event: event.to_owned(),
+            profile: profile.to_owned(),
+            at: crate::clock::rfc3339(at),
+            ..Self::default()
+        }
+    }
+
+    pub fn identifiers(mut self, ids: &[Identifier]) -> Self {
+        self.identifiers = ids.iter().map(|i| i.value.clone()).collect();
+        self
+    }
+
+    /// What the event is about, for the job's identity: one delivery per
+    /// event, subject and destination, however often it is dispatched.
+    fn subject(&self) -> &str {
+        self.serial
+            .as_deref()
+            .or(self.order.as_deref())
+            .or(self.account.as_deref())
+            .unwrap_or(&self.at)
+    }
+}
+
+/// One configured webhook of one profile.
+#[derive(Debug)]
+struct Destination {
+    profile: String,
+    name: String,
+    config: WebhookConfig,
+}
+
+/// Every profile's destinations, the templates and the HTTP client.
+#[derive(Debug)]
+pub struct Notifier {
+    destinations: Vec<Destination>,
+    templates: Templates,
+    client: WebhookClient,
+    queue: Arc<Queue>,
+    store: Store,
+    clock: SharedClock,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Payload {
+    profile: String,
+    webhook: String,
+    notice: Notice,
+}
+
+impl Notifier {
+    /// Loads and compiles every template the configuration names; a
+    /// template that does not compile stops start-up with its name and line.
+    pub fn new(config: &Config, queue: Arc<Queue>, store: Store) -> Result<Self, String> {
+        let templates = Templates::load(config.notify.templates_dir.as_deref())?;
+        let mut destinations = Vec::new();
+        for (profile, p) in &config.profiles {
+            for (name, hook) in &p.notify.webhooks {
+                templates.check(&hook.template).map_err(|e| {
+                    format!("profiles.{profile}.notify.webhooks.{name}.template: {e}")
+                })?;
+                destinations.push(Destination {
+                    profile: profile.clone(),
+                    name: name.clone(),
+                    config: hook.clone(),
+                });
+            }
+        }
+        Ok(Self {
+            destinations,
+            templates,
+            client: WebhookClient::new()?,
+            clock: Arc::clone(&queue.clock),
+            queue,
+            store,
+        })
+    }
+
+    /// Queues one delivery per destination of the notice's profile that
+    /// subscribed to its event. Never fails: a queueing error is logged.
+    pub async fn dispatch(&self, notice: Notice) {
+        for d in &self.destinations {
+            if d.profile != notice.profile
+                || !(d.config.events.is_empty() || d.config.events.contains(&notice.event))
+            {
+                continue;
+            }
+            let key = format!(
+                "{}/{}/{}/{}",
+                d.profile,
+                d.name,
+                notice.event,
+                notice.subject()
+            );
+            let payload = Payload {
+                profile: d.profile.clone(),
+                webhook: d.name.clone(),
+                notice: notice.clone(),
+            };
+            let payload = match serde_json::to_value(&payload) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::error!(event = "notify.dispatch", outcome = "failure", error = %e, "could not encode a notification");
+                    continue;
+                }
+            };
+            if let Err(e) = self
+                .queue
+                .enqueue(JobSpec::new(NOTIFY_KIND, key, payload))
+                .await
+            {
+                tracing::error!(event = "notify.dispatch", outcome = "failure", webhook = %d.name, error = %e, "could not queue a notification");
+            }
+        }
+    }
+
+    fn destination(&self, profile: &str, name: &str) -> Option<&Destination> {
+        self.destinations
+            .iter()
+            .find(|d| d.profile == profile && d.name == name)
+    }
+
+    /// Sends one delivery; the job outcome follows whose answer it was.
+    async fn deliver(&self, job: &JobRow) -> Outcome {
+        let payload: Payload = match serde_json::from_str(&job.payload) {
+            Ok(p) => p,
+            Err(e) => return Outcome::Failed(format!("unreadable payload: {e}")),
+        };
+        // A webhook removed from the configuration since: nothing to do.
+        let Some(d) = self.destination(&payload.profile, &payload.webhook) else {
+            return Outcome::Failed(format!(
+                "webhook {} of profile {} is no longer configured",
+                payload.webhook, payload.profile
+            ));
+        };
+        let body = match self.templates.render(&d.config.template, &payload.notice) {
+            Ok(body) => body,
+            Err(e) => return Outcome::Failed(format!("template {}: {e}", d.config.template)),
+        };
+        match self.client.send(&d.config, body).await {
+            Delivery::Delivered(status) => {
+                tracing::info!(event = "notify.delivered", outcome = "success", webhook = %d.name, notice = %payload.notice.event, status, "notification delivered");
+                Outcome::Done
+            }
+            Delivery::Later { reason, after } => match after {
+                Some(after) => Outcome::RetryAfter(after, reason),
+                None => Outcome::Retry(reason),
+            },
+            Delivery::Refused(reason) => Outcome::Failed(reason),
+        }
+    }
+}
+
+/// The handler of [`NOTIFY_KIND`] jobs.
+#[derive(Debug)]
+pub struct NotifyJobs {
+    pub notifier: Arc<Notifier>,
+}
+
+impl JobHandler for NotifyJobs {
+    fn kind(&self) -> &'static str {
+        NOTIFY_KIND
+    }
+
+    fn budget(&self, job: &JobRow) -> Option<Duration> {
+        let payload: Payload = serde_json::from_str(&job.payload).ok()?;
+        let d = self
+            .notifier
+            .destination(&payload.profile, &payload.webhook)?;
+        Some(d.config.timeout + Duration::from_secs(5))
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(self.notifier.deliver(job))
+    }
+
+    /// A notification given up on is audited: the operator learns what was
+    /// not told.
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let n = &self.notifier;
+            let payload: Option<Payload> = serde_json::from_str(&job.payload).ok();
+            let detail = match &payload {
+                Some(p) => format!("{} to webhook {}: {reason}", p.notice.event, p.webhook),
+                None => reason.to_string(),
+            };
+            let audit = NewAuditRow {
+                at: n.clock.unix(),
+                event: "notification.failed",
+                outcome: "failure",
+                profile: payload.as_ref().map(|p| p.profile.as_str()),
+                actor: "system",
+                account_id: payload.as_ref().and_then(|p| p.notice.account.as_deref()),
+                order_id: payload.as_ref().and_then(|p| p.notice.order.as_deref()),
+                serial: payload.as_ref().and_then(|p| p.notice.serial.as_deref()),
+                detail: Some(&detail),
+                ..Default::default()
+            };
+            if let Err(e) = n.store.insert_audit(&audit).await {
+                tracing::error!(event = "audit.write", outcome = "failure", error = %e, "could not audit a failed notification");
+            }
+            tracing::warn!(event = "notify.abandoned", outcome = "failure", reason = %detail, "notification given up");
+        })
+    }
+}

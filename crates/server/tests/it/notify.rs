@@ -1,0 +1,212 @@
+//! Notifications: webhooks told of issuance, revocation and accounts with
+//! templated bodies, delivered as durable jobs — a receiver that is down is
+//! retried until it is back; one that refuses is audited, not retried.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy::clock::SystemClock;
+use acme_proxy::config::Config;
+
+use crate::client;
+use crate::harness::{self, Received, Receiver, Responder, TestServer};
+
+/// Fast retries so that a receiver's outage is ridden out within a test.
+const FAST_JOBS: &str =
+    "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"500ms\"\npoll_interval = \"50ms\"\n";
+
+fn events(got: &[Received]) -> Vec<String> {
+    got.iter()
+        .filter_map(|r| {
+            r.body
+                .get("event")
+                .and_then(|e| e.as_str())
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bodies() {
+    let ops = Receiver::start_on(0).await;
+    let chat = Receiver::start_on(0).await;
+    let responder = Responder::start().await;
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\nheaders = {{ Authorization = \"Bearer s3cret\" }}\n\n[profiles.default.notify.webhooks.chat]\nurl = \"{}\"\ntemplate = \"slack.json\"\nevents = [\"certificate.issued\"]\n",
+        ops.url("/hook"),
+        chat.url("/slack")
+    );
+    let server = TestServer::start(responder.port, None, &extra).await;
+    let account = client::account(&server.directory("default")).await;
+    let (chain, _) = client::issue(&account, &responder, &["notified.example.test"]).await;
+    ops.wait_for(
+        "account.created and certificate.issued",
+        Duration::from_secs(10),
+        |got| {
+            let e = events(got);
+            e.contains(&"account.created".to_owned())
+                && e.contains(&"certificate.issued".to_owned())
+        },
+    )
+    .await;
+    chat.wait_for("the chat message", Duration::from_secs(10), |got| {
+        !got.is_empty()
+    })
+    .await;
+
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).expect("PEM");
+    let der = rustls::pki_types::CertificateDer::from(pem.contents.clone());
+    account
+        .revoke(&instant_acme::RevocationRequest {
+            certificate: &der,
+            reason: None,
+        })
+        .await
+        .expect("revoke");
+    ops.wait_for("certificate.revoked", Duration::from_secs(10), |got| {
+        events(got).contains(&"certificate.revoked".to_owned())
+    })
+    .await;
+
+    let got = ops.received();
+    let issued = got
+        .iter()
+        .find(|r| r.body["event"] == "certificate.issued")
+        .expect("issued");
+    assert_eq!(issued.path, "/hook");
+    assert_eq!(
+        issued.headers.get("authorization").map(String::as_str),
+        Some("Bearer s3cret")
+    );
+    assert_eq!(issued.body["identifiers"][0], "notified.example.test");
+    assert!(issued.body["serial"].is_string() && issued.body["not_after"].is_string());
+    // The chat webhook subscribed to issuance only, and got Slack's shape.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let chat_got = chat.received();
+    assert_eq!(chat_got.len(), 1, "{chat_got:#?}");
+    let text = chat_got[0].body["text"]
+        .as_str()
+        .expect("a Slack text message");
+    assert!(
+        text.contains("certificate.issued") && text.contains("notified.example.test"),
+        "{text}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is_back() {
+    let port = harness::free_port();
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"http://127.0.0.1:{port}/hook\"\ntimeout = \"1s\"\n"
+    );
+    let server = TestServer::start(harness::free_port(), None, &extra).await;
+    // Nothing listens yet: the account.created delivery keeps failing.
+    client::account(&server.directory("default")).await;
+    let store = server.running().authority.store.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+            .await
+            .expect("jobs");
+        if jobs.first().is_some_and(|j| j.attempts >= 2) {
+            assert_eq!(jobs[0].status, "queued", "{:?}", jobs[0]);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no retry: {jobs:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The receiver comes back: the same notification arrives, once.
+    let receiver = Receiver::start_on(port).await;
+    receiver
+        .wait_for("account.created", Duration::from_secs(10), |got| {
+            events(got) == ["account.created"]
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received().len(), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_audited() {
+    let receiver = Receiver::start_on(0).await;
+    receiver.answer(400);
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\n",
+        receiver.url("/hook")
+    );
+    let server = TestServer::start(harness::free_port(), None, &extra).await;
+    client::account(&server.directory("default")).await;
+    let store = server.running().authority.store.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let audited = loop {
+        let rows = store
+            .audit_recent(Some("notification.failed"), 10)
+            .await
+            .expect("audit");
+        if let Some(row) = rows.into_iter().next() {
+            break row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refusal was not audited"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let detail = audited.detail.unwrap_or_default();
+    assert!(
+        detail.contains("account.created") && detail.contains("400"),
+        "{detail}"
+    );
+    assert_eq!(receiver.received().len(), 1, "a 400 must not be retried");
+    let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+        .await
+        .expect("jobs");
+    assert_eq!(jobs[0].status, "failed");
+    assert_eq!(jobs[0].attempts, 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_template_stops_start_up_with_its_name_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let templates = dir.path().join("templates");
+    std::fs::create_dir(&templates).expect("dir");
+    std::fs::write(
+        templates.join("teams.json"),
+        "{\n  \"text\": \"{{ notice.event }\"\n}\n",
+    )
+    .expect("template");
+    let toml = TestServer::config_text(
+        dir.path(),
+        harness::free_port(),
+        None,
+        &format!(
+            "[notify]\ntemplates_dir = \"{}\"\n\n[profiles.default]\n\n[profiles.default.notify.webhooks.teams]\nurl = \"https://teams.example/hook\"\ntemplate = \"teams.json\"\n",
+            templates.display()
+        ),
+    );
+    let config = Config::from_toml(&toml).expect("config");
+    let err = acme_proxy::server::start(config, Arc::new(SystemClock))
+        .await
+        .expect_err("start-up must refuse");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("teams.json") && text.contains("line 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_webhook_for_an_unknown_event_is_refused_naming_the_events() {
+    let err = Config::from_toml(
+        "[profiles.default.notify.webhooks.x]\nurl = \"https://h.example/\"\nevents = [\"certificate.issue\"]\n",
+    )
+    .expect_err("unknown event")
+    .to_string();
+    assert!(
+        err.contains("certificate.issue") && err.contains("certificate.issued"),
+        "{err}"
+    );
+}
