@@ -39,7 +39,16 @@ pub struct Config {
     pub validation: ValidationConfig,
     pub jobs: JobsConfig,
     pub notify: NotifyConfig,
+    pub metrics: MetricsConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
+}
+
+/// The Prometheus endpoint.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served, on a listener of its own; absent: off.
+    pub listen: Option<SocketAddr>,
 }
 
 /// Settings shared by every profile's notifications.
@@ -373,6 +382,7 @@ impl Default for Config {
             validation: ValidationConfig::default(),
             jobs: JobsConfig::default(),
             notify: NotifyConfig::default(),
+            metrics: MetricsConfig::default(),
             profiles,
         }
     }
@@ -848,6 +858,7 @@ mod tests {
         "profiles.default.signer.issuer_url",
         "profiles.default.signer.crl_validity",
         "notify.templates_dir",
+        "metrics.listen",
         "profiles.default.notify.webhooks.ops.url",
         "profiles.default.notify.webhooks.ops.method",
         "profiles.default.notify.webhooks.ops.headers",
@@ -899,6 +910,7 @@ mod tests {
                     rest.starts_with("[profiles.edge")
                         || rest.starts_with("[profiles.default.notify")
                         || rest.starts_with("[notify]")
+                        || rest.starts_with("[metrics]")
                 };
                 match t.strip_prefix("# ") {
                     Some(rest) if is_key(rest) || is_table(rest) => rest,

@@ -14,6 +14,7 @@ pub mod error;
 pub mod ids;
 pub mod jobs;
 pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod server;

@@ -18,6 +18,7 @@ use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
 use crate::jobs::periodic::JobRetention;
 use crate::jobs::{Queue, Registry, Runner};
+use crate::metrics::Metrics;
 use crate::notify::{Notifier, NotifyJobs};
 use crate::signer::relay::ChallengeBoard;
 use crate::signer::{LocalCa, Relay, Signer};
@@ -34,6 +35,8 @@ const RETENTION_EVERY: Duration = Duration::from_secs(3600);
 #[derive(Debug)]
 pub struct Running {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served, when `[metrics] listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
     pub base_url: String,
     pub authority: Arc<Authority>,
     pub runner: Arc<Runner>,
@@ -150,6 +153,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         Arc::clone(&clock),
         config.jobs.clone(),
     ));
+    let metrics = Arc::new(Metrics::new(queue.observer.family()));
     let notifier = Arc::new(
         Notifier::new(&config, Arc::clone(&queue), store.clone()).map_err(anyhow::Error::msg)?,
     );
@@ -160,6 +164,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         base_url.clone(),
         &config,
         Arc::clone(&notifier),
+        Arc::clone(&metrics),
     ));
     authority.refresh_stale_crls().await;
 
@@ -208,6 +213,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         board,
     ));
     let (shutdown, mut stop) = watch::channel(false);
+    let stop_metrics = stop.clone();
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
     // Nagle's algorithm costs ~40 ms per small response on loopback.
     let listener = listener.tap_io(|tcp| {
@@ -227,9 +233,14 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         }
     });
 
+    let metrics_addr = match config.metrics.listen {
+        Some(at) => Some(serve_metrics(at, Arc::clone(&authority), stop_metrics).await?),
+        None => None,
+    };
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
     Ok(Running {
         addr,
+        metrics_addr,
         base_url,
         authority,
         runner,
@@ -237,6 +248,47 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         http,
         jobs,
     })
+}
+
+/// `/metrics` on a listener of its own, so that scraping never competes
+/// with ACME admission control and can be firewalled separately.
+async fn serve_metrics(
+    at: SocketAddr,
+    authority: Arc<Authority>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .with_context(|| format!("binding the metrics listener {at}"))?;
+    let addr = listener.local_addr()?;
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let authority = Arc::clone(&authority);
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    authority.metrics.render(&authority.store).await,
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let graceful = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(graceful)
+            .await
+        {
+            tracing::error!(event = "metrics.serve", outcome = "failure", error = %e, "the metrics listener failed");
+        }
+    });
+    tracing::info!(event = "metrics.started", outcome = "success", %addr, "serving /metrics");
+    Ok(addr)
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {

@@ -120,6 +120,14 @@ impl Store {
         self.reader.close().await;
     }
 
+    /// (pool, connections open, of which idle) for each pool.
+    pub fn pool_stats(&self) -> [(&'static str, u32, u32); 2] {
+        [
+            ("writer", self.writer.size(), self.writer.num_idle() as u32),
+            ("reader", self.reader.size(), self.reader.num_idle() as u32),
+        ]
+    }
+
     /// A cheap liveness probe for `/health`.
     pub async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.reader).await?;

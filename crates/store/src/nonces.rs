@@ -44,3 +44,4 @@ impl Store {
             .await?)
     }
 }
+

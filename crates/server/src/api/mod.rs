@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http::{HeaderValue, Method, header};
@@ -115,7 +115,7 @@ pub fn router(app: App) -> Router {
         )
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
-        .layer(from_fn(request_context))
+        .layer(from_fn_with_state(Arc::clone(&app), request_context))
         .with_state(app)
 }
 
@@ -176,7 +176,7 @@ async fn acme_headers(State(app): State<App>, req: Request, next: Next) -> Respo
 
 /// Gives every request an id, a span that every log line of the request
 /// carries, and one summary line.
-async fn request_context(mut req: Request, next: Next) -> Response {
+async fn request_context(State(app): State<App>, mut req: Request, next: Next) -> Response {
     let request_id = crate::ids::request_id();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -200,8 +200,37 @@ async fn request_context(mut req: Request, next: Next) -> Response {
     let span =
         tracing::info_span!("request", request_id = %request_id, method = %method, path = %path);
     let started = Instant::now();
-    let mut response = next.run(req).instrument(span.clone()).await;
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_owned();
+    // Only configured profiles become label values: a scanner's random
+    // paths must not grow the metric families without bound.
+    let profile = path
+        .strip_prefix("/profile/")
+        .and_then(|rest| rest.split('/').next())
+        .filter(|name| app.authority.profile(name).is_some())
+        .unwrap_or("")
+        .to_owned();
+    let ctx = req
+        .extensions()
+        .get::<RequestContext>()
+        .cloned()
+        .unwrap_or_default();
+    let mut response = ctx.scope(next.run(req).instrument(span.clone())).await;
     let status = response.status().as_u16();
+    let m = &app.authority.metrics;
+    m.requests
+        .get_or_create(&vec![
+            ("profile", profile),
+            ("route", route.clone()),
+            ("status", status.to_string()),
+        ])
+        .inc();
+    m.request_seconds
+        .get_or_create(&vec![("route", route)])
+        .observe(started.elapsed().as_secs_f64());
     let outcome = match status {
         0..=399 => "success",
         400..=499 => "refused",

@@ -58,6 +58,14 @@ impl Authority {
             })
             .await?;
         if created {
+            self.audit(super::audit::Fact {
+                event: "account.created",
+                outcome: "success",
+                profile: &profile.name,
+                account: Some(&row.id),
+                ..Default::default()
+            })
+            .await;
             let mut notice = Notice::new("account.created", &profile.name, self.clock.unix());
             notice.account = Some(row.id.clone());
             self.notifier.dispatch(notice).await;
@@ -87,6 +95,14 @@ impl Authority {
                 ));
             }
             self.store.deactivate_account(&account.id).await?;
+            self.audit(super::audit::Fact {
+                event: "account.deactivated",
+                outcome: "success",
+                profile: &profile.name,
+                account: Some(&account.id),
+                ..Default::default()
+            })
+            .await;
             let mut notice = Notice::new("account.deactivated", &profile.name, self.clock.unix());
             notice.account = Some(account.id.clone());
             self.notifier.dispatch(notice).await;
@@ -152,6 +168,15 @@ impl Authority {
             .await?
         {
             KeyChangeOutcome::Changed => {
+                self.audit(super::audit::Fact {
+                    event: "account.key_changed",
+                    outcome: "success",
+                    profile: &profile.name,
+                    account: Some(&account.id),
+                    detail: Some(&format!("new key thumbprint {new_thumbprint}")),
+                    ..Default::default()
+                })
+                .await;
                 tracing::info!(
                     event = "account.key_changed",
                     outcome = "success",

@@ -59,6 +59,61 @@ impl Authority {
         csr_der: &[u8],
         ctx: &super::RequestContext,
     ) -> AcmeResult<OrderRow> {
+        let result = self
+            .finalize_checked(profile, account, order_id, csr_der, ctx)
+            .await;
+        match &result {
+            // The relay audits its own outcome when its job settles.
+            Ok(row) if row.status != "valid" => {}
+            Ok(row) => {
+                let serial = match &row.certificate_id {
+                    Some(id) => self.store.certificate(id).await.ok().flatten().map(|c| c.serial),
+                    None => None,
+                };
+                self.audit(super::audit::Fact {
+                    event: "certificate.issued",
+                    outcome: "success",
+                    profile: &profile.name,
+                    account: Some(&account.id),
+                    order: Some(&row.id),
+                    serial: serial.as_deref(),
+                    identifiers: Some(&row.identifiers),
+                    ..Default::default()
+                })
+                .await;
+            }
+            Err(e) => {
+                let identifiers = self
+                    .store
+                    .order(order_id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|o| o.identifiers);
+                self.audit(super::audit::Fact {
+                    event: "certificate.issue_failed",
+                    outcome: super::audit::outcome_of(e),
+                    profile: &profile.name,
+                    account: Some(&account.id),
+                    order: Some(order_id),
+                    identifiers: identifiers.as_deref(),
+                    error: Some(e),
+                    ..Default::default()
+                })
+                .await;
+            }
+        }
+        result
+    }
+
+    async fn finalize_checked(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order_id: &str,
+        csr_der: &[u8],
+        ctx: &super::RequestContext,
+    ) -> AcmeResult<OrderRow> {
         let order = self.order(profile, account, order_id).await?;
         if order.status != "ready" {
             return Err(AcmeError::new(
@@ -193,6 +248,55 @@ impl Authority {
 
     /// revokeCert (§7.6).
     pub async fn revoke(
+        &self,
+        profile: &Profile,
+        signer: RevocationSigner<'_>,
+        cert_der: &[u8],
+        reason: Option<u64>,
+    ) -> AcmeResult<()> {
+        let account = match &signer {
+            RevocationSigner::Account(a) => Some(a.id.clone()),
+            RevocationSigner::CertificateKey(_) => None,
+        };
+        let result = self.revoke_checked(profile, signer, cert_der, reason).await;
+        let (serial, identifiers) = match X509Certificate::from_der(cert_der) {
+            Ok((_, x509)) => {
+                let serial = hex::encode(x509.raw_serial());
+                let ids = self
+                    .store
+                    .certificate_by_serial(&profile.name, &serial)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|c| c.identifiers);
+                (Some(serial), ids)
+            }
+            Err(_) => (None, None),
+        };
+        let reason_text = format!("reason {}", reason.unwrap_or(0));
+        self.audit(super::audit::Fact {
+            event: if result.is_ok() {
+                "certificate.revoked"
+            } else {
+                "certificate.revoke_failed"
+            },
+            outcome: match &result {
+                Ok(()) => "success",
+                Err(e) => super::audit::outcome_of(e),
+            },
+            profile: &profile.name,
+            account: account.as_deref(),
+            serial: serial.as_deref(),
+            identifiers: identifiers.as_deref(),
+            error: result.as_ref().err(),
+            detail: Some(&reason_text),
+            ..Default::default()
+        })
+        .await;
+        result
+    }
+
+    async fn revoke_checked(
         &self,
         profile: &Profile,
         signer: RevocationSigner<'_>,

@@ -9,6 +9,7 @@
 //! JWS: it takes verified inputs and returns rows or an [`AcmeError`].
 
 mod accounts;
+mod audit;
 mod certificates;
 mod maintenance;
 mod orders;
@@ -25,6 +26,7 @@ use crate::clock::SharedClock;
 use crate::config::{Config, ProfileConfig};
 use crate::error::{AcmeError, AcmeResult};
 use crate::jobs::Queue;
+use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::signer::Signer;
 use crate::validation::Validators;
@@ -42,6 +44,23 @@ pub struct RequestContext {
     /// Capped by the front end.
     pub user_agent: Option<String>,
     pub request_id: Option<String>,
+}
+
+tokio::task_local! {
+    static REQUEST: RequestContext;
+}
+
+impl RequestContext {
+    /// Runs `fut` (one request) with this context readable by the
+    /// authority's audit writer, without threading it through every call.
+    pub async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
+        REQUEST.scope(self, fut).await
+    }
+
+    /// The context of the request being served; empty in background work.
+    pub fn current() -> RequestContext {
+        REQUEST.try_with(Clone::clone).unwrap_or_default()
+    }
 }
 
 /// One ACME endpoint: its configuration and its signer.
@@ -82,6 +101,7 @@ pub struct Authority {
     nonce_lifetime: i64,
     /// Where events are told (webhooks), as durable jobs.
     pub notifier: Arc<Notifier>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Authority {
@@ -93,6 +113,7 @@ impl Authority {
         base_url: String,
         config: &Config,
         notifier: Arc<Notifier>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             store: queue.store.clone(),
@@ -103,6 +124,7 @@ impl Authority {
             base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
             notifier,
+            metrics,
         }
     }
 

@@ -28,6 +28,29 @@ impl Authority {
         account: &AccountRow,
         req: &NewOrder,
     ) -> AcmeResult<OrderRow> {
+        let result = self.new_order_checked(profile, account, req).await;
+        if let Err(e) = &result {
+            let asked: Vec<Identifier> = req.identifiers.clone();
+            self.audit(super::audit::Fact {
+                event: "order.refused",
+                outcome: super::audit::outcome_of(e),
+                profile: &profile.name,
+                account: Some(&account.id),
+                identifiers: Some(&asked),
+                error: Some(e),
+                ..Default::default()
+            })
+            .await;
+        }
+        result
+    }
+
+    async fn new_order_checked(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        req: &NewOrder,
+    ) -> AcmeResult<OrderRow> {
         if req.identifiers.is_empty() {
             return Err(AcmeError::malformed("the order has no identifiers"));
         }

@@ -174,8 +174,9 @@ impl Authority {
             detail: Some(&e.detail),
             ..Default::default()
         };
-        if let Err(err) = self.store.insert_audit(&audit).await {
-            tracing::error!(event = "audit.write", outcome = "failure", error = %err, "could not write the audit row");
+        match self.store.insert_audit(&audit).await {
+            Ok(()) => self.metrics.audited(&audit),
+            Err(err) => tracing::error!(event = "audit.write", outcome = "failure", error = %err, "could not write the audit row"),
         }
         tracing::warn!(
             event = "relay.new_order",
@@ -324,6 +325,7 @@ impl Authority {
             .await;
         match stored {
             Ok(true) => {
+                self.metrics.audited(&audit);
                 let mut notice = Notice::new("certificate.issued", &profile.name, now)
                     .identifiers(&order.identifiers);
                 notice.account = Some(mapping.account_id.clone());
@@ -387,6 +389,7 @@ impl Authority {
             .await
         {
             Ok(true) => {
+                self.metrics.audited(&audit);
                 if let Some(m) = &mapping {
                     let mut notice = Notice::new("relay.abandoned", &m.profile, audit.at);
                     notice.account = Some(m.account_id.clone());

@@ -36,6 +36,9 @@ use tokio::task::JoinSet;
 
 pub use backoff::backoff;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
 use crate::clock::SharedClock;
 use crate::config::JobsConfig;
 
@@ -154,6 +157,8 @@ pub trait JobObserver: Send + Sync + std::fmt::Debug {
 pub struct JobCounters {
     counts: Mutex<BTreeMap<(&'static str, String), u64>>,
     claim_latency_ms_total: AtomicU64,
+    /// The same counts as a Prometheus family (`acme_proxy_jobs_total`).
+    family: Family<crate::metrics::Labels, Counter>,
 }
 
 impl JobCounters {
@@ -161,6 +166,14 @@ impl JobCounters {
         if let Ok(mut c) = self.counts.lock() {
             *c.entry((event, kind.to_owned())).or_default() += 1;
         }
+        self.family
+            .get_or_create(&vec![("kind", kind.to_owned()), ("event", event.to_owned())])
+            .inc();
+    }
+
+    /// The Prometheus family these counts are mirrored in.
+    pub fn family(&self) -> Family<crate::metrics::Labels, Counter> {
+        self.family.clone()
     }
 
     /// How many `event`s ("enqueued", "claimed", "done", "retried",

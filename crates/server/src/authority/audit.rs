@@ -1,0 +1,78 @@
+//! The audit trail's writer for the authority: one row per issuance and per
+//! refusal after authentication (SYSTEM.md "Audit record"), each bumping the
+//! matching metric from the same record.
+
+use acme_proxy_protocol::types::Identifier;
+use acme_proxy_store::NewAuditRow;
+
+use super::{Authority, RequestContext};
+use crate::error::AcmeError;
+
+/// What one audit row says, before the request context is added.
+#[derive(Debug, Default)]
+pub(crate) struct Fact<'a> {
+    pub event: &'a str,
+    pub outcome: &'a str,
+    pub profile: &'a str,
+    pub account: Option<&'a str>,
+    pub order: Option<&'a str>,
+    pub serial: Option<&'a str>,
+    pub identifiers: Option<&'a [Identifier]>,
+    /// A refusal: its problem type and (operator-only) detail.
+    pub error: Option<&'a AcmeError>,
+    pub detail: Option<&'a str>,
+}
+
+impl Authority {
+    /// Writes one audit row for a request of an account, with where the
+    /// request came from; the metric moves only if the row was written.
+    pub(crate) async fn audit(&self, fact: Fact<'_>) {
+        let ctx = RequestContext::current();
+        let actor = fact
+            .account
+            .map_or_else(|| "system".to_owned(), |a| format!("account:{a}"));
+        let detail = match (fact.error, fact.detail) {
+            (Some(e), _) => Some(match &e.internal {
+                Some(internal) => format!("{} ({internal})", e.detail),
+                None => e.detail.clone(),
+            }),
+            (None, d) => d.map(str::to_owned),
+        };
+        let row = NewAuditRow {
+            at: self.clock.unix(),
+            event: fact.event,
+            outcome: fact.outcome,
+            profile: Some(fact.profile),
+            actor: &actor,
+            account_id: fact.account,
+            order_id: fact.order,
+            serial: fact.serial,
+            identifiers: fact.identifiers,
+            client_ip: ctx.client_ip.as_deref(),
+            reverse_name: None,
+            user_agent: ctx.user_agent.as_deref(),
+            request_id: ctx.request_id.as_deref(),
+            problem_type: fact.error.map(|e| e.kind.name()),
+            detail: detail.as_deref(),
+        };
+        match self.store.insert_audit(&row).await {
+            Ok(()) => self.metrics.audited(&row),
+            Err(e) => tracing::error!(
+                event = "audit.write",
+                outcome = "failure",
+                audit_event = fact.event,
+                error = %e,
+                "could not write the audit row"
+            ),
+        }
+    }
+}
+
+/// "refused" for the client's mistakes and policy, "failure" for ours.
+pub(crate) fn outcome_of(e: &AcmeError) -> &'static str {
+    if e.kind == acme_proxy_protocol::ProblemType::ServerInternal {
+        "failure"
+    } else {
+        "refused"
+    }
+}

@@ -1,0 +1,148 @@
+//! Prometheus metrics (SYSTEM.md component 6), exported with the official
+//! `prometheus-client` crate at `/metrics` on a listener of their own (off
+//! by default).
+//!
+//! Architecture Invariant: issuance and refusal counters are bumped only by
+//! [`Metrics::audited`], from the same audit record that is written, so
+//! the audit log and the counters cannot disagree.
+
+use std::sync::Mutex;
+
+use acme_proxy_store::{NewAuditRow, Store};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label sets: a few fixed names with their values.
+pub type Labels = Vec<(&'static str, String)>;
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms to ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Every metric family of the process.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// HTTP requests by profile, route (the path pattern) and status.
+    pub requests: Family<Labels, Counter>,
+    /// Request latency by route.
+    pub request_seconds: Histograms,
+    /// Audit records by event, outcome and profile.
+    pub audit_events: Family<Labels, Counter>,
+    /// Certificates issued by profile.
+    pub issued: Family<Labels, Counter>,
+    /// Issuance failures and refusals by profile and reason (problem type).
+    pub issue_failures: Family<Labels, Counter>,
+    /// Challenge validations by type and outcome, and their latency.
+    pub validations: Family<Labels, Counter>,
+    pub validation_seconds: Histograms,
+    /// Relay requests to upstream CAs by profile and class (2xx, 4xx, 5xx,
+    /// transport, timeout).
+    pub upstream_requests: Family<Labels, Counter>,
+    /// Refreshed at each scrape from the database.
+    pub job_depth: Family<Labels, Gauge>,
+    pub db_connections: Family<Labels, Gauge>,
+    pub nonces: Gauge,
+}
+
+impl Metrics {
+    /// `jobs` is the queue's event counter family (enqueued, claimed, done,
+    /// retried, abandoned by kind), registered here.
+    pub fn new(jobs: Family<Labels, Counter>) -> Self {
+        let mut r = Registry::with_prefix("acme_proxy");
+        let m = Self {
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(seconds_histogram),
+            audit_events: Family::default(),
+            issued: Family::default(),
+            issue_failures: Family::default(),
+            validations: Family::default(),
+            validation_seconds: Family::new_with_constructor(seconds_histogram),
+            upstream_requests: Family::default(),
+            job_depth: Family::default(),
+            db_connections: Family::default(),
+            nonces: Gauge::default(),
+            registry: Mutex::new(Registry::default()),
+        };
+        r.register("http_requests", "ACME HTTP requests by profile, route and status", m.requests.clone());
+        r.register("http_request_seconds", "ACME request latency by route", m.request_seconds.clone());
+        r.register("audit_events", "Audit records by event, outcome and profile", m.audit_events.clone());
+        r.register("certificates_issued", "Certificates issued, by profile", m.issued.clone());
+        r.register("certificate_failures", "Issuances that failed or were refused, by profile and reason", m.issue_failures.clone());
+        r.register("validations", "Challenge validations by type and outcome", m.validations.clone());
+        r.register("validation_seconds", "Challenge validation latency by type", m.validation_seconds.clone());
+        r.register("upstream_requests", "Relay requests to upstream CAs by profile and class", m.upstream_requests.clone());
+        r.register("jobs", "Job queue events by kind and event (enqueued, claimed, done, retried, abandoned)", jobs);
+        r.register("job_queue_depth", "Jobs by kind and status", m.job_depth.clone());
+        r.register("db_connections", "Database connections by pool and state", m.db_connections.clone());
+        r.register("nonces", "Unused nonces in the nonce table", m.nonces.clone());
+        if let Ok(mut registry) = m.registry.lock() {
+            *registry = r;
+        }
+        m
+    }
+
+    /// Bumps the counters that mirror an audit record (the only place
+    /// issuance and refusal counters move).
+    pub fn audited(&self, row: &NewAuditRow<'_>) {
+        let profile = row.profile.unwrap_or("").to_owned();
+        self.audit_events
+            .get_or_create(&vec![
+                ("event", row.event.to_owned()),
+                ("outcome", row.outcome.to_owned()),
+                ("profile", profile.clone()),
+            ])
+            .inc();
+        match (row.event, row.outcome) {
+            ("certificate.issued", "success") => {
+                self.issued.get_or_create(&vec![("profile", profile)]).inc();
+            }
+            ("certificate.issue_failed", _) => {
+                let reason = row.problem_type.unwrap_or("serverInternal").to_owned();
+                self.issue_failures
+                    .get_or_create(&vec![("profile", profile), ("reason", reason)])
+                    .inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// The OpenMetrics text of every family, gauges refreshed from `store`.
+    pub async fn render(&self, store: &Store) -> String {
+        if let Ok(counts) = store.job_counts().await {
+            self.job_depth.clear();
+            for (kind, status, n) in counts.by_kind_and_status {
+                self.job_depth
+                    .get_or_create(&vec![("kind", kind), ("status", status)])
+                    .set(n);
+            }
+        }
+        for (pool, size, idle) in store.pool_stats() {
+            self.db_connections
+                .get_or_create(&vec![("pool", pool.to_owned()), ("state", "in_use".into())])
+                .set(i64::from(size.saturating_sub(idle)));
+            self.db_connections
+                .get_or_create(&vec![("pool", pool.to_owned()), ("state", "idle".into())])
+                .set(i64::from(idle));
+        }
+        if let Ok(n) = store.nonce_count().await {
+            self.nonces.set(n);
+        }
+        let mut out = String::new();
+        if let Ok(registry) = self.registry.lock() {
+            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        }
+        out
+    }
+}
+
+/// One label pair, for call sites.
+pub fn label(name: &'static str, value: impl Into<String>) -> (&'static str, String) {
+    (name, value.into())
+}
