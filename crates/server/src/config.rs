@@ -95,6 +95,13 @@ impl std::fmt::Debug for WebhookConfig {
         // Header values carry tokens; the URL may too (Slack's does), so
         // only its origin is shown.
         let origin: String = self.url.split('/').take(3).collect::<Vec<_>>().join("/");
+        // Without any user:token@ part.
+        let origin = match origin.split_once("://") {
+            Some((scheme, rest)) => {
+                format!("{scheme}://{}", rest.rsplit('@').next().unwrap_or(rest))
+            }
+            None => origin,
+        };
         f.debug_struct("WebhookConfig")
             .field("url", &format!("{origin}/…"))
             .field("method", &self.method)

@@ -70,22 +70,99 @@ impl Metrics {
             nonces: Gauge::default(),
             registry: Mutex::new(Registry::default()),
         };
-        r.register("http_requests", "ACME HTTP requests by profile, route and status", m.requests.clone());
-        r.register("http_request_seconds", "ACME request latency by route", m.request_seconds.clone());
-        r.register("audit_events", "Audit records by event, outcome and profile", m.audit_events.clone());
-        r.register("certificates_issued", "Certificates issued, by profile", m.issued.clone());
-        r.register("certificate_failures", "Issuances that failed or were refused, by profile and reason", m.issue_failures.clone());
-        r.register("validations", "Challenge validations by type and outcome", m.validations.clone());
-        r.register("validation_seconds", "Challenge validation latency by type", m.validation_seconds.clone());
-        r.register("upstream_requests", "Relay requests to upstream CAs by profile and class", m.upstream_requests.clone());
-        r.register("jobs", "Job queue events by kind and event (enqueued, claimed, done, retried, abandoned)", jobs);
-        r.register("job_queue_depth", "Jobs by kind and status", m.job_depth.clone());
-        r.register("db_connections", "Database connections by pool and state", m.db_connections.clone());
-        r.register("nonces", "Unused nonces in the nonce table", m.nonces.clone());
+        r.register(
+            "http_requests",
+            "ACME HTTP requests by profile, route and status",
+            m.requests.clone(),
+        );
+        r.register(
+            "http_request_seconds",
+            "ACME request latency by route",
+            m.request_seconds.clone(),
+        );
+        r.register(
+            "audit_events",
+            "Audit records by event, outcome and profile",
+            m.audit_events.clone(),
+        );
+        r.register(
+            "certificates_issued",
+            "Certificates issued, by profile",
+            m.issued.clone(),
+        );
+        r.register(
+            "certificate_failures",
+            "Issuances that failed or were refused, by profile and reason",
+            m.issue_failures.clone(),
+        );
+        r.register(
+            "validations",
+            "Challenge validations by type and outcome",
+            m.validations.clone(),
+        );
+        r.register(
+            "validation_seconds",
+            "Challenge validation latency by type",
+            m.validation_seconds.clone(),
+        );
+        r.register(
+            "upstream_requests",
+            "Relay requests to upstream CAs by profile and class",
+            m.upstream_requests.clone(),
+        );
+        r.register(
+            "jobs",
+            "Job queue events by kind and event (enqueued, claimed, done, retried, abandoned)",
+            jobs,
+        );
+        r.register(
+            "job_queue_depth",
+            "Jobs by kind and status",
+            m.job_depth.clone(),
+        );
+        r.register(
+            "db_connections",
+            "Database connections by pool and state",
+            m.db_connections.clone(),
+        );
+        r.register(
+            "nonces",
+            "Unused nonces in the nonce table",
+            m.nonces.clone(),
+        );
         if let Ok(mut registry) = m.registry.lock() {
             *registry = r;
         }
         m
+    }
+
+    /// Declares a profile's series at zero, so that a family is exported
+    /// (and dashboards' rate() queries have a series) before its first event.
+    pub fn init_profile(&self, profile: &str, challenges: &[String]) {
+        let p = || ("profile", profile.to_owned());
+        let _ = self.issued.get_or_create(&vec![p()]);
+        let _ = self
+            .issue_failures
+            .get_or_create(&vec![p(), ("reason", "serverInternal".to_owned())]);
+        let _ = self.audit_events.get_or_create(&vec![
+            ("event", "certificate.issued".to_owned()),
+            ("outcome", "success".to_owned()),
+            p(),
+        ]);
+        let _ = self
+            .upstream_requests
+            .get_or_create(&vec![p(), ("class", "2xx".to_owned())]);
+        for kind in challenges {
+            for outcome in ["valid", "invalid"] {
+                let _ = self.validations.get_or_create(&vec![
+                    ("type", kind.clone()),
+                    ("outcome", outcome.to_owned()),
+                ]);
+            }
+            let _ = self
+                .validation_seconds
+                .get_or_create(&vec![("type", kind.clone())]);
+        }
     }
 
     /// Bumps the counters that mirror an audit record (the only place

@@ -86,6 +86,12 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         .with_context(|| format!("opening the database {}", config.database_url()))?;
 
     let board = Arc::new(ChallengeBoard::default());
+    let queue = Arc::new(Queue::new(
+        store.clone(),
+        Arc::clone(&clock),
+        config.jobs.clone(),
+    ));
+    let metrics = Arc::new(Metrics::new(queue.observer.family()));
     let mut profiles = BTreeMap::new();
     for (name, pc) in &config.profiles {
         let signer = match &pc.signer {
@@ -114,9 +120,10 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
                         name,
                         relay,
                         &config.data_dir,
-                        account.account_url,
+                        &account,
                         Arc::clone(&board),
                         Arc::clone(&clock),
+                        Arc::clone(&metrics),
                     )
                     .map_err(anyhow::Error::msg)
                     .with_context(|| format!("setting up the relay of profile {name}"))?,
@@ -131,6 +138,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
                 "DANGER: validation bypass is ON for this profile: every challenge is accepted without a check. Use only in tests."
             );
         }
+        metrics.init_profile(name, &pc.challenges);
         profiles.insert(
             name.clone(),
             Arc::new(Profile::new(name.clone(), pc.clone(), signer)),
@@ -148,12 +156,6 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         None => format!("http://{addr}"),
     };
     let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
-    let queue = Arc::new(Queue::new(
-        store.clone(),
-        Arc::clone(&clock),
-        config.jobs.clone(),
-    ));
-    let metrics = Arc::new(Metrics::new(queue.observer.family()));
     let notifier = Arc::new(
         Notifier::new(&config, Arc::clone(&queue), store.clone()).map_err(anyhow::Error::msg)?,
     );

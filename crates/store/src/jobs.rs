@@ -142,12 +142,19 @@ impl Store {
         Ok(Enqueued::AlreadyQueued(live))
     }
 
-    /// Makes a queued job due at `at_ms` if it was due later (its producer
-    /// finished what it waited for). True if a queued job was moved.
-    pub async fn wake_job(&self, kind: &str, key: &str, at_ms: i64, now_ms: i64) -> Result<bool> {
+    /// Makes a queued job due at `at_ms`, earlier or later than planned
+    /// (its producer finished what the job waited for, or was told when to
+    /// come back). True if a queued job was found.
+    pub async fn schedule_queued_job(
+        &self,
+        kind: &str,
+        key: &str,
+        at_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool> {
         Ok(sqlx::query(
             "UPDATE jobs SET run_at = $1, updated_at = $4
-             WHERE kind = $2 AND key = $3 AND status = 'queued' AND run_at > $1",
+             WHERE kind = $2 AND key = $3 AND status = 'queued'",
         )
         .bind(at_ms)
         .bind(kind)

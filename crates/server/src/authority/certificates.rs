@@ -67,7 +67,13 @@ impl Authority {
             Ok(row) if row.status != "valid" => {}
             Ok(row) => {
                 let serial = match &row.certificate_id {
-                    Some(id) => self.store.certificate(id).await.ok().flatten().map(|c| c.serial),
+                    Some(id) => self
+                        .store
+                        .certificate(id)
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|c| c.serial),
                     None => None,
                 };
                 self.audit(super::audit::Fact {

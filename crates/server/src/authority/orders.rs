@@ -455,6 +455,22 @@ fn check_identifier(
                     ),
                 ));
             }
+            // Refused up front rather than failing in the relay job later:
+            // the upstream can only be shown a wildcard over dns-01.
+            if name.is_wildcard()
+                && profile
+                    .signer
+                    .relay()
+                    .is_some_and(|r| r.config.strategy == crate::config::RelayStrategy::Http01)
+            {
+                return Err((
+                    ProblemType::RejectedIdentifier,
+                    format!(
+                        "{:?}: this profile obtains certificates upstream over http-01, which cannot prove a wildcard; a relay profile with strategy = \"dns01\" can",
+                        id.value
+                    ),
+                ));
+            }
             Ok(Identifier::dns(name.as_str()))
         }
         // RFC 8738: IP addresses, proven by http-01 or tls-alpn-01.

@@ -20,6 +20,16 @@ use crate::notify::Notice;
 use crate::signer::Relay;
 use crate::signer::relay::{RelayError, SETTLE_MARGIN};
 
+/// Upstream refusals at finalize that concern the order, passed to the
+/// client as they are.
+const CLIENT_VISIBLE: [ProblemType; 5] = [
+    ProblemType::RejectedIdentifier,
+    ProblemType::UnsupportedIdentifier,
+    ProblemType::Caa,
+    ProblemType::BadCsr,
+    ProblemType::RateLimited,
+];
+
 /// The job kind; the key is the local order id.
 pub const RELAY_KIND: &str = "signer_relay_issue";
 
@@ -92,7 +102,21 @@ impl Authority {
         }
         self.queue.wake(RELAY_KIND);
         let mut retry_after = None;
-        match relay.create_order(&order.identifiers).await {
+        // One bounded try: the client's request must not wait on a hung
+        // upstream for longer than one request timeout (the job's hold).
+        let created = match tokio::time::timeout(
+            relay.config.request_timeout,
+            relay.create_order(&order.identifiers),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(RelayError::retryable(format!(
+                "the upstream newOrder did not finish within {:?}",
+                relay.config.request_timeout
+            ))),
+        };
+        match created {
             Ok(url) => {
                 self.store
                     .set_upstream_url(&order.id, &url, self.clock.unix())
@@ -121,12 +145,11 @@ impl Authority {
                 retry_after = e.retry_after;
             }
         }
-        // Due now, or when the upstream asked us to come back (never later
-        // than the hold already set).
+        // Due now, or when the upstream asked us to come back.
         let now_ms = self.clock.unix_ms();
         let due = now_ms + retry_after.map_or(0, |d| d.as_millis() as i64);
         self.store
-            .wake_job(RELAY_KIND, &order.id, due, now_ms)
+            .schedule_queued_job(RELAY_KIND, &order.id, due, now_ms)
             .await?;
         self.queue.nudge();
         tracing::info!(
@@ -152,10 +175,15 @@ impl Authority {
         ctx: &RequestContext,
         e: &RelayError,
     ) -> AcmeError {
+        // Only refusals about the order itself are the client's to see;
+        // one about our upstream account (accountDoesNotExist,
+        // unauthorized, userActionRequired…) would mislead the client about
+        // its own account, so it becomes a generic server error.
         let kind = e
             .problem_type
             .as_deref()
             .and_then(ProblemType::from_urn)
+            .filter(|k| CLIENT_VISIBLE.contains(k))
             .unwrap_or(ProblemType::ServerInternal);
         let actor = format!("account:{}", account.id);
         let audit = NewAuditRow {
@@ -176,7 +204,9 @@ impl Authority {
         };
         match self.store.insert_audit(&audit).await {
             Ok(()) => self.metrics.audited(&audit),
-            Err(err) => tracing::error!(event = "audit.write", outcome = "failure", error = %err, "could not write the audit row"),
+            Err(err) => {
+                tracing::error!(event = "audit.write", outcome = "failure", error = %err, "could not write the audit row")
+            }
         }
         tracing::warn!(
             event = "relay.new_order",

@@ -105,6 +105,18 @@ impl JobHandler for ValidationJobs {
                         r = crate::validation::caa::check(&a.validators, &request).await;
                     }
                 }
+                let outcome = if r.is_ok() { "valid" } else { "invalid" };
+                a.metrics
+                    .validations
+                    .get_or_create(&vec![
+                        ("type", ch.kind.clone()),
+                        ("outcome", outcome.to_owned()),
+                    ])
+                    .inc();
+                a.metrics
+                    .validation_seconds
+                    .get_or_create(&vec![("type", ch.kind.clone())])
+                    .observe(started.elapsed().as_secs_f64());
                 tracing::info!(
                     event = "validation.finished",
                     outcome = if r.is_ok() { "valid" } else { "invalid" },
@@ -128,6 +140,7 @@ impl JobHandler for ValidationJobs {
                         let mut notice =
                             Notice::new("challenge.failed", &profile.name, a.clock.unix());
                         notice.account = Some(account.id.clone());
+                        notice.challenge = Some(ch.id.clone());
                         notice.identifiers = vec![authz.identifier.value.clone()];
                         notice.detail = Some(format!("{}: {detail}", ch.kind));
                         a.notifier.dispatch(notice).await;

@@ -167,7 +167,10 @@ impl JobCounters {
             *c.entry((event, kind.to_owned())).or_default() += 1;
         }
         self.family
-            .get_or_create(&vec![("kind", kind.to_owned()), ("event", event.to_owned())])
+            .get_or_create(&vec![
+                ("kind", kind.to_owned()),
+                ("event", event.to_owned()),
+            ])
             .inc();
     }
 

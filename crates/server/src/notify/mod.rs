@@ -49,6 +49,8 @@ pub struct Notice {
     pub at: String,
     pub account: Option<String>,
     pub order: Option<String>,
+    /// The challenge of a `challenge.failed`.
+    pub challenge: Option<String>,
     pub serial: Option<String>,
     pub identifiers: Vec<String>,
     /// RFC 3339 notAfter of an issued certificate.
@@ -77,6 +79,7 @@ impl Notice {
     fn subject(&self) -> &str {
         self.serial
             .as_deref()
+            .or(self.challenge.as_deref())
             .or(self.order.as_deref())
             .or(self.account.as_deref())
             .unwrap_or(&self.at)

@@ -63,6 +63,7 @@ impl Templates {
             at: "2026-01-01T00:00:00Z".into(),
             account: Some("acct".into()),
             order: Some("order".into()),
+            challenge: None,
             serial: Some("01".into()),
             identifiers: vec!["host.example".into()],
             not_after: Some("2026-04-01T00:00:00Z".into()),

@@ -12,6 +12,7 @@ mod flow;
 mod harness;
 mod jobs;
 mod jws_table;
+mod metrics;
 mod notify;
 mod operations;
 mod raw;

@@ -10,18 +10,23 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Tokens currently published, shared by every relay profile (tokens are
-/// the upstream's random values, unique across orders).
+/// Tokens currently published, shared by every relay profile. One token
+/// may be held by several attempts at once (an upstream that hands the same
+/// pending authorization to two of our orders): it is retracted when the
+/// last holder lets go.
 #[derive(Debug, Default)]
 pub struct ChallengeBoard {
-    tokens: Mutex<HashMap<String, String>>,
+    tokens: Mutex<HashMap<String, (String, usize)>>,
 }
 
 impl ChallengeBoard {
     /// Publishes `key_authorization` under `token` until the guard drops.
     pub fn publish(self: &Arc<Self>, token: &str, key_authorization: &str) -> Published {
         if let Ok(mut t) = self.tokens.lock() {
-            t.insert(token.to_owned(), key_authorization.to_owned());
+            let entry = t
+                .entry(token.to_owned())
+                .or_insert_with(|| (key_authorization.to_owned(), 0));
+            entry.1 += 1;
         }
         Published {
             board: Arc::clone(self),
@@ -31,7 +36,7 @@ impl ChallengeBoard {
 
     /// The key authorization published under `token`, if any.
     pub fn get(&self, token: &str) -> Option<String> {
-        self.tokens.lock().ok()?.get(token).cloned()
+        self.tokens.lock().ok()?.get(token).map(|(k, _)| k.clone())
     }
 }
 
@@ -44,8 +49,13 @@ pub struct Published {
 
 impl Drop for Published {
     fn drop(&mut self) {
-        if let Ok(mut t) = self.board.tokens.lock() {
-            t.remove(&self.token);
+        if let Ok(mut t) = self.board.tokens.lock()
+            && let Some(entry) = t.get_mut(&self.token)
+        {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                t.remove(&self.token);
+            }
         }
     }
 }
@@ -61,6 +71,17 @@ mod tests {
         assert_eq!(board.get("tok").as_deref(), Some("tok.thumb"));
         assert_eq!(board.get("other"), None);
         drop(guard);
+        assert_eq!(board.get("tok"), None);
+    }
+
+    #[test]
+    fn a_token_held_twice_stays_until_the_last_holder_lets_go() {
+        let board = Arc::new(ChallengeBoard::default());
+        let first = board.publish("tok", "tok.thumb");
+        let second = board.publish("tok", "tok.thumb");
+        drop(first);
+        assert_eq!(board.get("tok").as_deref(), Some("tok.thumb"));
+        drop(second);
         assert_eq!(board.get("tok"), None);
     }
 }

@@ -68,22 +68,30 @@ const TRANSIENT_TYPES: [&str; 3] = [
     "urn:ietf:params:acme:error:badNonce",
 ];
 
+/// instant-acme's `Error::Str` messages that describe a stated, final state.
+const PERMANENT_STRINGS: [&str; 3] = [
+    "no certificate URL found",
+    "invalid order state",
+    "unable to decode certificate as UTF-8",
+];
+
 /// Maps an `instant-acme` error onto the table.
 pub fn classify(e: &instant_acme::Error) -> RelayError {
     use instant_acme::Error as E;
     let class = match e {
         // A problem document: the CA's own words. ≥ 500 and 429 say "later".
-        E::Api(p) => match p.status {
-            Some(s) if s >= 500 || s == 429 => Class::Retryable,
-            Some(_) => Class::Permanent,
-            None if p
-                .r#type
+        // (408, 429 and 5xx answers never get here: the HTTP layer turns
+        // them into `UpstreamUnavailable` by their real status.)
+        E::Api(p)
+            if p.r#type
                 .as_deref()
                 .is_some_and(|t| TRANSIENT_TYPES.contains(&t)) =>
-            {
-                Class::Retryable
-            }
-            None => Class::Permanent,
+        {
+            Class::Retryable
+        }
+        E::Api(p) => match p.status {
+            Some(s) if s >= 500 || s == 429 => Class::Retryable,
+            _ => Class::Permanent,
         },
         // Not the JSON expected: typically a proxy's HTML error page.
         E::Json(_) => Class::Retryable,
@@ -94,9 +102,14 @@ pub fn classify(e: &instant_acme::Error) -> RelayError {
         E::Timeout(_) => Class::Retryable,
         // Our own key cannot sign: no retry will fix that.
         E::Crypto | E::KeyRejected => Class::Permanent,
-        // The CA lacks what we need, or a document misses a required URL
-        // (a valid order without a certificate URL): a stated state.
-        E::Unsupported(_) | E::Str(_) => Class::Permanent,
+        // The CA lacks what we need.
+        E::Unsupported(_) => Class::Permanent,
+        // instant-acme's bare strings: a document that states something
+        // impossible (a valid order without a certificate URL) is the CA's
+        // word; the rest (no nonce in an answer, a newNonce failure) are
+        // nobody's decision.
+        E::Str(s) if PERMANENT_STRINGS.contains(s) => Class::Permanent,
+        E::Str(_) => Class::Retryable,
         // instant-acme's error is non-exhaustive: an unknown kind is
         // nobody's decision.
         _ => Class::Retryable,
@@ -107,8 +120,8 @@ pub fn classify(e: &instant_acme::Error) -> RelayError {
     };
     let retry_after = match e {
         E::Other(inner) => inner
-            .downcast_ref::<super::http::UpstreamBusy>()
-            .map(|busy| busy.retry_after),
+            .downcast_ref::<super::http::UpstreamUnavailable>()
+            .and_then(|u| u.retry_after),
         _ => None,
     };
     RelayError {
@@ -158,9 +171,9 @@ mod tests {
 
     #[test]
     fn a_rate_limit_with_retry_after_is_retried_no_sooner_than_asked() {
-        let busy = super::super::http::UpstreamBusy {
+        let busy = super::super::http::UpstreamUnavailable {
             status: 429,
-            retry_after: std::time::Duration::from_secs(7),
+            retry_after: Some(std::time::Duration::from_secs(7)),
             body: "{\"type\":\"urn:ietf:params:acme:error:rateLimited\"}".into(),
         };
         let e = classify(&instant_acme::Error::Other(Box::new(busy)));
@@ -211,6 +224,42 @@ mod tests {
         }
         assert_eq!(
             class(problem(None, "urn:ietf:params:acme:error:malformed")),
+            Class::Permanent
+        );
+    }
+
+    #[test]
+    fn a_bad_nonce_is_retried_whatever_its_status() {
+        assert_eq!(
+            class(problem(Some(400), "urn:ietf:params:acme:error:badNonce")),
+            Class::Retryable
+        );
+    }
+
+    #[test]
+    fn any_408_429_or_5xx_answer_is_retried_by_its_real_status_whatever_the_body() {
+        for status in [408, 429, 500, 502, 503, 504] {
+            let e = super::super::http::UpstreamUnavailable {
+                status,
+                retry_after: None,
+                body: "{\"message\":\"Bad Gateway\"}".into(),
+            };
+            let r = classify(&instant_acme::Error::Other(Box::new(e)));
+            assert_eq!(r.class, Class::Retryable, "{status}");
+            assert_eq!(r.retry_after, None);
+        }
+    }
+
+    #[test]
+    fn a_failed_nonce_request_is_retried_but_a_stated_impossible_state_is_not() {
+        assert_eq!(
+            class(instant_acme::Error::Str(
+                "error response from newNonce resource"
+            )),
+            Class::Retryable
+        );
+        assert_eq!(
+            class(instant_acme::Error::Str("invalid order state")),
             Class::Permanent
         );
     }

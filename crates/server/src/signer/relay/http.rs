@@ -14,6 +14,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
 
+use crate::metrics::Metrics;
+
 type Inner = Client<hyper_rustls::HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>;
 
 /// An [`HttpClient`] for instant-acme with a per-request deadline.
@@ -21,6 +23,8 @@ type Inner = Client<hyper_rustls::HttpsConnector<HttpConnector>, BodyWrapper<Byt
 pub struct UpstreamHttp {
     inner: Inner,
     timeout: Duration,
+    /// Counts each request by class for `acme_proxy_upstream_requests_total`.
+    observer: Option<(Arc<Metrics>, String)>,
 }
 
 impl std::fmt::Debug for UpstreamHttp {
@@ -31,14 +35,17 @@ impl std::fmt::Debug for UpstreamHttp {
     }
 }
 
-/// A 429 or 503 that says when to come back (`Retry-After`, RFC 9110
-/// §10.2.3): surfaced as its own error so the relay job waits that long
-/// instead of its usual backoff.
+/// An answer that decides nothing — 408, 429 or any 5xx, whatever its
+/// body (a problem document, a proxy's HTML page, nothing) — surfaced as
+/// its own error at the HTTP layer, so every upstream request (newNonce
+/// included, which instant-acme reports as a bare string) is classified
+/// retryable by its real status, with the `Retry-After` (RFC 9110
+/// §10.2.3) the relay job then waits no less than.
 #[derive(Debug, thiserror::Error)]
-#[error("the upstream answered {status} and asks to retry after {retry_after:?}: {body}")]
-pub struct UpstreamBusy {
+#[error("the upstream answered {status}{}: {body}", retry_after.map(|d| format!(" (retry after {d:?})")).unwrap_or_default())]
+pub struct UpstreamUnavailable {
     pub status: u16,
-    pub retry_after: Duration,
+    pub retry_after: Option<Duration>,
     /// The start of the body (a problem document's detail, an HTML page).
     pub body: String,
 }
@@ -112,7 +119,17 @@ impl UpstreamHttp {
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Ok(Self { inner, timeout })
+        Ok(Self {
+            inner,
+            timeout,
+            observer: None,
+        })
+    }
+
+    /// Counts every request of `profile` in `metrics`.
+    pub fn observed(mut self, metrics: Arc<Metrics>, profile: &str) -> Self {
+        self.observer = Some((metrics, profile.to_owned()));
+        self
     }
 }
 
@@ -124,6 +141,7 @@ impl HttpClient for UpstreamHttp {
     {
         let inner = self.inner.clone();
         let timeout = self.timeout;
+        let observer = self.observer.clone();
         Box::pin(async move {
             let exchange = async {
                 let response = inner
@@ -140,10 +158,10 @@ impl HttpClient for UpstreamHttp {
                     .map_err(|e| instant_acme::Error::Other(Box::new(e)))?
                     .to_bytes();
                 let status = parts.status.as_u16();
-                if let (429 | 503, Some(delay)) = (status, retry_after(&parts)) {
-                    return Err(instant_acme::Error::Other(Box::new(UpstreamBusy {
+                if status == 408 || status == 429 || status >= 500 {
+                    return Err(instant_acme::Error::Other(Box::new(UpstreamUnavailable {
                         status,
-                        retry_after: delay,
+                        retry_after: retry_after(&parts),
                         body: String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(),
                     })));
                 }
@@ -152,12 +170,33 @@ impl HttpClient for UpstreamHttp {
                     Full::new(body),
                 )))
             };
-            match tokio::time::timeout(timeout, exchange).await {
+            let result = match tokio::time::timeout(timeout, exchange).await {
                 Ok(result) => result,
                 Err(_) => Err(instant_acme::Error::Other(Box::new(RequestTimedOut(
                     timeout,
                 )))),
+            };
+            if let Some((metrics, profile)) = observer {
+                let class = match &result {
+                    Ok(r) if r.parts.status.is_success() || r.parts.status.is_redirection() => {
+                        "2xx"
+                    }
+                    Ok(_) => "4xx",
+                    Err(instant_acme::Error::Other(e)) if e.is::<RequestTimedOut>() => "timeout",
+                    Err(instant_acme::Error::Other(e)) if e.is::<UpstreamUnavailable>() => {
+                        match e.downcast_ref::<UpstreamUnavailable>().map(|u| u.status) {
+                            Some(s) if s >= 500 => "5xx",
+                            _ => "4xx",
+                        }
+                    }
+                    Err(_) => "transport",
+                };
+                metrics
+                    .upstream_requests
+                    .get_or_create(&vec![("profile", profile), ("class", class.to_owned())])
+                    .inc();
             }
+            result
         })
     }
 }

@@ -78,10 +78,12 @@ impl Relay {
         profile: &str,
         config: &RelayConfig,
         data_dir: &Path,
-        account_url: String,
+        account: &acme_proxy_store::UpstreamAccountRow,
         board: Arc<ChallengeBoard>,
         clock: SharedClock,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Self, String> {
+        let key_thumbprint = account.key_thumbprint.as_str();
         let key_path = config.account_key_path(data_dir, profile);
         if !key_path.exists() {
             return Err(format!(
@@ -89,7 +91,17 @@ impl Relay {
                 key_path.display()
             ));
         }
-        let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout)?;
+        // A wrong key would make every upstream request a 4xx, which is
+        // permanent: every relay in flight would be abandoned. Refuse now.
+        let found = key_thumbprint_of(&read_key(&key_path)?)?;
+        if found != key_thumbprint {
+            return Err(format!(
+                "the upstream account key {} is not the key registered for profile {profile} (thumbprint {found}, registered {key_thumbprint}); restore the right file or run `acme-proxy upstream register --profile {profile}` again",
+                key_path.display()
+            ));
+        }
+        let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout)?
+            .observed(metrics, profile);
         let dns = match &config.dns01 {
             Some(d) => Some(Arc::new(Rfc2136::new(d, config.request_timeout, clock)?)),
             None => None,
@@ -98,7 +110,7 @@ impl Relay {
             profile: profile.to_owned(),
             config: config.clone(),
             key_path,
-            account_url,
+            account_url: account.account_url.clone(),
             http,
             account: tokio::sync::Mutex::new(None),
             dns,
@@ -109,16 +121,17 @@ impl Relay {
     /// The upstream account, restored from the key file and the recorded
     /// URL; fetching the directory is the first upstream request.
     pub async fn account(&self) -> Result<Account, RelayError> {
-        let mut cached = self.account.lock().await;
-        if let Some(a) = cached.as_ref() {
+        if let Some(a) = self.account.lock().await.as_ref() {
             return Ok(a.clone());
         }
+        // Built without holding the lock: while the upstream hangs, every
+        // caller pays its own request timeout, not the sum of the queue's.
         let key = read_key(&self.key_path).map_err(RelayError::permanent)?;
         let account = Account::builder_with_http(Box::new(self.http.clone()))
             .from_parts(self.account_url.clone(), key, self.config.directory.clone())
             .await
             .map_err(|e| classify(&e).context("fetching the upstream directory"))?;
-        *cached = Some(account.clone());
+        *self.account.lock().await = Some(account.clone());
         Ok(account)
     }
 
@@ -192,10 +205,16 @@ impl Relay {
                     ));
                 }
                 // The client's CSR byte for byte: the key and names are theirs.
-                order
-                    .finalize_csr(csr_der)
-                    .await
-                    .map_err(|e| polled(order, &e, "finalizing the upstream order"))?;
+                if let Err(e) = order.finalize_csr(csr_der).await {
+                    // The finalize may have happened although we did not
+                    // hear (a lost answer, a second runner): the order then
+                    // is processing or valid, and a second finalize would be
+                    // refused as orderNotReady. Re-read before judging.
+                    match order.refresh().await.map(|s| s.status) {
+                        Ok(OrderStatus::Processing | OrderStatus::Valid) => {}
+                        _ => return Err(polled(order, &e, "finalizing the upstream order")),
+                    }
+                }
             }
             _ => {}
         }
@@ -271,8 +290,11 @@ impl Relay {
                         identifier.trim_start_matches("*.").trim_end_matches('.')
                     );
                     let value = key_authorization.dns_value();
+                    // Listed before the update is sent: an update applied
+                    // whose answer was lost must still be removed (deleting
+                    // an absent value does nothing).
+                    cleanup.records.push((name.clone(), value.clone()));
                     dns.add_txt(&name, &value).await?;
-                    cleanup.records.push((name, value));
                 }
                 RelayStrategy::Bypass => {}
             }
@@ -281,6 +303,7 @@ impl Relay {
         if self.config.strategy == RelayStrategy::Dns01 && !self.config.propagation_wait.is_zero() {
             tokio::time::sleep(self.config.propagation_wait).await;
         }
+        let mut triggered = vec![true; chosen.len()];
         let mut auths = order.authorizations();
         let mut index = 0;
         while let Some(a) = auths.next().await {
@@ -293,26 +316,66 @@ impl Relay {
             };
             // A challenge already processing (an earlier attempt told the
             // upstream before the process died) is only waited for.
-            if challenge.status == ChallengeStatus::Pending {
-                challenge
-                    .set_ready()
-                    .await
-                    .map_err(|e| classify(&e).context("answering the upstream challenge"))?;
+            if challenge.status == ChallengeStatus::Pending
+                && let Err(e) = challenge.set_ready().await
+            {
+                let e = classify(&e).context("answering the upstream challenge");
+                if e.is_permanent() {
+                    return Err(e);
+                }
+                // The trigger may have reached the upstream although its
+                // answer did not reach us: the wait below re-reads the
+                // authorization and triggers a still-pending challenge
+                // again. Retracting now could fail a validation in progress.
+                tracing::debug!(event = "relay.trigger", outcome = "retry", error = %e, "will re-read the authorization");
+                if let Some(t) = triggered.get_mut(index - 1) {
+                    *t = false;
+                }
             }
         }
-        // Wait until every authorization we answered is terminal.
+        // Wait until every authorization we answered is terminal. A blip
+        // while polling is polled through: the records stay published
+        // until the upstream has decided (or the budget runs out).
         loop {
             let mut waiting = false;
             let mut auths = order.authorizations();
+            let mut index = 0;
             while let Some(a) = auths.next().await {
                 let mut a =
                     a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
+                let kind = chosen.get(index).cloned().flatten();
+                index += 1;
                 if a.status != AuthorizationStatus::Pending {
                     continue;
                 }
-                a.refresh()
-                    .await
-                    .map_err(|e| classify(&e).context("polling an upstream authorization"))?;
+                if let Err(e) = a.refresh().await {
+                    let e = classify(&e).context("polling an upstream authorization");
+                    if e.is_permanent() {
+                        return Err(e);
+                    }
+                    waiting = true;
+                    continue;
+                }
+                if a.status == AuthorizationStatus::Pending {
+                    waiting = true;
+                    // Our trigger did not get through: send it again.
+                    if let Some(kind) =
+                        kind.filter(|_| !triggered.get(index - 1).copied().unwrap_or(true))
+                        && let Some(mut challenge) = a.challenge(kind)
+                        && challenge.status == ChallengeStatus::Pending
+                    {
+                        match challenge.set_ready().await {
+                            Ok(()) => triggered[index - 1] = true,
+                            Err(e) => {
+                                let e = classify(&e).context("answering the upstream challenge");
+                                if e.is_permanent() {
+                                    return Err(e);
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
                 match a.status {
                     AuthorizationStatus::Pending => waiting = true,
                     AuthorizationStatus::Valid => {}
@@ -392,9 +455,12 @@ struct Cleanup {
 impl Cleanup {
     async fn finish(&mut self) {
         self.published.clear();
-        if let Some(dns) = &self.dns {
-            for (name, value) in std::mem::take(&mut self.records) {
-                retract(dns, &name, &value).await;
+        if let Some(dns) = self.dns.clone() {
+            // One at a time, so that if the attempt is cancelled midway,
+            // `Drop` still sees what is left.
+            while let Some((name, value)) = self.records.last().cloned() {
+                retract(&dns, &name, &value).await;
+                self.records.pop();
             }
         }
     }
@@ -543,11 +609,36 @@ fn write_key(path: &Path, pkcs8: &[u8]) -> Result<(), String> {
 }
 
 /// External account binding credentials for registration (RFC 8555 §7.3.4).
-#[derive(Debug)]
 pub struct Eab {
     pub kid: String,
     /// The decoded MAC key; never logged.
     pub hmac_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for Eab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Eab")
+            .field("kid", &self.kid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The RFC 7638 thumbprint of a P-256 account key (the kind
+/// instant-acme makes), computed locally.
+fn key_thumbprint_of(pkcs8: &rustls::pki_types::PrivatePkcs8KeyDer<'_>) -> Result<String, String> {
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    let pair = EcdsaKeyPair::from_pkcs8(
+        &ECDSA_P256_SHA256_FIXED_SIGNING,
+        pkcs8.secret_pkcs8_der(),
+        &ring::rand::SystemRandom::new(),
+    )
+    .map_err(|_| "the upstream account key is not a P-256 ECDSA key".to_owned())?;
+    acme_proxy_protocol::Jwk::from_ec_point(
+        acme_proxy_protocol::jwk::EcCurve::P256,
+        pair.public_key().as_ref(),
+    )
+    .map(|j| j.thumbprint_b64())
+    .ok_or_else(|| "the upstream account key's public point is malformed".to_owned())
 }
 
 /// A registered upstream account.

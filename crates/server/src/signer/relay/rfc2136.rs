@@ -32,6 +32,11 @@ pub struct Rfc2136 {
     ttl: u32,
     timeout: Duration,
     clock: SharedClock,
+    /// Values this process published, by (name, value), with how many
+    /// attempts hold each: two orders whose upstream authorizations share a
+    /// value (one pending authorization reused) must not delete it from
+    /// under each other.
+    held: std::sync::Mutex<std::collections::HashMap<(String, String), usize>>,
 }
 
 impl std::fmt::Debug for Rfc2136 {
@@ -87,19 +92,37 @@ impl Rfc2136 {
             ttl: config.ttl,
             timeout,
             clock,
+            held: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
-    /// Adds `value` to the TXT RRset at `name` (absolute).
+    /// Adds `value` to the TXT RRset at `name` (absolute). Every call is
+    /// one hold, released by one [`Rfc2136::delete_txt`].
     pub async fn add_txt(&self, name: &str, value: &str) -> Result<(), RelayError> {
+        if let Ok(mut held) = self.held.lock() {
+            *held.entry((name.to_owned(), value.to_owned())).or_default() += 1;
+        }
         let (rrset, zone) = self.rrset(name, value)?;
         self.send(update_message::append(rrset, zone, false, true))
             .await
             .map_err(|e| e.context(&format!("adding TXT {name}")))
     }
 
-    /// Removes only `value` from the TXT RRset at `name`.
+    /// Releases one hold of `value` at `name`; the last one removes only
+    /// that value from the TXT RRset.
     pub async fn delete_txt(&self, name: &str, value: &str) -> Result<(), RelayError> {
+        if let Ok(mut held) = self.held.lock() {
+            let key = (name.to_owned(), value.to_owned());
+            match held.get_mut(&key) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    return Ok(());
+                }
+                _ => {
+                    held.remove(&key);
+                }
+            }
+        }
         let (rrset, zone) = self.rrset(name, value)?;
         self.send(update_message::delete_by_rdata(rrset, zone, true))
             .await
