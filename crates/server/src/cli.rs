@@ -286,3 +286,132 @@ fn read_eab(kid: String, file: &std::path::Path) -> anyhow::Result<Eab> {
         .context("the EAB key is not base64url")?;
     Ok(Eab { kid, hmac_key })
 }
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// List audit records, newest first.
+    List {
+        #[arg(long)]
+        profile: Option<String>,
+        #[arg(long)]
+        account: Option<String>,
+        #[arg(long)]
+        order: Option<String>,
+        /// Certificate serial, lowercase hex.
+        #[arg(long)]
+        serial: Option<String>,
+        /// e.g. certificate.issued, certificate.issue_failed, order.refused.
+        #[arg(long)]
+        event: Option<String>,
+        /// success, refused or failure.
+        #[arg(long)]
+        outcome: Option<String>,
+        /// Only records this recent: a duration ("1h", "7d") or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one audit record.
+    Show {
+        id: i64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
+    use crate::clock::Clock;
+    let url = config.database_url();
+    let store = Store::open(&url, &StoreOptions::default())
+        .await
+        .with_context(|| format!("opening the database {url}"))?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        AuditCommand::List {
+            profile,
+            account,
+            order,
+            serial,
+            event,
+            outcome,
+            since,
+            limit,
+            json,
+        } => {
+            let since = match since.as_deref() {
+                None => None,
+                Some(s) => Some(match humantime::parse_duration(s) {
+                    Ok(d) => SystemClock.unix() - d.as_secs() as i64,
+                    Err(_) => time::OffsetDateTime::parse(
+                        s,
+                        &time::format_description::well_known::Rfc3339,
+                    )
+                    .with_context(|| {
+                        format!("--since {s:?}: write a duration (\"1h\") or an RFC 3339 time")
+                    })?
+                    .unix_timestamp(),
+                }),
+            };
+            let filter = acme_proxy_store::AuditFilter {
+                profile: profile.as_deref(),
+                account: account.as_deref(),
+                order: order.as_deref(),
+                serial: serial.as_deref(),
+                event: event.as_deref(),
+                outcome: outcome.as_deref(),
+                since,
+            };
+            let rows = ops::list_audit(&store, &filter, limit).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+            } else {
+                writeln!(
+                    out,
+                    "{:>6}  {:<20}  {:<26} {:<8} {:<30} {:<15} WHAT",
+                    "ID", "AT", "EVENT", "OUTCOME", "ACTOR", "CLIENT"
+                )?;
+                for r in &rows {
+                    let what = match (&r.problem_type, &r.serial) {
+                        (Some(p), _) => format!("{p}: {}", r.detail.as_deref().unwrap_or("")),
+                        (None, Some(s)) => format!("serial {s} {}", r.identifiers.join(",")),
+                        (None, None) => r.identifiers.join(","),
+                    };
+                    writeln!(
+                        out,
+                        "{:>6}  {:<20}  {:<26} {:<8} {:<30} {:<15} {}",
+                        r.id,
+                        r.at,
+                        r.event,
+                        r.outcome,
+                        r.actor,
+                        r.client_ip.as_deref().unwrap_or("-"),
+                        what
+                    )?;
+                }
+            }
+        }
+        AuditCommand::Show { id, json } => {
+            let r = ops::show_audit(&store, id).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+            } else {
+                let v = serde_json::to_value(&r)?;
+                if let Some(map) = v.as_object() {
+                    for (k, v) in map {
+                        let shown = match v {
+                            serde_json::Value::String(s) => s.clone(),
+                            serde_json::Value::Null => "-".to_owned(),
+                            other => other.to_string(),
+                        };
+                        writeln!(out, "{k:>14}: {shown}")?;
+                    }
+                }
+            }
+        }
+    }
+    store.close().await;
+    Ok(())
+}

@@ -35,6 +35,9 @@ enum Command {
     /// The relay profiles' upstream accounts and relayed orders.
     #[command(subcommand)]
     Upstream(acme_proxy::cli::UpstreamCommand),
+    /// The audit trail: who got which certificate, and why one was refused.
+    #[command(subcommand)]
+    Audit(acme_proxy::cli::AuditCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,6 +64,13 @@ fn main() -> anyhow::Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             runtime.block_on(acme_proxy::cli::job(&config, job))
+        }
+        Command::Audit(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(acme_proxy::cli::audit(&config, command))
         }
         Command::Upstream(command) => {
             let runtime = tokio::runtime::Builder::new_current_thread()

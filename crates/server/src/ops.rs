@@ -275,3 +275,68 @@ pub async fn upstream_orders(
         })
         .collect())
 }
+
+/// An audit record as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditView {
+    pub id: i64,
+    pub at: String,
+    pub event: String,
+    pub outcome: String,
+    pub profile: Option<String>,
+    pub actor: String,
+    pub account: Option<String>,
+    pub order: Option<String>,
+    pub serial: Option<String>,
+    pub identifiers: Vec<String>,
+    pub client_ip: Option<String>,
+    pub reverse_name: Option<String>,
+    pub user_agent: Option<String>,
+    pub request_id: Option<String>,
+    pub problem_type: Option<String>,
+    pub detail: Option<String>,
+}
+
+impl From<acme_proxy_store::AuditRow> for AuditView {
+    fn from(r: acme_proxy_store::AuditRow) -> Self {
+        Self {
+            id: r.id,
+            at: rfc3339(r.at),
+            event: r.event,
+            outcome: r.outcome,
+            profile: r.profile,
+            actor: r.actor,
+            account: r.account_id,
+            order: r.order_id,
+            serial: r.serial,
+            identifiers: r.identifiers.into_iter().map(|i| i.value).collect(),
+            client_ip: r.client_ip,
+            reverse_name: r.reverse_name,
+            user_agent: r.user_agent,
+            request_id: r.request_id,
+            problem_type: r.problem_type,
+            detail: r.detail,
+        }
+    }
+}
+
+pub async fn list_audit(
+    store: &Store,
+    filter: &acme_proxy_store::AuditFilter<'_>,
+    limit: i64,
+) -> Result<Vec<AuditView>, OpsError> {
+    Ok(store
+        .audit_list(filter, limit)
+        .await?
+        .into_iter()
+        .map(AuditView::from)
+        .collect())
+}
+
+pub async fn show_audit(store: &Store, id: i64) -> Result<AuditView, OpsError> {
+    store
+        .audit_row(id)
+        .await?
+        .map(AuditView::from)
+        .ok_or_else(|| OpsError::Refused(format!("no audit record with id {id}")))
+}

@@ -113,7 +113,57 @@ fn audit_from_row(row: &SqliteRow) -> Result<AuditRow> {
     })
 }
 
+/// Which audit rows to list; every filter is optional.
+#[derive(Clone, Debug, Default)]
+pub struct AuditFilter<'a> {
+    pub profile: Option<&'a str>,
+    pub account: Option<&'a str>,
+    pub order: Option<&'a str>,
+    pub serial: Option<&'a str>,
+    pub event: Option<&'a str>,
+    pub outcome: Option<&'a str>,
+    /// Unix seconds; rows at or after.
+    pub since: Option<i64>,
+}
+
 impl Store {
+    /// Audit rows matching `filter`, newest first.
+    pub async fn audit_list(&self, filter: &AuditFilter<'_>, limit: i64) -> Result<Vec<AuditRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            audit_columns!(),
+            " FROM audit_log
+             WHERE ($1 IS NULL OR profile = $1) AND ($2 IS NULL OR account_id = $2)
+               AND ($3 IS NULL OR order_id = $3) AND ($4 IS NULL OR serial = $4)
+               AND ($5 IS NULL OR event = $5) AND ($6 IS NULL OR outcome = $6)
+               AND ($7 IS NULL OR at >= $7)
+             ORDER BY id DESC LIMIT $8"
+        ))
+        .bind(filter.profile)
+        .bind(filter.account)
+        .bind(filter.order)
+        .bind(filter.serial)
+        .bind(filter.event)
+        .bind(filter.outcome)
+        .bind(filter.since)
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(audit_from_row).collect()
+    }
+
+    pub async fn audit_row(&self, id: i64) -> Result<Option<AuditRow>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            audit_columns!(),
+            " FROM audit_log WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.as_ref().map(audit_from_row).transpose()
+    }
+
     pub async fn insert_audit(&self, row: &NewAuditRow<'_>) -> Result<()> {
         insert_audit_in(&self.writer, row).await
     }

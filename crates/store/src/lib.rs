@@ -28,7 +28,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
-pub use audit::{AuditRow, NewAuditRow};
+pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
