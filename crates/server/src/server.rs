@@ -157,7 +157,13 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     };
     let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
     let notifier = Arc::new(
-        Notifier::new(&config, Arc::clone(&queue), store.clone()).map_err(anyhow::Error::msg)?,
+        Notifier::new(
+            &config,
+            Arc::clone(&queue),
+            store.clone(),
+            Arc::clone(&metrics),
+        )
+        .map_err(anyhow::Error::msg)?,
     );
     let authority = Arc::new(Authority::new(
         profiles,

@@ -15,6 +15,8 @@ pub(crate) struct Fact<'a> {
     pub outcome: &'a str,
     pub profile: &'a str,
     pub account: Option<&'a str>,
+    /// Who acted, when not the account (e.g. a certificate's own key).
+    pub actor: Option<&'a str>,
     pub order: Option<&'a str>,
     pub serial: Option<&'a str>,
     pub identifiers: Option<&'a [Identifier]>,
@@ -28,9 +30,11 @@ impl Authority {
     /// request came from; the metric moves only if the row was written.
     pub(crate) async fn audit(&self, fact: Fact<'_>) {
         let ctx = RequestContext::current();
-        let actor = fact
-            .account
-            .map_or_else(|| "system".to_owned(), |a| format!("account:{a}"));
+        let actor = match (fact.actor, fact.account) {
+            (Some(actor), _) => actor.to_owned(),
+            (None, Some(a)) => format!("account:{a}"),
+            (None, None) => "system".to_owned(),
+        };
         let detail = match (fact.error, fact.detail) {
             (Some(e), _) => Some(match &e.internal {
                 Some(internal) => format!("{} ({internal})", e.detail),

@@ -260,9 +260,11 @@ impl Authority {
         cert_der: &[u8],
         reason: Option<u64>,
     ) -> AcmeResult<()> {
-        let account = match &signer {
-            RevocationSigner::Account(a) => Some(a.id.clone()),
-            RevocationSigner::CertificateKey(_) => None,
+        let (account, key_actor) = match &signer {
+            RevocationSigner::Account(a) => (Some(a.id.clone()), None),
+            RevocationSigner::CertificateKey(thumb) => {
+                (None, Some(format!("certificate-key:{thumb}")))
+            }
         };
         let result = self.revoke_checked(profile, signer, cert_der, reason).await;
         let (serial, identifiers) = match X509Certificate::from_der(cert_der) {
@@ -292,6 +294,7 @@ impl Authority {
             },
             profile: &profile.name,
             account: account.as_deref(),
+            actor: key_actor.as_deref(),
             serial: serial.as_deref(),
             identifiers: identifiers.as_deref(),
             error: result.as_ref().err(),

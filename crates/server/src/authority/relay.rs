@@ -128,9 +128,7 @@ impl Authority {
                     .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
                     .await?
                 {
-                    return Err(self
-                        .refused_upstream(profile, account, order, ctx, &e)
-                        .await);
+                    return Err(Self::refused_upstream(profile, order, &e));
                 }
             }
             Err(e) => {
@@ -166,15 +164,10 @@ impl Authority {
             .ok_or_else(|| AcmeError::internal("order vanished after finalize"))
     }
 
-    /// The client's problem for an upstream refusal at finalize, audited.
-    async fn refused_upstream(
-        &self,
-        profile: &Profile,
-        account: &AccountRow,
-        order: &OrderRow,
-        ctx: &RequestContext,
-        e: &RelayError,
-    ) -> AcmeError {
+    /// The client's problem for an upstream refusal at finalize (finalize
+    /// writes its audit row, the upstream's words in the operator-only
+    /// detail).
+    fn refused_upstream(profile: &Profile, order: &OrderRow, e: &RelayError) -> AcmeError {
         // Only refusals about the order itself are the client's to see;
         // one about our upstream account (accountDoesNotExist,
         // unauthorized, userActionRequired…) would mislead the client about
@@ -185,29 +178,6 @@ impl Authority {
             .and_then(ProblemType::from_urn)
             .filter(|k| CLIENT_VISIBLE.contains(k))
             .unwrap_or(ProblemType::ServerInternal);
-        let actor = format!("account:{}", account.id);
-        let audit = NewAuditRow {
-            at: self.clock.unix(),
-            event: "certificate.issue_failed",
-            outcome: "refused",
-            profile: Some(&profile.name),
-            actor: &actor,
-            account_id: Some(&account.id),
-            order_id: Some(&order.id),
-            identifiers: Some(&order.identifiers),
-            client_ip: ctx.client_ip.as_deref(),
-            user_agent: ctx.user_agent.as_deref(),
-            request_id: ctx.request_id.as_deref(),
-            problem_type: Some(kind.name()),
-            detail: Some(&e.detail),
-            ..Default::default()
-        };
-        match self.store.insert_audit(&audit).await {
-            Ok(()) => self.metrics.audited(&audit),
-            Err(err) => {
-                tracing::error!(event = "audit.write", outcome = "failure", error = %err, "could not write the audit row")
-            }
-        }
         tracing::warn!(
             event = "relay.new_order",
             outcome = "refused",

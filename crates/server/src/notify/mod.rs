@@ -103,6 +103,7 @@ pub struct Notifier {
     queue: Arc<Queue>,
     store: Store,
     clock: SharedClock,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -115,7 +116,12 @@ struct Payload {
 impl Notifier {
     /// Loads and compiles every template the configuration names; a
     /// template that does not compile stops start-up with its name and line.
-    pub fn new(config: &Config, queue: Arc<Queue>, store: Store) -> Result<Self, String> {
+    pub fn new(
+        config: &Config,
+        queue: Arc<Queue>,
+        store: Store,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Result<Self, String> {
         let templates = Templates::load(config.notify.templates_dir.as_deref())?;
         let mut destinations = Vec::new();
         for (profile, p) in &config.profiles {
@@ -137,6 +143,7 @@ impl Notifier {
             clock: Arc::clone(&queue.clock),
             queue,
             store,
+            metrics,
         })
     }
 
@@ -260,8 +267,11 @@ impl JobHandler for NotifyJobs {
                 detail: Some(&detail),
                 ..Default::default()
             };
-            if let Err(e) = n.store.insert_audit(&audit).await {
-                tracing::error!(event = "audit.write", outcome = "failure", error = %e, "could not audit a failed notification");
+            match n.store.insert_audit(&audit).await {
+                Ok(()) => n.metrics.audited(&audit),
+                Err(e) => {
+                    tracing::error!(event = "audit.write", outcome = "failure", error = %e, "could not audit a failed notification")
+                }
             }
             tracing::warn!(event = "notify.abandoned", outcome = "failure", reason = %detail, "notification given up");
         })

@@ -457,6 +457,10 @@ pub struct Receiver {
     pub addr: SocketAddr,
     got: Arc<Mutex<Vec<Received>>>,
     status: Arc<std::sync::atomic::AtomicU16>,
+    /// Requests still to be answered 503 before `status` applies.
+    unavailable: Arc<std::sync::atomic::AtomicUsize>,
+    /// Hold every request without answering.
+    hang: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One request a [`Receiver`] got.
@@ -472,9 +476,14 @@ impl Receiver {
     pub async fn start_on(port: u16) -> Receiver {
         use axum::body::Bytes;
         use axum::http::{HeaderMap, StatusCode, Uri};
-        type St = (Arc<Mutex<Vec<Received>>>, Arc<std::sync::atomic::AtomicU16>);
+        type St = (
+            Arc<Mutex<Vec<Received>>>,
+            Arc<std::sync::atomic::AtomicU16>,
+            Arc<std::sync::atomic::AtomicUsize>,
+            Arc<std::sync::atomic::AtomicBool>,
+        );
         async fn record(
-            State((got, status)): State<St>,
+            State((got, status, unavailable, hang)): State<St>,
             uri: Uri,
             headers: HeaderMap,
             body: Bytes,
@@ -489,14 +498,30 @@ impl Receiver {
                     serde_json::Value::String(String::from_utf8_lossy(&body).into_owned())
                 }),
             });
+            if hang.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            let before = unavailable.fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            );
+            if before.is_ok() {
+                return StatusCode::SERVICE_UNAVAILABLE;
+            }
             StatusCode::from_u16(status.load(std::sync::atomic::Ordering::SeqCst))
                 .unwrap_or(StatusCode::OK)
         }
         let got = Arc::new(Mutex::new(Vec::new()));
         let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
-        let app = axum::Router::new()
-            .fallback(record)
-            .with_state((Arc::clone(&got), Arc::clone(&status)));
+        let unavailable = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let hang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let app = axum::Router::new().fallback(record).with_state((
+            Arc::clone(&got),
+            Arc::clone(&status),
+            Arc::clone(&unavailable),
+            Arc::clone(&hang),
+        ));
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .expect("bind the receiver");
@@ -504,7 +529,13 @@ impl Receiver {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Receiver { addr, got, status }
+        Receiver {
+            addr,
+            got,
+            status,
+            unavailable,
+            hang,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -515,6 +546,17 @@ impl Receiver {
     pub fn answer(&self, status: u16) {
         self.status
             .store(status, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answer the next `n` requests 503 (each still recorded).
+    pub fn unavailable_for(&self, n: usize) {
+        self.unavailable
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Hold every later request without answering.
+    pub fn hang(&self) {
+        self.hang.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn received(&self) -> Vec<Received> {

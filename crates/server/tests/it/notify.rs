@@ -210,3 +210,70 @@ fn a_webhook_for_an_unknown_event_is_refused_naming_the_events() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery_of_the_body() {
+    let receiver = Receiver::start_on(0).await;
+    receiver.unavailable_for(3);
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntemplate = \"slack.json\"\n",
+        receiver.url("/hook")
+    );
+    let server = TestServer::start(harness::free_port(), None, &extra).await;
+    client::account(&server.directory("default")).await;
+    // Three 503s, then the delivery.
+    receiver
+        .wait_for("four attempts", Duration::from_secs(15), |got| {
+            got.len() >= 4
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let got = receiver.received();
+    assert_eq!(
+        got.len(),
+        4,
+        "3 refused attempts and one delivery: {got:#?}"
+    );
+    // Every attempt carried the same rendered body; the last was accepted.
+    for r in &got {
+        assert!(
+            r.body["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("account.created (default)")),
+            "{r:?}"
+        );
+    }
+    let store = server.running().authority.store.clone();
+    let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+        .await
+        .expect("jobs");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!((jobs[0].status.as_str(), jobs[0].attempts), ("done", 4));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_does_not_slow_acme_responses() {
+    let receiver = Receiver::start_on(0).await;
+    receiver.hang();
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntimeout = \"5s\"\n",
+        receiver.url("/hook")
+    );
+    let server = TestServer::start(harness::free_port(), None, &extra).await;
+    let responder = Responder::start().await;
+    let started = std::time::Instant::now();
+    let account = client::account(&server.directory("default")).await;
+    client::issue(&account, &responder, &["patient.example.test"]).await;
+    let took = started.elapsed();
+    receiver
+        .wait_for("the held deliveries", Duration::from_secs(5), |got| {
+            got.len() >= 2
+        })
+        .await;
+    assert!(
+        took < Duration::from_secs(3),
+        "an account and an issuance took {took:?} while the receiver hangs for 5 s per delivery"
+    );
+    server.stop().await;
+}

@@ -1477,3 +1477,57 @@ async fn relayed_issuance_and_an_abandoned_relay_are_notified() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_refusal_at_finalize_reaches_the_client_generically_once_audited_and_the_order_stays_ready()
+ {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let server = fault_server(&pki, &proxy).await;
+    let account = client::account(&server.directory("default")).await;
+    let mut order = ready_order(&account, &["refused-now.example.test"]).await;
+    // The upstream refuses the newOrder for our account: not the client's
+    // business (unauthorized is about our upstream account), so generic.
+    proxy.inject(Match::PathContains(NEW_ORDER), Fault::Forbidden403);
+    let err = order.finalize().await.expect_err("refused");
+    assert_eq!(client::problem_type(&err), "serverInternal");
+    assert!(!err.to_string().contains("upstream says no"), "{err}");
+    let local_id = order.url().rsplit('/').next().expect("id").to_owned();
+    let store = &server.running().authority.store;
+    assert_eq!(
+        store
+            .order(&local_id)
+            .await
+            .expect("order")
+            .expect("row")
+            .status,
+        "ready",
+        "a refusal at finalize leaves the order ready"
+    );
+    let rows = store.audit_for_order(&local_id).await.expect("audit");
+    let failed: Vec<_> = rows
+        .iter()
+        .filter(|r| r.event == "certificate.issue_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "one refusal, one row: {rows:#?}");
+    assert!(
+        failed[0]
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("upstream says no"),
+        "{:?}",
+        failed[0]
+    );
+    // And once the upstream accepts, the same order is issued.
+    order.finalize().await.expect("finalize again");
+    let chain = order
+        .poll_certificate(&client::retry())
+        .await
+        .expect("certificate");
+    assert!(chain.contains("BEGIN CERTIFICATE"));
+    server.stop().await;
+}
