@@ -27,8 +27,11 @@ struct Cli {
 enum Command {
     /// Run the ACME server (the default when no command is given).
     Serve,
-    /// Load and check the configuration, then exit.
+    /// Load and check the configuration, then exit (same as `config check`).
     CheckConfig,
+    /// The configuration as `serve` would load it.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Inspect and steer the durable job queue.
     #[command(subcommand)]
     Job(acme_proxy::cli::JobCommand),
@@ -38,6 +41,14 @@ enum Command {
     /// The audit trail: who got which certificate, and why one was refused.
     #[command(subcommand)]
     Audit(acme_proxy::cli::AuditCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Load and check the configuration exactly as `serve` would (templates,
+    /// files, relay accounts), print the effective profiles, and exit:
+    /// 0 when it would start, 2 when it would not.
+    Check,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,13 +61,30 @@ fn main() -> anyhow::Result<()> {
         }
     };
     match cli.command.unwrap_or(Command::Serve) {
-        Command::CheckConfig => {
-            println!(
-                "configuration OK: {} profile(s), listening on {}",
-                config.profiles.len(),
-                config.listen
-            );
-            Ok(())
+        Command::CheckConfig | Command::Config(ConfigCommand::Check) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            match runtime.block_on(acme_proxy::ops::check_config(&config)) {
+                Ok(profiles) => {
+                    println!(
+                        "configuration OK: listening on {}, database {}",
+                        config.listen,
+                        config.database_url()
+                    );
+                    for line in profiles {
+                        println!("  {line}");
+                    }
+                    Ok(())
+                }
+                Err(problems) => {
+                    for p in problems {
+                        eprintln!("acme-proxy: {p}");
+                    }
+                    std::process::exit(2);
+                }
+            }
         }
         Command::Job(job) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -103,10 +131,19 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             acme_proxy::config::SignerConfig::Relay(_) => None,
         })
         .collect();
+    let summary = acme_proxy::ops::describe_profiles(&config);
+    let database = config.database_url();
     let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
     // What an operator needs in their first minute: where to point clients
     // and what to trust.
     println!("acme-proxy is listening on {}", running.addr);
+    println!("  database: {database}");
+    if let Some(m) = running.metrics_addr {
+        println!("  metrics: http://{m}/metrics");
+    }
+    for line in &summary {
+        println!("  profile {line}");
+    }
     for p in &profiles {
         println!("  ACME directory ({p}): {}", running.directory_url(p));
     }

@@ -340,3 +340,114 @@ pub async fn show_audit(store: &Store, id: i64) -> Result<AuditView, OpsError> {
         .map(AuditView::from)
         .ok_or_else(|| OpsError::Refused(format!("no audit record with id {id}")))
 }
+
+/// One line per profile saying how it issues: what operators see at
+/// start-up and from `acme-proxy config check`.
+pub fn describe_profiles(config: &Config) -> Vec<String> {
+    config
+        .profiles
+        .iter()
+        .map(|(name, p)| {
+            let signer = match &p.signer {
+                SignerConfig::LocalCa(ca) => match &ca.ca_cert {
+                    Some(cert) => format!("embedded CA {}", cert.display()),
+                    None => "embedded CA (self-generated)".to_owned(),
+                },
+                SignerConfig::Relay(r) => {
+                    format!("relay to {} ({:?} strategy)", r.directory, r.strategy).to_lowercase()
+                }
+            };
+            let mut line = format!("{name}: {signer}; challenges {}", p.challenges.join(", "));
+            if !p.notify.webhooks.is_empty() {
+                line.push_str(&format!(
+                    "; webhooks {}",
+                    p.notify
+                        .webhooks
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            if p.bypass {
+                line.push_str("; WARNING: validation bypass is ON (tests only)");
+            }
+            line
+        })
+        .collect()
+}
+
+/// Checks a configuration as `serve` would before listening, without
+/// starting anything: the file itself (already parsed), the notification
+/// templates, files it names, and each relay profile's registered account
+/// and key. Returns the effective profiles, or every problem found.
+pub async fn check_config(config: &Config) -> Result<Vec<String>, Vec<String>> {
+    let mut problems = Vec::new();
+    if let Err(e) = crate::notify::check_templates(config) {
+        problems.push(e);
+    }
+    let store = if config.data_dir.exists() {
+        Store::open(
+            &config.database_url(),
+            &acme_proxy_store::StoreOptions::default(),
+        )
+        .await
+        .map_err(|e| problems.push(format!("the database {}: {e}", config.database_url())))
+        .ok()
+    } else {
+        None
+    };
+    for (name, p) in &config.profiles {
+        match &p.signer {
+            SignerConfig::LocalCa(ca) => {
+                for path in [&ca.ca_cert, &ca.ca_key, &ca.chain].into_iter().flatten() {
+                    if !path.is_file() {
+                        problems.push(format!(
+                            "profiles.{name}.signer: {} does not exist",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+            SignerConfig::Relay(r) => {
+                for path in &r.trust_anchors {
+                    if !path.is_file() {
+                        problems.push(format!(
+                            "profiles.{name}.signer.trust_anchors: {} does not exist",
+                            path.display()
+                        ));
+                    }
+                }
+                let registered = match &store {
+                    Some(store) => store.upstream_account(name).await.ok().flatten(),
+                    None => None,
+                };
+                match registered {
+                    None => problems.push(format!(
+                        "profile {name} has no upstream account; run `acme-proxy upstream register --profile {name}`"
+                    )),
+                    Some(account) if account.directory != r.directory => problems.push(format!(
+                        "profile {name}'s upstream account was registered at {}, not {}; run `acme-proxy upstream register --profile {name}`",
+                        account.directory, r.directory
+                    )),
+                    Some(_) => {
+                        if !r.account_key_path(&config.data_dir, name).is_file() {
+                            problems.push(format!(
+                                "profile {name}'s upstream account key {} is missing",
+                                r.account_key_path(&config.data_dir, name).display()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(store) = store {
+        store.close().await;
+    }
+    if problems.is_empty() {
+        Ok(describe_profiles(config))
+    } else {
+        Err(problems)
+    }
+}

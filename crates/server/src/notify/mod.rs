@@ -122,13 +122,10 @@ impl Notifier {
         store: Store,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Self, String> {
-        let templates = Templates::load(config.notify.templates_dir.as_deref())?;
+        let templates = check_templates(config)?;
         let mut destinations = Vec::new();
         for (profile, p) in &config.profiles {
             for (name, hook) in &p.notify.webhooks {
-                templates.check(&hook.template).map_err(|e| {
-                    format!("profiles.{profile}.notify.webhooks.{name}.template: {e}")
-                })?;
                 destinations.push(Destination {
                     profile: profile.clone(),
                     name: name.clone(),
@@ -220,6 +217,20 @@ impl Notifier {
             Delivery::Refused(reason) => Outcome::Failed(reason),
         }
     }
+}
+
+/// Loads the templates and renders every one a webhook names with a sample
+/// notice: what start-up and `acme-proxy config check` refuse.
+pub fn check_templates(config: &Config) -> Result<Templates, String> {
+    let templates = Templates::load(config.notify.templates_dir.as_deref())?;
+    for (profile, p) in &config.profiles {
+        for (name, hook) in &p.notify.webhooks {
+            templates
+                .check(&hook.template)
+                .map_err(|e| format!("profiles.{profile}.notify.webhooks.{name}.template: {e}"))?;
+        }
+    }
+    Ok(templates)
 }
 
 /// The handler of [`NOTIFY_KIND`] jobs.

@@ -432,3 +432,62 @@ async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly(
                 && l["fields"]["outcome"] == "success")
     );
 }
+
+#[test]
+fn config_check_loads_like_serve_prints_the_effective_profiles_and_refuses_what_serve_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |toml: &str| {
+        let path = dir.path().join("acme-proxy.toml");
+        std::fs::write(&path, toml).unwrap();
+        let out = Command::new(crate::harness::binary())
+            .args(["config", "check", "--config"])
+            .arg(&path)
+            .env_remove("ACME_PROXY_CONFIG")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let data = dir.path().join("data");
+    let base = format!("data_dir = \"{}\"\n", data.display());
+    let (code, out, err) = check(&format!(
+        "{base}[profiles.default]\nchallenges = [\"http-01\", \"dns-01\"]\n[profiles.lab]\nbypass = true\n"
+    ));
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("default: embedded CA (self-generated); challenges http-01, dns-01"),
+        "{out}"
+    );
+    assert!(
+        out.contains("lab:") && out.contains("bypass is ON"),
+        "{out}"
+    );
+
+    // A relay profile without its upstream account would not start.
+    let (code, out, err) = check(&format!(
+        "{base}[profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://ca.example/dir\"\n"
+    ));
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("acme-proxy upstream register --profile edge"),
+        "{err}"
+    );
+
+    // Nor would a broken template.
+    let templates = dir.path().join("templates");
+    std::fs::create_dir_all(&templates).unwrap();
+    std::fs::write(
+        templates.join("chat.json"),
+        "{\"text\": {{ notice.event }\n",
+    )
+    .unwrap();
+    let (code, _, err) = check(&format!(
+        "{base}[notify]\ntemplates_dir = \"{}\"\n[profiles.default.notify.webhooks.chat]\nurl = \"https://chat.example/hook\"\ntemplate = \"chat.json\"\n",
+        templates.display()
+    ));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("chat.json") && err.contains("line 1"), "{err}");
+}
