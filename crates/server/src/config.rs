@@ -66,6 +66,24 @@ pub struct NotifyConfig {
 pub struct ProfileNotifyConfig {
     /// Webhooks by name.
     pub webhooks: BTreeMap<String, WebhookConfig>,
+    /// Scripts by name: the notice as JSON on stdin.
+    pub scripts: BTreeMap<String, ScriptConfig>,
+}
+
+/// A notification script, run without a shell in a cleared environment.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptConfig {
+    /// Absolute path of the program.
+    pub command: PathBuf,
+    /// Fixed arguments (no shell expansion).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Events given to this script; empty means all.
+    #[serde(default)]
+    pub events: Vec<String>,
+    #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
 }
 
 /// One webhook: where, how, which body, which events.
@@ -446,6 +464,19 @@ impl Default for LocalCaConfig {
     }
 }
 
+/// Every subscribed event must be one that is dispatched.
+fn check_events(key: &str, events: &[String]) -> Result<(), ConfigError> {
+    for event in events {
+        if !crate::notify::EVENTS.contains(&event.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "{key}.events: {event:?} is not an event; write some of {:?} (or leave events out for all)",
+                crate::notify::EVENTS
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A webhook that could never be delivered is refused at start-up.
 fn check_webhook(profile: &str, name: &str, w: &WebhookConfig) -> Result<(), ConfigError> {
     let key = format!("profiles.{profile}.notify.webhooks.{name}");
@@ -468,14 +499,7 @@ fn check_webhook(profile: &str, name: &str, w: &WebhookConfig) -> Result<(), Con
             return invalid(format!("{key}.headers: {header:?} is not a header name"));
         }
     }
-    for event in &w.events {
-        if !crate::notify::EVENTS.contains(&event.as_str()) {
-            return invalid(format!(
-                "{key}.events: {event:?} is not an event; write some of {:?} (or leave events out for all)",
-                crate::notify::EVENTS
-            ));
-        }
-    }
+    check_events(&key, &w.events)?;
     if w.timeout < Duration::from_millis(100) {
         return invalid(format!(
             "{key}.timeout is too short; write e.g. timeout = \"10s\""
@@ -613,6 +637,15 @@ impl Config {
             }
             for (hook_name, hook) in &profile.notify.webhooks {
                 check_webhook(name, hook_name, hook)?;
+            }
+            for (script_name, script) in &profile.notify.scripts {
+                let key = format!("profiles.{name}.notify.scripts.{script_name}");
+                if !script.command.is_absolute() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}.command must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/notify-pki\""
+                    )));
+                }
+                check_events(&key, &script.events)?;
             }
             let ca = match &profile.signer {
                 SignerConfig::LocalCa(ca) => ca,
@@ -873,6 +906,10 @@ mod tests {
         "profiles.default.notify.webhooks.ops.content_type",
         "profiles.default.notify.webhooks.ops.events",
         "profiles.default.notify.webhooks.ops.timeout",
+        "profiles.default.notify.scripts.ticket.command",
+        "profiles.default.notify.scripts.ticket.args",
+        "profiles.default.notify.scripts.ticket.events",
+        "profiles.default.notify.scripts.ticket.timeout",
         "profiles.edge.signer.type",
         "profiles.edge.signer.directory",
         "profiles.edge.signer.account_key",

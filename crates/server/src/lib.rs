@@ -11,6 +11,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod hardened;
 pub mod ids;
 pub mod jobs;
 pub mod logging;

@@ -22,7 +22,7 @@ use acme_proxy_store::{JobRow, NewAuditRow, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::SharedClock;
-use crate::config::{Config, WebhookConfig};
+use crate::config::{Config, ScriptConfig, WebhookConfig};
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
 use templates::Templates;
 use webhook::{Delivery, WebhookClient};
@@ -86,13 +86,43 @@ impl Notice {
     }
 }
 
-/// One configured webhook of one profile.
+/// One configured destination of one profile.
 #[derive(Debug)]
 struct Destination {
     profile: String,
+    /// The webhook's name, or `script:NAME` for a script.
     name: String,
-    config: WebhookConfig,
+    target: Target,
 }
+
+#[derive(Debug)]
+enum Target {
+    Webhook(WebhookConfig),
+    Script(ScriptConfig),
+}
+
+impl Destination {
+    fn events(&self) -> &[String] {
+        match &self.target {
+            Target::Webhook(w) => &w.events,
+            Target::Script(s) => &s.events,
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        match &self.target {
+            Target::Webhook(w) => w.timeout,
+            Target::Script(s) => s.timeout,
+        }
+    }
+}
+
+/// A script's exit code meaning "not now, try again later" (sysexits
+/// EX_TEMPFAIL); any other non-zero code is a refusal.
+pub const SCRIPT_TEMPFAIL: i32 = 75;
+
+/// Output kept from a notification script.
+const SCRIPT_OUTPUT_CAP: usize = 64 * 1024;
 
 /// Every profile's destinations, the templates and the HTTP client.
 #[derive(Debug)]
@@ -129,7 +159,14 @@ impl Notifier {
                 destinations.push(Destination {
                     profile: profile.clone(),
                     name: name.clone(),
-                    config: hook.clone(),
+                    target: Target::Webhook(hook.clone()),
+                });
+            }
+            for (name, script) in &p.notify.scripts {
+                destinations.push(Destination {
+                    profile: profile.clone(),
+                    name: format!("script:{name}"),
+                    target: Target::Script(script.clone()),
                 });
             }
         }
@@ -149,7 +186,7 @@ impl Notifier {
     pub async fn dispatch(&self, notice: Notice) {
         for d in &self.destinations {
             if d.profile != notice.profile
-                || !(d.config.events.is_empty() || d.config.events.contains(&notice.event))
+                || !(d.events().is_empty() || d.events().contains(&notice.event))
             {
                 continue;
             }
@@ -201,11 +238,15 @@ impl Notifier {
                 payload.webhook, payload.profile
             ));
         };
-        let body = match self.templates.render(&d.config.template, &payload.notice) {
-            Ok(body) => body,
-            Err(e) => return Outcome::Failed(format!("template {}: {e}", d.config.template)),
+        let hook = match &d.target {
+            Target::Webhook(hook) => hook,
+            Target::Script(script) => return run_script(&d.name, script, &payload.notice).await,
         };
-        match self.client.send(&d.config, body).await {
+        let body = match self.templates.render(&hook.template, &payload.notice) {
+            Ok(body) => body,
+            Err(e) => return Outcome::Failed(format!("template {}: {e}", hook.template)),
+        };
+        match self.client.send(hook, body).await {
             Delivery::Delivered(status) => {
                 tracing::info!(event = "notify.delivered", outcome = "success", webhook = %d.name, notice = %payload.notice.event, status, "notification delivered");
                 Outcome::Done
@@ -216,6 +257,41 @@ impl Notifier {
             },
             Delivery::Refused(reason) => Outcome::Failed(reason),
         }
+    }
+}
+
+/// A script destination: the notice as JSON on stdin, hardened execution.
+/// Exit 0 is delivered, [`SCRIPT_TEMPFAIL`] (and a timeout or a failure to
+/// start) is retried, any other code is a refusal whose first stderr line
+/// is kept for the audit row.
+async fn run_script(name: &str, script: &ScriptConfig, notice: &Notice) -> Outcome {
+    let input = match serde_json::to_vec(notice) {
+        Ok(v) => v,
+        Err(e) => return Outcome::Failed(format!("encoding the notice: {e}")),
+    };
+    match crate::hardened::run(
+        &script.command,
+        &script.args,
+        &input,
+        script.timeout,
+        SCRIPT_OUTPUT_CAP,
+    )
+    .await
+    {
+        Ok(done) if done.status.success() => {
+            tracing::info!(event = "notify.delivered", outcome = "success", destination = %name, notice = %notice.event, "notification script succeeded");
+            Outcome::Done
+        }
+        Ok(done) if done.status.code() == Some(SCRIPT_TEMPFAIL) => Outcome::Retry(format!(
+            "{name} asked to retry (exit {SCRIPT_TEMPFAIL}): {}",
+            done.first_error_line()
+        )),
+        Ok(done) => Outcome::Failed(format!(
+            "{name} failed ({}): {}",
+            done.status,
+            done.first_error_line()
+        )),
+        Err(e) => Outcome::Retry(format!("{name}: {e}")),
     }
 }
 
@@ -249,7 +325,7 @@ impl JobHandler for NotifyJobs {
         let d = self
             .notifier
             .destination(&payload.profile, &payload.webhook)?;
-        Some(d.config.timeout + Duration::from_secs(5))
+        Some(d.timeout() + Duration::from_secs(5))
     }
 
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {

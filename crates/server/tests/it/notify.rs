@@ -277,3 +277,104 @@ async fn a_hanging_receiver_does_not_slow_acme_responses() {
     );
     server.stop().await;
 }
+
+/// An executable shell script at `dir/name`.
+fn script(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_gets_the_notice_on_stdin_in_a_cleared_environment_and_exit_75_is_retried() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("notice.json");
+    let tries = dir.path().join("tries");
+    // Fails "later" (75) on its first run, then records its input and env.
+    let prog = script(
+        dir.path(),
+        "notify",
+        &format!(
+            "echo x >> {tries}\nif [ $(wc -l < {tries}) -lt 2 ]; then echo 'busy' >&2; exit 75; fi\ncat > \"$1\"\nenv > \"$1.env\"",
+            tries = tries.display()
+        ),
+    );
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.scripts.ticket]\ncommand = \"{}\"\nargs = [\"{}\"]\nevents = [\"account.created\"]\n",
+        prog.display(),
+        out.display()
+    );
+    let server = TestServer::start(harness::free_port(), None, &extra).await;
+    client::account(&server.directory("default")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !out.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the script never succeeded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let notice: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("output")).expect("JSON");
+    assert_eq!(notice["event"], "account.created");
+    assert_eq!(notice["profile"], "default");
+    let env = std::fs::read_to_string(format!("{}.env", out.display())).expect("env");
+    assert!(!env.contains("HOME=") && !env.contains("CARGO"), "{env}");
+    assert_eq!(
+        std::fs::read_to_string(&tries)
+            .expect("tries")
+            .lines()
+            .count(),
+        2
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_script_is_not_retried_and_its_first_error_line_is_audited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = script(
+        dir.path(),
+        "notify",
+        "cat > /dev/null\necho 'ticket system says no' >&2\nexit 1",
+    );
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.scripts.ticket]\ncommand = \"{}\"\n",
+        prog.display()
+    );
+    let server = TestServer::start(harness::free_port(), None, &extra).await;
+    client::account(&server.directory("default")).await;
+    let store = server.running().authority.store.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let row = loop {
+        if let Some(row) = store
+            .audit_recent(Some("notification.failed"), 10)
+            .await
+            .expect("audit")
+            .into_iter()
+            .next()
+        {
+            break row;
+        }
+        assert!(std::time::Instant::now() < deadline, "not audited");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let detail = row.detail.unwrap_or_default();
+    assert!(detail.contains("ticket system says no"), "{detail}");
+    let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+        .await
+        .expect("jobs");
+    assert_eq!((jobs[0].status.as_str(), jobs[0].attempts), ("failed", 1));
+    server.stop().await;
+}
+
+#[test]
+fn a_script_must_be_named_by_an_absolute_path() {
+    let err = Config::from_toml("[profiles.default.notify.scripts.x]\ncommand = \"notify.sh\"\n")
+        .expect_err("relative command")
+        .to_string();
+    assert!(err.contains("absolute path"), "{err}");
+}
