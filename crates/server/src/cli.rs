@@ -115,15 +115,24 @@ fn print_job(out: &mut impl Write, j: &JobView, json: bool) -> anyhow::Result<()
         writeln!(out, "{}", serde_json::to_string_pretty(j)?)?;
         return Ok(());
     }
-    let v = serde_json::to_value(j)?;
-    if let Some(map) = v.as_object() {
+    print_fields(out, j, 20)
+}
+
+/// One `name: value` line per field of `value`, names right-aligned to
+/// `width` ("-" for none).
+fn print_fields(
+    out: &mut impl Write,
+    value: &impl serde::Serialize,
+    width: usize,
+) -> anyhow::Result<()> {
+    if let Some(map) = serde_json::to_value(value)?.as_object() {
         for (k, v) in map {
             let shown = match v {
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Null => "-".to_owned(),
                 other => other.to_string(),
             };
-            writeln!(out, "{k:>20}: {shown}")?;
+            writeln!(out, "{k:>width$}: {shown}")?;
         }
     }
     Ok(())
@@ -398,17 +407,7 @@ pub async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()>
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
             } else {
-                let v = serde_json::to_value(&r)?;
-                if let Some(map) = v.as_object() {
-                    for (k, v) in map {
-                        let shown = match v {
-                            serde_json::Value::String(s) => s.clone(),
-                            serde_json::Value::Null => "-".to_owned(),
-                            other => other.to_string(),
-                        };
-                        writeln!(out, "{k:>14}: {shown}")?;
-                    }
-                }
+                print_fields(&mut out, &r, 14)?;
             }
         }
     }

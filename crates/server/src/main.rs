@@ -62,11 +62,7 @@ fn main() -> anyhow::Result<()> {
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::CheckConfig | Command::Config(ConfigCommand::Check) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            match runtime.block_on(acme_proxy::ops::check_config(&config)) {
+            match operator_runtime()?.block_on(acme_proxy::ops::check_config(&config)) {
                 Ok(profiles) => {
                     println!(
                         "configuration OK: listening on {}, database {}",
@@ -86,26 +82,12 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Job(job) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(acme_proxy::cli::job(&config, job))
-        }
+        Command::Job(job) => operator_runtime()?.block_on(acme_proxy::cli::job(&config, job)),
         Command::Audit(command) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(acme_proxy::cli::audit(&config, command))
+            operator_runtime()?.block_on(acme_proxy::cli::audit(&config, command))
         }
         Command::Upstream(command) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(acme_proxy::cli::upstream(&config, command))
+            operator_runtime()?.block_on(acme_proxy::cli::upstream(&config, command))
         }
         Command::Serve => {
             acme_proxy::logging::init(config.log_format);
@@ -116,6 +98,15 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(serve(config))
         }
     }
+}
+
+/// The single-threaded runtime of the operator commands (one at a time,
+/// short-lived; `serve` has its own multi-threaded one).
+fn operator_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {

@@ -62,32 +62,10 @@ impl Authority {
         let result = self
             .finalize_checked(profile, account, order_id, csr_der, ctx)
             .await;
+        // Issuance is audited where it happens (finalize_checked, or the
+        // relay's job); refusals here, whatever the path.
         match &result {
-            // The relay audits its own outcome when its job settles.
-            Ok(row) if row.status != "valid" => {}
-            Ok(row) => {
-                let serial = match &row.certificate_id {
-                    Some(id) => self
-                        .store
-                        .certificate(id)
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|c| c.serial),
-                    None => None,
-                };
-                self.audit(super::audit::Fact {
-                    event: "certificate.issued",
-                    outcome: "success",
-                    profile: &profile.name,
-                    account: Some(&account.id),
-                    order: Some(&row.id),
-                    serial: serial.as_deref(),
-                    identifiers: Some(&row.identifiers),
-                    ..Default::default()
-                })
-                .await;
-            }
+            Ok(_) => {}
             Err(e) => {
                 let identifiers = self
                     .store
@@ -208,6 +186,17 @@ impl Authority {
                 "order left processing while it was being signed",
             ));
         }
+        self.audit(super::audit::Fact {
+            event: "certificate.issued",
+            outcome: "success",
+            profile: &profile.name,
+            account: Some(&account.id),
+            order: Some(&order.id),
+            serial: Some(&issued.serial),
+            identifiers: Some(&order.identifiers),
+            ..Default::default()
+        })
+        .await;
         let mut notice = Notice::new("certificate.issued", &profile.name, self.clock.unix())
             .identifiers(&order.identifiers);
         notice.account = Some(account.id.clone());

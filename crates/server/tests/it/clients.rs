@@ -245,6 +245,30 @@ fn assert_issued(leaf: &Leaf, name: &str, ca: &(Vec<u8>, String)) {
     );
 }
 
+/// `lego … --http … -d NAME run`: obtain `name` from `directory` over
+/// http-01 with lego's own server on `port`, its state in `home`.
+pub(crate) fn lego_http_run(directory: &str, home: &Path, port: u16, name: &str) -> Vec<String> {
+    [
+        "--server",
+        directory,
+        "--email",
+        "admin@example.test",
+        "--accept-tos",
+        "--path",
+        home.to_str().expect("utf-8 path"),
+        "--key-type",
+        "ec256",
+        "--http",
+        "--http.port",
+        &format!("127.0.0.1:{port}"),
+        "-d",
+        name,
+        "run",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// The options isolating certbot in `d` and pointing it at `directory`.
 pub(crate) fn certbot_common(d: &Path, directory: &str) -> Vec<String> {
     let p = |sub: &str| d.join(sub).display().to_string();

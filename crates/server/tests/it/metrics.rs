@@ -107,25 +107,12 @@ async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_au
 
     let home = tempfile::tempdir().expect("tempdir");
     let d = home.path().to_path_buf();
-    let args: Vec<String> = [
-        "--server",
+    let args = clients::lego_http_run(
         &server.directory("default"),
-        "--email",
-        "admin@example.test",
-        "--accept-tos",
-        "--path",
-        d.to_str().expect("utf-8"),
-        "--key-type",
-        "ec256",
-        "--http",
-        "--http.port",
-        &format!("127.0.0.1:{port}"),
-        "-d",
+        &d,
+        port,
         "metrics.example.test",
-        "run",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    );
     let ran = clients::run("lego", args, d.clone()).await;
     assert!(ran.success(), "lego failed\n{}", ran.report());
 

@@ -60,6 +60,24 @@ fn bypass_profile(directory: &str, pki: &TestPki, extra_signer: &str) -> String 
     )
 }
 
+/// A "default" relay profile with the dns01 strategy updating `bind`'s
+/// example.test zone with the TSIG `key` (name, algorithm) whose secret is
+/// in `secret_file`.
+fn dns01_profile(
+    directory: &str,
+    pki: &TestPki,
+    bind: &Bind,
+    (key, algorithm): (&str, &str),
+    secret_file: &Path,
+) -> String {
+    let signer = format!(
+        "\n[profiles.default.signer.dns01]\nserver = \"{}\"\nzones = [\"example.test\"]\ntsig_key_name = \"{key}\"\ntsig_algorithm = \"{algorithm}\"\ntsig_secret_file = \"{}\"\nttl = 30\n",
+        bind.addr,
+        secret_file.display()
+    );
+    relay_profile("default", directory, pki, "dns01", LOCAL_BYPASS, &signer)
+}
+
 /// Fast retries, short leases: the server configuration of these tests.
 fn server_toml(data_dir: &Path, http_port: u16, dns: Option<&Dns>, profiles: &str) -> String {
     TestServer::config_text(
@@ -308,25 +326,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     let home = tempfile::tempdir().expect("tempdir");
     let d = home.path().to_path_buf();
     let name = "relay-lego.example.test";
-    let args: Vec<String> = [
-        "--server",
-        &directory,
-        "--email",
-        "admin@example.test",
-        "--accept-tos",
-        "--path",
-        d.to_str().expect("utf-8"),
-        "--key-type",
-        "ec256",
-        "--http",
-        "--http.port",
-        &format!("127.0.0.1:{port}"),
-        "-d",
-        name,
-        "run",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let args = clients::lego_http_run(&directory, &d, port, name);
     let ran = clients::run("lego", args, d.clone()).await;
     assert!(
         ran.success(),
@@ -472,18 +472,12 @@ async fn dns01_strategy_publishes_through_tsig_signed_updates_to_bind_and_obtain
     let dir = tempfile::tempdir().expect("tempdir");
     let secret_file = dir.path().join("tsig.secret");
     std::fs::write(&secret_file, format!("{secret}\n")).expect("secret file");
-    let signer = format!(
-        "\n[profiles.default.signer.dns01]\nserver = \"{}\"\nzones = [\"example.test\"]\ntsig_key_name = \"acme-proxy-key\"\ntsig_algorithm = \"hmac-sha256\"\ntsig_secret_file = \"{}\"\nttl = 30\n",
-        bind.addr,
-        secret_file.display()
-    );
-    let profiles = relay_profile(
-        "default",
+    let profiles = dns01_profile(
         &pebble.directory_url(),
         &pki,
-        "dns01",
-        LOCAL_BYPASS,
-        &signer,
+        &bind,
+        ("acme-proxy-key", "hmac-sha256"),
+        &secret_file,
     );
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let server = start_relay(dir, &toml).await;
@@ -586,18 +580,12 @@ async fn dns01_cleanup_removes_only_the_value_this_attempt_added() {
     assert!(status.expect("nsupdate").success(), "nsupdate add");
     assert_eq!(bind.txt(record), vec!["someone-else".to_owned()]);
 
-    let signer = format!(
-        "\n[profiles.default.signer.dns01]\nserver = \"{}\"\nzones = [\"example.test\"]\ntsig_key_name = \"k1\"\ntsig_algorithm = \"hmac-sha512\"\ntsig_secret_file = \"{}\"\n",
-        bind.addr,
-        secret_file.display()
-    );
-    let profiles = relay_profile(
-        "default",
+    let profiles = dns01_profile(
         &pebble.directory_url(),
         &pki,
-        "dns01",
-        LOCAL_BYPASS,
-        &signer,
+        &bind,
+        ("k1", "hmac-sha512"),
+        &secret_file,
     );
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let dir2 = tempfile::tempdir().expect("tempdir");
