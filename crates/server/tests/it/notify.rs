@@ -110,7 +110,13 @@ async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is
             .await
             .expect("jobs");
         if jobs.first().is_some_and(|j| j.attempts >= 2) {
-            assert_eq!(jobs[0].status, "queued", "{:?}", jobs[0]);
+            // Attempts are counted when claimed, so the second attempt may
+            // still be running; what matters is that it was not given up.
+            assert!(
+                matches!(jobs[0].status.as_str(), "queued" | "running"),
+                "{:?}",
+                jobs[0]
+            );
             break;
         }
         assert!(std::time::Instant::now() < deadline, "no retry: {jobs:?}");
