@@ -68,6 +68,75 @@ pub struct ProfileNotifyConfig {
     pub webhooks: BTreeMap<String, WebhookConfig>,
     /// Scripts by name: the notice as JSON on stdin.
     pub scripts: BTreeMap<String, ScriptConfig>,
+    /// Email recipients by name: one message per event over SMTP.
+    pub emails: BTreeMap<String, EmailConfig>,
+}
+
+/// How the SMTP connection is protected.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpTls {
+    /// Plain connection upgraded with STARTTLS, which must succeed (port 587).
+    #[default]
+    Starttls,
+    /// TLS from the first byte (port 465).
+    Tls,
+    /// No encryption: only for a relay on the same host or network.
+    None,
+}
+
+/// One email destination: the SMTP server, the envelope and the templates.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmailConfig {
+    /// SMTP server host name (also the name its TLS certificate must carry).
+    pub host: String,
+    /// Defaults to 587 (starttls), 465 (tls) or 25 (none).
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub tls: SmtpTls,
+    /// Extra CA certificates (PEM) trusted for the SMTP server's TLS, beside
+    /// the system roots.
+    #[serde(default)]
+    pub trust_anchors: Option<PathBuf>,
+    /// SMTP AUTH user; the password is read from `password_file`.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// e.g. "acme-proxy <pki@example.org>".
+    pub from: String,
+    pub to: Vec<String>,
+    /// Template names (built-in `email_subject.txt` and `email_body.txt`,
+    /// or files of `notify.templates_dir`).
+    #[serde(default = "default_email_subject")]
+    pub subject_template: String,
+    #[serde(default = "default_email_body")]
+    pub body_template: String,
+    /// Events mailed here; empty means all.
+    #[serde(default)]
+    pub events: Vec<String>,
+    #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+}
+
+impl EmailConfig {
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(match self.tls {
+            SmtpTls::Starttls => 587,
+            SmtpTls::Tls => 465,
+            SmtpTls::None => 25,
+        })
+    }
+}
+
+fn default_email_subject() -> String {
+    "email_subject.txt".to_owned()
+}
+
+fn default_email_body() -> String {
+    "email_body.txt".to_owned()
 }
 
 /// A notification script, run without a shell in a cleared environment.
@@ -508,6 +577,40 @@ fn check_webhook(profile: &str, name: &str, w: &WebhookConfig) -> Result<(), Con
     Ok(())
 }
 
+/// An email destination that could never send is refused at start-up
+/// (the addresses are parsed again, strictly, when the notifier is built).
+fn check_email(profile: &str, name: &str, e: &EmailConfig) -> Result<(), ConfigError> {
+    let key = format!("profiles.{profile}.notify.emails.{name}");
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if e.host.is_empty() {
+        return invalid(format!(
+            "{key}.host is empty; write the SMTP server, e.g. host = \"smtp.example.org\""
+        ));
+    }
+    if e.to.is_empty() {
+        return invalid(format!(
+            "{key}.to is empty; write at least one recipient, e.g. to = [\"pki-team@example.org\"]"
+        ));
+    }
+    if e.username.is_some() != e.password_file.is_some() {
+        return invalid(format!(
+            "{key}: set both username and password_file (SMTP AUTH), or neither"
+        ));
+    }
+    if e.username.is_some() && e.tls == SmtpTls::None {
+        return invalid(format!(
+            "{key}: SMTP AUTH would send the password in clear; write tls = \"starttls\" or \"tls\""
+        ));
+    }
+    check_events(&key, &e.events)?;
+    if e.timeout < Duration::from_millis(100) {
+        return invalid(format!(
+            "{key}.timeout is too short; write e.g. timeout = \"10s\""
+        ));
+    }
+    Ok(())
+}
+
 /// The relay settings that must agree with each other.
 fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError> {
     let invalid = |m: String| Err(ConfigError::Invalid(m));
@@ -646,6 +749,9 @@ impl Config {
                     )));
                 }
                 check_events(&key, &script.events)?;
+            }
+            for (email_name, email) in &profile.notify.emails {
+                check_email(name, email_name, email)?;
             }
             let ca = match &profile.signer {
                 SignerConfig::LocalCa(ca) => ca,
@@ -910,6 +1016,18 @@ mod tests {
         "profiles.default.notify.scripts.ticket.args",
         "profiles.default.notify.scripts.ticket.events",
         "profiles.default.notify.scripts.ticket.timeout",
+        "profiles.default.notify.emails.pki.host",
+        "profiles.default.notify.emails.pki.port",
+        "profiles.default.notify.emails.pki.tls",
+        "profiles.default.notify.emails.pki.trust_anchors",
+        "profiles.default.notify.emails.pki.username",
+        "profiles.default.notify.emails.pki.password_file",
+        "profiles.default.notify.emails.pki.from",
+        "profiles.default.notify.emails.pki.to",
+        "profiles.default.notify.emails.pki.subject_template",
+        "profiles.default.notify.emails.pki.body_template",
+        "profiles.default.notify.emails.pki.events",
+        "profiles.default.notify.emails.pki.timeout",
         "profiles.edge.signer.type",
         "profiles.edge.signer.directory",
         "profiles.edge.signer.account_key",

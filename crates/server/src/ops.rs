@@ -398,6 +398,12 @@ pub async fn check_config(config: &Config) -> Result<Vec<String>, Vec<String>> {
         None
     };
     for (name, p) in &config.profiles {
+        for (email, e) in &p.notify.emails {
+            let key = format!("profiles.{name}.notify.emails.{email}");
+            if let Err(e) = crate::notify::email::Mailer::new(&key, e) {
+                problems.push(e);
+            }
+        }
         match &p.signer {
             SignerConfig::LocalCa(ca) => {
                 for path in [&ca.ca_cert, &ca.ca_key, &ca.chain].into_iter().flatten() {

@@ -1,7 +1,7 @@
 //! Notifications (SYSTEM.md component 6): certificate issued or revoked,
 //! account created or deactivated, challenge failed, relay abandoned —
-//! told to the operator's webhooks, each delivery a durable job so a
-//! receiver that is down is retried, not lost.
+//! told to the operator's webhooks, mailboxes and scripts, each delivery a
+//! durable job so a receiver that is down is retried, not lost.
 //!
 //! `dispatch` only queues (one job per event per destination) and never
 //! fails or delays an ACME response beyond that insert: a queueing error
@@ -11,6 +11,7 @@
 //!
 //! Slack, Mattermost, Teams or Matrix are templates (bodies), not backends.
 
+pub mod email;
 pub mod templates;
 pub mod webhook;
 
@@ -22,8 +23,9 @@ use acme_proxy_store::{JobRow, NewAuditRow, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::SharedClock;
-use crate::config::{Config, ScriptConfig, WebhookConfig};
+use crate::config::{Config, EmailConfig, ScriptConfig, WebhookConfig};
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use email::Mailer;
 use templates::Templates;
 use webhook::{Delivery, WebhookClient};
 
@@ -90,7 +92,8 @@ impl Notice {
 #[derive(Debug)]
 struct Destination {
     profile: String,
-    /// The webhook's name, or `script:NAME` for a script.
+    /// The webhook's name, `script:NAME` for a script, `email:NAME` for an
+    /// email destination.
     name: String,
     target: Target,
 }
@@ -99,6 +102,7 @@ struct Destination {
 enum Target {
     Webhook(WebhookConfig),
     Script(ScriptConfig),
+    Email(Box<(EmailConfig, Mailer)>),
 }
 
 impl Destination {
@@ -106,6 +110,7 @@ impl Destination {
         match &self.target {
             Target::Webhook(w) => &w.events,
             Target::Script(s) => &s.events,
+            Target::Email(email) => &email.0.events,
         }
     }
 
@@ -113,6 +118,7 @@ impl Destination {
         match &self.target {
             Target::Webhook(w) => w.timeout,
             Target::Script(s) => s.timeout,
+            Target::Email(email) => email.0.timeout,
         }
     }
 }
@@ -167,6 +173,14 @@ impl Notifier {
                     profile: profile.clone(),
                     name: format!("script:{name}"),
                     target: Target::Script(script.clone()),
+                });
+            }
+            for (name, email) in &p.notify.emails {
+                let key = format!("profiles.{profile}.notify.emails.{name}");
+                destinations.push(Destination {
+                    profile: profile.clone(),
+                    name: format!("email:{name}"),
+                    target: Target::Email(Box::new((email.clone(), Mailer::new(&key, email)?))),
                 });
             }
         }
@@ -238,15 +252,29 @@ impl Notifier {
                 payload.webhook, payload.profile
             ));
         };
-        let hook = match &d.target {
-            Target::Webhook(hook) => hook,
+        let render = |name: &str| {
+            self.templates
+                .render(name, &payload.notice)
+                .map_err(|e| Outcome::Failed(format!("template {name}: {e}")))
+        };
+        let delivery = match &d.target {
             Target::Script(script) => return run_script(&d.name, script, &payload.notice).await,
+            Target::Webhook(hook) => match render(&hook.template) {
+                Ok(body) => self.client.send(hook, body).await,
+                Err(failed) => return failed,
+            },
+            Target::Email(email) => {
+                let (email, mailer) = &**email;
+                match (
+                    render(&email.subject_template),
+                    render(&email.body_template),
+                ) {
+                    (Ok(subject), Ok(body)) => mailer.send(&subject, body).await,
+                    (Err(failed), _) | (_, Err(failed)) => return failed,
+                }
+            }
         };
-        let body = match self.templates.render(&hook.template, &payload.notice) {
-            Ok(body) => body,
-            Err(e) => return Outcome::Failed(format!("template {}: {e}", hook.template)),
-        };
-        match self.client.send(hook, body).await {
+        match delivery {
             Delivery::Delivered(status) => {
                 tracing::info!(event = "notify.delivered", outcome = "success", webhook = %d.name, notice = %payload.notice.event, status, "notification delivered");
                 Outcome::Done
@@ -305,6 +333,16 @@ pub fn check_templates(config: &Config) -> Result<Templates, String> {
                 .check(&hook.template)
                 .map_err(|e| format!("profiles.{profile}.notify.webhooks.{name}.template: {e}"))?;
         }
+        for (name, email) in &p.notify.emails {
+            for (field, template) in [
+                ("subject_template", &email.subject_template),
+                ("body_template", &email.body_template),
+            ] {
+                templates
+                    .check(template)
+                    .map_err(|e| format!("profiles.{profile}.notify.emails.{name}.{field}: {e}"))?;
+            }
+        }
     }
     Ok(templates)
 }
@@ -339,7 +377,7 @@ impl JobHandler for NotifyJobs {
             let n = &self.notifier;
             let payload: Option<Payload> = serde_json::from_str(&job.payload).ok();
             let detail = match &payload {
-                Some(p) => format!("{} to webhook {}: {reason}", p.notice.event, p.webhook),
+                Some(p) => format!("{} to {}: {reason}", p.notice.event, p.webhook),
                 None => reason.to_string(),
             };
             let audit = NewAuditRow {

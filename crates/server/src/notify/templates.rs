@@ -11,13 +11,31 @@ use super::Notice;
 
 /// Built-in templates; a file of the same name in the templates directory
 /// replaces one.
-const BUILTIN: [(&str, &str); 2] = [
+const BUILTIN: [(&str, &str); 4] = [
     // Every field of the notice as one JSON object.
     ("default.json", "{{ notice | tojson }}"),
     // Slack and Mattermost incoming webhooks: {"text": "..."}.
     (
         "slack.json",
         r#"{"text": {{ (notice.event ~ " (" ~ notice.profile ~ "): " ~ (notice.identifiers | join(", ")) ~ (" serial " ~ notice.serial if notice.serial else "") ~ (" — " ~ notice.detail if notice.detail else "")) | tojson }}}"#,
+    ),
+    // Email: one subject line, and a plain-text body with every field set.
+    (
+        "email_subject.txt",
+        "[acme-proxy] {{ notice.event }} ({{ notice.profile }}){% if notice.identifiers %}: {{ notice.identifiers | join(\", \") }}{% endif %}",
+    ),
+    (
+        "email_body.txt",
+        "Event:       {{ notice.event }}\n\
+Profile:     {{ notice.profile }}\n\
+At:          {{ notice.at }}\n\
+{% if notice.identifiers %}Identifiers: {{ notice.identifiers | join(\", \") }}\n{% endif %}\
+{% if notice.serial %}Serial:      {{ notice.serial }}\n{% endif %}\
+{% if notice.not_after %}Not after:   {{ notice.not_after }}\n{% endif %}\
+{% if notice.account %}Account:     {{ notice.account }}\n{% endif %}\
+{% if notice.order %}Order:       {{ notice.order }}\n{% endif %}\
+{% if notice.challenge %}Challenge:   {{ notice.challenge }}\n{% endif %}\
+{% if notice.detail %}Detail:      {{ notice.detail }}\n{% endif %}",
     ),
 ];
 
@@ -128,6 +146,21 @@ mod tests {
         assert!(
             text.contains("a.example, b.example") && text.contains("serial 0a"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_email_templates_name_the_event_and_the_certificate() {
+        let t = Templates::load(None).unwrap();
+        let subject = t.render("email_subject.txt", &notice()).unwrap();
+        assert_eq!(
+            subject,
+            "[acme-proxy] certificate.issued (default): a.example, b.example"
+        );
+        let body = t.render("email_body.txt", &notice()).unwrap();
+        assert!(
+            body.contains("Serial:      0a\n") && !body.contains("Detail"),
+            "{body}"
         );
     }
 

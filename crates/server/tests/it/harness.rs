@@ -37,13 +37,31 @@ pub fn require_program(name: &str) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
+    required(found, name)
+}
+
+/// Like [`require_program`], for a module of Debian's Python
+/// (`/usr/bin/python3`, where Debian's python3-* packages install).
+pub fn require_python_module(module: &str) -> bool {
+    let found = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(format!("import {module}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    required(found, &format!("the Python module {module}"))
+}
+
+fn required(found: bool, what: &str) -> bool {
     if !found {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!(
-                "{name} is required by this test and is not installed (scripts/test installs it)"
+                "{what} is required by this test and is not installed (scripts/test installs it)"
             );
         }
-        eprintln!("SKIPPED: {name} is not installed (run ./scripts/test, which installs it)");
+        eprintln!("SKIPPED: {what} is not installed (run ./scripts/test, which installs it)");
     }
     found
 }

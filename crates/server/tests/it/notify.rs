@@ -384,3 +384,237 @@ fn a_script_must_be_named_by_an_absolute_path() {
         .to_string();
     assert!(err.contains("absolute path"), "{err}");
 }
+
+/// A real SMTP server (aiosmtpd) that writes every message it accepts to a
+/// directory; with a certificate it offers STARTTLS and refuses mail sent
+/// without it.
+struct SmtpSink {
+    port: u16,
+    out: tempfile::TempDir,
+    _child: harness::ChildGuard,
+}
+
+/// One message as the sink received it.
+#[derive(Debug, serde::Deserialize)]
+struct Mail {
+    rcpt_tos: Vec<String>,
+    mail_from: String,
+    tls: bool,
+    data: String,
+}
+
+impl Mail {
+    /// A header's value, unfolded (RFC 5322 §2.2.3).
+    fn header(&self, name: &str) -> Option<String> {
+        let unfolded = self.data.replace("\r\n ", " ").replace("\n ", " ");
+        unfolded.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    }
+
+    fn body(&self) -> &str {
+        self.data
+            .split_once("\r\n\r\n")
+            .or_else(|| self.data.split_once("\n\n"))
+            .map_or("", |(_, b)| b)
+    }
+}
+
+impl SmtpSink {
+    fn start(tls: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Option<SmtpSink> {
+        if !harness::require_python_module("aiosmtpd") {
+            return None;
+        }
+        let out = tempfile::tempdir().expect("tempdir");
+        let script = out.path().join("smtp_sink.py");
+        std::fs::write(&script, include_str!("fixtures/smtp_sink.py")).expect("script");
+        let port = harness::free_port();
+        let mut command = std::process::Command::new("/usr/bin/python3");
+        command.arg(&script).arg(port.to_string()).arg(out.path());
+        if let Some((cert, key)) = &tls {
+            command.arg(cert).arg(key);
+        }
+        let child = command
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the SMTP sink");
+        let guard = harness::ChildGuard(child);
+        harness::wait_for_tcp(
+            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(15),
+        );
+        Some(SmtpSink {
+            port,
+            out,
+            _child: guard,
+        })
+    }
+
+    /// Waits for `n` messages and returns them in arrival order.
+    async fn wait_for(&self, n: usize, within: Duration) -> Vec<Mail> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let mut mails: Vec<(u64, Mail)> = std::fs::read_dir(self.out.path())
+                .expect("read the sink's directory")
+                .filter_map(Result::ok)
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let n: u64 = name.strip_suffix(".json")?.parse().ok()?;
+                    let text = std::fs::read_to_string(e.path()).ok()?;
+                    Some((n, serde_json::from_str(&text).expect("a sink record")))
+                })
+                .collect();
+            if mails.len() >= n {
+                mails.sort_by_key(|(n, _)| *n);
+                return mails.into_iter().map(|(_, m)| m).collect();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} message(s) expected, {} arrived",
+                mails.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Issues one certificate for `name` on a server mailing `email` (a TOML
+/// table body) and returns the certificate's serial as the audit saw it.
+async fn issue_with_email(email: &str, name: &str) -> (TestServer, String) {
+    let responder = Responder::start().await;
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.emails.pki]\n{email}"
+    );
+    let server = TestServer::start(responder.port, None, &extra).await;
+    let account = client::account(&server.directory("default")).await;
+    client::issue(&account, &responder, &[name]).await;
+    let store = server.running().authority.store.clone();
+    let issued = store
+        .audit_recent(Some("certificate.issued"), 1)
+        .await
+        .expect("audit");
+    let serial = issued[0].serial.clone().expect("a serial");
+    (server, serial)
+}
+
+fn assert_the_issuance_mail(mail: &Mail, name: &str, serial: &str) {
+    assert_eq!(
+        mail.header("Subject").as_deref(),
+        Some(format!("[acme-proxy] certificate.issued (default): {name}").as_str()),
+        "{}",
+        mail.data
+    );
+    assert_eq!(mail.mail_from, "pki@example.test");
+    let mut to = mail.rcpt_tos.clone();
+    to.sort();
+    assert_eq!(to, ["oncall@example.test", "pki-team@example.test"]);
+    let to_header = mail.header("To").expect("a To header");
+    assert!(
+        to_header.contains("pki-team@example.test") && to_header.contains("oncall@example.test"),
+        "{to_header}"
+    );
+    let body = mail.body();
+    assert!(
+        body.contains(&format!("Identifiers: {name}"))
+            && body.contains(&format!("Serial:      {serial}")),
+        "{body}"
+    );
+}
+
+const MAIL_ENVELOPE: &str = "from = \"acme-proxy <pki@example.test>\"\nto = [\"pki-team@example.test\", \"Oncall <oncall@example.test>\"]\nevents = [\"certificate.issued\"]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_server_receives_the_templated_issuance_mail_over_plain_smtp() {
+    let Some(sink) = SmtpSink::start(None) else {
+        return;
+    };
+    let email = format!(
+        "host = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n{MAIL_ENVELOPE}",
+        sink.port
+    );
+    let (server, serial) = issue_with_email(&email, "mailed.example.test").await;
+    let mails = sink.wait_for(1, Duration::from_secs(15)).await;
+    assert_the_issuance_mail(&mails[0], "mailed.example.test", &serial);
+    assert!(!mails[0].tls);
+    // Subscribed to issuance only: account.created was not mailed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.wait_for(1, Duration::ZERO).await.len(), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_server_receives_the_templated_issuance_mail_over_starttls() {
+    let pki = crate::upstream::TestPki::new();
+    let Some(sink) = SmtpSink::start(Some(pki.server_cert(&["127.0.0.1"]))) else {
+        return;
+    };
+    let email = format!(
+        "host = \"127.0.0.1\"\nport = {}\ntls = \"starttls\"\ntrust_anchors = \"{}\"\n{MAIL_ENVELOPE}",
+        sink.port,
+        pki.ca_pem_path().display()
+    );
+    let (server, serial) = issue_with_email(&email, "sealed.example.test").await;
+    let mails = sink.wait_for(1, Duration::from_secs(15)).await;
+    assert_the_issuance_mail(&mails[0], "sealed.example.test", &serial);
+    assert!(mails[0].tls, "the message came after STARTTLS");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_server_whose_certificate_is_not_trusted_gets_nothing_and_the_mail_is_retried() {
+    let pki = crate::upstream::TestPki::new();
+    let Some(sink) = SmtpSink::start(Some(pki.server_cert(&["127.0.0.1"]))) else {
+        return;
+    };
+    // No trust_anchors: the test CA is not among the system roots.
+    let email = format!(
+        "host = \"127.0.0.1\"\nport = {}\ntls = \"starttls\"\n{MAIL_ENVELOPE}",
+        sink.port
+    );
+    let (server, _) = issue_with_email(&email, "untrusted.example.test").await;
+    let store = server.running().authority.store.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+            .await
+            .expect("jobs");
+        if let Some(j) = jobs.into_iter().find(|j| j.attempts >= 2) {
+            break j;
+        }
+        assert!(std::time::Instant::now() < deadline, "no retry");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        matches!(job.status.as_str(), "queued" | "running"),
+        "{job:?}"
+    );
+    assert!(
+        job.last_error.as_deref().unwrap_or("").contains("smtp"),
+        "{job:?}"
+    );
+    assert!(sink.wait_for(0, Duration::ZERO).await.is_empty());
+    server.stop().await;
+}
+
+#[test]
+fn an_email_sender_that_is_not_an_address_stops_start_up_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = TestServer::config_text(
+        dir.path(),
+        harness::free_port(),
+        None,
+        "[profiles.default.notify.emails.pki]\nhost = \"smtp.example.test\"\nfrom = \"not an address\"\nto = [\"a@example.test\"]\n",
+    );
+    let config = Config::from_toml(&toml).expect("parses");
+    let problems = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(acme_proxy::ops::check_config(&config))
+        .expect_err("refused");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("profiles.default.notify.emails.pki.from")),
+        "{problems:?}"
+    );
+}
