@@ -7,6 +7,7 @@ use acme_proxy_store::{Store, StoreOptions};
 use anyhow::Context;
 use clap::Subcommand;
 
+use crate::authority::Authority;
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::ops::{self, JobView};
@@ -62,25 +63,28 @@ pub async fn job(config: &Config, command: JobCommand) -> anyhow::Result<()> {
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&jobs)?)?;
             } else {
-                writeln!(
-                    out,
-                    "{:>6}  {:<22} {:<10} {:>8}  {:<20}  {:<24} LAST ERROR",
-                    "ID", "KIND", "STATUS", "ATTEMPTS", "RUN AT", "KEY"
-                )?;
-                for j in &jobs {
-                    writeln!(
-                        out,
-                        "{:>6}  {:<22} {:<10} {:>4}/{:<3}  {:<20}  {:<24} {}",
-                        j.id,
+                let mut table = Table::new(&[
+                    "ID",
+                    "KIND",
+                    "STATUS",
+                    "ATTEMPTS",
+                    "RUN AT",
+                    "KEY",
+                    "LAST ERROR",
+                ])
+                .status_column(2);
+                for j in jobs {
+                    table.row(vec![
+                        j.id.to_string(),
                         j.kind,
                         j.status,
-                        j.attempts,
-                        j.max_attempts,
+                        format!("{}/{}", j.attempts, j.max_attempts),
                         j.run_at,
                         j.key,
-                        j.last_error.as_deref().unwrap_or("")
-                    )?;
+                        j.last_error.unwrap_or_default(),
+                    ]);
                 }
+                table.print()?;
             }
         }
         JobCommand::Show { id, json } => {
@@ -92,12 +96,7 @@ pub async fn job(config: &Config, command: JobCommand) -> anyhow::Result<()> {
             print_job(&mut out, &j, false)?;
         }
         JobCommand::Cancel { id, actor } => {
-            let actor = actor.unwrap_or_else(|| {
-                format!(
-                    "operator:{}",
-                    std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned())
-                )
-            });
+            let actor = operator_actor(actor);
             let j = ops::cancel_job(&store, &clock, id, &actor).await?;
             print_job(&mut out, &j, false)?;
             writeln!(
@@ -252,25 +251,19 @@ pub async fn upstream(config: &Config, command: UpstreamCommand) -> anyhow::Resu
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&orders)?)?;
             } else {
-                writeln!(
-                    out,
-                    "{:<24} {:<12} {:<10} {:<20}  UPSTREAM ORDER / ERROR",
-                    "ORDER", "PROFILE", "STATUS", "CREATED"
-                )?;
-                for o in &orders {
-                    writeln!(
-                        out,
-                        "{:<24} {:<12} {:<10} {:<20}  {}",
-                        o.order,
-                        o.profile,
-                        o.status,
-                        o.created_at,
-                        o.error
-                            .as_deref()
-                            .or(o.upstream_order.as_deref())
-                            .unwrap_or("-")
-                    )?;
+                let mut table = Table::new(&[
+                    "ORDER",
+                    "PROFILE",
+                    "STATUS",
+                    "CREATED",
+                    "UPSTREAM ORDER / ERROR",
+                ])
+                .status_column(2);
+                for o in orders {
+                    let what = o.error.or(o.upstream_order).unwrap_or_else(|| "-".into());
+                    table.row(vec![o.order, o.profile, o.status, o.created_at, what]);
                 }
+                table.print()?;
             }
         }
     }
@@ -377,29 +370,26 @@ pub async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()>
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
             } else {
-                writeln!(
-                    out,
-                    "{:>6}  {:<20}  {:<26} {:<8} {:<30} {:<15} WHAT",
-                    "ID", "AT", "EVENT", "OUTCOME", "ACTOR", "CLIENT"
-                )?;
-                for r in &rows {
+                let mut table =
+                    Table::new(&["ID", "AT", "EVENT", "OUTCOME", "ACTOR", "CLIENT", "WHAT"])
+                        .status_column(3);
+                for r in rows {
                     let what = match (&r.problem_type, &r.serial) {
                         (Some(p), _) => format!("{p}: {}", r.detail.as_deref().unwrap_or("")),
                         (None, Some(s)) => format!("serial {s} {}", r.identifiers.join(",")),
                         (None, None) => r.identifiers.join(","),
                     };
-                    writeln!(
-                        out,
-                        "{:>6}  {:<20}  {:<26} {:<8} {:<30} {:<15} {}",
-                        r.id,
+                    table.row(vec![
+                        r.id.to_string(),
                         r.at,
                         r.event,
                         r.outcome,
                         r.actor,
-                        r.client_ip.as_deref().unwrap_or("-"),
-                        what
-                    )?;
+                        r.client_ip.unwrap_or_else(|| "-".into()),
+                        what,
+                    ]);
                 }
+                table.print()?;
             }
         }
         AuditCommand::Show { id, json } => {
@@ -413,4 +403,472 @@ pub async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()>
     }
     store.close().await;
     Ok(())
+}
+
+/// A destructive command that was not confirmed: nothing was changed.
+/// The binary exits with [`EXIT_NOT_CONFIRMED`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotConfirmed(String);
+
+/// Exit codes of every command (documented in the README):
+/// 0 done; 1 the operation failed or was refused (nothing found, or it
+/// would lose something still needed); 2 bad arguments or configuration;
+/// 3 a destructive command not confirmed.
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_CONFIG: i32 = 2;
+pub const EXIT_NOT_CONFIRMED: i32 = 3;
+
+/// Asks before a destructive change: `--yes` skips the question; without
+/// it, a terminal is asked and anything but "y"/"yes" declines, and no
+/// terminal (a script, a pipe) refuses outright rather than guess.
+fn confirm(yes: bool, what: &str) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(NotConfirmed(format!(
+            "refusing to {what} without confirmation: stdin is not a terminal; pass --yes"
+        ))
+        .into());
+    }
+    eprint!("{what}? [y/N] ");
+    let mut answer = String::new();
+    stdin.read_line(&mut answer)?;
+    if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+        Ok(())
+    } else {
+        Err(NotConfirmed("not confirmed; nothing was changed".to_owned()).into())
+    }
+}
+
+/// `operator:$USER` unless `--actor` names someone.
+fn operator_actor(actor: Option<String>) -> String {
+    actor.unwrap_or_else(|| {
+        format!(
+            "operator:{}",
+            std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned())
+        )
+    })
+}
+
+async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    let url = config.database_url();
+    Store::open(&url, &StoreOptions::default())
+        .await
+        .with_context(|| format!("opening the database {url}"))
+}
+
+/// The authority as `serve` builds it (signers, notifier, queue), for the
+/// commands that change state: they go through the same code, audit rows
+/// and notifications as the ACME requests they mirror. Jobs they queue
+/// (notifications) are run by the server.
+async fn operator_authority(config: &Config) -> anyhow::Result<std::sync::Arc<Authority>> {
+    let base_url = config
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let assembled =
+        crate::server::assemble(config, std::sync::Arc::new(SystemClock), base_url).await?;
+    Ok(assembled.authority)
+}
+
+/// An aligned table for people: a bold header and colored status words on
+/// a terminal, plain text when piped or when `NO_COLOR` is set.
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+    /// The column whose words are colored by meaning.
+    status: Option<usize>,
+}
+
+impl Table {
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+            status: None,
+        }
+    }
+
+    pub fn status_column(mut self, index: usize) -> Self {
+        self.status = Some(index);
+        self
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Writes the table; every column but the last is padded to its widest
+    /// cell.
+    pub fn write(&self, out: &mut impl Write, color: bool) -> std::io::Result<()> {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let line = |out: &mut dyn Write, cells: &[String], header: bool| -> std::io::Result<()> {
+            let mut text = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                let pad = if i + 1 < cells.len() {
+                    " ".repeat(widths[i].saturating_sub(cell.chars().count()) + 2)
+                } else {
+                    String::new()
+                };
+                let style = match (color, header) {
+                    (false, _) => None,
+                    (true, true) => Some("1"),
+                    (true, false) if Some(i) == self.status => status_color(cell),
+                    _ => None,
+                };
+                match style {
+                    Some(code) => text.push_str(&format!("\x1b[{code}m{cell}\x1b[0m{pad}")),
+                    None => text.push_str(&format!("{cell}{pad}")),
+                }
+            }
+            writeln!(out, "{}", text.trim_end())
+        };
+        let headers: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
+        line(out, &headers, true)?;
+        for row in &self.rows {
+            line(out, row, false)?;
+        }
+        Ok(())
+    }
+
+    /// Prints to stdout, colored when it is a terminal and `NO_COLOR` is
+    /// unset or empty (<https://no-color.org>).
+    pub fn print(&self) -> std::io::Result<()> {
+        use std::io::IsTerminal;
+        let stdout = std::io::stdout();
+        let color = color_wanted(
+            stdout.is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        );
+        self.write(&mut stdout.lock(), color)
+    }
+}
+
+/// Color only on a terminal, and never when `NO_COLOR` is set non-empty.
+pub fn color_wanted(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Green for what went well, red for what did not, yellow for what is
+/// under way (SGR color codes).
+fn status_color(word: &str) -> Option<&'static str> {
+    match word {
+        "valid" | "done" | "success" => Some("32"),
+        "invalid" | "failed" | "failure" | "refused" | "revoked" | "deactivated" | "cancelled" => {
+            Some("31")
+        }
+        "pending" | "ready" | "processing" | "queued" | "running" | "retiring" => Some("33"),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountCommand {
+    /// List ACME accounts, newest first.
+    List {
+        #[arg(long)]
+        profile: Option<String>,
+        /// valid, deactivated or revoked.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one account, with its order and certificate counts.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deactivate an account (RFC 8555 §7.3.6): its authorizations are
+    /// deactivated and its unfinished orders invalid; it can do nothing more.
+    Deactivate {
+        id: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Delete an account and its orders, authorizations and expired
+    /// certificates. Refused while one of its certificates has not expired
+    /// or one of its orders is in flight. The audit trail keeps its rows.
+    Delete {
+        id: String,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match command {
+        AccountCommand::List {
+            profile,
+            status,
+            limit,
+            json,
+        } => {
+            let store = open_store(config).await?;
+            let accounts =
+                ops::list_accounts(&store, profile.as_deref(), status.as_deref(), limit).await?;
+            store.close().await;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&accounts)?)?;
+                return Ok(());
+            }
+            let mut table =
+                Table::new(&["ID", "PROFILE", "STATUS", "CREATED", "CONTACT"]).status_column(2);
+            for a in accounts {
+                table.row(vec![
+                    a.id,
+                    a.profile,
+                    a.status,
+                    a.created_at,
+                    a.contact.join(","),
+                ]);
+            }
+            drop(out);
+            table.print()?;
+        }
+        AccountCommand::Show { id, json } => {
+            let store = open_store(config).await?;
+            let view = ops::show_account(&store, &id).await;
+            store.close().await;
+            print_view(&mut out, &view?, json)?;
+        }
+        AccountCommand::Deactivate { id, yes, actor } => {
+            confirm(yes, &format!("deactivate account {id}"))?;
+            let authority = operator_authority(config).await?;
+            let view = ops::deactivate_account(&authority, &id, &operator_actor(actor)).await;
+            authority.store.close().await;
+            print_view(&mut out, &view?, false)?;
+        }
+        AccountCommand::Delete { id, yes, actor } => {
+            confirm(
+                yes,
+                &format!("delete account {id} with all its orders and expired certificates"),
+            )?;
+            let authority = operator_authority(config).await?;
+            let done = ops::delete_account(&authority, &id, &operator_actor(actor)).await;
+            authority.store.close().await;
+            done?;
+            writeln!(out, "account {id} deleted")?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OrderCommand {
+    /// List orders, newest first.
+    List {
+        #[arg(long)]
+        profile: Option<String>,
+        #[arg(long)]
+        account: Option<String>,
+        /// pending, ready, processing, valid or invalid.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one order with its certificate.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke the certificate of an order (upstream first for a relayed
+    /// one; the CRL is re-signed).
+    Revoke {
+        id: String,
+        /// RFC 5280 reason code: 0, 1, 3, 4, 5 or 9.
+        #[arg(long)]
+        reason: Option<u64>,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Delete an order with its expired certificate and the authorizations
+    /// no other order uses. Refused while its certificate has not expired or
+    /// it is in flight.
+    Delete {
+        id: String,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+pub async fn order(config: &Config, command: OrderCommand) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match command {
+        OrderCommand::List {
+            profile,
+            account,
+            status,
+            limit,
+            json,
+        } => {
+            let store = open_store(config).await?;
+            let orders = ops::list_orders(
+                &store,
+                profile.as_deref(),
+                account.as_deref(),
+                status.as_deref(),
+                limit,
+            )
+            .await;
+            store.close().await;
+            let orders = orders?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&orders)?)?;
+                return Ok(());
+            }
+            let mut table = Table::new(&[
+                "ID",
+                "PROFILE",
+                "ACCOUNT",
+                "STATUS",
+                "CREATED",
+                "IDENTIFIERS",
+            ])
+            .status_column(3);
+            for o in orders {
+                table.row(vec![
+                    o.id,
+                    o.profile,
+                    o.account,
+                    o.status,
+                    o.created_at,
+                    o.identifiers.join(","),
+                ]);
+            }
+            drop(out);
+            table.print()?;
+        }
+        OrderCommand::Show { id, json } => {
+            let store = open_store(config).await?;
+            let view = ops::show_order(&store, &id).await;
+            store.close().await;
+            print_view(&mut out, &view?, json)?;
+        }
+        OrderCommand::Revoke {
+            id,
+            reason,
+            yes,
+            actor,
+        } => {
+            confirm(yes, &format!("revoke the certificate of order {id}"))?;
+            let authority = operator_authority(config).await?;
+            let view = ops::revoke_order(&authority, &id, reason, &operator_actor(actor)).await;
+            authority.store.close().await;
+            print_view(&mut out, &view?, false)?;
+        }
+        OrderCommand::Delete { id, yes, actor } => {
+            confirm(yes, &format!("delete order {id}"))?;
+            let authority = operator_authority(config).await?;
+            let done = ops::delete_order(&authority, &id, &operator_actor(actor)).await;
+            authority.store.close().await;
+            done?;
+            writeln!(out, "order {id} deleted")?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NonceCommand {
+    /// Delete expired nonces now (the server also does every 5 minutes).
+    Cleanup,
+}
+
+pub async fn nonce(config: &Config, command: NonceCommand) -> anyhow::Result<()> {
+    match command {
+        NonceCommand::Cleanup => {
+            let store = open_store(config).await?;
+            let result = ops::nonce_cleanup(&store, &SystemClock).await;
+            store.close().await;
+            let (deleted, left) = result?;
+            println!("deleted {deleted} expired nonce(s); {left} unexpired remain");
+        }
+    }
+    Ok(())
+}
+
+/// A view as `name: value` lines, or as JSON.
+fn print_view(
+    out: &mut impl Write,
+    view: &impl serde::Serialize,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(view)?)?;
+        return Ok(());
+    }
+    print_fields(out, view, 16)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn table() -> Table {
+        let mut t = Table::new(&["ID", "STATUS", "WHAT"]).status_column(1);
+        t.row(vec!["1".into(), "valid".into(), "a.example".into()]);
+        t.row(vec!["1234".into(), "invalid".into(), "b.example".into()]);
+        t
+    }
+
+    #[test]
+    fn a_table_is_aligned_on_its_widest_cells() {
+        let mut out = Vec::new();
+        table().write(&mut out, false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "ID    STATUS   WHAT\n1     valid    a.example\n1234  invalid  b.example\n"
+        );
+    }
+
+    #[test]
+    fn a_colored_table_colors_the_header_and_status_words_only() {
+        let mut out = Vec::new();
+        table().write(&mut out, true).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("\x1b[1mID\x1b[0m"), "{text:?}");
+        assert!(text.contains("\x1b[32mvalid\x1b[0m"), "{text:?}");
+        assert!(text.contains("\x1b[31minvalid\x1b[0m"), "{text:?}");
+        assert!(!text.contains("\x1b[32ma.example"), "{text:?}");
+    }
+
+    #[test]
+    fn color_is_only_for_terminals_and_never_with_no_color() {
+        use std::ffi::OsStr;
+        assert!(color_wanted(true, None));
+        assert!(color_wanted(true, Some(OsStr::new(""))));
+        assert!(!color_wanted(true, Some(OsStr::new("1"))));
+        assert!(!color_wanted(false, None));
+    }
 }

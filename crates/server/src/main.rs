@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use acme_proxy::cli;
 use acme_proxy::clock::SystemClock;
 use acme_proxy::config::Config;
 
@@ -41,6 +42,15 @@ enum Command {
     /// The audit trail: who got which certificate, and why one was refused.
     #[command(subcommand)]
     Audit(acme_proxy::cli::AuditCommand),
+    /// ACME accounts: list, show, deactivate, delete.
+    #[command(subcommand)]
+    Account(acme_proxy::cli::AccountCommand),
+    /// Orders and their certificates: list, show, revoke, delete.
+    #[command(subcommand)]
+    Order(acme_proxy::cli::OrderCommand),
+    /// Replay nonces.
+    #[command(subcommand)]
+    Nonce(acme_proxy::cli::NonceCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,16 +61,30 @@ enum ConfigCommand {
     Check,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit codes: 0 done, 1 failed or refused, 2 bad arguments or
+/// configuration (clap's own usage errors are 2 as well), 3 a destructive
+/// command not confirmed.
+fn main() {
     let cli = Cli::parse();
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("acme-proxy: {e}");
-            std::process::exit(2);
+            std::process::exit(cli::EXIT_CONFIG);
         }
     };
-    match cli.command.unwrap_or(Command::Serve) {
+    if let Err(e) = run(cli.command.unwrap_or(Command::Serve), config) {
+        eprintln!("acme-proxy: {e:#}");
+        std::process::exit(if e.is::<cli::NotConfirmed>() {
+            cli::EXIT_NOT_CONFIRMED
+        } else {
+            cli::EXIT_FAILED
+        });
+    }
+}
+
+fn run(command: Command, config: Config) -> anyhow::Result<()> {
+    match command {
         Command::CheckConfig | Command::Config(ConfigCommand::Check) => {
             match operator_runtime()?.block_on(acme_proxy::ops::check_config(&config)) {
                 Ok(profiles) => {
@@ -78,9 +102,18 @@ fn main() -> anyhow::Result<()> {
                     for p in problems {
                         eprintln!("acme-proxy: {p}");
                     }
-                    std::process::exit(2);
+                    std::process::exit(cli::EXIT_CONFIG);
                 }
             }
+        }
+        Command::Account(command) => {
+            operator_runtime()?.block_on(acme_proxy::cli::account(&config, command))
+        }
+        Command::Order(command) => {
+            operator_runtime()?.block_on(acme_proxy::cli::order(&config, command))
+        }
+        Command::Nonce(command) => {
+            operator_runtime()?.block_on(acme_proxy::cli::nonce(&config, command))
         }
         Command::Job(job) => operator_runtime()?.block_on(acme_proxy::cli::job(&config, job)),
         Command::Audit(command) => {

@@ -5,6 +5,7 @@
 use acme_proxy_store::{JobRow, Store, StoreError, UpstreamAccountRow};
 use serde::Serialize;
 
+use crate::authority::Authority;
 use crate::clock::{Clock, rfc3339};
 use crate::config::{Config, RelayConfig, SignerConfig};
 use crate::signer::relay::{Eab, Registered};
@@ -339,6 +340,203 @@ pub async fn show_audit(store: &Store, id: i64) -> Result<AuditView, OpsError> {
         .await?
         .map(AuditView::from)
         .ok_or_else(|| OpsError::Refused(format!("no audit record with id {id}")))
+}
+
+/// An ACME account as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccountView {
+    pub id: String,
+    pub profile: String,
+    pub status: String,
+    pub contact: Vec<String>,
+    pub key_thumbprint: String,
+    pub tos_agreed: bool,
+    pub created_at: String,
+    /// Counts, in `show` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orders: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<i64>,
+}
+
+impl From<acme_proxy_store::AccountRow> for AccountView {
+    fn from(a: acme_proxy_store::AccountRow) -> Self {
+        Self {
+            id: a.id,
+            profile: a.profile,
+            status: a.status,
+            contact: a.contact,
+            key_thumbprint: a.key_thumbprint,
+            tos_agreed: a.tos_agreed,
+            created_at: rfc3339(a.created_at),
+            orders: None,
+            certificates: None,
+        }
+    }
+}
+
+/// An order as operators see it, with its certificate once issued.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderView {
+    pub id: String,
+    pub profile: String,
+    pub account: String,
+    pub status: String,
+    pub identifiers: Vec<String>,
+    pub created_at: String,
+    pub expires: String,
+    /// The problem of an invalid order: type and detail.
+    pub error: Option<String>,
+    pub certificate: Option<CertificateView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CertificateView {
+    pub id: String,
+    pub serial: String,
+    pub not_before: String,
+    pub not_after: String,
+    pub revoked_at: Option<String>,
+    pub revocation_reason: Option<i64>,
+}
+
+impl From<acme_proxy_store::CertificateRow> for CertificateView {
+    fn from(c: acme_proxy_store::CertificateRow) -> Self {
+        Self {
+            id: c.id,
+            serial: c.serial,
+            not_before: rfc3339(c.not_before),
+            not_after: rfc3339(c.not_after),
+            revoked_at: c.revoked_at.map(rfc3339),
+            revocation_reason: c.revocation_reason,
+        }
+    }
+}
+
+async fn order_view(
+    store: &Store,
+    o: acme_proxy_store::OrderRow,
+    with_certificate: bool,
+) -> Result<OrderView, OpsError> {
+    let certificate = match (&o.certificate_id, with_certificate) {
+        (Some(id), true) => store.certificate(id).await?.map(CertificateView::from),
+        _ => None,
+    };
+    Ok(OrderView {
+        id: o.id,
+        profile: o.profile,
+        account: o.account_id,
+        status: o.status,
+        identifiers: o.identifiers.into_iter().map(|i| i.value).collect(),
+        created_at: rfc3339(o.created_at),
+        expires: rfc3339(o.expires_at),
+        error: o
+            .error
+            .map(|p| format!("{}: {}", p.kind, p.detail.unwrap_or_default())),
+        certificate,
+    })
+}
+
+/// An operation the authority refused, in the operator's words.
+fn refused(e: crate::error::AcmeError) -> OpsError {
+    OpsError::Refused(match e.internal {
+        Some(internal) => format!("{} ({internal})", e.detail),
+        None => e.detail,
+    })
+}
+
+pub async fn list_accounts(
+    store: &Store,
+    profile: Option<&str>,
+    status: Option<&str>,
+    limit: i64,
+) -> Result<Vec<AccountView>, OpsError> {
+    Ok(store
+        .list_accounts(profile, status, limit)
+        .await?
+        .into_iter()
+        .map(AccountView::from)
+        .collect())
+}
+
+pub async fn show_account(store: &Store, id: &str) -> Result<AccountView, OpsError> {
+    let account = store
+        .account(id)
+        .await?
+        .ok_or_else(|| OpsError::Refused(format!("no account {id}")))?;
+    let (orders, certificates) = store.account_counts(id).await?;
+    let mut view = AccountView::from(account);
+    view.orders = Some(orders);
+    view.certificates = Some(certificates);
+    Ok(view)
+}
+
+pub async fn deactivate_account(
+    authority: &Authority,
+    id: &str,
+    actor: &str,
+) -> Result<AccountView, OpsError> {
+    authority
+        .operator_deactivate_account(id, actor)
+        .await
+        .map(AccountView::from)
+        .map_err(refused)
+}
+
+pub async fn delete_account(authority: &Authority, id: &str, actor: &str) -> Result<(), OpsError> {
+    authority
+        .operator_delete_account(id, actor)
+        .await
+        .map_err(refused)
+}
+
+pub async fn list_orders(
+    store: &Store,
+    profile: Option<&str>,
+    account: Option<&str>,
+    status: Option<&str>,
+    limit: i64,
+) -> Result<Vec<OrderView>, OpsError> {
+    let mut views = Vec::new();
+    for o in store.list_orders(profile, account, status, limit).await? {
+        views.push(order_view(store, o, false).await?);
+    }
+    Ok(views)
+}
+
+pub async fn show_order(store: &Store, id: &str) -> Result<OrderView, OpsError> {
+    let order = store
+        .order(id)
+        .await?
+        .ok_or_else(|| OpsError::Refused(format!("no order {id}")))?;
+    order_view(store, order, true).await
+}
+
+pub async fn revoke_order(
+    authority: &Authority,
+    id: &str,
+    reason: Option<u64>,
+    actor: &str,
+) -> Result<CertificateView, OpsError> {
+    authority
+        .operator_revoke_order(id, reason, actor)
+        .await
+        .map(CertificateView::from)
+        .map_err(refused)
+}
+
+pub async fn delete_order(authority: &Authority, id: &str, actor: &str) -> Result<(), OpsError> {
+    authority
+        .operator_delete_order(id, actor)
+        .await
+        .map_err(refused)
+}
+
+/// Deletes expired nonces now (the server also does every few minutes);
+/// returns how many were deleted and how many remain.
+pub async fn nonce_cleanup(store: &Store, clock: &dyn Clock) -> Result<(u64, i64), OpsError> {
+    let deleted = store.sweep_nonces(clock.unix()).await?;
+    Ok((deleted, store.nonce_count().await?))
 }
 
 /// One line per profile saying how it issues: what operators see at

@@ -78,8 +78,24 @@ impl Running {
     }
 }
 
-/// Builds everything and starts serving.
-pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
+/// The authority and what it stands on, built from a configuration: what
+/// `serve` runs, and what operator commands act through (no listener, no
+/// job runner: the jobs they queue are run by the server).
+#[derive(Debug)]
+pub struct Assembled {
+    pub authority: Arc<Authority>,
+    pub notifier: Arc<Notifier>,
+    pub queue: Arc<Queue>,
+    pub board: Arc<ChallengeBoard>,
+}
+
+/// Opens the store and builds the profiles' signers, the notifier and the
+/// authority. `base_url` is the server's public URL.
+pub async fn assemble(
+    config: &Config,
+    clock: SharedClock,
+    base_url: String,
+) -> anyhow::Result<Assembled> {
     create_private_dir(&config.data_dir)?;
     let store = Store::open(&config.database_url(), &StoreOptions::default())
         .await
@@ -144,21 +160,10 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
             Arc::new(Profile::new(name.clone(), pc.clone(), signer)),
         );
     }
-    // Bound before anything else needs the public URL (account URLs in CAA
-    // accounturi checks); requests wait until the router is served below.
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
-    let addr = listener.local_addr()?;
-    let base_url = match &config.public_url {
-        Some(url) => url.clone(),
-        // With port 0 the real port is known only now.
-        None => format!("http://{addr}"),
-    };
     let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
     let notifier = Arc::new(
         Notifier::new(
-            &config,
+            config,
             Arc::clone(&queue),
             store.clone(),
             Arc::clone(&metrics),
@@ -169,11 +174,40 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         profiles,
         validators,
         Arc::clone(&queue),
-        base_url.clone(),
-        &config,
+        base_url,
+        config,
         Arc::clone(&notifier),
-        Arc::clone(&metrics),
+        metrics,
     ));
+    Ok(Assembled {
+        authority,
+        notifier,
+        queue,
+        board,
+    })
+}
+
+/// Builds everything and starts serving.
+pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
+    // Bound before anything needs the public URL (account URLs in CAA
+    // accounturi checks); requests wait until the router is served below.
+    create_private_dir(&config.data_dir)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let base_url = match &config.public_url {
+        Some(url) => url.clone(),
+        // With port 0 the real port is known only now.
+        None => format!("http://{addr}"),
+    };
+    let Assembled {
+        authority,
+        notifier,
+        queue,
+        board,
+    } = assemble(&config, Arc::clone(&clock), base_url.clone()).await?;
+    let store = authority.store.clone();
     authority.refresh_stale_crls().await;
 
     let mut registry = Registry::default();

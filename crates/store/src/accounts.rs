@@ -223,3 +223,38 @@ impl Store {
         })
     }
 }
+
+impl Store {
+    /// Accounts for operators, newest first.
+    pub async fn list_accounts(
+        &self,
+        profile: Option<&str>,
+        status: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AccountRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            account_columns!(),
+            " FROM accounts WHERE ($1 IS NULL OR profile = $1) AND ($2 IS NULL OR status = $2)
+              ORDER BY created_at DESC, id DESC LIMIT $3"
+        ))
+        .bind(profile)
+        .bind(status)
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(account_from_row).collect()
+    }
+
+    /// How many orders and certificates an account has.
+    pub async fn account_counts(&self, id: &str) -> Result<(i64, i64)> {
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM orders WHERE account_id = $1) AS orders,
+                    (SELECT COUNT(*) FROM certificates WHERE account_id = $1) AS certificates",
+        )
+        .bind(id)
+        .fetch_one(&self.reader)
+        .await?;
+        Ok((row.try_get("orders")?, row.try_get("certificates")?))
+    }
+}

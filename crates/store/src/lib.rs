@@ -14,6 +14,7 @@
 //! backend can be added beside SQLite without touching any caller.
 
 mod accounts;
+mod admin;
 mod audit;
 mod certificates;
 mod jobs;
@@ -28,6 +29,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
+pub use admin::DeleteOutcome;
 pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};

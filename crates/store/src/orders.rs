@@ -654,3 +654,30 @@ impl Store {
             .collect()
     }
 }
+
+impl Store {
+    /// Orders for operators, newest first.
+    pub async fn list_orders(
+        &self,
+        profile: Option<&str>,
+        account: Option<&str>,
+        status: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<OrderRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id
+              WHERE ($1 IS NULL OR o.profile = $1) AND ($2 IS NULL OR o.account_id = $2)
+                AND ($3 IS NULL OR o.status = $3)
+              ORDER BY o.created_at DESC, o.id DESC LIMIT $4"
+        ))
+        .bind(profile)
+        .bind(account)
+        .bind(status)
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(order_from_row).collect()
+    }
+}

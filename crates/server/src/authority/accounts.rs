@@ -94,25 +94,7 @@ impl Authority {
                     "the only status a client may set on its account is \"deactivated\"",
                 ));
             }
-            self.store.deactivate_account(&account.id).await?;
-            self.audit(super::audit::Fact {
-                event: "account.deactivated",
-                outcome: "success",
-                profile: &profile.name,
-                account: Some(&account.id),
-                ..Default::default()
-            })
-            .await;
-            let mut notice = Notice::new("account.deactivated", &profile.name, self.clock.unix());
-            notice.account = Some(account.id.clone());
-            self.notifier.dispatch(notice).await;
-            tracing::info!(
-                event = "account.deactivated",
-                outcome = "success",
-                profile = %profile.name,
-                account = %account.id,
-                "account deactivated"
-            );
+            self.deactivate(&profile.name, &account.id, None).await?;
         } else {
             if let Some(contact) = &update.contact {
                 let contact = check_contacts(contact)?;
@@ -128,6 +110,42 @@ impl Authority {
             .account(&account.id)
             .await?
             .ok_or_else(|| AcmeError::internal("account vanished during update"))
+    }
+
+    /// valid → deactivated (§7.3.6), with its authorizations and unfinished
+    /// orders, audited and notified; `actor` is the operator when it is not
+    /// the account itself. Deactivating a deactivated account changes
+    /// nothing and tells no one.
+    pub(crate) async fn deactivate(
+        &self,
+        profile: &str,
+        account_id: &str,
+        actor: Option<&str>,
+    ) -> AcmeResult<bool> {
+        if !self.store.deactivate_account(account_id).await? {
+            return Ok(false);
+        }
+        self.audit(super::audit::Fact {
+            event: "account.deactivated",
+            outcome: "success",
+            profile,
+            account: Some(account_id),
+            actor,
+            ..Default::default()
+        })
+        .await;
+        let mut notice = Notice::new("account.deactivated", profile, self.clock.unix());
+        notice.account = Some(account_id.to_owned());
+        self.notifier.dispatch(notice).await;
+        tracing::info!(
+            event = "account.deactivated",
+            outcome = "success",
+            profile = %profile,
+            account = %account_id,
+            by = actor.unwrap_or("the account"),
+            "account deactivated"
+        );
+        Ok(true)
     }
 
     /// keyChange (§7.3.5). The front end has verified both signatures and the

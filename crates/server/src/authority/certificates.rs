@@ -29,6 +29,8 @@ pub enum RevocationSigner<'a> {
     Account(&'a AccountRow),
     /// The certificate's own key (`jwk`), by its RFC 7638 thumbprint.
     CertificateKey(String),
+    /// An operator (`operator:NAME`), through the admin CLI: always allowed.
+    Operator(&'a str),
 }
 
 /// Reason codes a client may give (RFC 5280 §5.3.1): unspecified,
@@ -254,6 +256,7 @@ impl Authority {
             RevocationSigner::CertificateKey(thumb) => {
                 (None, Some(format!("certificate-key:{thumb}")))
             }
+            RevocationSigner::Operator(actor) => (None, Some((*actor).to_owned())),
         };
         let result = self.revoke_checked(profile, signer, cert_der, reason).await;
         let (serial, identifiers) = match X509Certificate::from_der(cert_der) {
@@ -347,6 +350,7 @@ impl Authority {
             RevocationSigner::CertificateKey(thumb) => {
                 cert.key_thumbprint.as_deref() == Some(thumb.as_str())
             }
+            RevocationSigner::Operator(_) => true,
         };
         if !allowed {
             return Err(AcmeError::unauthorized(
@@ -418,7 +422,7 @@ impl Authority {
             profile = %profile.name,
             serial = %serial,
             reason,
-            by = match &signer { RevocationSigner::Account(a) => a.id.as_str(), RevocationSigner::CertificateKey(_) => "certificate key" },
+            by = match &signer { RevocationSigner::Account(a) => a.id.as_str(), RevocationSigner::CertificateKey(_) => "certificate key", RevocationSigner::Operator(actor) => actor },
             "certificate revoked"
         );
         // The CRL should list the serial before we answer. If re-signing
@@ -527,7 +531,7 @@ pub fn crl_needs_refresh(
     now >= row.next_update - validity / 2 || latest_revocation.is_some_and(|r| r >= row.this_update)
 }
 
-fn leaf_der(chain_pem: &str) -> Option<Vec<u8>> {
+pub(crate) fn leaf_der(chain_pem: &str) -> Option<Vec<u8>> {
     pem::parse_many(chain_pem)
         .ok()?
         .into_iter()

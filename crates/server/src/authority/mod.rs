@@ -12,6 +12,7 @@ mod accounts;
 mod audit;
 mod certificates;
 mod maintenance;
+mod operator;
 mod orders;
 mod relay;
 mod validation;

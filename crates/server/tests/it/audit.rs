@@ -10,21 +10,8 @@ use crate::client;
 use crate::harness::{self, Responder, TestServer};
 
 fn cli(config: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(harness::binary())
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env_remove("ACME_PROXY_CONFIG")
-        .output()
-        .expect("run acme-proxy");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let out = harness::run_cli(config, args, &[]);
+    (out.code == 0, format!("{}{}", out.stdout, out.stderr))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -440,6 +440,33 @@ pub fn binary() -> &'static str {
 /// Starts the `acme-proxy` binary with `args` in `cwd`, with extra
 /// environment, and waits until it prints its directory URL. Returns the
 /// guard and that URL. Its log (stderr) goes to `cwd/acme-proxy.log`.
+/// What one run of an operator command printed, and its exit code.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `acme-proxy ARGS --config CONFIG` to completion with stdin closed
+/// (not a terminal), as a script would.
+pub fn run_cli(config: &Path, args: &[&str], env: &[(&str, &str)]) -> CliOutput {
+    let out = Command::new(binary())
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env_remove("ACME_PROXY_CONFIG")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run acme-proxy");
+    CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (ChildGuard, String) {
     use std::io::{BufRead, BufReader};
     let mut cmd = Command::new(binary());

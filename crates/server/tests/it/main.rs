@@ -4,6 +4,7 @@
 // Tests and their helpers fail by panicking; that is how a test reports.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod admin;
 mod audit;
 mod challenges;
 mod client;

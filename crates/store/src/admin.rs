@@ -1,0 +1,174 @@
+//! Operators' deletions: an order or an account and everything that hangs
+//! off it, in one transaction, refused while something still needs it.
+//! The audit log has no foreign keys, so its rows outlive what they describe.
+
+use sqlx::Row;
+
+use crate::{Result, Store};
+
+/// What a deletion did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    NotFound,
+    /// Something still needs the row; the reason says what.
+    Refused(String),
+}
+
+/// Which orders a deletion covers: one order, or all of one account's.
+#[derive(Clone, Copy)]
+enum Scope {
+    Order,
+    Account,
+}
+
+/// A static SQL text with the scope's WHERE clause on `o` (bound to `$1`)
+/// between `$before` and `$after`: no SQL is built at run time.
+macro_rules! scoped {
+    ($scope:expr, $before:literal, $after:literal) => {
+        match $scope {
+            Scope::Order => concat!($before, "o.id = $1", $after),
+            Scope::Account => concat!($before, "o.account_id = $1", $after),
+        }
+    };
+}
+
+/// Why a deletion must wait, if anything does: a certificate that has not
+/// expired (it belongs on the CRL and may still be revoked), an order being
+/// finalized, or a challenge being validated (their jobs would lose their
+/// subject).
+async fn blocker(
+    tx: &mut sqlx::SqliteConnection,
+    scope: Scope,
+    id: &str,
+    now: i64,
+) -> Result<Option<String>> {
+    let unexpired = sqlx::query(scoped!(
+        scope,
+        "SELECT c.serial, c.not_after FROM certificates c JOIN orders o ON o.id = c.order_id WHERE ",
+        " AND c.not_after > $2 ORDER BY c.not_after DESC LIMIT 1"
+    ))
+    .bind(id)
+    .bind(now)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(row) = unexpired {
+        let serial: String = row.try_get("serial")?;
+        let not_after: i64 = row.try_get("not_after")?;
+        return Ok(Some(format!(
+            "certificate {serial} has not expired (notAfter {not_after}, Unix time); it stays for revocation and the CRL until then"
+        )));
+    }
+    let busy: Option<String> = sqlx::query_scalar(scoped!(
+        scope,
+        "SELECT o.id FROM orders o WHERE ",
+        " AND (o.status = 'processing' OR EXISTS (
+             SELECT 1 FROM order_authorizations oa JOIN challenges ch ON ch.authz_id = oa.authz_id
+             WHERE oa.order_id = o.id AND ch.status = 'processing'))
+         LIMIT 1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(busy.map(|order| {
+        format!("order {order} is being validated or finalized; wait for it, or cancel its job (acme-proxy job list)")
+    }))
+}
+
+/// Deletes the authorizations (and their challenges) of `account_id` that
+/// no order links any more.
+async fn delete_orphan_authorizations(
+    tx: &mut sqlx::SqliteConnection,
+    account_id: &str,
+) -> Result<()> {
+    macro_rules! orphans {
+        () => {
+            "(SELECT a.id FROM authorizations a WHERE a.account_id = $1
+              AND NOT EXISTS (SELECT 1 FROM order_authorizations oa WHERE oa.authz_id = a.id))"
+        };
+    }
+    for sql in [
+        concat!("DELETE FROM challenges WHERE authz_id IN ", orphans!()),
+        concat!("DELETE FROM authorizations WHERE id IN ", orphans!()),
+    ] {
+        sqlx::query(sql).bind(account_id).execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the orders in `scope` and what hangs off them: expired
+/// certificates, relay mappings, links to authorizations.
+async fn delete_orders(tx: &mut sqlx::SqliteConnection, scope: Scope, id: &str) -> Result<()> {
+    for sql in [
+        scoped!(
+            scope,
+            "DELETE FROM certificates WHERE order_id IN (SELECT o.id FROM orders o WHERE ",
+            ")"
+        ),
+        scoped!(
+            scope,
+            "DELETE FROM upstream_orders WHERE order_id IN (SELECT o.id FROM orders o WHERE ",
+            ")"
+        ),
+        scoped!(
+            scope,
+            "DELETE FROM order_authorizations WHERE order_id IN (SELECT o.id FROM orders o WHERE ",
+            ")"
+        ),
+        scoped!(
+            scope,
+            "DELETE FROM orders WHERE id IN (SELECT o.id FROM orders o WHERE ",
+            ")"
+        ),
+    ] {
+        sqlx::query(sql).bind(id).execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Deletes an order with its certificate (expired), relay mapping and
+    /// the authorizations no other order uses.
+    pub async fn delete_order(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
+        let mut tx = self.writer.begin().await?;
+        let account: Option<String> =
+            sqlx::query_scalar("SELECT account_id FROM orders WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(account) = account else {
+            return Ok(DeleteOutcome::NotFound);
+        };
+        if let Some(why) = blocker(&mut tx, Scope::Order, id, now).await? {
+            return Ok(DeleteOutcome::Refused(why));
+        }
+        delete_orders(&mut tx, Scope::Order, id).await?;
+        delete_orphan_authorizations(&mut tx, &account).await?;
+        tx.commit().await?;
+        Ok(DeleteOutcome::Deleted)
+    }
+
+    /// Deletes an account with all its orders, authorizations and expired
+    /// certificates.
+    pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
+        let mut tx = self.writer.begin().await?;
+        let exists: Option<String> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_none() {
+            return Ok(DeleteOutcome::NotFound);
+        }
+        if let Some(why) = blocker(&mut tx, Scope::Account, id, now).await? {
+            return Ok(DeleteOutcome::Refused(why));
+        }
+        delete_orders(&mut tx, Scope::Account, id).await?;
+        delete_orphan_authorizations(&mut tx, id).await?;
+        sqlx::query("DELETE FROM accounts WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(DeleteOutcome::Deleted)
+    }
+}
