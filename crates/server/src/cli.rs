@@ -466,12 +466,9 @@ async fn open_store(config: &Config) -> anyhow::Result<Store> {
 /// and notifications as the ACME requests they mirror. Jobs they queue
 /// (notifications) are run by the server.
 async fn operator_authority(config: &Config) -> anyhow::Result<std::sync::Arc<Authority>> {
-    let base_url = config
-        .public_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", config.listen));
     let assembled =
-        crate::server::assemble(config, std::sync::Arc::new(SystemClock), base_url).await?;
+        crate::server::assemble(config, std::sync::Arc::new(SystemClock), config.base_url())
+            .await?;
     Ok(assembled.authority)
 }
 

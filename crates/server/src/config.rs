@@ -20,8 +20,16 @@ use serde::{Deserialize, Deserializer};
 pub struct Config {
     /// Where the ACME listener binds.
     pub listen: SocketAddr,
-    /// The URL clients reach us at; defaults to `http://{listen}`.
+    /// The URL clients reach us at; defaults to `http://{listen}` (or
+    /// `https://` with `[tls]`). Never taken from a request's Host header.
     pub public_url: Option<String>,
+    /// TLS on the ACME listener; absent: plain HTTP (e.g. behind a proxy).
+    pub tls: Option<TlsConfig>,
+    /// Reverse proxies (CIDRs) whose forwarded header is believed for the
+    /// client's address; empty: the peer's address is the client's.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Which header carries the forwarded chain.
+    pub forwarded_header: ForwardedHeader,
     /// Directory for the database and self-generated CA keys.
     pub data_dir: PathBuf,
     /// `sqlite:PATH`; defaults to `sqlite:{data_dir}/acme-proxy.db`.
@@ -40,7 +48,75 @@ pub struct Config {
     pub jobs: JobsConfig,
     pub notify: NotifyConfig,
     pub metrics: MetricsConfig,
+    pub audit: AuditConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
+}
+
+/// TLS termination on the ACME listener (rustls): the operator's
+/// certificate and key, or a self-signed certificate for the public URL's
+/// host.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, SEC1 or PKCS#1).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Generate (once, kept in `{data_dir}/tls/`) a self-signed certificate
+    /// for the public URL's host instead.
+    #[serde(default)]
+    pub self_signed: bool,
+    /// How often the files are checked for a change (SIGHUP reloads at once).
+    #[serde(default = "default_tls_reload", deserialize_with = "duration")]
+    pub reload_interval: Duration,
+    /// A connection that has not finished its handshake by then is closed.
+    #[serde(default = "default_tls_handshake", deserialize_with = "duration")]
+    pub handshake_timeout: Duration,
+}
+
+fn default_tls_reload() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_tls_handshake() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The header a trusted proxy puts the client's address in.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
+/// The audit trail's upkeep and enrichment.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Rows older than this are deleted (hourly); absent: kept for ever.
+    #[serde(deserialize_with = "opt_duration")]
+    pub retention: Option<Duration>,
+    /// Record the client address's reverse (PTR) name, best-effort.
+    pub reverse_names: bool,
+    /// The longest a reverse lookup may delay the request it audits.
+    #[serde(deserialize_with = "duration")]
+    pub reverse_name_timeout: Duration,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            retention: None,
+            reverse_names: true,
+            reverse_name_timeout: Duration::from_millis(300),
+        }
+    }
 }
 
 /// The Prometheus endpoint.
@@ -466,6 +542,9 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 14000)),
             public_url: None,
+            tls: None,
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::default(),
             data_dir: PathBuf::from("acme-proxy-data"),
             database_url: None,
             log_format: LogFormat::Text,
@@ -477,6 +556,7 @@ impl Default for Config {
             jobs: JobsConfig::default(),
             notify: NotifyConfig::default(),
             metrics: MetricsConfig::default(),
+            audit: AuditConfig::default(),
             profiles,
         }
     }
@@ -783,6 +863,45 @@ impl Config {
                 "public_url {url:?} must start with http:// or https:// and have no trailing slash, e.g. \"https://acme.example.internal\""
             )));
         }
+        if let Some(tls) = &self.tls {
+            match (&tls.cert, &tls.key, tls.self_signed) {
+                (Some(_), Some(_), false) | (None, None, true) => {}
+                _ => {
+                    return Err(ConfigError::Invalid(
+                        "[tls]: write cert and key (PEM files), or self_signed = true, not both"
+                            .into(),
+                    ));
+                }
+            }
+            if tls.handshake_timeout < Duration::from_millis(100)
+                || tls.reload_interval < Duration::from_secs(1)
+            {
+                return Err(ConfigError::Invalid(
+                    "[tls]: handshake_timeout must be at least 100ms and reload_interval at least 1s; write e.g. handshake_timeout = \"10s\", reload_interval = \"30s\"".into(),
+                ));
+            }
+            if let Some(url) = &self.public_url
+                && url.starts_with("http://")
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "public_url {url:?} is http:// but [tls] serves https://; write public_url = \"https://…\""
+                )));
+            }
+        }
+        if self.audit.reverse_name_timeout > Duration::from_secs(5) {
+            return Err(ConfigError::Invalid(
+                "audit.reverse_name_timeout is over 5s, and it delays the requests it audits; write e.g. reverse_name_timeout = \"300ms\" (or reverse_names = false)".into(),
+            ));
+        }
+        if self
+            .audit
+            .retention
+            .is_some_and(|r| r < Duration::from_secs(86400))
+        {
+            return Err(ConfigError::Invalid(
+                "audit.retention is shorter than a day; write e.g. retention = \"400d\" (or leave it out to keep every row)".into(),
+            ));
+        }
         let at_least = |key: &str, d: Duration, min: Duration, example: &str| {
             if d < min {
                 Err(ConfigError::Invalid(format!(
@@ -883,9 +1002,16 @@ impl Config {
 
     /// The base URL of every ACME URL we hand out.
     pub fn base_url(&self) -> String {
+        self.base_url_at(self.listen)
+    }
+
+    /// The base URL when the listener is bound at `addr` (with port 0 the
+    /// real port is known only after binding).
+    pub fn base_url_at(&self, addr: SocketAddr) -> String {
         match &self.public_url {
             Some(url) => url.clone(),
-            None => format!("http://{}", self.listen),
+            None if self.tls.is_some() => format!("https://{addr}"),
+            None => format!("http://{addr}"),
         }
     }
 
@@ -965,6 +1091,13 @@ mod tests {
     const EVERY_KEY: &[&str] = &[
         "listen",
         "public_url",
+        "trusted_proxies",
+        "forwarded_header",
+        "tls.cert",
+        "tls.key",
+        "tls.self_signed",
+        "tls.reload_interval",
+        "tls.handshake_timeout",
         "data_dir",
         "database_url",
         "log_format",
@@ -1005,6 +1138,9 @@ mod tests {
         "profiles.default.signer.crl_validity",
         "notify.templates_dir",
         "metrics.listen",
+        "audit.retention",
+        "audit.reverse_names",
+        "audit.reverse_name_timeout",
         "profiles.default.notify.webhooks.ops.url",
         "profiles.default.notify.webhooks.ops.method",
         "profiles.default.notify.webhooks.ops.headers",
@@ -1073,6 +1209,8 @@ mod tests {
                         || rest.starts_with("[profiles.default.notify")
                         || rest.starts_with("[notify]")
                         || rest.starts_with("[metrics]")
+                        || rest.starts_with("[tls]")
+                        || rest.starts_with("[audit]")
                 };
                 match t.strip_prefix("# ") {
                     Some(rest) if is_key(rest) || is_table(rest) => rest,

@@ -20,4 +20,5 @@ pub mod notify;
 pub mod ops;
 pub mod server;
 pub mod signer;
+pub mod tls;
 pub mod validation;

@@ -157,11 +157,30 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .collect();
     let summary = acme_proxy::ops::describe_profiles(&config);
     let database = config.database_url();
+    let trusted_proxies: Vec<String> = config
+        .trusted_proxies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let forwarded_header = config.forwarded_header;
     let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
     // What an operator needs in their first minute: where to point clients
     // and what to trust.
     println!("acme-proxy is listening on {}", running.addr);
     println!("  database: {database}");
+    if let Some(cert) = &running.tls_cert {
+        println!(
+            "  TLS: https with {} (reloaded when it changes or on SIGHUP)",
+            cert.display()
+        );
+    }
+    if !trusted_proxies.is_empty() {
+        println!(
+            "  client addresses from {:?} behind {}",
+            forwarded_header,
+            trusted_proxies.join(", ")
+        );
+    }
     if let Some(m) = running.metrics_addr {
         println!("  metrics: http://{m}/metrics");
     }

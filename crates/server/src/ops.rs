@@ -595,6 +595,17 @@ pub async fn check_config(config: &Config) -> Result<Vec<String>, Vec<String>> {
     } else {
         None
     };
+    if let Some(tls) = &config.tls
+        && !tls.self_signed
+        && let Err(e) = crate::tls::Terminator::new(
+            tls,
+            &config.data_dir,
+            &config.base_url(),
+            crate::clock::SystemClock.now(),
+        )
+    {
+        problems.push(e);
+    }
     for (name, p) in &config.profiles {
         for (email, e) in &p.notify.emails {
             let key = format!("profiles.{name}.notify.emails.{email}");

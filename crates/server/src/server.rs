@@ -16,7 +16,7 @@ use crate::api::{self, AppState, Urls};
 use crate::authority::{Authority, CrlRefresh, NonceSweep, Profile, RelayJobs, ValidationJobs};
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
-use crate::jobs::periodic::JobRetention;
+use crate::jobs::periodic::{AuditRetention, JobRetention};
 use crate::jobs::{Queue, Registry, Runner};
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, NotifyJobs};
@@ -38,6 +38,8 @@ pub struct Running {
     /// Where `/metrics` is served, when `[metrics] listen` is set.
     pub metrics_addr: Option<SocketAddr>,
     pub base_url: String,
+    /// The certificate the ACME listener serves, with `[tls]`.
+    pub tls_cert: Option<std::path::PathBuf>,
     pub authority: Arc<Authority>,
     pub runner: Arc<Runner>,
     shutdown: watch::Sender<bool>,
@@ -196,11 +198,8 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
-    let base_url = match &config.public_url {
-        Some(url) => url.clone(),
-        // With port 0 the real port is known only now.
-        None => format!("http://{addr}"),
-    };
+    // With port 0 the real port is known only now.
+    let base_url = config.base_url_at(addr);
     let Assembled {
         authority,
         notifier,
@@ -209,6 +208,13 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     } = assemble(&config, Arc::clone(&clock), base_url.clone()).await?;
     let store = authority.store.clone();
     authority.refresh_stale_crls().await;
+    let terminator = match &config.tls {
+        Some(tls) => Some(Arc::new(
+            crate::tls::Terminator::new(tls, &config.data_dir, &base_url, clock.now())
+                .map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
 
     let mut registry = Registry::default();
     registry
@@ -239,11 +245,21 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     registry
         .register(Arc::new(JobRetention {
             clock: Arc::clone(&clock),
-            store,
+            store: store.clone(),
             retention: config.jobs.retention,
             every: RETENTION_EVERY,
         }))
         .map_err(anyhow::Error::msg)?;
+    if let Some(retention) = config.audit.retention {
+        registry
+            .register(Arc::new(AuditRetention {
+                clock: Arc::clone(&clock),
+                store: store.clone(),
+                retention,
+                every: RETENTION_EVERY,
+            }))
+            .map_err(anyhow::Error::msg)?;
+    }
     let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
     runner.recover().await.map_err(anyhow::Error::msg)?;
 
@@ -253,27 +269,40 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         config.max_body_bytes,
         config.max_in_flight,
         board,
+        api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
     ));
     let (shutdown, mut stop) = watch::channel(false);
     let stop_metrics = stop.clone();
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
-    // Nagle's algorithm costs ~40 ms per small response on loopback.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let router = api::router(app);
-    let http = tokio::spawn(async move {
-        let graceful = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        let service = router.into_make_service_with_connect_info::<SocketAddr>();
-        if let Err(e) = axum::serve(listener, service)
-            .with_graceful_shutdown(graceful)
-            .await
-        {
-            tracing::error!(event = "server.serve", outcome = "failure", error = %e, "the HTTP server failed");
+    let http = match &terminator {
+        Some(terminator) => {
+            tokio::spawn(Arc::clone(terminator).watch(stop.clone()));
+            let terminator = Arc::clone(terminator);
+            tokio::spawn(async move {
+                if let Err(e) = crate::tls::serve(listener, terminator, router, stop).await {
+                    tracing::error!(event = "server.serve", outcome = "failure", error = %e, "the HTTPS server failed");
+                }
+            })
         }
-    });
+        None => tokio::spawn(async move {
+            // Nagle's algorithm costs ~40 ms per small response on loopback
+            // (the TLS listener sets it per connection too).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            let graceful = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            let service = router.into_make_service_with_connect_info::<SocketAddr>();
+            if let Err(e) = axum::serve(listener, service)
+                .with_graceful_shutdown(graceful)
+                .await
+            {
+                tracing::error!(event = "server.serve", outcome = "failure", error = %e, "the HTTP server failed");
+            }
+        }),
+    };
 
     let metrics_addr = match config.metrics.listen {
         Some(at) => Some(serve_metrics(at, Arc::clone(&authority), stop_metrics).await?),
@@ -282,6 +311,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
     Ok(Running {
         addr,
+        tls_cert: terminator.as_ref().map(|t| t.cert_path().to_owned()),
         metrics_addr,
         base_url,
         authority,

@@ -181,6 +181,17 @@ impl Store {
         rows.iter().map(audit_from_row).collect()
     }
 
+    /// Deletes the rows written before `before` (Unix seconds): the
+    /// retention sweep, the only deletion the audit log knows (rows are
+    /// never updated).
+    pub async fn delete_audit_before(&self, before: i64) -> Result<u64> {
+        Ok(sqlx::query("DELETE FROM audit_log WHERE at < $1")
+            .bind(before)
+            .execute(&self.writer)
+            .await?
+            .rows_affected())
+    }
+
     /// The newest audit rows, newest first, optionally of one event.
     pub async fn audit_recent(&self, event: Option<&str>, limit: i64) -> Result<Vec<AuditRow>> {
         let rows = sqlx::query(concat!(

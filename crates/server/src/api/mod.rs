@@ -6,6 +6,7 @@
 //! authority.
 
 mod documents;
+pub mod forwarded;
 mod handlers;
 mod reply;
 pub mod urls;
@@ -38,6 +39,8 @@ pub struct AppState {
     admission: Arc<Semaphore>,
     /// Key authorizations the relay publishes for upstream http-01.
     pub board: Arc<ChallengeBoard>,
+    /// Whose forwarded header is believed for the client's address.
+    pub forwarding: forwarded::Forwarding,
 }
 
 pub type App = Arc<AppState>;
@@ -49,6 +52,7 @@ impl AppState {
         max_body: usize,
         max_in_flight: usize,
         board: Arc<ChallengeBoard>,
+        forwarding: forwarded::Forwarding,
     ) -> Self {
         Self {
             authority,
@@ -56,6 +60,7 @@ impl AppState {
             max_body,
             admission: Arc::new(Semaphore::new(max_in_flight)),
             board,
+            forwarding,
         }
     }
 
@@ -191,7 +196,11 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
     let client_ip = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|c| c.0.ip().to_string());
+        .map(|c| {
+            app.forwarding
+                .client_ip(c.0.ip(), req.headers())
+                .to_string()
+        });
     req.extensions_mut().insert(RequestContext {
         client_ip,
         user_agent: Some(user_agent.clone()).filter(|u| !u.is_empty()),

@@ -42,6 +42,11 @@ impl Authority {
             }),
             (None, d) => d.map(str::to_owned),
         };
+        // Best-effort and bounded (`audit.reverse_name_timeout`), cached.
+        let reverse_name = match ctx.client_ip.as_deref().and_then(|ip| ip.parse().ok()) {
+            Some(ip) => self.reverse.lookup(ip).await,
+            None => None,
+        };
         let row = NewAuditRow {
             at: self.clock.unix(),
             event: fact.event,
@@ -53,7 +58,7 @@ impl Authority {
             serial: fact.serial,
             identifiers: fact.identifiers,
             client_ip: ctx.client_ip.as_deref(),
-            reverse_name: None,
+            reverse_name: reverse_name.as_deref(),
             user_agent: ctx.user_agent.as_deref(),
             request_id: ctx.request_id.as_deref(),
             problem_type: fact.error.map(|e| e.kind.name()),

@@ -15,6 +15,7 @@ mod maintenance;
 mod operator;
 mod orders;
 mod relay;
+mod reverse;
 mod validation;
 
 use std::collections::BTreeMap;
@@ -103,6 +104,8 @@ pub struct Authority {
     /// Where events are told (webhooks), as durable jobs.
     pub notifier: Arc<Notifier>,
     pub metrics: Arc<Metrics>,
+    /// Reverse names of client addresses, for audit rows.
+    reverse: reverse::ReverseNames,
 }
 
 impl Authority {
@@ -120,6 +123,13 @@ impl Authority {
             store: queue.store.clone(),
             clock: Arc::clone(&queue.clock),
             profiles,
+            reverse: reverse::ReverseNames::new(
+                config
+                    .audit
+                    .reverse_names
+                    .then(|| Arc::clone(&validators.resolver)),
+                config.audit.reverse_name_timeout,
+            ),
             validators,
             queue,
             base_url,

@@ -88,3 +88,46 @@ impl JobHandler for JobRetention {
         queue_periodic(queue, self.kind())
     }
 }
+
+/// Deletes audit rows older than `audit.retention` (registered only when
+/// it is set: by default the audit trail is kept for ever).
+#[derive(Debug)]
+pub struct AuditRetention {
+    pub clock: SharedClock,
+    pub store: acme_proxy_store::Store,
+    pub retention: Duration,
+    pub every: Duration,
+}
+
+impl JobHandler for AuditRetention {
+    fn kind(&self) -> &'static str {
+        "audit_retention"
+    }
+
+    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let before = self.clock.unix() - self.retention.as_secs() as i64;
+            match self.store.delete_audit_before(before).await {
+                Ok(n) => tracing::info!(
+                    event = "audit.retention",
+                    outcome = "success",
+                    deleted = n,
+                    "audit rows past retention deleted"
+                ),
+                Err(e) => {
+                    tracing::error!(event = "audit.retention", outcome = "failure", error = %e, "audit retention failed")
+                }
+            }
+            Outcome::Reschedule(self.clock.now() + self.every)
+        })
+    }
+
+    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        log_abandon(self.kind(), reason);
+        Box::pin(async {})
+    }
+
+    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        queue_periodic(queue, self.kind())
+    }
+}

@@ -83,7 +83,11 @@ impl Validators {
                 tcp.port = server.port();
                 rc.add_name_server(NameServerConfig::new(server.ip(), true, vec![udp, tcp]));
             }
-            TokioResolver::builder_with_config(rc, provider)
+            let mut builder = TokioResolver::builder_with_config(rc, provider);
+            // Servers named in the configuration are the only source of
+            // answers: /etc/hosts must not override what they say.
+            builder.options_mut().use_hosts_file = hickory_resolver::config::ResolveHosts::Never;
+            builder
         };
         // No caching: a client that fixes its DNS and retries must be seen
         // at once, and a negative answer must not outlive the attempt.

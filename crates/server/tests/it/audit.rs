@@ -129,3 +129,132 @@ async fn audit_list_shows_an_issuance_a_refused_csr_and_a_revocation_with_actor_
     assert!(!ok && out.contains("--since"), "{out}");
     server.stop().await;
 }
+
+/// The server's configuration with `resolver` as its DNS server, the
+/// loopback trusted as a proxy and `extra` appended. (The resolver answers
+/// the loopback's own reverse name itself, RFC 6761, so the tests' client
+/// says it forwards for a documentation address, RFC 5737.)
+fn with_resolver(dir: &std::path::Path, resolver: std::net::SocketAddr, extra: &str) -> String {
+    format!(
+        "trusted_proxies = [\"127.0.0.1/32\"]\n{}",
+        TestServer::config_text(dir, harness::free_port(), None, extra).replacen(
+            "timeout = \"5s\"\n",
+            &format!("timeout = \"5s\"\ndns_resolvers = [\"{resolver}\"]\n"),
+            1,
+        )
+    )
+}
+
+const FORWARDED: (&str, &str) = ("x-forwarded-for", "198.51.100.7");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_reverse_name_is_audited_when_its_dns_has_one() {
+    let Some(bind) = harness::Bind::start(
+        "100.51.198.in-addr.arpa",
+        "7 IN PTR audited-client.example.test.",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = with_resolver(dir.path(), bind.addr, "");
+    let server = TestServer::start_in(dir, &toml).await;
+    client::account_with_header(&server.directory("default"), FORWARDED).await;
+    let rows = server
+        .running()
+        .authority
+        .store
+        .audit_recent(Some("account.created"), 1)
+        .await
+        .expect("audit");
+    assert_eq!(rows[0].client_ip.as_deref(), Some("198.51.100.7"));
+    assert_eq!(
+        rows[0].reverse_name.as_deref(),
+        Some("audited-client.example.test"),
+        "{}",
+        bind.log()
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_server_that_never_answers_delays_an_audited_request_by_the_bound_only() {
+    // Takes every query and answers none.
+    let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = with_resolver(
+        dir.path(),
+        black_hole.local_addr().expect("addr"),
+        "\n[audit]\nreverse_name_timeout = \"200ms\"\n",
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let started = std::time::Instant::now();
+    client::account_with_header(&server.directory("default"), FORWARDED).await;
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(1500),
+        "newAccount took {elapsed:?} with a silent DNS server"
+    );
+    let rows = server
+        .running()
+        .authority
+        .store
+        .audit_recent(Some("account.created"), 1)
+        .await
+        .expect("audit");
+    assert_eq!(rows.len(), 1, "the row is written without its name");
+    assert_eq!(rows[0].reverse_name, None);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_past_the_audit_retention_are_swept_and_newer_ones_kept() {
+    use acme_proxy::clock::Clock;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = TestServer::config_text(
+        dir.path(),
+        harness::free_port(),
+        None,
+        "[profiles.default]\n\n[audit]\nretention = \"30d\"\nreverse_names = false\n[jobs]\npoll_interval = \"50ms\"\n",
+    );
+    // Rows written before the server starts: one 31 days old, one 29.
+    let store = acme_proxy_store::Store::open(
+        &format!("sqlite:{}", dir.path().join("acme-proxy.db").display()),
+        &acme_proxy_store::StoreOptions::default(),
+    )
+    .await
+    .expect("store");
+    let now = acme_proxy::clock::SystemClock.unix();
+    for (age_days, detail) in [(31, "old"), (29, "recent")] {
+        store
+            .insert_audit(&acme_proxy_store::NewAuditRow {
+                at: now - age_days * 86400,
+                event: "certificate.issued",
+                outcome: "success",
+                actor: "system",
+                detail: Some(detail),
+                ..Default::default()
+            })
+            .await
+            .expect("insert");
+    }
+    store.close().await;
+    let server = TestServer::start_in(dir, &toml).await;
+    let store = server.running().authority.store.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows = store
+            .audit_recent(Some("certificate.issued"), 10)
+            .await
+            .expect("audit");
+        let details: Vec<_> = rows.iter().filter_map(|r| r.detail.clone()).collect();
+        if details == ["recent"] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweep did not run: {details:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}

@@ -18,16 +18,69 @@ pub fn retry() -> RetryPolicy {
 /// An instant-acme builder over plain HTTP (its default client speaks only
 /// HTTPS), with Nagle off as every ACME client should.
 pub fn builder() -> instant_acme::AccountBuilder {
+    Account::builder_with_http(Box::new(builder_client()))
+}
+
+fn builder_client() -> hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    instant_acme::BodyWrapper<bytes::Bytes>,
+> {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
-    let client: hyper_util::client::legacy::Client<_, instant_acme::BodyWrapper<bytes::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(connector);
-    Account::builder_with_http(Box::new(client))
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector)
 }
 
 pub async fn account(directory: &str) -> Account {
-    let (account, _credentials) = builder()
+    create_account(builder(), directory).await
+}
+
+/// An account over https, trusting the CA certificate in `ca_pem`.
+pub async fn account_with_roots(directory: &str, ca_pem: &std::path::Path) -> Account {
+    create_account(
+        Account::builder_with_root(ca_pem).expect("a client trusting the CA"),
+        directory,
+    )
+    .await
+}
+
+/// An account whose every request carries the extra header `header`.
+pub async fn account_with_header(directory: &str, header: (&'static str, &'static str)) -> Account {
+    let inner = Box::new(builder_client());
+    create_account(
+        Account::builder_with_http(Box::new(WithHeader { inner, header })),
+        directory,
+    )
+    .await
+}
+
+/// An HTTP client adding one header to every request.
+struct WithHeader {
+    inner: Box<dyn instant_acme::HttpClient>,
+    header: (&'static str, &'static str),
+}
+
+impl instant_acme::HttpClient for WithHeader {
+    fn request(
+        &self,
+        mut req: http::Request<instant_acme::BodyWrapper<bytes::Bytes>>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<instant_acme::BytesResponse, instant_acme::Error>,
+                > + Send,
+        >,
+    > {
+        req.headers_mut().insert(
+            http::HeaderName::from_static(self.header.0),
+            http::HeaderValue::from_static(self.header.1),
+        );
+        self.inner.request(req)
+    }
+}
+
+async fn create_account(builder: instant_acme::AccountBuilder, directory: &str) -> Account {
+    let (account, _credentials) = builder
         .create(
             &NewAccount {
                 contact: &["mailto:ops@example.test"],

@@ -437,6 +437,61 @@ async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_obtains_a_certificate_over_https_trusting_the_servers_self_signed_certificate() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("certbot") {
+        return;
+    }
+    let port = harness::free_port();
+    let proxy = Proxy::start(&dns, port, "[tls]\nself_signed = true\n");
+    assert!(
+        proxy.directory.starts_with("https://127.0.0.1:"),
+        "{}",
+        proxy.directory
+    );
+    // What `serve` printed to trust: the self-signed certificate it made.
+    let tls_cert = proxy.data_dir.join("tls").join("self-signed-127.0.0.1.pem");
+    assert!(tls_cert.is_file(), "{}", tls_cert.display());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_path_buf();
+    let name = "https.example.test";
+    let mut args = vec!["certonly".to_owned()];
+    args.extend(certbot_common(&d, &proxy.directory));
+    args.extend(
+        [
+            "--standalone",
+            "--http-01-port",
+            &port.to_string(),
+            "--http-01-address",
+            "127.0.0.1",
+            "-d",
+            name,
+            "--cert-name",
+            "t",
+        ]
+        .map(str::to_owned),
+    );
+    // certbot (python-requests) trusts what this bundle holds.
+    let env = vec![(
+        "REQUESTS_CA_BUNDLE".to_owned(),
+        tls_cert.display().to_string(),
+    )];
+    let ran = run_with_env("certbot", args, env, d.clone()).await;
+    assert!(
+        ran.success(),
+        "certbot over https failed\n{}\n--- letsencrypt.log (tail) ---\n{}",
+        ran.report(),
+        certbot_log_tail(&d)
+    );
+    let cert_path = d.join("conf").join("live").join("t").join("cert.pem");
+    assert_issued(
+        &leaf(&cert_path, &|| ran.report()),
+        name,
+        &proxy.ca_subject(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
     let Some(dns) = Dns::start() else { return };
     if !harness::require_program("lego") {

@@ -21,5 +21,6 @@ mod raw;
 mod recovery;
 mod relay;
 mod resources;
+mod tls;
 mod upstream;
 mod zero_config;

@@ -1,0 +1,189 @@
+//! The client's address behind reverse proxies. The peer is the client
+//! unless it is a trusted proxy; then the forwarded chain is walked right
+//! to left, skipping trusted proxies, and the first address that is not one
+//! is the client. A client cannot pass itself off as someone else by
+//! sending the header: what it wrote stays left of what the first trusted
+//! proxy appended, and the walk stops before it.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderMap;
+use ipnet::IpNet;
+
+use crate::config::ForwardedHeader;
+
+#[derive(Clone, Debug, Default)]
+pub struct Forwarding {
+    trusted: Vec<IpNet>,
+    header: ForwardedHeader,
+}
+
+impl Forwarding {
+    pub fn new(trusted: Vec<IpNet>, header: ForwardedHeader) -> Self {
+        Self { trusted, header }
+    }
+
+    fn trusts(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The address to audit for a request from `peer`.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let mut client = canonical(peer);
+        if !self.trusts(client) {
+            return client;
+        }
+        for hop in self.chain(headers).into_iter().rev() {
+            match hop {
+                // An entry we cannot read (`unknown`, an obfuscated name):
+                // the hop that forwarded it is as far as we know.
+                None => return client,
+                Some(ip) => {
+                    client = canonical(ip);
+                    if !self.trusts(client) {
+                        return client;
+                    }
+                }
+            }
+        }
+        client
+    }
+
+    /// The forwarded addresses, left (the original client) to right (the
+    /// last proxy before the peer), across every line of the header.
+    fn chain(&self, headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+        let name = match self.header {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+        };
+        let mut hops = Vec::new();
+        for value in headers.get_all(name) {
+            let Ok(value) = value.to_str() else {
+                hops.push(None);
+                continue;
+            };
+            for element in value.split(',') {
+                let address = match self.header {
+                    ForwardedHeader::XForwardedFor => Some(element.trim()),
+                    // RFC 7239 §4: `for=` among `;`-separated pairs.
+                    ForwardedHeader::Forwarded => element.split(';').find_map(|pair| {
+                        let (k, v) = pair.trim().split_once('=')?;
+                        k.trim().eq_ignore_ascii_case("for").then_some(v.trim())
+                    }),
+                };
+                hops.push(address.and_then(parse_node));
+            }
+        }
+        hops
+    }
+}
+
+/// An address as proxies write it: bare, with a port, bracketed IPv6 with
+/// or without a port, possibly quoted (RFC 7239 §6).
+fn parse_node(text: &str) -> Option<IpAddr> {
+    let text = text.trim_matches('"');
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = text.parse::<SocketAddr>() {
+        return Some(sa.ip());
+    }
+    text.strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .and_then(|t| t.parse().ok())
+}
+
+/// IPv4-mapped IPv6 addresses (a dual-stack listener's view of an IPv4
+/// peer) compared and recorded as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn headers(name: &str, values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn forwarding(trusted: &[&str], header: ForwardedHeader) -> Forwarding {
+        Forwarding::new(trusted.iter().map(|t| t.parse().unwrap()).collect(), header)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_claims() {
+        let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::XForwardedFor);
+        let h = headers("x-forwarded-for", &["198.51.100.7"]);
+        assert_eq!(f.client_ip(ip("192.0.2.1"), &h), ip("192.0.2.1"));
+    }
+
+    #[test]
+    fn the_chain_is_walked_right_to_left_past_trusted_proxies_only() {
+        let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::XForwardedFor);
+        // The client spoofed 203.0.113.9; the edge proxy appended what it saw.
+        let h = headers(
+            "x-forwarded-for",
+            &["203.0.113.9, 198.51.100.7", "10.1.1.1"],
+        );
+        assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn a_chain_of_trusted_proxies_only_ends_at_its_leftmost_address() {
+        let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::XForwardedFor);
+        let h = headers("x-forwarded-for", &["10.9.9.9, 10.1.1.1"]);
+        assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("10.9.9.9"));
+        assert_eq!(
+            f.client_ip(ip("10.2.2.2"), &HeaderMap::new()),
+            ip("10.2.2.2")
+        );
+    }
+
+    #[test]
+    fn an_unreadable_hop_stops_the_walk_at_the_proxy_that_forwarded_it() {
+        let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::XForwardedFor);
+        let h = headers("x-forwarded-for", &["198.51.100.7, garbage, 10.1.1.1"]);
+        assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn rfc_7239_forwarded_for_is_read_with_quotes_ports_and_brackets() {
+        let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::Forwarded);
+        let h = headers(
+            "forwarded",
+            &["for=\"[2001:db8::7]:4711\";proto=https, For=10.1.1.1:8080;by=10.0.0.1"],
+        );
+        assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("2001:db8::7"));
+        let h = headers("forwarded", &["for=unknown, for=10.1.1.1"]);
+        assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_peer_is_matched_and_recorded_as_ipv4() {
+        let f = forwarding(&["127.0.0.1/32"], ForwardedHeader::XForwardedFor);
+        let h = headers("x-forwarded-for", &["198.51.100.7"]);
+        assert_eq!(f.client_ip(ip("::ffff:127.0.0.1"), &h), ip("198.51.100.7"));
+        assert_eq!(
+            f.client_ip(ip("::ffff:192.0.2.1"), &HeaderMap::new()),
+            ip("192.0.2.1")
+        );
+    }
+}
