@@ -28,7 +28,7 @@ const FAMILIES: [&str; 12] = [
 /// `# TYPE`/`# HELP`/`# UNIT` comment or `name{labels} value`, the text ends
 /// with `# EOF`, and every sample belongs to a declared family. Returns the
 /// families and the samples (name with labels → value).
-fn parse(text: &str) -> (BTreeSet<String>, BTreeMap<String, f64>) {
+pub(crate) fn parse(text: &str) -> (BTreeSet<String>, BTreeMap<String, f64>) {
     assert!(text.ends_with("# EOF\n"), "no # EOF terminator:\n{text}");
     let mut families = BTreeSet::new();
     let mut samples = BTreeMap::new();

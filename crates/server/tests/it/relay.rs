@@ -1519,3 +1519,202 @@ async fn an_upstream_refusal_at_finalize_reaches_the_client_generically_once_aud
     assert!(chain.contains("BEGIN CERTIFICATE"));
     server.stop().await;
 }
+
+/// Issue 7, must-show 1: a certbot issuance, a refused order (a CSR for
+/// other names), a revocation and a relay abandon, each read back with
+/// `acme-proxy audit list --json` — actor, client address, identifiers and
+/// reason — and the Prometheus counters equal to the audit counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited_and_counted_alike()
+{
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("certbot") {
+        return;
+    }
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let port = harness::free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // "default": the embedded CA, validating for real; "edge": a relay.
+    let profiles = format!(
+        "[profiles.default]\n\n{}\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+        relay_profile(
+            "edge",
+            &proxy.directory_url(),
+            &pki,
+            "bypass",
+            LOCAL_BYPASS,
+            ""
+        )
+    );
+    let toml = server_toml(dir.path(), port, Some(&dns), &profiles);
+    let etc = tempfile::tempdir().expect("tempdir");
+    let config = etc.path().join("acme-proxy.toml");
+    std::fs::write(&config, &toml).expect("config");
+    let server = start_relay(dir, &toml).await;
+
+    // certbot obtains, then revokes (keyCompromise), on "default".
+    let home = tempfile::tempdir().expect("tempdir");
+    let d = home.path().to_path_buf();
+    let name = "audited-certbot.example.test";
+    let mut args = vec!["certonly".to_owned()];
+    args.extend(clients::certbot_common(&d, &server.directory("default")));
+    args.extend(
+        [
+            "--standalone",
+            "--http-01-port",
+            &port.to_string(),
+            "--http-01-address",
+            "127.0.0.1",
+            "-d",
+            name,
+            "--cert-name",
+            "t",
+        ]
+        .map(str::to_owned),
+    );
+    let ran = clients::run("certbot", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "{}\n{}",
+        ran.report(),
+        clients::certbot_log_tail(&d)
+    );
+    let cert_path = d.join("conf").join("live").join("t").join("cert.pem");
+    let mut args = vec!["revoke".to_owned()];
+    args.extend(clients::certbot_common(&d, &server.directory("default")));
+    args.extend(
+        [
+            "--cert-path",
+            cert_path.to_str().expect("utf-8"),
+            "--reason",
+            "keycompromise",
+            "--no-delete-after-revoke",
+        ]
+        .map(str::to_owned),
+    );
+    let ran = clients::run("certbot", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "{}\n{}",
+        ran.report(),
+        clients::certbot_log_tail(&d)
+    );
+
+    // A CSR for other names than the order's: badCSR, on "edge".
+    let edge = client::account(&server.directory("edge")).await;
+    let edge_id = edge.id().rsplit('/').next().expect("id").to_owned();
+    let mut order = ready_order(&edge, &["ordered.example.test"]).await;
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params =
+        rcgen::CertificateParams::new(vec!["other.example.test".to_owned()]).expect("params");
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    let csr = params.serialize_request(&key).expect("CSR");
+    let err = order.finalize_csr(csr.der()).await.expect_err("badCSR");
+    assert_eq!(client::problem_type(&err), "badCSR");
+
+    // The upstream refuses the relayed finalize: the relay is abandoned.
+    proxy.inject(Match::PathContains(FINALIZE), Fault::Forbidden403);
+    let relayed = relay_issue(&edge, &["abandoned.example.test"], Duration::from_secs(30)).await;
+    assert!(relayed.result.is_err(), "{:?}", relayed.seen);
+
+    let out = harness::run_cli(&config, &["audit", "list", "--json"], &[]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).expect("JSON");
+    let find = |event: &str, identifier: &str| {
+        rows.iter()
+            .find(|r| r["event"] == event && r["identifiers"][0] == identifier)
+            .unwrap_or_else(|| panic!("no {event} for {identifier} in {rows:#?}"))
+            .clone()
+    };
+    let issued = find("certificate.issued", name);
+    let revoked = find("certificate.revoked", name);
+    let refused = find("certificate.issue_failed", "ordered.example.test");
+    let abandoned = find("certificate.issue_failed", "abandoned.example.test");
+    for row in [&issued, &revoked, &refused, &abandoned] {
+        assert_eq!(row["client_ip"], "127.0.0.1", "{row:#}");
+        assert!(
+            row["actor"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("account:")),
+            "{row:#}"
+        );
+        assert!(row["request_id"].is_string(), "{row:#}");
+    }
+    assert_eq!(issued["actor"], revoked["actor"]);
+    assert!(
+        issued["user_agent"]
+            .as_str()
+            .is_some_and(|ua| ua.contains("certbot")),
+        "{issued:#}"
+    );
+    assert_eq!(revoked["serial"], issued["serial"]);
+    assert_eq!(revoked["detail"], "reason 1");
+    assert_eq!(refused["actor"], format!("account:{edge_id}").as_str());
+    assert_eq!(refused["outcome"], "refused");
+    assert_eq!(refused["problem_type"], "badCSR");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("other.example.test")),
+        "{refused:#}"
+    );
+    assert_eq!(abandoned["profile"], "edge");
+    assert_eq!(abandoned["actor"], format!("account:{edge_id}").as_str());
+    assert!(
+        abandoned["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("upstream says no")),
+        "the upstream's reason, for operators: {abandoned:#}"
+    );
+
+    // The counters move with the rows they mirror.
+    let metrics_url = format!(
+        "http://{}/metrics",
+        server.running().metrics_addr.expect("metrics listener")
+    );
+    let (status, _, body) = crate::flow::reqwest_get(&metrics_url).await;
+    assert_eq!(status, 200);
+    let (_, samples) = crate::metrics::parse(&String::from_utf8(body).expect("UTF-8"));
+    let mut expected: std::collections::BTreeMap<String, f64> = Default::default();
+    for r in &rows {
+        let series = format!(
+            "acme_proxy_audit_events_total{{event=\"{}\",outcome=\"{}\",profile=\"{}\"}}",
+            r["event"].as_str().unwrap_or(""),
+            r["outcome"].as_str().unwrap_or(""),
+            r["profile"].as_str().unwrap_or("")
+        );
+        *expected.entry(series).or_default() += 1.0;
+    }
+    let exported: std::collections::BTreeMap<String, f64> = samples
+        .iter()
+        .filter(|(k, v)| k.starts_with("acme_proxy_audit_events_total{") && **v > 0.0)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    assert_eq!(
+        exported, expected,
+        "the counters and the audit log disagree"
+    );
+    let sample = |series: &str| samples.get(series).copied().unwrap_or(0.0);
+    assert_eq!(
+        sample("acme_proxy_certificates_issued_total{profile=\"default\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample("acme_proxy_certificate_failures_total{profile=\"edge\",reason=\"badCSR\"}"),
+        1.0
+    );
+    let abandoned_reason = abandoned["problem_type"]
+        .as_str()
+        .unwrap_or("serverInternal");
+    assert_eq!(
+        sample(&format!(
+            "acme_proxy_certificate_failures_total{{profile=\"edge\",reason=\"{abandoned_reason}\"}}"
+        )),
+        1.0
+    );
+    server.stop().await;
+}
