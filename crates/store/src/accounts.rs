@@ -2,7 +2,8 @@
 
 use sqlx::Row;
 
-use crate::{Result, Store, json_vec, to_json};
+use crate::jobs::insert_jobs_in;
+use crate::{NewJob, Result, Store, json_vec, to_json};
 
 /// An account as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +66,13 @@ impl Store {
     /// Creates an account, or finds the one that already holds this key at
     /// this profile; the flag is true when this call created it. Two
     /// concurrent newAccount requests with one key create one account.
-    pub async fn insert_account(&self, new: &NewAccountRow<'_>) -> Result<(AccountRow, bool)> {
+    /// `notices` are queued in the same transaction, only if it created it.
+    pub async fn insert_account(
+        &self,
+        new: &NewAccountRow<'_>,
+        notices: &[NewJob<'_>],
+    ) -> Result<(AccountRow, bool)> {
+        let mut tx = self.writer.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at)
              VALUES ($1, $2, $3, $4, 'valid', $5, $6, $7)
@@ -78,10 +85,13 @@ impl Store {
         .bind(to_json(new.contact))
         .bind(new.tos_agreed)
         .bind(new.now)
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?
         .rows_affected()
             == 1;
+        if inserted {
+            insert_jobs_in(&mut tx, notices).await?;
+        }
         let row = sqlx::query(concat!(
             "SELECT ",
             account_columns!(),
@@ -89,8 +99,9 @@ impl Store {
         ))
         .bind(new.profile)
         .bind(new.key_thumbprint)
-        .fetch_one(&self.writer)
+        .fetch_one(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok((account_from_row(&row)?, inserted))
     }
 
@@ -152,8 +163,8 @@ impl Store {
     /// valid → deactivated (RFC 8555 §7.3.6), guarded. Also deactivates the
     /// account's pending and valid authorizations and invalidates its
     /// unfinished orders, in one transaction: nothing signed by a deactivated
-    /// account may progress.
-    pub async fn deactivate_account(&self, id: &str) -> Result<bool> {
+    /// account may progress. `notices` are queued with the change.
+    pub async fn deactivate_account(&self, id: &str, notices: &[NewJob<'_>]) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         let changed = sqlx::query(
             "UPDATE accounts SET status = 'deactivated' WHERE id = $1 AND status = 'valid'",
@@ -177,6 +188,7 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+            insert_jobs_in(&mut tx, notices).await?;
         }
         tx.commit().await?;
         Ok(changed)

@@ -4,7 +4,8 @@ use acme_proxy_protocol::types::Identifier;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, Store, StoreError, to_json};
+use crate::jobs::insert_jobs_in;
+use crate::{NewJob, Result, Store, StoreError, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertificateRow {
@@ -93,12 +94,18 @@ impl Store {
     /// Stores the certificate and moves its order processing → valid, in one
     /// transaction. False (nothing written) if the order was not processing:
     /// with the `UNIQUE (order_id)` constraint this makes "exactly one
-    /// certificate per order" hold whatever the callers do.
-    pub async fn complete_order(&self, cert: &NewCertificateRow<'_>) -> Result<bool> {
+    /// certificate per order" hold whatever the callers do. `notices` are
+    /// queued with it.
+    pub async fn complete_order(
+        &self,
+        cert: &NewCertificateRow<'_>,
+        notices: &[NewJob<'_>],
+    ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
+        insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -133,14 +140,16 @@ impl Store {
     }
 
     /// Revokes once: a second revocation of one serial is `AlreadyRevoked`
-    /// even when both race.
+    /// even when both race. `notices` are queued with the revocation.
     pub async fn revoke_certificate(
         &self,
         profile: &str,
         serial: &str,
         reason: Option<i64>,
         now: i64,
+        notices: &[NewJob<'_>],
     ) -> Result<RevokeOutcome> {
+        let mut tx = self.writer.begin().await?;
         let changed = sqlx::query(
             "UPDATE certificates SET revoked_at = $1, revocation_reason = $2
              WHERE profile = $3 AND serial = $4 AND revoked_at IS NULL",
@@ -149,17 +158,19 @@ impl Store {
         .bind(reason)
         .bind(profile)
         .bind(serial)
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
         if changed == 1 {
+            insert_jobs_in(&mut tx, notices).await?;
+            tx.commit().await?;
             return Ok(RevokeOutcome::Revoked);
         }
         let exists: Option<i64> =
             sqlx::query_scalar("SELECT 1 FROM certificates WHERE profile = $1 AND serial = $2")
                 .bind(profile)
                 .bind(serial)
-                .fetch_optional(&self.writer)
+                .fetch_optional(&mut *tx)
                 .await?;
         Ok(if exists.is_some() {
             RevokeOutcome::AlreadyRevoked

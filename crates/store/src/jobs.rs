@@ -96,6 +96,20 @@ where
         .await?)
 }
 
+/// Queues `jobs` inside the caller's transaction (each at its own `run_at`,
+/// which is also its creation time): the change a job reports and the job
+/// commit together or not at all. A job whose identity is already queued
+/// is skipped, as with [`Store::insert_job`].
+pub(crate) async fn insert_jobs_in(
+    conn: &mut sqlx::SqliteConnection,
+    jobs: &[NewJob<'_>],
+) -> Result<()> {
+    for job in jobs {
+        insert_job_in(&mut *conn, job, job.run_at).await?;
+    }
+    Ok(())
+}
+
 macro_rules! job_columns {
     () => {
         "id, kind, key, payload, status, attempts, max_attempts, run_at, deadline, lease_owner, \

@@ -9,7 +9,8 @@ use acme_proxy_protocol::types::Identifier;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, Store, StoreError, to_json};
+use crate::jobs::insert_jobs_in;
+use crate::{NewJob, Result, Store, StoreError, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderRow {
@@ -425,14 +426,16 @@ impl Store {
     /// - invalid: challenge invalid with `error`, authorization invalid, each
     ///   pending order containing it invalid (RFC 8555 §7.1.6).
     ///
-    /// Returns false (and changes nothing) if the challenge was not
-    /// processing any more.
+    /// Returns false (and changes nothing, `notices` included) if the
+    /// challenge was not processing any more; otherwise `notices` are
+    /// queued in the same transaction.
     pub async fn settle_challenge(
         &self,
         challenge_id: &str,
         outcome: std::result::Result<(), &Problem>,
         now: i64,
         valid_until: i64,
+        notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         let authz_id: Option<String> = sqlx::query_scalar(
@@ -498,6 +501,7 @@ impl Store {
                 .await?;
             }
         }
+        insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -8,6 +8,7 @@ use sqlx::sqlite::SqliteRow;
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::certificates::{NewCertificateRow, complete_order_in};
+use crate::jobs::insert_jobs_in;
 use crate::{NewJob, Result, Store, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,6 +266,7 @@ impl Store {
         cert: &NewCertificateRow<'_>,
         certificate_url: &str,
         audit: &NewAuditRow<'_>,
+        notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         if !complete_order_in(&mut tx, cert).await? {
@@ -280,6 +282,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         insert_audit_in(&mut *tx, audit).await?;
+        insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -294,6 +297,7 @@ impl Store {
         client_problem: &Problem,
         reason: &str,
         audit: &NewAuditRow<'_>,
+        notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         let failed = sqlx::query(
@@ -318,6 +322,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         insert_audit_in(&mut *tx, audit).await?;
+        insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -45,19 +45,27 @@ impl Authority {
         let contact = check_contacts(req.contact.as_deref().unwrap_or(&[]))?;
         let jwk_json = jwk.to_value().to_string();
         let id = crate::ids::object_id();
+        // Queued only if this request creates the account.
+        let mut notice = Notice::new("account.created", &profile.name, self.clock.unix());
+        notice.account = Some(id.clone());
+        let outbox = self.notifier.outbox(&notice);
         let (row, created) = self
             .store
-            .insert_account(&NewAccountRow {
-                id: &id,
-                profile: &profile.name,
-                key_thumbprint: &thumbprint,
-                jwk: &jwk_json,
-                contact: &contact,
-                tos_agreed: req.terms_of_service_agreed == Some(true),
-                now: self.clock.unix(),
-            })
+            .insert_account(
+                &NewAccountRow {
+                    id: &id,
+                    profile: &profile.name,
+                    key_thumbprint: &thumbprint,
+                    jwk: &jwk_json,
+                    contact: &contact,
+                    tos_agreed: req.terms_of_service_agreed == Some(true),
+                    now: self.clock.unix(),
+                },
+                &outbox.jobs(),
+            )
             .await?;
         if created {
+            self.notifier.posted(&outbox);
             self.audit(super::audit::Fact {
                 event: "account.created",
                 outcome: "success",
@@ -66,9 +74,6 @@ impl Authority {
                 ..Default::default()
             })
             .await;
-            let mut notice = Notice::new("account.created", &profile.name, self.clock.unix());
-            notice.account = Some(row.id.clone());
-            self.notifier.dispatch(notice).await;
             tracing::info!(
                 event = "account.created",
                 outcome = "success",
@@ -122,9 +127,17 @@ impl Authority {
         account_id: &str,
         actor: Option<&str>,
     ) -> AcmeResult<bool> {
-        if !self.store.deactivate_account(account_id).await? {
+        let mut notice = Notice::new("account.deactivated", profile, self.clock.unix());
+        notice.account = Some(account_id.to_owned());
+        let outbox = self.notifier.outbox(&notice);
+        if !self
+            .store
+            .deactivate_account(account_id, &outbox.jobs())
+            .await?
+        {
             return Ok(false);
         }
+        self.notifier.posted(&outbox);
         self.audit(super::audit::Fact {
             event: "account.deactivated",
             outcome: "success",
@@ -134,9 +147,6 @@ impl Authority {
             ..Default::default()
         })
         .await;
-        let mut notice = Notice::new("account.deactivated", profile, self.clock.unix());
-        notice.account = Some(account_id.to_owned());
-        self.notifier.dispatch(notice).await;
         tracing::info!(
             event = "account.deactivated",
             outcome = "success",

@@ -167,27 +167,38 @@ impl Authority {
             }
         };
         let cert_id = crate::ids::object_id();
+        let mut notice = Notice::new("certificate.issued", &profile.name, self.clock.unix())
+            .identifiers(&order.identifiers);
+        notice.account = Some(account.id.clone());
+        notice.order = Some(order.id.clone());
+        notice.serial = Some(issued.serial.clone());
+        notice.not_after = Some(crate::clock::rfc3339(issued.not_after));
+        let outbox = self.notifier.outbox(&notice);
         let stored = self
             .store
-            .complete_order(&NewCertificateRow {
-                id: &cert_id,
-                profile: &profile.name,
-                order_id: &order.id,
-                account_id: &account.id,
-                serial: &issued.serial,
-                chain_pem: &issued.chain_pem,
-                key_thumbprint: csr.key_thumbprint.as_deref(),
-                identifiers: &order.identifiers,
-                not_before: issued.not_before,
-                not_after: issued.not_after,
-                now: self.clock.unix(),
-            })
+            .complete_order(
+                &NewCertificateRow {
+                    id: &cert_id,
+                    profile: &profile.name,
+                    order_id: &order.id,
+                    account_id: &account.id,
+                    serial: &issued.serial,
+                    chain_pem: &issued.chain_pem,
+                    key_thumbprint: csr.key_thumbprint.as_deref(),
+                    identifiers: &order.identifiers,
+                    not_before: issued.not_before,
+                    not_after: issued.not_after,
+                    now: self.clock.unix(),
+                },
+                &outbox.jobs(),
+            )
             .await?;
         if !stored {
             return Err(AcmeError::internal(
                 "order left processing while it was being signed",
             ));
         }
+        self.notifier.posted(&outbox);
         self.audit(super::audit::Fact {
             event: "certificate.issued",
             outcome: "success",
@@ -199,13 +210,6 @@ impl Authority {
             ..Default::default()
         })
         .await;
-        let mut notice = Notice::new("certificate.issued", &profile.name, self.clock.unix())
-            .identifiers(&order.identifiers);
-        notice.account = Some(account.id.clone());
-        notice.order = Some(order.id.clone());
-        notice.serial = Some(issued.serial.clone());
-        notice.not_after = Some(crate::clock::rfc3339(issued.not_after));
-        self.notifier.dispatch(notice).await;
         tracing::info!(
             event = "certificate.issued",
             outcome = "success",
@@ -390,6 +394,13 @@ impl Authority {
                 None => AcmeError::internal(e),
             });
         }
+        let mut notice = Notice::new("certificate.revoked", &profile.name, self.clock.unix())
+            .identifiers(&cert.identifiers);
+        notice.account = Some(cert.account_id.clone());
+        notice.order = Some(cert.order_id.clone());
+        notice.serial = Some(serial.clone());
+        notice.detail = Some(format!("reason {reason}"));
+        let outbox = self.notifier.outbox(&notice);
         match self
             .store
             .revoke_certificate(
@@ -397,10 +408,11 @@ impl Authority {
                 &serial,
                 Some(reason as i64),
                 self.clock.unix(),
+                &outbox.jobs(),
             )
             .await?
         {
-            RevokeOutcome::Revoked => {}
+            RevokeOutcome::Revoked => self.notifier.posted(&outbox),
             RevokeOutcome::AlreadyRevoked => {
                 return Err(AcmeError::new(
                     ProblemType::AlreadyRevoked,
@@ -409,13 +421,6 @@ impl Authority {
             }
             RevokeOutcome::NotFound => return Err(AcmeError::not_found("certificate")),
         }
-        let mut notice = Notice::new("certificate.revoked", &profile.name, self.clock.unix())
-            .identifiers(&cert.identifiers);
-        notice.account = Some(cert.account_id.clone());
-        notice.order = Some(cert.order_id.clone());
-        notice.serial = Some(serial.clone());
-        notice.detail = Some(format!("reason {reason}"));
-        self.notifier.dispatch(notice).await;
         tracing::info!(
             event = "certificate.revoked",
             outcome = "success",

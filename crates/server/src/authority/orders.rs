@@ -391,7 +391,7 @@ impl Authority {
                 identifier = %authz.identifier.value,
                 "DANGER: validation bypass is on for this profile; the challenge is marked valid without any check"
             );
-            self.settle(profile, &ch, Ok(())).await?;
+            self.settle(profile, &ch, Ok(()), &[]).await?;
         } else {
             // The state change and the job that settles it commit together.
             let payload = serde_json::json!({ "challenge": ch.id }).to_string();
@@ -417,19 +417,27 @@ impl Authority {
     }
 
     /// Records a validation outcome on the challenge, its authorization and
-    /// orders (one store transaction).
+    /// orders, with `notices` (one store transaction). False when the
+    /// challenge had already been settled (nothing written).
     pub(super) async fn settle(
         &self,
         profile: &Profile,
         ch: &ChallengeRow,
         result: Result<(), Problem>,
-    ) -> AcmeResult<()> {
+        notices: &[acme_proxy_store::NewJob<'_>],
+    ) -> AcmeResult<bool> {
         let now = self.clock.unix();
         let valid_until = now + profile.config.authorization_lifetime.as_secs() as i64;
-        self.store
-            .settle_challenge(&ch.id, result.as_ref().map(|_| ()), now, valid_until)
-            .await?;
-        Ok(())
+        Ok(self
+            .store
+            .settle_challenge(
+                &ch.id,
+                result.as_ref().map(|_| ()),
+                now,
+                valid_until,
+                notices,
+            )
+            .await?)
     }
 }
 

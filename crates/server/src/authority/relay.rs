@@ -303,6 +303,13 @@ impl Authority {
             detail: Some(certificate_url),
             ..Default::default()
         };
+        let mut notice =
+            Notice::new("certificate.issued", &profile.name, now).identifiers(&order.identifiers);
+        notice.account = Some(mapping.account_id.clone());
+        notice.order = Some(order.id.clone());
+        notice.serial = Some(leaf.serial.clone());
+        notice.not_after = Some(crate::clock::rfc3339(leaf.not_after));
+        let outbox = self.notifier.outbox(&notice);
         let stored = self
             .store
             .settle_relay(
@@ -321,18 +328,13 @@ impl Authority {
                 },
                 certificate_url,
                 &audit,
+                &outbox.jobs(),
             )
             .await;
         match stored {
             Ok(true) => {
                 self.metrics.audited(&audit);
-                let mut notice = Notice::new("certificate.issued", &profile.name, now)
-                    .identifiers(&order.identifiers);
-                notice.account = Some(mapping.account_id.clone());
-                notice.order = Some(order.id.clone());
-                notice.serial = Some(leaf.serial.clone());
-                notice.not_after = Some(crate::clock::rfc3339(leaf.not_after));
-                self.notifier.dispatch(notice).await;
+                self.notifier.posted(&outbox);
                 tracing::info!(
                     event = "certificate.issued",
                     outcome = "success",
@@ -383,24 +385,28 @@ impl Authority {
             detail: Some(&detail),
             ..Default::default()
         };
+        let outbox = match &mapping {
+            Some(m) => {
+                let mut notice = Notice::new("relay.abandoned", &m.profile, audit.at);
+                notice.account = Some(m.account_id.clone());
+                notice.order = Some(order_id.to_owned());
+                notice.identifiers = order
+                    .as_ref()
+                    .map(|o| o.identifiers.iter().map(|i| i.value.clone()).collect())
+                    .unwrap_or_default();
+                notice.detail = Some(detail.clone());
+                self.notifier.outbox(&notice)
+            }
+            None => crate::notify::Outbox::default(),
+        };
         match self
             .store
-            .abandon_relay(order_id, &problem, &detail, &audit)
+            .abandon_relay(order_id, &problem, &detail, &audit, &outbox.jobs())
             .await
         {
             Ok(true) => {
                 self.metrics.audited(&audit);
-                if let Some(m) = &mapping {
-                    let mut notice = Notice::new("relay.abandoned", &m.profile, audit.at);
-                    notice.account = Some(m.account_id.clone());
-                    notice.order = Some(order_id.to_owned());
-                    notice.identifiers = order
-                        .as_ref()
-                        .map(|o| o.identifiers.iter().map(|i| i.value.clone()).collect())
-                        .unwrap_or_default();
-                    notice.detail = Some(detail.clone());
-                    self.notifier.dispatch(notice).await;
-                }
+                self.notifier.posted(&outbox);
                 tracing::warn!(
                     event = "relay.abandoned",
                     outcome = "failure",

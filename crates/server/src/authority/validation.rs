@@ -130,23 +130,28 @@ impl JobHandler for ValidationJobs {
                 );
                 r.map_err(|e| Problem::new(e.kind, e.detail))
             };
-            let failure = result
-                .as_ref()
-                .err()
-                .map(|p| p.detail.clone().unwrap_or_default());
-            match a.settle(&profile, &ch, result).await {
-                Ok(()) => {
-                    if let Some(detail) = failure {
-                        let mut notice =
-                            Notice::new("challenge.failed", &profile.name, a.clock.unix());
-                        notice.account = Some(account.id.clone());
-                        notice.challenge = Some(ch.id.clone());
-                        notice.identifiers = vec![authz.identifier.value.clone()];
-                        notice.detail = Some(format!("{}: {detail}", ch.kind));
-                        a.notifier.dispatch(notice).await;
-                    }
+            // A failed challenge is told in the transaction that records it.
+            let outbox = match &result {
+                Err(p) => {
+                    let mut notice = Notice::new("challenge.failed", &profile.name, a.clock.unix());
+                    notice.account = Some(account.id.clone());
+                    notice.challenge = Some(ch.id.clone());
+                    notice.identifiers = vec![authz.identifier.value.clone()];
+                    notice.detail = Some(format!(
+                        "{}: {}",
+                        ch.kind,
+                        p.detail.as_deref().unwrap_or_default()
+                    ));
+                    a.notifier.outbox(&notice)
+                }
+                Ok(()) => crate::notify::Outbox::default(),
+            };
+            match a.settle(&profile, &ch, result, &outbox.jobs()).await {
+                Ok(true) => {
+                    a.notifier.posted(&outbox);
                     Outcome::Done
                 }
+                Ok(false) => Outcome::Done,
                 // Our database refused: validate again next attempt.
                 Err(e) => Outcome::Retry(format!("recording the outcome: {:?}", e.internal)),
             }
@@ -162,7 +167,11 @@ impl JobHandler for ValidationJobs {
                 "the server could not complete this validation; create a new order to try again",
             );
             let now = a.clock.unix();
-            match a.store.settle_challenge(&id, Err(&problem), now, now).await {
+            match a
+                .store
+                .settle_challenge(&id, Err(&problem), now, now, &[])
+                .await
+            {
                 Ok(true) => tracing::warn!(
                     event = "validation.abandoned",
                     outcome = "failure",

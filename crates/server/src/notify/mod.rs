@@ -3,9 +3,10 @@
 //! told to the operator's webhooks, mailboxes and scripts, each delivery a
 //! durable job so a receiver that is down is retried, not lost.
 //!
-//! `dispatch` only queues (one job per event per destination) and never
-//! fails or delays an ACME response beyond that insert: a queueing error
-//! is logged. Delivery runs in the `notify_delivery` job: transport errors,
+//! `outbox` prepares the deliveries of one notice (one job per event per
+//! subscribed destination) before the change it reports, and the store
+//! queues them in that change's transaction: a crash cannot record the
+//! change and lose its notification. Nothing else waits for a receiver. Delivery runs in the `notify_delivery` job: transport errors,
 //! timeouts, 408, 429 and 5xx are retried with backoff; any other answer
 //! and a template that cannot render are permanent and audited.
 //!
@@ -19,12 +20,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_protocol::types::Identifier;
-use acme_proxy_store::{JobRow, NewAuditRow, Store};
+use acme_proxy_store::{JobRow, NewAuditRow, NewJob, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::SharedClock;
 use crate::config::{Config, EmailConfig, ScriptConfig, WebhookConfig};
-use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use crate::jobs::{BoxFuture, JobHandler, JobObserver, Outcome, Queue, RetireReason};
 use email::Mailer;
 use templates::Templates;
 use webhook::{Delivery, WebhookClient};
@@ -85,6 +86,32 @@ impl Notice {
             .or(self.order.as_deref())
             .or(self.account.as_deref())
             .unwrap_or(&self.at)
+    }
+}
+
+/// The prepared deliveries of one notice (see [`Notifier::outbox`]).
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// (identity key, payload JSON) per delivery.
+    jobs: Vec<(String, String)>,
+    now_ms: i64,
+    max_attempts: i64,
+}
+
+impl Outbox {
+    /// The job rows, due now, for the store's transaction.
+    pub fn jobs(&self) -> Vec<NewJob<'_>> {
+        self.jobs
+            .iter()
+            .map(|(key, payload)| NewJob {
+                kind: NOTIFY_KIND,
+                key,
+                payload,
+                run_at: self.now_ms,
+                deadline: None,
+                max_attempts: self.max_attempts,
+            })
+            .collect()
     }
 }
 
@@ -195,9 +222,12 @@ impl Notifier {
         })
     }
 
-    /// Queues one delivery per destination of the notice's profile that
-    /// subscribed to its event. Never fails: a queueing error is logged.
-    pub async fn dispatch(&self, notice: Notice) {
+    /// The deliveries of `notice`: one per destination of its profile that
+    /// subscribed to its event, each identified by
+    /// `profile/destination/event/subject`, for the store to queue in the
+    /// transaction that records what the notice reports.
+    pub fn outbox(&self, notice: &Notice) -> Outbox {
+        let mut jobs = Vec::new();
         for d in &self.destinations {
             if d.profile != notice.profile
                 || !(d.events().is_empty() || d.events().contains(&notice.event))
@@ -216,20 +246,28 @@ impl Notifier {
                 webhook: d.name.clone(),
                 notice: notice.clone(),
             };
-            let payload = match serde_json::to_value(&payload) {
-                Ok(v) => v,
+            match serde_json::to_string(&payload) {
+                Ok(payload) => jobs.push((key, payload)),
                 Err(e) => {
                     tracing::error!(event = "notify.dispatch", outcome = "failure", error = %e, "could not encode a notification");
-                    continue;
                 }
-            };
-            if let Err(e) = self
-                .queue
-                .enqueue(JobSpec::new(NOTIFY_KIND, key, payload))
-                .await
-            {
-                tracing::error!(event = "notify.dispatch", outcome = "failure", webhook = %d.name, error = %e, "could not queue a notification");
             }
+        }
+        Outbox {
+            jobs,
+            now_ms: self.clock.unix_ms(),
+            max_attempts: i64::from(self.queue.config.max_attempts),
+        }
+    }
+
+    /// After the transaction that queued `outbox` committed: counts the
+    /// deliveries and wakes the runner.
+    pub fn posted(&self, outbox: &Outbox) {
+        for _ in &outbox.jobs {
+            self.queue.observer.enqueued(NOTIFY_KIND);
+        }
+        if !outbox.jobs.is_empty() {
+            self.queue.nudge();
         }
     }
 

@@ -26,6 +26,23 @@ fn events(got: &[Received]) -> Vec<String> {
         .collect()
 }
 
+/// The newest delivery job once it is past `retiring`: its
+/// `notification.failed` audit row is written while it retires, and it is
+/// marked failed just after.
+async fn newest_delivery_once_retired(store: &acme_proxy_store::Store) -> acme_proxy::ops::JobView {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let jobs = acme_proxy::ops::list_jobs(store, Some("notify_delivery"), None, 10)
+            .await
+            .expect("jobs");
+        if jobs[0].status != "retiring" {
+            return jobs[0].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "{jobs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bodies() {
     let ops = Receiver::start_on(0).await;
@@ -166,11 +183,9 @@ async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_aud
         "{detail}"
     );
     assert_eq!(receiver.received().len(), 1, "a 400 must not be retried");
-    let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
-        .await
-        .expect("jobs");
-    assert_eq!(jobs[0].status, "failed");
-    assert_eq!(jobs[0].attempts, 1);
+    let job = newest_delivery_once_retired(&store).await;
+    assert_eq!(job.status, "failed");
+    assert_eq!(job.attempts, 1);
     server.stop().await;
 }
 
@@ -370,10 +385,8 @@ async fn a_failing_script_is_not_retried_and_its_first_error_line_is_audited() {
     };
     let detail = row.detail.unwrap_or_default();
     assert!(detail.contains("ticket system says no"), "{detail}");
-    let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
-        .await
-        .expect("jobs");
-    assert_eq!((jobs[0].status.as_str(), jobs[0].attempts), ("failed", 1));
+    let job = newest_delivery_once_retired(&store).await;
+    assert_eq!((job.status.as_str(), job.attempts), ("failed", 1));
     server.stop().await;
 }
 
@@ -617,4 +630,70 @@ fn an_email_sender_that_is_not_an_address_stops_start_up_naming_the_key() {
             .any(|p| p.contains("profiles.default.notify.emails.pki.from")),
         "{problems:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and_only_then() {
+    use acme_proxy::clock::Clock;
+    use acme_proxy_store::{NewJob, RevokeOutcome};
+    let responder = Responder::start().await;
+    let server =
+        TestServer::start(responder.port, None, "[profiles.default]\nbypass = true\n").await;
+    let account = client::account(&server.directory("default")).await;
+    client::issue(&account, &responder, &["outbox.example.test"]).await;
+    let store = server.running().authority.store.clone();
+    let issued = store
+        .audit_recent(Some("certificate.issued"), 1)
+        .await
+        .expect("audit");
+    let serial = issued[0].serial.clone().expect("serial");
+    let now = SystemClock.unix();
+    let job = NewJob {
+        kind: "notify_delivery",
+        key: "default/test/certificate.revoked/outbox",
+        payload: "{}",
+        // Far in the future: no runner claims it during the test.
+        run_at: (now + 3600) * 1000,
+        deadline: None,
+        max_attempts: 1,
+    };
+    let queued = || async {
+        acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
+            .await
+            .expect("jobs")
+            .into_iter()
+            .filter(|j| j.key == job.key)
+            .count()
+    };
+    // The revocation happens: its notification is queued with it.
+    let first = store
+        .revoke_certificate("default", &serial, Some(0), now, std::slice::from_ref(&job))
+        .await
+        .expect("revoke");
+    assert_eq!(first, RevokeOutcome::Revoked);
+    assert_eq!(queued().await, 1);
+    // Nothing changes the second time: nothing is queued either.
+    let second_key = NewJob {
+        key: "default/test/certificate.revoked/again",
+        ..job
+    };
+    let again = store
+        .revoke_certificate(
+            "default",
+            &serial,
+            Some(0),
+            now,
+            std::slice::from_ref(&second_key),
+        )
+        .await
+        .expect("revoke");
+    assert_eq!(again, RevokeOutcome::AlreadyRevoked);
+    let all = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
+        .await
+        .expect("jobs");
+    assert!(
+        !all.iter().any(|j| j.key == second_key.key),
+        "a notice of a change that did not happen was queued: {all:?}"
+    );
+    server.stop().await;
 }
