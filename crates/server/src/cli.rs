@@ -697,7 +697,7 @@ pub enum OrderCommand {
     /// one; the CRL is re-signed).
     Revoke {
         id: String,
-        /// RFC 5280 reason code: 0, 1, 3, 4, 5 or 9.
+        /// RFC 5280 reason code: 0, 1, 3, 4 or 5 (default 0).
         #[arg(long)]
         reason: Option<u64>,
         #[arg(long)]

@@ -25,8 +25,10 @@ pub struct Config {
     pub public_url: Option<String>,
     /// TLS on the ACME listener; absent: plain HTTP (e.g. behind a proxy).
     pub tls: Option<TlsConfig>,
-    /// Reverse proxies (CIDRs) whose forwarded header is believed for the
-    /// client's address; empty: the peer's address is the client's.
+    /// Reverse proxies (addresses or CIDRs) whose forwarded header is
+    /// believed for the client's address; empty: the peer's address is the
+    /// client's.
+    #[serde(deserialize_with = "addresses_or_networks")]
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Which header carries the forwarded chain.
     pub forwarded_header: ForwardedHeader,
@@ -880,6 +882,13 @@ impl Config {
                     "[tls]: handshake_timeout must be at least 100ms and reload_interval at least 1s; write e.g. handshake_timeout = \"10s\", reload_interval = \"30s\"".into(),
                 ));
             }
+            if tls.self_signed && self.public_url.is_none() && self.listen.ip().is_unspecified() {
+                return Err(ConfigError::Invalid(format!(
+                    "[tls] self_signed needs a name clients use, and listen is {}: set public_url = \"https://acme.example.internal:{}\"",
+                    self.listen,
+                    self.listen.port()
+                )));
+            }
             if let Some(url) = &self.public_url
                 && url.starts_with("http://")
             {
@@ -1021,6 +1030,22 @@ impl Config {
             None => format!("sqlite:{}", self.data_dir.join("acme-proxy.db").display()),
         }
     }
+}
+
+/// "10.0.0.0/8" or a bare "10.1.2.3" (a network of one address).
+fn addresses_or_networks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| {
+            s.parse::<ipnet::IpNet>()
+                .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "{s:?} is not an address or a CIDR network; write e.g. \"10.0.0.0/8\" or \"192.0.2.10\""
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// As [`duration`], for optional keys.
@@ -1290,5 +1315,29 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("both ca_cert and ca_key"), "{err}");
+    }
+
+    #[test]
+    fn trusted_proxies_take_bare_addresses_and_networks_and_name_a_bad_one() {
+        let c = Config::from_toml("trusted_proxies = [\"10.0.0.0/8\", \"192.0.2.10\", \"::1\"]")
+            .unwrap();
+        let shown: Vec<String> = c.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.0/8", "192.0.2.10/32", "::1/128"]);
+        let err = Config::from_toml("trusted_proxies = [\"proxy.example\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("proxy.example"), "{err}");
+    }
+
+    #[test]
+    fn a_self_signed_certificate_for_a_wildcard_listener_needs_a_public_url() {
+        let err = Config::from_toml("listen = \"0.0.0.0:8443\"\n[tls]\nself_signed = true")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("public_url"), "{err}");
+        Config::from_toml(
+            "listen = \"0.0.0.0:8443\"\npublic_url = \"https://acme.example.test:8443\"\n[tls]\nself_signed = true",
+        )
+        .unwrap();
     }
 }

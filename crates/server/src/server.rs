@@ -277,13 +277,20 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     let router = api::router(app);
     let http = match &terminator {
         Some(terminator) => {
-            tokio::spawn(Arc::clone(terminator).watch(stop.clone()));
-            let terminator = Arc::clone(terminator);
-            tokio::spawn(async move {
-                if let Err(e) = crate::tls::serve(listener, terminator, router, stop).await {
-                    tracing::error!(event = "server.serve", outcome = "failure", error = %e, "the HTTPS server failed");
-                }
-            })
+            // Registered now: a SIGHUP from here on reloads, never kills.
+            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("listening for SIGHUP")?;
+            let acceptor = tokio_rustls::TlsAcceptor::from(
+                terminator.server_config().map_err(anyhow::Error::msg)?,
+            );
+            tokio::spawn(Arc::clone(terminator).watch(Some(hangup), stop.clone()));
+            tokio::spawn(crate::tls::serve(
+                listener,
+                acceptor,
+                terminator.handshake_timeout,
+                router,
+                stop,
+            ))
         }
         None => tokio::spawn(async move {
             // Nagle's algorithm costs ~40 ms per small response on loopback

@@ -93,10 +93,13 @@ impl Terminator {
     }
 
     /// Reloads when the files change (checked every `reload_interval`) and
-    /// at once on SIGHUP, until `stop`.
-    pub async fn watch(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hangup = signal(SignalKind::hangup()).ok();
+    /// at once on `hangup` (SIGHUP, registered by the caller before the
+    /// server is up, so an early signal cannot end the process), until `stop`.
+    pub async fn watch(
+        self: Arc<Self>,
+        mut hangup: Option<tokio::signal::unix::Signal>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         loop {
             let why = tokio::select! {
                 () = stopped(&mut stop) => return,
@@ -237,17 +240,23 @@ fn self_signed(
 
 /// Serves `router` over TLS until `stop`, then lets open connections finish
 /// their requests (up to the caller's grace). Each connection gets the
-/// peer's address as `ConnectInfo`, like the plain listener's.
+/// peer's address as `ConnectInfo`, like the plain listener's. The
+/// acceptor is built by the caller, so a TLS setup error stops start-up.
 pub async fn serve(
     listener: TcpListener,
-    terminator: Arc<Terminator>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    handshake: Duration,
     router: Router,
     mut stop: watch::Receiver<bool>,
-) -> Result<(), String> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(terminator.server_config()?);
+) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let handshake = terminator.handshake_timeout;
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A connection that sends no request head holds nothing for longer
+    // than a handshake may take.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(handshake);
     loop {
         let (tcp, peer) = tokio::select! {
             () = stopped(&mut stop) => break,
@@ -265,20 +274,26 @@ pub async fn serve(
         let acceptor = acceptor.clone();
         let router = router.clone();
         let builder = builder.clone();
+        let mut stopping = stop.clone();
+        // Taken before the handshake (the graceful shutdown is consumed
+        // below), but a handshake still under way at stop is abandoned.
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             // A peer that never finishes its handshake holds nothing for
-            // longer than this.
-            let tls = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(event = "tls.handshake", outcome = "failure", %peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(event = "tls.handshake", outcome = "timeout", %peer, "TLS handshake timed out");
-                    return;
-                }
+            // longer than this, nor past a stop.
+            let tls = tokio::select! {
+                () = stopped(&mut stopping) => return,
+                done = tokio::time::timeout(handshake, acceptor.accept(tcp)) => match done {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(event = "tls.handshake", outcome = "failure", %peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(event = "tls.handshake", outcome = "timeout", %peer, "TLS handshake timed out");
+                        return;
+                    }
+                },
             };
             let service = hyper::service::service_fn(move |mut req: http::Request<_>| {
                 req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
@@ -292,7 +307,6 @@ pub async fn serve(
         });
     }
     graceful.shutdown().await;
-    Ok(())
 }
 
 /// Resolves once `stop` is set (the watch guard is not held across awaits).

@@ -130,7 +130,10 @@ impl Store {
     /// Deletes an order with its certificate (expired), relay mapping and
     /// the authorizations no other order uses.
     pub async fn delete_order(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
-        let mut tx = self.writer.begin().await?;
+        // IMMEDIATE: these run beside a serving process; taking the write
+        // lock first means waiting for it (busy timeout) rather than failing
+        // when the server commits between our first read and first write.
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let account: Option<String> =
             sqlx::query_scalar("SELECT account_id FROM orders WHERE id = $1")
                 .bind(id)
@@ -151,7 +154,7 @@ impl Store {
     /// Deletes an account with all its orders, authorizations and expired
     /// certificates.
     pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let exists: Option<String> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut *tx)

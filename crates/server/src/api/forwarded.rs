@@ -59,11 +59,13 @@ impl Forwarding {
         };
         let mut hops = Vec::new();
         for value in headers.get_all(name) {
-            let Ok(value) = value.to_str() else {
-                hops.push(None);
-                continue;
-            };
-            for element in value.split(',') {
+            // Element by element: a client's unreadable bytes left of a
+            // comma must not hide what the proxy appended right of it.
+            for element in value.as_bytes().split(|b| *b == b',') {
+                let Ok(element) = std::str::from_utf8(element) else {
+                    hops.push(None);
+                    continue;
+                };
                 let address = match self.header {
                     ForwardedHeader::XForwardedFor => Some(element.trim()),
                     // RFC 7239 §4: `for=` among `;`-separated pairs.
@@ -162,6 +164,17 @@ mod tests {
         let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::XForwardedFor);
         let h = headers("x-forwarded-for", &["198.51.100.7, garbage, 10.1.1.1"]);
         assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn unreadable_bytes_a_client_sent_do_not_hide_what_the_proxy_appended() {
+        let f = forwarding(&["10.0.0.0/8"], ForwardedHeader::XForwardedFor);
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"\xff\xfe, 198.51.100.7").unwrap(),
+        );
+        assert_eq!(f.client_ip(ip("10.2.2.2"), &h), ip("198.51.100.7"));
     }
 
     #[test]

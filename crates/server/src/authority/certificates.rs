@@ -263,20 +263,23 @@ impl Authority {
             RevocationSigner::Operator(actor) => (None, Some((*actor).to_owned())),
         };
         let result = self.revoke_checked(profile, signer, cert_der, reason).await;
-        let (serial, identifiers) = match X509Certificate::from_der(cert_der) {
+        let (serial, stored) = match X509Certificate::from_der(cert_der) {
             Ok((_, x509)) => {
                 let serial = hex::encode(x509.raw_serial());
-                let ids = self
+                let stored = self
                     .store
                     .certificate_by_serial(&profile.name, &serial)
                     .await
                     .ok()
-                    .flatten()
-                    .map(|c| c.identifiers);
-                (Some(serial), ids)
+                    .flatten();
+                (Some(serial), stored)
             }
             Err(_) => (None, None),
         };
+        let identifiers = stored.as_ref().map(|c| c.identifiers.clone());
+        // Revoked by its key or an operator: the row is about the owner's
+        // certificate, so `audit list --account` finds it.
+        let account = account.or_else(|| stored.map(|c| c.account_id));
         let reason_text = format!("reason {}", reason.unwrap_or(0));
         self.audit(super::audit::Fact {
             event: if result.is_ok() {

@@ -83,13 +83,18 @@ impl Authority {
             deadline: Some(order.expires_at * 1000),
             max_attempts: i64::from(relay.config.max_attempts),
         };
+        // Recorded now, for the audit rows the job writes later.
+        let reverse_name = match ctx.client_ip.as_deref().and_then(|ip| ip.parse().ok()) {
+            Some(ip) => self.reverse.lookup(ip).await,
+            None => None,
+        };
         let row = NewUpstreamOrder {
             order_id: &order.id,
             profile: &profile.name,
             account_id: &account.id,
             csr_der,
             client_ip: ctx.client_ip.as_deref(),
-            reverse_name: None,
+            reverse_name: reverse_name.as_deref(),
             user_agent: ctx.user_agent.as_deref(),
             request_id: ctx.request_id.as_deref(),
             now: self.clock.unix(),

@@ -168,8 +168,18 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
         "the audit trail outlives what it describes: {events:?}"
     );
 
+    // Two nonces past their expiry: both go, the live ones stay.
+    let store = server.running().authority.store.clone();
+    let live = store.nonce_count().await.expect("count");
+    for value in ["expired-nonce-1", "expired-nonce-2"] {
+        store.insert_nonce(value, 1).await.expect("insert");
+    }
     let cleanup = cli(&["nonce", "cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
-    assert!(cleanup.stdout.contains("expired nonce"), "{cleanup:?}");
+    assert!(
+        cleanup.stdout.contains("deleted 2 expired nonce"),
+        "{cleanup:?}"
+    );
+    assert_eq!(store.nonce_count().await.expect("count"), live);
     server.stop().await;
 }

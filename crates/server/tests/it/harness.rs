@@ -437,9 +437,6 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_acme-proxy")
 }
 
-/// Starts the `acme-proxy` binary with `args` in `cwd`, with extra
-/// environment, and waits until it prints its directory URL. Returns the
-/// guard and that URL. Its log (stderr) goes to `cwd/acme-proxy.log`.
 /// What one run of an operator command printed, and its exit code.
 #[derive(Debug)]
 pub struct CliOutput {
@@ -467,6 +464,9 @@ pub fn run_cli(config: &Path, args: &[&str], env: &[(&str, &str)]) -> CliOutput 
     }
 }
 
+/// Starts the `acme-proxy` binary with `args` in `cwd`, with extra
+/// environment, and waits until it prints its directory URL. Returns the
+/// guard and that URL. Its log (stderr) goes to `cwd/acme-proxy.log`.
 pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (ChildGuard, String) {
     use std::io::{BufRead, BufReader};
     let mut cmd = Command::new(binary());
