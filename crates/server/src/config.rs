@@ -44,6 +44,9 @@ pub struct Config {
     pub max_in_flight: usize,
     #[serde(deserialize_with = "duration")]
     pub nonce_lifetime: Duration,
+    /// Where replay nonces are kept: `memory` (no disk write per request;
+    /// a restart refuses old ones) or `database` (shared by replicas).
+    pub nonce_store: NonceStore,
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
     pub validation: ValidationConfig,
@@ -84,6 +87,15 @@ fn default_tls_reload() -> Duration {
 
 fn default_tls_handshake() -> Duration {
     Duration::from_secs(10)
+}
+
+/// Where replay nonces live (see `authority/nonces.rs`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NonceStore {
+    #[default]
+    Memory,
+    Database,
 }
 
 /// The header a trusted proxy puts the client's address in.
@@ -553,6 +565,7 @@ impl Default for Config {
             max_body_bytes: 64 * 1024,
             max_in_flight: 1024,
             nonce_lifetime: Duration::from_secs(3600),
+            nonce_store: NonceStore::default(),
             shutdown_grace: Duration::from_secs(10),
             validation: ValidationConfig::default(),
             jobs: JobsConfig::default(),
@@ -1129,6 +1142,7 @@ mod tests {
         "max_body_bytes",
         "max_in_flight",
         "nonce_lifetime",
+        "nonce_store",
         "shutdown_grace",
         "validation.http_port",
         "validation.tls_port",

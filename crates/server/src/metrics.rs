@@ -191,7 +191,8 @@ impl Metrics {
     }
 
     /// The OpenMetrics text of every family, gauges refreshed from `store`.
-    pub async fn render(&self, store: &Store) -> String {
+    /// `nonces`: outstanding replay nonces, wherever they are kept.
+    pub async fn render(&self, store: &Store, nonces: Option<i64>) -> String {
         if let Ok(counts) = store.job_counts().await {
             self.job_depth.clear();
             for (kind, status, n) in counts.by_kind_and_status {
@@ -208,7 +209,7 @@ impl Metrics {
                 .get_or_create(&vec![("pool", pool.to_owned()), ("state", "idle".into())])
                 .set(i64::from(idle));
         }
-        if let Ok(n) = store.nonce_count().await {
+        if let Some(n) = nonces {
             self.nonces.set(n);
         }
         let mut out = String::new();

@@ -350,7 +350,7 @@ async fn serve_metrics(
                         http::header::CONTENT_TYPE,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    authority.metrics.render(&authority.store).await,
+                    authority.render_metrics().await,
                 )
             }
         }),

@@ -25,7 +25,7 @@ impl JobHandler for NonceSweep {
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let clock = &self.authority.clock;
-            match self.authority.store.sweep_nonces(clock.unix()).await {
+            match self.authority.sweep_nonces().await {
                 Ok(n) => tracing::debug!(
                     event = "nonce.sweep",
                     outcome = "success",
@@ -33,7 +33,7 @@ impl JobHandler for NonceSweep {
                     "expired nonces deleted"
                 ),
                 Err(e) => {
-                    tracing::error!(event = "nonce.sweep", outcome = "failure", error = %e, "nonce sweep failed")
+                    tracing::error!(event = "nonce.sweep", outcome = "failure", error = ?e.internal, "nonce sweep failed")
                 }
             }
             Outcome::Reschedule(clock.now() + self.every)

@@ -12,6 +12,7 @@ mod accounts;
 mod audit;
 mod certificates;
 mod maintenance;
+mod nonces;
 mod operator;
 mod orders;
 mod relay;
@@ -101,6 +102,8 @@ pub struct Authority {
     /// (RFC 8657 §3); the front end builds every other URL.
     base_url: String,
     nonce_lifetime: i64,
+    /// Replay nonces, in memory or in the store (`nonce_store`).
+    nonces: nonces::Nonces,
     /// Where events are told (webhooks), as durable jobs.
     pub notifier: Arc<Notifier>,
     pub metrics: Arc<Metrics>,
@@ -134,6 +137,7 @@ impl Authority {
             queue,
             base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
+            nonces: nonces::Nonces::new(config.nonce_store),
             notifier,
             metrics,
         }
@@ -155,8 +159,8 @@ impl Authority {
     /// Issues a fresh nonce (RFC 8555 §6.5, §7.2).
     pub async fn new_nonce(&self) -> AcmeResult<String> {
         let nonce = crate::ids::nonce();
-        self.store
-            .insert_nonce(&nonce, self.clock.unix() + self.nonce_lifetime)
+        self.nonces
+            .issue(&self.store, &nonce, self.clock.unix() + self.nonce_lifetime)
             .await?;
         Ok(nonce)
     }
@@ -164,7 +168,11 @@ impl Authority {
     /// Consumes a nonce; `badNonce` unless it was issued, unexpired and
     /// unused (RFC 8555 §6.5.2).
     pub async fn consume_nonce(&self, nonce: &str) -> AcmeResult<()> {
-        if self.store.consume_nonce(nonce, self.clock.unix()).await? {
+        if self
+            .nonces
+            .consume(&self.store, nonce, self.clock.unix())
+            .await?
+        {
             Ok(())
         } else {
             Err(AcmeError::new(
@@ -172,6 +180,17 @@ impl Authority {
                 "the nonce is unknown, expired or already used; retry with the fresh one in Replay-Nonce",
             ))
         }
+    }
+
+    /// Forgets expired nonces (the `nonce_sweep` job); returns how many.
+    pub async fn sweep_nonces(&self) -> AcmeResult<u64> {
+        Ok(self.nonces.sweep(&self.store, self.clock.unix()).await?)
+    }
+
+    /// The OpenMetrics text, with the outstanding nonces wherever they live.
+    pub async fn render_metrics(&self) -> String {
+        let nonces = self.nonces.count(&self.store).await.ok();
+        self.metrics.render(&self.store, nonces).await
     }
 
     /// The account a `kid` names, which must be of this profile.
