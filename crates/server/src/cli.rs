@@ -593,23 +593,28 @@ pub enum AccountCommand {
     /// deactivated and its unfinished orders invalid; it can do nothing more.
     Deactivate {
         id: String,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
-        /// Who is acting; defaults to operator:$USER.
-        #[arg(long)]
-        actor: Option<String>,
+        #[command(flatten)]
+        act: Act,
     },
     /// Delete an account and its orders, authorizations and expired
     /// certificates. Refused while one of its certificates has not expired
     /// or one of its orders is in flight. The audit trail keeps its rows.
     Delete {
         id: String,
-        #[arg(long)]
-        yes: bool,
-        #[arg(long)]
-        actor: Option<String>,
+        #[command(flatten)]
+        act: Act,
     },
+}
+
+/// What every command that changes something takes.
+#[derive(Debug, clap::Args)]
+pub struct Act {
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
+    /// Who is acting; defaults to operator:$USER.
+    #[arg(long)]
+    actor: Option<String>,
 }
 
 pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()> {
@@ -649,20 +654,20 @@ pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result
             store.close().await;
             print_view(&mut out, &view?, json)?;
         }
-        AccountCommand::Deactivate { id, yes, actor } => {
-            confirm(yes, &format!("deactivate account {id}"))?;
+        AccountCommand::Deactivate { id, act } => {
+            confirm(act.yes, &format!("deactivate account {id}"))?;
             let authority = operator_authority(config).await?;
-            let view = ops::deactivate_account(&authority, &id, &operator_actor(actor)).await;
+            let view = ops::deactivate_account(&authority, &id, &operator_actor(act.actor)).await;
             authority.store.close().await;
             print_view(&mut out, &view?, false)?;
         }
-        AccountCommand::Delete { id, yes, actor } => {
+        AccountCommand::Delete { id, act } => {
             confirm(
-                yes,
+                act.yes,
                 &format!("delete account {id} with all its orders and expired certificates"),
             )?;
             let authority = operator_authority(config).await?;
-            let done = ops::delete_account(&authority, &id, &operator_actor(actor)).await;
+            let done = ops::delete_account(&authority, &id, &operator_actor(act.actor)).await;
             authority.store.close().await;
             done?;
             writeln!(out, "account {id} deleted")?;
@@ -700,20 +705,16 @@ pub enum OrderCommand {
         /// RFC 5280 reason code: 0, 1, 3, 4 or 5 (default 0).
         #[arg(long)]
         reason: Option<u64>,
-        #[arg(long)]
-        yes: bool,
-        #[arg(long)]
-        actor: Option<String>,
+        #[command(flatten)]
+        act: Act,
     },
     /// Delete an order with its expired certificate and the authorizations
     /// no other order uses. Refused while its certificate has not expired or
     /// it is in flight.
     Delete {
         id: String,
-        #[arg(long)]
-        yes: bool,
-        #[arg(long)]
-        actor: Option<String>,
+        #[command(flatten)]
+        act: Act,
     },
 }
 
@@ -770,22 +771,17 @@ pub async fn order(config: &Config, command: OrderCommand) -> anyhow::Result<()>
             store.close().await;
             print_view(&mut out, &view?, json)?;
         }
-        OrderCommand::Revoke {
-            id,
-            reason,
-            yes,
-            actor,
-        } => {
-            confirm(yes, &format!("revoke the certificate of order {id}"))?;
+        OrderCommand::Revoke { id, reason, act } => {
+            confirm(act.yes, &format!("revoke the certificate of order {id}"))?;
             let authority = operator_authority(config).await?;
-            let view = ops::revoke_order(&authority, &id, reason, &operator_actor(actor)).await;
+            let view = ops::revoke_order(&authority, &id, reason, &operator_actor(act.actor)).await;
             authority.store.close().await;
             print_view(&mut out, &view?, false)?;
         }
-        OrderCommand::Delete { id, yes, actor } => {
-            confirm(yes, &format!("delete order {id}"))?;
+        OrderCommand::Delete { id, act } => {
+            confirm(act.yes, &format!("delete order {id}"))?;
             let authority = operator_authority(config).await?;
-            let done = ops::delete_order(&authority, &id, &operator_actor(actor)).await;
+            let done = ops::delete_order(&authority, &id, &operator_actor(act.actor)).await;
             authority.store.close().await;
             done?;
             writeln!(out, "order {id} deleted")?;

@@ -16,7 +16,7 @@ use crate::api::{self, AppState, Urls};
 use crate::authority::{Authority, CrlRefresh, NonceSweep, Profile, RelayJobs, ValidationJobs};
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
-use crate::jobs::periodic::{AuditRetention, JobRetention};
+use crate::jobs::periodic::{Retained, Retention};
 use crate::jobs::{Queue, Registry, Runner};
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, NotifyJobs};
@@ -243,7 +243,8 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         }))
         .map_err(anyhow::Error::msg)?;
     registry
-        .register(Arc::new(JobRetention {
+        .register(Arc::new(Retention {
+            of: Retained::FinishedJobs,
             clock: Arc::clone(&clock),
             store: store.clone(),
             retention: config.jobs.retention,
@@ -252,7 +253,8 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         .map_err(anyhow::Error::msg)?;
     if let Some(retention) = config.audit.retention {
         registry
-            .register(Arc::new(AuditRetention {
+            .register(Arc::new(Retention {
+                of: Retained::AuditRows,
                 clock: Arc::clone(&clock),
                 store: store.clone(),
                 retention,

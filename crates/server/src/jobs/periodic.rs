@@ -47,75 +47,58 @@ pub fn log_abandon(kind: &'static str, reason: &RetireReason) {
     );
 }
 
-/// Deletes finished jobs older than the configured retention.
+/// What a retention sweep deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retained {
+    /// Finished jobs older than `jobs.retention` (`job_retention`).
+    FinishedJobs,
+    /// Audit rows older than `audit.retention` (`audit_retention`,
+    /// registered only when it is set: by default the audit trail is kept
+    /// for ever).
+    AuditRows,
+}
+
+/// Deletes what is older than its retention, every `every`.
 #[derive(Debug)]
-pub struct JobRetention {
+pub struct Retention {
+    pub of: Retained,
     pub clock: SharedClock,
     pub store: acme_proxy_store::Store,
     pub retention: Duration,
     pub every: Duration,
 }
 
-impl JobHandler for JobRetention {
+impl JobHandler for Retention {
     fn kind(&self) -> &'static str {
-        "job_retention"
+        match self.of {
+            Retained::FinishedJobs => "job_retention",
+            Retained::AuditRows => "audit_retention",
+        }
     }
 
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let before = self.clock.unix_ms() - self.retention.as_millis() as i64;
-            match self.store.delete_finished_jobs(before).await {
-                Ok(n) => tracing::info!(
-                    event = "job.retention",
-                    outcome = "success",
-                    deleted = n,
-                    "finished jobs past retention deleted"
-                ),
-                Err(e) => {
-                    tracing::error!(event = "job.retention", outcome = "failure", error = %e, "job retention failed")
+            let deleted = match self.of {
+                // Job times are milliseconds, audit times seconds.
+                Retained::FinishedJobs => {
+                    let before = self.clock.unix_ms() - self.retention.as_millis() as i64;
+                    self.store.delete_finished_jobs(before).await
                 }
-            }
-            Outcome::Reschedule(self.clock.now() + self.every)
-        })
-    }
-
-    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
-        log_abandon(self.kind(), reason);
-        Box::pin(async {})
-    }
-
-    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
-        queue_periodic(queue, self.kind())
-    }
-}
-
-/// Deletes audit rows older than `audit.retention` (registered only when
-/// it is set: by default the audit trail is kept for ever).
-#[derive(Debug)]
-pub struct AuditRetention {
-    pub clock: SharedClock,
-    pub store: acme_proxy_store::Store,
-    pub retention: Duration,
-    pub every: Duration,
-}
-
-impl JobHandler for AuditRetention {
-    fn kind(&self) -> &'static str {
-        "audit_retention"
-    }
-
-    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            let before = self.clock.unix() - self.retention.as_secs() as i64;
-            match self.store.delete_audit_before(before).await {
+                Retained::AuditRows => {
+                    let before = self.clock.unix() - self.retention.as_secs() as i64;
+                    self.store.delete_audit_before(before).await
+                }
+            };
+            match deleted {
                 Ok(n) => tracing::info!(
-                    event = "audit.retention",
+                    event = "retention",
                     outcome = "success",
+                    kind = self.kind(),
                     deleted = n,
-                    "audit rows past retention deleted"
+                    "rows past retention deleted"
                 ),
                 Err(e) => {
-                    tracing::error!(event = "audit.retention", outcome = "failure", error = %e, "audit retention failed")
+                    tracing::error!(event = "retention", outcome = "failure", kind = self.kind(), error = %e, "retention sweep failed")
                 }
             }
             Outcome::Reschedule(self.clock.now() + self.every)

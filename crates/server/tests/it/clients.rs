@@ -291,6 +291,33 @@ pub(crate) fn certbot_common(d: &Path, directory: &str) -> Vec<String> {
     .collect()
 }
 
+/// `certbot certonly` for `name` from `directory`, answered by certbot's
+/// own http-01 server on 127.0.0.1:`port`, the lineage named `t`.
+pub(crate) fn certbot_certonly_standalone(
+    d: &Path,
+    directory: &str,
+    port: u16,
+    name: &str,
+) -> Vec<String> {
+    let mut args = vec!["certonly".to_owned()];
+    args.extend(certbot_common(d, directory));
+    args.extend(
+        [
+            "--standalone",
+            "--http-01-port",
+            &port.to_string(),
+            "--http-01-address",
+            "127.0.0.1",
+            "-d",
+            name,
+            "--cert-name",
+            "t",
+        ]
+        .map(str::to_owned),
+    );
+    args
+}
+
 /// The profile of the dns-01 tests.
 const DNS_PROFILE: &str = "[profiles.default]\nchallenges = [\"http-01\", \"dns-01\"]\n";
 
@@ -455,22 +482,7 @@ async fn certbot_obtains_a_certificate_over_https_trusting_the_servers_self_sign
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_path_buf();
     let name = "https.example.test";
-    let mut args = vec!["certonly".to_owned()];
-    args.extend(certbot_common(&d, &proxy.directory));
-    args.extend(
-        [
-            "--standalone",
-            "--http-01-port",
-            &port.to_string(),
-            "--http-01-address",
-            "127.0.0.1",
-            "-d",
-            name,
-            "--cert-name",
-            "t",
-        ]
-        .map(str::to_owned),
-    );
+    let args = certbot_certonly_standalone(&d, &proxy.directory, port, name);
     // certbot (python-requests) trusts what this bundle holds.
     let env = vec![(
         "REQUESTS_CA_BUNDLE".to_owned(),

@@ -1560,22 +1560,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
     let home = tempfile::tempdir().expect("tempdir");
     let d = home.path().to_path_buf();
     let name = "audited-certbot.example.test";
-    let mut args = vec!["certonly".to_owned()];
-    args.extend(clients::certbot_common(&d, &server.directory("default")));
-    args.extend(
-        [
-            "--standalone",
-            "--http-01-port",
-            &port.to_string(),
-            "--http-01-address",
-            "127.0.0.1",
-            "-d",
-            name,
-            "--cert-name",
-            "t",
-        ]
-        .map(str::to_owned),
-    );
+    let args = clients::certbot_certonly_standalone(&d, &server.directory("default"), port, name);
     let ran = clients::run("certbot", args, d.clone()).await;
     assert!(
         ran.success(),
