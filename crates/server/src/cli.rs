@@ -46,10 +46,7 @@ pub enum JobCommand {
 }
 
 pub async fn job(config: &Config, command: JobCommand) -> anyhow::Result<()> {
-    let url = config.database_url();
-    let store = Store::open(&url, &StoreOptions::default())
-        .await
-        .with_context(|| format!("opening the database {url}"))?;
+    let store = open_store(config).await?;
     let clock = SystemClock;
     let mut out = std::io::stdout().lock();
     match command {
@@ -173,16 +170,10 @@ pub enum UpstreamCommand {
 }
 
 pub async fn upstream(config: &Config, command: UpstreamCommand) -> anyhow::Result<()> {
-    let url = config.database_url();
-    if let Some(dir) = Some(&config.data_dir)
-        && !dir.exists()
-    {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the data directory {}", dir.display()))?;
-    }
-    let store = Store::open(&url, &StoreOptions::default())
-        .await
-        .with_context(|| format!("opening the database {url}"))?;
+    // `upstream register` may be the first command run on a new machine.
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+    let store = open_store(config).await?;
     let mut out = std::io::stdout().lock();
     match command {
         UpstreamCommand::Register {
@@ -326,10 +317,7 @@ pub enum AuditCommand {
 
 pub async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
     use crate::clock::Clock;
-    let url = config.database_url();
-    let store = Store::open(&url, &StoreOptions::default())
-        .await
-        .with_context(|| format!("opening the database {url}"))?;
+    let store = open_store(config).await?;
     let mut out = std::io::stdout().lock();
     match command {
         AuditCommand::List {
@@ -645,7 +633,6 @@ pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result
                     a.contact.join(","),
                 ]);
             }
-            drop(out);
             table.print()?;
         }
         AccountCommand::Show { id, json } => {
@@ -762,7 +749,6 @@ pub async fn order(config: &Config, command: OrderCommand) -> anyhow::Result<()>
                     o.identifiers.join(","),
                 ]);
             }
-            drop(out);
             table.print()?;
         }
         OrderCommand::Show { id, json } => {

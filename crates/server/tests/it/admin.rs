@@ -28,9 +28,7 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
         None,
         "[profiles.default]\nbypass = true\n",
     );
-    let etc = tempfile::tempdir().expect("tempdir");
-    let config = etc.path().join("acme-proxy.toml");
-    std::fs::write(&config, &toml).expect("config");
+    let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;
     let cli = |args: &[&str]| harness::run_cli(&config, args, &[("USER", "alice")]);
 

@@ -24,9 +24,7 @@ async fn audit_list_shows_an_issuance_a_refused_csr_and_a_revocation_with_actor_
         None,
         "[profiles.default]\nbypass = true\n",
     );
-    let etc = tempfile::tempdir().expect("tempdir");
-    let config = etc.path().join("acme-proxy.toml");
-    std::fs::write(&config, &toml).expect("config");
+    let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;
     let responder = Responder::start().await;
     let account = client::account(&server.directory("default")).await;

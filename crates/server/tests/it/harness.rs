@@ -437,6 +437,16 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_acme-proxy")
 }
 
+/// Writes `toml` to `acme-proxy.toml` in a directory of its own, for the
+/// operator commands run beside a test's server; returns the directory
+/// (keep it alive) and the file.
+pub fn config_file(toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let etc = tempfile::tempdir().expect("tempdir");
+    let path = etc.path().join("acme-proxy.toml");
+    std::fs::write(&path, toml).expect("write the configuration");
+    (etc, path)
+}
+
 /// What one run of an operator command printed, and its exit code.
 #[derive(Debug)]
 pub struct CliOutput {

@@ -1551,9 +1551,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
         )
     );
     let toml = server_toml(dir.path(), port, Some(&dns), &profiles);
-    let etc = tempfile::tempdir().expect("tempdir");
-    let config = etc.path().join("acme-proxy.toml");
-    std::fs::write(&config, &toml).expect("config");
+    let (_etc, config) = harness::config_file(&toml);
     let server = start_relay(dir, &toml).await;
 
     // certbot obtains, then revokes (keyCompromise), on "default".
