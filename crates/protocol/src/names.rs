@@ -30,6 +30,34 @@ pub enum NameError {
     BadWildcard,
 }
 
+/// True when `name` matches `pattern`, ASCII case-insensitively, where `*`
+/// stands for any run of characters, dots included, and everything else
+/// for itself: `*.lab.test` matches `a.lab.test`, `a.b.lab.test` and the
+/// wildcard `*.lab.test`, not `lab.test` or `evil-lab.test`.
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut ni) = (0, 0);
+    // Where the last `*` was and how much of `name` it has taken so far.
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if pi < p.len() && p[pi].eq_ignore_ascii_case(&n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if let Some((sp, sn)) = star {
+            // Let the last star take one more character and retry.
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
 /// A checked DNS name: lowercase, LDH labels, no trailing dot, and an
 /// optional leading `*.` wildcard label.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -121,6 +149,24 @@ mod tests {
             ),
             Err(e) => assert_eq!(got, Err(e), "{input}"),
         }
+    }
+
+    #[test]
+    fn a_glob_star_takes_any_run_of_characters_and_nothing_else_is_special() {
+        assert!(glob_matches("*.lab.test", "a.lab.test"));
+        assert!(glob_matches("*.lab.test", "a.b.lab.test"));
+        assert!(glob_matches("*.lab.test", "*.lab.test"));
+        assert!(glob_matches("*.LAB.test", "Host.lab.TEST"));
+        assert!(glob_matches("web-*.example.com", "web-01.example.com"));
+        assert!(glob_matches("*", "anything.at.all"));
+        assert!(glob_matches("exact.test", "exact.test"));
+        assert!(!glob_matches("*.lab.test", "lab.test"));
+        assert!(!glob_matches("*.lab.test", "example.com"));
+        assert!(!glob_matches("*.lab.test", "a.lab.test.evil.com"));
+        assert!(!glob_matches("*.lab.test", "evil-lab.test"));
+        assert!(!glob_matches("exact.test", "exact.tests"));
+        assert!(!glob_matches("a*b*c", "aXbXd"));
+        assert!(glob_matches("a*b*c", "aXbXbXc"));
     }
 
     #[test]

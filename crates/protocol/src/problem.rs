@@ -13,6 +13,8 @@ use crate::types::Identifier;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProblemType {
     AccountDoesNotExist,
+    /// RFC 9773 §5: the certificate named by `replaces` was already replaced.
+    AlreadyReplaced,
     AlreadyRevoked,
     BadCsr,
     BadNonce,
@@ -26,6 +28,8 @@ pub enum ProblemType {
     ExternalAccountRequired,
     IncorrectResponse,
     InvalidContact,
+    /// draft-ietf-acme-profiles §4: newOrder named a profile the server does not offer.
+    InvalidProfile,
     Malformed,
     OrderNotReady,
     RateLimited,
@@ -40,8 +44,9 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every type, for tables and tests.
-    pub const ALL: [ProblemType; 24] = [
+    pub const ALL: [ProblemType; 26] = [
         Self::AccountDoesNotExist,
+        Self::AlreadyReplaced,
         Self::AlreadyRevoked,
         Self::BadCsr,
         Self::BadNonce,
@@ -55,6 +60,7 @@ impl ProblemType {
         Self::ExternalAccountRequired,
         Self::IncorrectResponse,
         Self::InvalidContact,
+        Self::InvalidProfile,
         Self::Malformed,
         Self::OrderNotReady,
         Self::RateLimited,
@@ -71,6 +77,7 @@ impl ProblemType {
     pub fn name(self) -> &'static str {
         match self {
             Self::AccountDoesNotExist => "accountDoesNotExist",
+            Self::AlreadyReplaced => "alreadyReplaced",
             Self::AlreadyRevoked => "alreadyRevoked",
             Self::BadCsr => "badCSR",
             Self::BadNonce => "badNonce",
@@ -84,6 +91,7 @@ impl ProblemType {
             Self::ExternalAccountRequired => "externalAccountRequired",
             Self::IncorrectResponse => "incorrectResponse",
             Self::InvalidContact => "invalidContact",
+            Self::InvalidProfile => "invalidProfile",
             Self::Malformed => "malformed",
             Self::OrderNotReady => "orderNotReady",
             Self::RateLimited => "rateLimited",
@@ -114,6 +122,7 @@ impl ProblemType {
     pub fn default_status(self) -> u16 {
         match self {
             Self::AccountDoesNotExist
+            | Self::AlreadyReplaced
             | Self::AlreadyRevoked
             | Self::BadCsr
             | Self::BadNonce
@@ -126,6 +135,7 @@ impl ProblemType {
             | Self::Dns
             | Self::IncorrectResponse
             | Self::InvalidContact
+            | Self::InvalidProfile
             | Self::Malformed
             | Self::RejectedIdentifier
             | Self::Tls

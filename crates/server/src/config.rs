@@ -401,8 +401,26 @@ pub struct ProfileConfig {
     pub caa: bool,
     /// Accept `ip` identifiers (RFC 8738).
     pub ip_identifiers: bool,
+    /// External Account Binding (RFC 8555 §7.3.4) at newAccount: `off`
+    /// (bindings are ignored), `optional` (checked when sent) or `required`.
+    pub eab: EabMode,
     pub signer: SignerConfig,
     pub notify: ProfileNotifyConfig,
+}
+
+/// Whether a profile asks new accounts for an External Account Binding.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EabMode {
+    /// Anyone may register; a binding sent anyway is ignored.
+    #[default]
+    Off,
+    /// A binding is checked when sent (and then limits the account), but
+    /// not asked for.
+    Optional,
+    /// newAccount without a valid binding is refused with
+    /// `externalAccountRequired`; the directory says so.
+    Required,
 }
 
 /// How certificates are produced.
@@ -601,6 +619,7 @@ impl Default for ProfileConfig {
             authorization_reuse: None,
             ip_identifiers: true,
             caa: false,
+            eab: EabMode::Off,
             signer: SignerConfig::LocalCa(LocalCaConfig::default()),
             notify: ProfileNotifyConfig::default(),
         }

@@ -44,6 +44,18 @@ pub fn serial() -> [u8; 16] {
     s
 }
 
+/// An External Account Binding key id: 96 random bits, base64url (16
+/// characters), short enough to paste.
+pub fn eab_kid() -> String {
+    URL_SAFE_NO_PAD.encode(random::<12>())
+}
+
+/// An External Account Binding HMAC key: 256 bits (HS256's block-size
+/// recommendation, RFC 7518 §3.2, asks for at least the hash size).
+pub fn eab_hmac_key() -> [u8; 32] {
+    random::<32>()
+}
+
 /// A request id for logs and the `X-Request-Id` header: 48 random bits, hex.
 pub fn request_id() -> String {
     hex::encode(random::<6>())

@@ -51,6 +51,9 @@ enum Command {
     /// Replay nonces.
     #[command(subcommand)]
     Nonce(acme_proxy::cli::NonceCommand),
+    /// External Account Binding credentials: create, list, revoke.
+    #[command(subcommand)]
+    Eab(acme_proxy::cli::EabCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,6 +114,9 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Order(command) => {
             operator_runtime()?.block_on(acme_proxy::cli::order(&config, command))
+        }
+        Command::Eab(command) => {
+            operator_runtime()?.block_on(acme_proxy::cli::eab(&config, command))
         }
         Command::Nonce(command) => {
             operator_runtime()?.block_on(acme_proxy::cli::nonce(&config, command))

@@ -352,6 +352,9 @@ pub struct AccountView {
     pub key_thumbprint: String,
     pub tos_agreed: bool,
     pub created_at: String,
+    /// The External Account Binding credential it registered with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_account: Option<String>,
     /// Counts, in `show` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orders: Option<i64>,
@@ -369,6 +372,7 @@ impl From<acme_proxy_store::AccountRow> for AccountView {
             key_thumbprint: a.key_thumbprint,
             tos_agreed: a.tos_agreed,
             created_at: rfc3339(a.created_at),
+            external_account: a.eab_kid,
             orders: None,
             certificates: None,
         }
@@ -480,6 +484,82 @@ pub async fn deactivate_account(
         .operator_deactivate_account(id, actor)
         .await
         .map(AccountView::from)
+        .map_err(refused)
+}
+
+/// An External Account Binding credential as operators see it (never its
+/// HMAC key, which is shown once, by `create`).
+#[derive(Debug, Clone, Serialize)]
+pub struct EabView {
+    pub kid: String,
+    pub label: Option<String>,
+    /// The one profile it may be used at; none: any.
+    pub profile: Option<String>,
+    /// Name globs its accounts may order; none: any name.
+    pub names: Option<Vec<String>>,
+    pub status: &'static str,
+    pub accounts: i64,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+    /// Only in `create`'s answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hmac_key: Option<String>,
+}
+
+impl From<acme_proxy_store::EabRow> for EabView {
+    fn from(e: acme_proxy_store::EabRow) -> Self {
+        Self {
+            kid: e.kid,
+            label: e.label,
+            profile: e.profile,
+            names: e.names,
+            status: if e.revoked_at.is_some() {
+                "revoked"
+            } else {
+                "valid"
+            },
+            accounts: e.accounts,
+            created_at: rfc3339(e.created_at),
+            revoked_at: e.revoked_at.map(rfc3339),
+            hmac_key: None,
+        }
+    }
+}
+
+pub async fn create_eab(
+    authority: &Authority,
+    label: Option<&str>,
+    profile: Option<&str>,
+    names: Option<&[String]>,
+    actor: &str,
+) -> Result<EabView, OpsError> {
+    let minted = authority
+        .operator_create_eab(label, profile, names, actor)
+        .await
+        .map_err(refused)?;
+    let mut view = EabView::from(minted.row);
+    view.hmac_key = Some(minted.hmac_key_b64);
+    Ok(view)
+}
+
+pub async fn list_eab(store: &Store) -> Result<Vec<EabView>, OpsError> {
+    Ok(store
+        .list_eab()
+        .await?
+        .into_iter()
+        .map(EabView::from)
+        .collect())
+}
+
+pub async fn revoke_eab(
+    authority: &Authority,
+    kid: &str,
+    actor: &str,
+) -> Result<EabView, OpsError> {
+    authority
+        .operator_revoke_eab(kid, actor)
+        .await
+        .map(EabView::from)
         .map_err(refused)
 }
 

@@ -17,6 +17,8 @@ pub struct AccountRow {
     pub contact: Vec<String>,
     pub tos_agreed: bool,
     pub created_at: i64,
+    /// The External Account Binding credential it registered with (§7.3.4).
+    pub eab_kid: Option<String>,
 }
 
 /// What [`Store::insert_account`] needs.
@@ -28,6 +30,7 @@ pub struct NewAccountRow<'a> {
     pub jwk: &'a str,
     pub contact: &'a [String],
     pub tos_agreed: bool,
+    pub eab_kid: Option<&'a str>,
     pub now: i64,
 }
 
@@ -45,7 +48,7 @@ pub enum KeyChangeOutcome {
 
 macro_rules! account_columns {
     () => {
-        "id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at"
+        "id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid"
     };
 }
 
@@ -59,6 +62,7 @@ fn account_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<AccountRow> {
         contact: json_vec(&row.try_get::<String, _>("contact")?)?,
         tos_agreed: row.try_get("tos_agreed")?,
         created_at: row.try_get("created_at")?,
+        eab_kid: row.try_get("eab_kid")?,
     })
 }
 
@@ -74,8 +78,8 @@ impl Store {
     ) -> Result<(AccountRow, bool)> {
         let mut tx = self.writer.begin().await?;
         let inserted = sqlx::query(
-            "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at)
-             VALUES ($1, $2, $3, $4, 'valid', $5, $6, $7)
+            "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid)
+             VALUES ($1, $2, $3, $4, 'valid', $5, $6, $7, $8)
              ON CONFLICT (profile, key_thumbprint) DO NOTHING",
         )
         .bind(new.id)
@@ -85,6 +89,7 @@ impl Store {
         .bind(to_json(new.contact))
         .bind(new.tos_agreed)
         .bind(new.now)
+        .bind(new.eab_kid)
         .execute(&mut *tx)
         .await?
         .rows_affected()

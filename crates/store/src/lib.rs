@@ -17,6 +17,7 @@ mod accounts;
 mod admin;
 mod audit;
 mod certificates;
+mod eab;
 mod jobs;
 mod nonces;
 mod orders;
@@ -32,6 +33,7 @@ pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
 pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
+pub use eab::{EabRow, NewEab};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,

@@ -33,11 +33,12 @@ pub async fn directory(State(app): State<App>, Path(profile): Path<String>) -> R
             terms_of_service: c.terms_of_service.clone(),
             website: c.website.clone(),
             caa_identities: c.caa_identities.clone(),
-            external_account_required: false,
+            external_account_required: c.eab == crate::config::EabMode::Required,
         };
         let has_meta = meta.terms_of_service.is_some()
             || meta.website.is_some()
-            || !meta.caa_identities.is_empty();
+            || !meta.caa_identities.is_empty()
+            || meta.external_account_required;
         Ok(Reply::json(
             200,
             &Directory {
@@ -78,7 +79,10 @@ pub async fn new_account(
             let p = app.profile(&profile)?;
             let req = app.verify(&p, &headers, &uri, body, KeyMode::Jwk).await?;
             let payload: NewAccount = req.payload()?;
-            let (row, created) = app.authority.new_account(&p, &req.key, &payload).await?;
+            let (row, created) = app
+                .authority
+                .new_account(&p, &req.key, &payload, &req.jws.protected.url)
+                .await?;
             let urls = app.urls(&p.name);
             Ok(Reply::json(
                 if created { 201 } else { 200 },

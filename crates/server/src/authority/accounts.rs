@@ -19,6 +19,7 @@ impl Authority {
         profile: &Profile,
         jwk: &Jwk,
         req: &NewAccount,
+        url: &str,
     ) -> AcmeResult<(AccountRow, bool)> {
         let thumbprint = jwk.thumbprint_b64();
         if let Some(existing) = self
@@ -43,6 +44,28 @@ impl Authority {
             ));
         }
         let contact = check_contacts(req.contact.as_deref().unwrap_or(&[]))?;
+        let binding = match self
+            .external_account(profile, jwk, req.external_account_binding.as_ref(), url)
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                // A refused binding is someone trying to register without
+                // the operator's leave: worth a row.
+                let actor = format!("key:{thumbprint}");
+                self.audit(super::audit::Fact {
+                    event: "account.refused",
+                    outcome: super::audit::outcome_of(&e),
+                    profile: &profile.name,
+                    actor: Some(&actor),
+                    error: Some(&e),
+                    ..Default::default()
+                })
+                .await;
+                return Err(e);
+            }
+        };
+        let eab_kid = binding.as_ref().map(|b| b.kid.as_str());
         let jwk_json = jwk.to_value().to_string();
         let id = crate::ids::object_id();
         // Queued only if this request creates the account.
@@ -59,6 +82,7 @@ impl Authority {
                     jwk: &jwk_json,
                     contact: &contact,
                     tos_agreed: req.terms_of_service_agreed == Some(true),
+                    eab_kid,
                     now: self.clock.unix(),
                 },
                 &outbox.jobs(),
@@ -66,11 +90,13 @@ impl Authority {
             .await?;
         if created {
             self.notifier.posted(&outbox);
+            let detail = eab_kid.map(|k| format!("external account {k}"));
             self.audit(super::audit::Fact {
                 event: "account.created",
                 outcome: "success",
                 profile: &profile.name,
                 account: Some(&row.id),
+                detail: detail.as_deref(),
                 ..Default::default()
             })
             .await;

@@ -11,6 +11,7 @@
 mod accounts;
 mod audit;
 mod certificates;
+mod eab;
 mod maintenance;
 mod nonces;
 mod operator;

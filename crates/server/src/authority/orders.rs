@@ -72,6 +72,9 @@ impl Authority {
                 Err((kind, detail)) => faults.push(Subproblem::new(kind, detail, id.clone())),
             }
         }
+        // The names the account's external account credential allows (a
+        // revoked credential refuses the whole order).
+        faults.extend(self.external_account_limits(account, &identifiers).await?);
         match faults.len() {
             0 => {}
             1 => {

@@ -10,6 +10,7 @@ mod challenges;
 mod client;
 mod clients;
 mod concurrency;
+mod eab;
 mod flow;
 mod harness;
 mod jobs;

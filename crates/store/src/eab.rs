@@ -1,0 +1,120 @@
+//! External Account Binding credentials (RFC 8555 §7.3.4), minted by the
+//! operator and named by accounts at registration.
+
+use sqlx::Row;
+
+use crate::{Result, Store, StoreError};
+
+/// A credential as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EabRow {
+    pub kid: String,
+    /// The raw HMAC key. Never logged, never printed after creation.
+    pub hmac_key: Vec<u8>,
+    pub label: Option<String>,
+    /// The one profile it may be used at; none: any.
+    pub profile: Option<String>,
+    /// Name globs its accounts may order; none: any name.
+    pub names: Option<Vec<String>>,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+    /// Accounts registered with it.
+    pub accounts: i64,
+}
+
+/// What [`Store::insert_eab`] needs.
+#[derive(Clone, Debug)]
+pub struct NewEab<'a> {
+    pub kid: &'a str,
+    pub hmac_key: &'a [u8],
+    pub label: Option<&'a str>,
+    pub profile: Option<&'a str>,
+    pub names: Option<&'a [String]>,
+    pub now: i64,
+}
+
+macro_rules! eab_columns {
+    () => {
+        "kid, hmac_key, label, profile, names, created_at, revoked_at, \
+         (SELECT COUNT(*) FROM accounts a WHERE a.eab_kid = eab_credentials.kid) AS accounts"
+    };
+}
+
+fn from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EabRow> {
+    let names = row
+        .try_get::<Option<String>, _>("names")?
+        .map(|s| {
+            serde_json::from_str(&s)
+                .map_err(|e| StoreError::Corrupt(format!("eab_credentials.names: {e}")))
+        })
+        .transpose()?;
+    Ok(EabRow {
+        kid: row.try_get("kid")?,
+        hmac_key: row.try_get("hmac_key")?,
+        label: row.try_get("label")?,
+        profile: row.try_get("profile")?,
+        names,
+        created_at: row.try_get("created_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+        accounts: row.try_get("accounts")?,
+    })
+}
+
+impl Store {
+    pub async fn insert_eab(&self, new: &NewEab<'_>) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO eab_credentials (kid, hmac_key, label, profile, names, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(new.kid)
+        .bind(new.hmac_key)
+        .bind(new.label)
+        .bind(new.profile)
+        .bind(new.names.map(crate::to_json))
+        .bind(new.now)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn eab(&self, kid: &str) -> Result<Option<EabRow>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            eab_columns!(),
+            " FROM eab_credentials WHERE kid = $1"
+        ))
+        .bind(kid)
+        .fetch_optional(&self.reader)
+        .await?
+        .as_ref()
+        .map(from_row)
+        .transpose()
+    }
+
+    /// Every credential, newest first.
+    pub async fn list_eab(&self) -> Result<Vec<EabRow>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            eab_columns!(),
+            " FROM eab_credentials ORDER BY created_at DESC, kid"
+        ))
+        .fetch_all(&self.reader)
+        .await?
+        .iter()
+        .map(from_row)
+        .collect()
+    }
+
+    /// Marks a credential revoked; false if it does not exist or already was.
+    pub async fn revoke_eab(&self, kid: &str, now: i64) -> Result<bool> {
+        Ok(sqlx::query(
+            "UPDATE eab_credentials SET revoked_at = $2 WHERE kid = $1 AND revoked_at IS NULL",
+        )
+        .bind(kid)
+        .bind(now)
+        .execute(&self.writer)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+}
