@@ -33,6 +33,9 @@ pub struct Directory {
     pub key_change: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_authz: Option<String>,
+    /// RFC 9773 §3: where renewal information is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal_info: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<DirectoryMeta>,
 }
@@ -49,6 +52,10 @@ pub struct DirectoryMeta {
     pub caa_identities: Vec<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub external_account_required: bool,
+    /// draft-ietf-acme-profiles §3: the certificate profiles offered, name
+    /// to description.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub profiles: std::collections::BTreeMap<String, String>,
 }
 
 /// Account status (RFC 8555 §7.1.6).
@@ -157,6 +164,12 @@ pub struct Order {
     pub finalize: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate: Option<String>,
+    /// draft-ietf-acme-profiles §4: the certificate profile chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// RFC 9773 §5: the certificate this order replaces, echoed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 /// The newOrder payload (RFC 8555 §7.4).
@@ -168,6 +181,74 @@ pub struct NewOrder {
     pub not_before: Option<String>,
     #[serde(default)]
     pub not_after: Option<String>,
+    /// draft-ietf-acme-profiles §4.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// RFC 9773 §5: a certificate identifier (`AKI.serial`).
+    #[serde(default)]
+    pub replaces: Option<String>,
+}
+
+/// A certificate's unique identifier (RFC 9773 §4.1): the base64url of its
+/// Authority Key Identifier's keyIdentifier, a dot, and the base64url of
+/// its serial number's DER content octets, both unpadded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertId {
+    pub key_identifier: Vec<u8>,
+    /// The DER INTEGER's content octets (a leading zero kept).
+    pub serial: Vec<u8>,
+}
+
+impl CertId {
+    /// Parses `AKI.serial`; None unless both halves are non-empty unpadded
+    /// base64url.
+    pub fn parse(s: &str) -> Option<Self> {
+        use base64::Engine;
+        let (aki, serial) = s.split_once('.')?;
+        let decode = |part: &str| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(part)
+                .ok()
+                .filter(|b| !b.is_empty())
+        };
+        Some(Self {
+            key_identifier: decode(aki)?,
+            serial: decode(serial)?,
+        })
+    }
+}
+
+impl std::fmt::Display for CertId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use base64::Engine;
+        let e = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        write!(
+            f,
+            "{}.{}",
+            e.encode(&self.key_identifier),
+            e.encode(&self.serial)
+        )
+    }
+}
+
+/// A RenewalInfo object (RFC 9773 §4.2).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewalInfo {
+    pub suggested_window: SuggestedWindow,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "explanationURL"
+    )]
+    pub explanation_url: Option<String>,
+}
+
+/// RFC 3339 bounds of the window in which to renew.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SuggestedWindow {
+    pub start: String,
+    pub end: String,
 }
 
 /// Authorization status (RFC 8555 §7.1.6).
@@ -285,4 +366,27 @@ pub struct Revocation {
 pub struct KeyChange {
     pub account: String,
     pub old_key: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cert_id_parses_and_prints_as_rfc_9773_appendix_a_spells_it() {
+        // RFC 9773 §4.1's example.
+        let id = CertId::parse("aYhba4dGQEHhs3uEe6CuLN4ByNQ.AIdlQyE").unwrap();
+        assert_eq!(
+            id.key_identifier,
+            [
+                0x69, 0x88, 0x5B, 0x6B, 0x87, 0x46, 0x40, 0x41, 0xE1, 0xB3, 0x7B, 0x84, 0x7B, 0xA0,
+                0xAE, 0x2C, 0xDE, 0x01, 0xC8, 0xD4
+            ]
+        );
+        assert_eq!(id.serial, [0x00, 0x87, 0x65, 0x43, 0x21]);
+        assert_eq!(id.to_string(), "aYhba4dGQEHhs3uEe6CuLN4ByNQ.AIdlQyE");
+        for bad in ["", "nodot", ".AIdlQyE", "aYhb.", "aYhb=.AIdl", "a+b.AIdl"] {
+            assert_eq!(CertId::parse(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -404,8 +404,94 @@ pub struct ProfileConfig {
     /// External Account Binding (RFC 8555 §7.3.4) at newAccount: `off`
     /// (bindings are ignored), `optional` (checked when sent) or `required`.
     pub eab: EabMode,
+    /// Named kinds of certificate this endpoint offers
+    /// (draft-ietf-acme-profiles), advertised in the directory's
+    /// `meta.profiles` and chosen by newOrder's `profile`.
+    pub certificate_profiles: BTreeMap<String, CertificateProfileConfig>,
+    /// The certificate profile of an order that names none; required when
+    /// there are several (with one, it is that one).
+    pub default_certificate_profile: Option<String>,
+    /// RFC 9773: how long clients are told to wait (`Retry-After`) before
+    /// asking for a certificate's renewal information again.
+    #[serde(deserialize_with = "duration")]
+    pub renewal_info_retry_after: Duration,
     pub signer: SignerConfig,
     pub notify: ProfileNotifyConfig,
+}
+
+/// One certificate profile (draft-ietf-acme-profiles §3).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateProfileConfig {
+    /// Shown to clients in the directory.
+    pub description: String,
+    /// Lifetime of its certificates (embedded CA only; default: the
+    /// signer's `validity`).
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub validity: Option<Duration>,
+    /// keyUsage bits (embedded CA only; default: digitalSignature, plus
+    /// keyEncipherment for an RSA key).
+    #[serde(default)]
+    pub key_usages: Option<Vec<KeyUsage>>,
+    /// extKeyUsage purposes (embedded CA only; default: serverAuth).
+    #[serde(default)]
+    pub extended_key_usages: Option<Vec<ExtendedKeyUsage>>,
+    /// Identifier types its certificates may carry: `dns`, `ip` (leaving
+    /// `ip` out keeps IP addresses out of its SANs).
+    #[serde(default = "default_identifier_types")]
+    pub identifier_types: Vec<String>,
+    /// Whether `*.name` identifiers are allowed.
+    #[serde(default = "yes")]
+    pub wildcards: bool,
+}
+
+fn default_identifier_types() -> Vec<String> {
+    vec!["dns".to_owned(), "ip".to_owned()]
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// keyUsage bits a certificate profile may set (RFC 5280 §4.2.1.3).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyUsage {
+    DigitalSignature,
+    KeyEncipherment,
+    KeyAgreement,
+    ContentCommitment,
+}
+
+/// extKeyUsage purposes a certificate profile may set (RFC 5280 §4.2.1.12).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExtendedKeyUsage {
+    ServerAuth,
+    ClientAuth,
+}
+
+impl ProfileConfig {
+    /// The certificate profile an order gets: the one it names, or the
+    /// default. `Ok(None)` when the endpoint offers none and none was
+    /// asked for; `Err` names what was asked and is not offered.
+    pub fn certificate_profile<'a>(
+        &'a self,
+        asked: Option<&'a str>,
+    ) -> Result<Option<(&'a str, &'a CertificateProfileConfig)>, String> {
+        let name = match (asked, &self.default_certificate_profile) {
+            (Some(a), _) => a,
+            (None, Some(d)) => d.as_str(),
+            (None, None) => match self.certificate_profiles.keys().next() {
+                Some(only) if self.certificate_profiles.len() == 1 => only.as_str(),
+                _ => return Ok(None),
+            },
+        };
+        self.certificate_profiles
+            .get_key_value(name)
+            .map(|(k, v)| Some((k.as_str(), v)))
+            .ok_or_else(|| name.to_owned())
+    }
 }
 
 /// Whether a profile asks new accounts for an External Account Binding.
@@ -565,6 +651,10 @@ pub struct LocalCaConfig {
     /// How long each CRL is valid (nextUpdate − thisUpdate); re-signed at half.
     #[serde(deserialize_with = "duration")]
     pub crl_validity: Duration,
+    /// RFC 9773: the renewal window, as fractions of a certificate's
+    /// lifetime, within which each certificate gets its own quarter-width
+    /// window at a place derived from its serial, so renewals spread out.
+    pub renewal_window: [f64; 2],
 }
 
 impl Default for Config {
@@ -620,6 +710,9 @@ impl Default for ProfileConfig {
             ip_identifiers: true,
             caa: false,
             eab: EabMode::Off,
+            certificate_profiles: BTreeMap::new(),
+            default_certificate_profile: None,
+            renewal_info_retry_after: Duration::from_secs(6 * 3600),
             signer: SignerConfig::LocalCa(LocalCaConfig::default()),
             notify: ProfileNotifyConfig::default(),
         }
@@ -643,7 +736,89 @@ impl Default for LocalCaConfig {
             crl_url: None,
             issuer_url: None,
             crl_validity: Duration::from_secs(86400),
+            renewal_window: [0.6, 0.8],
         }
+    }
+}
+
+/// Certificate profiles: names fit for URLs and JSON, a default that
+/// exists (and one when there are several), identifier types we issue,
+/// and no signing parameters at a relay (the upstream decides those).
+fn check_certificate_profiles(name: &str, p: &ProfileConfig) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if p.certificate_profiles.is_empty() {
+        if let Some(d) = &p.default_certificate_profile {
+            return invalid(format!(
+                "profiles.{name}.default_certificate_profile is {d:?} but there are no [profiles.{name}.certificate_profiles.NAME] tables; add one or remove the default"
+            ));
+        }
+        return Ok(());
+    }
+    for (cp_name, cp) in &p.certificate_profiles {
+        let key = format!("profiles.{name}.certificate_profiles.{cp_name}");
+        if cp_name.is_empty()
+            || cp_name.len() > 64
+            || !cp_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return invalid(format!(
+                "{key}: a certificate profile name is 1–64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        for t in &cp.identifier_types {
+            if t != "dns" && t != "ip" {
+                return invalid(format!(
+                    "{key}.identifier_types: {t:?} is not an identifier type; write some of [\"dns\", \"ip\"]"
+                ));
+            }
+        }
+        if cp.identifier_types.is_empty() {
+            return invalid(format!(
+                "{key}.identifier_types is empty; write e.g. identifier_types = [\"dns\"]"
+            ));
+        }
+        let signs_here = matches!(p.signer, SignerConfig::LocalCa(_));
+        if !signs_here
+            && (cp.validity.is_some()
+                || cp.key_usages.is_some()
+                || cp.extended_key_usages.is_some())
+        {
+            return invalid(format!(
+                "{key}: a relay profile forwards the profile's name upstream and the upstream decides validity and usages; remove validity, key_usages and extended_key_usages"
+            ));
+        }
+        if cp.validity.is_some_and(|v| v < Duration::from_secs(60)) {
+            return invalid(format!(
+                "{key}.validity is shorter than a minute; write e.g. validity = \"7d\""
+            ));
+        }
+        if cp.key_usages.as_ref().is_some_and(Vec::is_empty)
+            || cp.extended_key_usages.as_ref().is_some_and(Vec::is_empty)
+        {
+            return invalid(format!(
+                "{key}: key_usages and extended_key_usages, when written, list at least one usage (or leave them out for the defaults)"
+            ));
+        }
+    }
+    match &p.default_certificate_profile {
+        Some(d) if !p.certificate_profiles.contains_key(d) => invalid(format!(
+            "profiles.{name}.default_certificate_profile {d:?} is not one of its certificate profiles ({})",
+            p.certificate_profiles
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        None if p.certificate_profiles.len() > 1 => invalid(format!(
+            "profiles.{name} has several certificate profiles: say which an order without `profile` gets, e.g. default_certificate_profile = \"{}\"",
+            p.certificate_profiles
+                .keys()
+                .next()
+                .map(String::as_str)
+                .unwrap_or("classic")
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -867,6 +1042,7 @@ impl Config {
             for (email_name, email) in &profile.notify.emails {
                 check_email(name, email_name, email)?;
             }
+            check_certificate_profiles(name, profile)?;
             let ca = match &profile.signer {
                 SignerConfig::LocalCa(ca) => ca,
                 SignerConfig::Relay(relay) => {
@@ -874,6 +1050,12 @@ impl Config {
                     continue;
                 }
             };
+            let [from, to] = ca.renewal_window;
+            if !(0.0..1.0).contains(&from) || !(from..=1.0).contains(&to) || to - from < 0.01 {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer.renewal_window must be two fractions of the lifetime, 0 ≤ start < end ≤ 1, at least 0.01 apart; write e.g. renewal_window = [0.6, 0.8]"
+                )));
+            }
             if ca.ca_cert.is_some() != ca.ca_key.is_some() {
                 return Err(ConfigError::Invalid(format!(
                     "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
@@ -1098,6 +1280,49 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn certificate_profiles_that_cannot_work_are_refused_saying_what_to_write() {
+        let err = |body: &str| {
+            Config::from_toml(&format!("[profiles.p]\n{body}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let cp = |name: &str, extra: &str| {
+            format!("[profiles.p.certificate_profiles.{name}]\ndescription = \"d\"\n{extra}\n")
+        };
+        let e = err(&format!("{}{}", cp("a", ""), cp("b", "")));
+        assert!(e.contains("default_certificate_profile = \"a\""), "{e}");
+        let e = err(&format!(
+            "default_certificate_profile = \"c\"\n{}",
+            cp("a", "")
+        ));
+        assert!(e.contains("not one of its certificate profiles (a)"), "{e}");
+        let e = err("default_certificate_profile = \"c\"\n");
+        assert!(
+            e.contains("no [profiles.p.certificate_profiles.NAME]"),
+            "{e}"
+        );
+        let e = err(&cp("a", "identifier_types = [\"email\"]"));
+        assert!(e.contains("\"email\" is not an identifier type"), "{e}");
+        let e = err(&cp("a", "validity = \"1s\""));
+        assert!(e.contains("validity is shorter than a minute"), "{e}");
+        let e = err(&format!(
+            "{}[profiles.p.signer]\ntype = \"relay\"\ndirectory = \"https://ca.test/dir\"\n",
+            cp("a", "validity = \"6d\"")
+        ));
+        assert!(e.contains("the upstream decides validity"), "{e}");
+        let e = err("[profiles.p.signer]\ntype = \"local_ca\"\nrenewal_window = [0.9, 0.5]");
+        assert!(e.contains("renewal_window = [0.6, 0.8]"), "{e}");
+        // One profile needs no default: it is the default.
+        let c = Config::from_toml(&format!("[profiles.p]\n{}", cp("only", ""))).unwrap();
+        let p = &c.profiles["p"];
+        assert_eq!(
+            p.certificate_profile(None).unwrap().map(|c| c.0),
+            Some("only")
+        );
+        assert_eq!(p.certificate_profile(Some("other")).unwrap_err(), "other");
+    }
 
     #[test]
     fn an_empty_file_gives_one_default_profile_on_loopback() {

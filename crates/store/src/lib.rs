@@ -36,7 +36,7 @@ pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome,
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
-    AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,
+    AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderAuthorization, OrderRow, ProcessingChallenge,
 };
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};

@@ -26,6 +26,10 @@ pub struct OrderRow {
     pub created_at: i64,
     /// Set once the order is valid.
     pub certificate_id: Option<String>,
+    /// The certificate profile it was given (draft-ietf-acme-profiles).
+    pub certificate_profile: Option<String>,
+    /// RFC 9773 §5: the certificate identifier it replaces, as sent.
+    pub replaces: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,6 +90,18 @@ pub struct NewOrderRow {
     pub now: i64,
     /// One per identifier, in the order's order.
     pub authorizations: Vec<OrderAuthorization>,
+    pub certificate_profile: Option<String>,
+    /// (certificate identifier as sent, id of the certificate it names).
+    pub replaces: Option<(String, String)>,
+}
+
+/// What [`Store::insert_order`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertOrder {
+    Inserted,
+    /// RFC 9773 §5: another order that is not invalid already replaces the
+    /// certificate named by `replaces`; nothing was written.
+    AlreadyReplaced,
 }
 
 /// An order's authorization: a new one, or a valid one being reused.
@@ -105,7 +121,8 @@ const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
 macro_rules! order_columns {
     () => {
         "o.id, o.profile, o.account_id, o.status, o.identifiers, o.not_before, \
-     o.not_after, o.expires_at, o.error, o.created_at, c.id AS certificate_id"
+     o.not_after, o.expires_at, o.error, o.created_at, c.id AS certificate_id, \
+     o.certificate_profile, o.replaces"
     };
 }
 macro_rules! authz_columns {
@@ -140,6 +157,8 @@ fn order_from_row(row: &SqliteRow) -> Result<OrderRow> {
         error: problem(row.try_get("error")?)?,
         created_at: row.try_get("created_at")?,
         certificate_id: row.try_get("certificate_id")?,
+        certificate_profile: row.try_get("certificate_profile")?,
+        replaces: row.try_get("replaces")?,
     })
 }
 
@@ -174,11 +193,12 @@ fn challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
 impl Store {
     /// Creates an order with its authorizations and their challenges, in one
     /// transaction.
-    pub async fn insert_order(&self, new: &NewOrderRow) -> Result<()> {
+    pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
         let mut tx = self.writer.begin().await?;
-        sqlx::query(
-            "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at)
-             VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8)",
+        let inserted = sqlx::query(
+            "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
+                                 certificate_profile, replaces, replaces_certificate_id)
+             VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&new.id)
         .bind(&new.profile)
@@ -188,8 +208,21 @@ impl Store {
         .bind(new.not_after)
         .bind(new.expires_at)
         .bind(new.now)
+        .bind(&new.certificate_profile)
+        .bind(new.replaces.as_ref().map(|r| &r.0))
+        .bind(new.replaces.as_ref().map(|r| &r.1))
         .execute(&mut *tx)
-        .await?;
+        .await;
+        match inserted {
+            Err(sqlx::Error::Database(e))
+                if e.is_unique_violation() && e.message().contains("replaces_certificate_id") =>
+            {
+                return Ok(InsertOrder::AlreadyReplaced);
+            }
+            other => {
+                other?;
+            }
+        }
         for (position, entry) in new.authorizations.iter().enumerate() {
             let authz_id = match entry {
                 OrderAuthorization::Reuse(id) => id,
@@ -242,7 +275,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(InsertOrder::Inserted)
     }
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {

@@ -36,6 +36,8 @@ pub fn order(urls: &Urls, row: &OrderRow, authz_ids: &[String]) -> AcmeResult<Or
         authorizations: authz_ids.iter().map(|id| urls.authz(id)).collect(),
         finalize: urls.finalize(&row.id),
         certificate: row.certificate_id.as_deref().map(|id| urls.certificate(id)),
+        profile: row.certificate_profile.clone(),
+        replaces: row.replaces.clone(),
     })
 }
 

@@ -3,7 +3,7 @@
 
 use acme_proxy_protocol::types::{
     AccountUpdate, Directory, DirectoryMeta, Finalize, KeyChange, NewAccount, NewOrder, OrdersList,
-    Revocation,
+    RenewalInfo, Revocation, SuggestedWindow,
 };
 use acme_proxy_protocol::{Jws, KeyRef};
 use axum::body::Body;
@@ -34,11 +34,17 @@ pub async fn directory(State(app): State<App>, Path(profile): Path<String>) -> R
             website: c.website.clone(),
             caa_identities: c.caa_identities.clone(),
             external_account_required: c.eab == crate::config::EabMode::Required,
+            profiles: c
+                .certificate_profiles
+                .iter()
+                .map(|(name, cp)| (name.clone(), cp.description.clone()))
+                .collect(),
         };
         let has_meta = meta.terms_of_service.is_some()
             || meta.website.is_some()
             || !meta.caa_identities.is_empty()
-            || meta.external_account_required;
+            || meta.external_account_required
+            || !meta.profiles.is_empty();
         Ok(Reply::json(
             200,
             &Directory {
@@ -48,6 +54,7 @@ pub async fn directory(State(app): State<App>, Path(profile): Path<String>) -> R
                 revoke_cert: urls.revoke_cert(),
                 key_change: urls.key_change(),
                 new_authz: None,
+                renewal_info: Some(urls.renewal_info()),
                 meta: has_meta.then_some(meta),
             },
         ))
@@ -452,6 +459,30 @@ pub async fn crl(State(app): State<App>, Path(profile): Path<String>) -> Respons
             let p = app.profile(&profile)?;
             let der = app.authority.crl(&p).await?;
             Ok(Reply::bytes("application/pkix-crl", der))
+        }
+        .await,
+    )
+}
+
+/// RenewalInfo (RFC 9773 §4): an unauthenticated GET answered with the
+/// certificate's suggested window and a `Retry-After` saying when to ask
+/// again.
+pub async fn renewal_info(
+    State(app): State<App>,
+    Path((profile, id)): Path<(String, String)>,
+) -> Response {
+    respond(
+        async {
+            let p = app.profile(&profile)?;
+            let w = app.authority.renewal_info(&p, &id).await?;
+            let info = RenewalInfo {
+                suggested_window: SuggestedWindow {
+                    start: crate::clock::rfc3339(w.start),
+                    end: crate::clock::rfc3339(w.end),
+                },
+                explanation_url: None,
+            };
+            Ok(Reply::json(200, &info).retry_after(w.retry_after))
         }
         .await,
     )

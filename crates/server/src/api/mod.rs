@@ -109,6 +109,10 @@ pub fn router(app: App) -> Router {
         .route("/profile/{profile}/cert/{id}", post(handlers::certificate))
         .route("/profile/{profile}/crl", get(handlers::crl))
         .route("/profile/{profile}/ca.pem", get(handlers::ca_pem))
+        .route(
+            "/profile/{profile}/renewal-info/{id}",
+            get(handlers::renewal_info),
+        )
         .layer(from_fn_with_state(Arc::clone(&app), acme_headers))
         .layer(from_fn_with_state(Arc::clone(&app), admission));
     Router::new()

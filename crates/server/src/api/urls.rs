@@ -59,6 +59,10 @@ impl Urls {
     pub fn ca_pem(&self) -> String {
         format!("{}/ca.pem", self.prefix)
     }
+    /// RFC 9773 §3: without a trailing slash; clients append `/{certID}`.
+    pub fn renewal_info(&self) -> String {
+        format!("{}/renewal-info", self.prefix)
+    }
 
     /// The account id a `kid` names, if it is an account URL of this
     /// profile. A `kid` of another profile (or another server) is `None`.

@@ -123,8 +123,15 @@ impl Authority {
             ));
         }
         let now = self.clock.now();
+        // The order's certificate profile, if the configuration still has
+        // it (an operator may have removed it since: then the signer's
+        // defaults apply).
+        let usage = order
+            .certificate_profile
+            .as_deref()
+            .and_then(|name| profile.config.certificate_profiles.get(name));
         let (default_nb, default_na) = match profile.signer.local_ca() {
-            Some(ca) => ca.default_window(now),
+            Some(ca) => ca.default_window(now, usage.and_then(|u| u.validity)),
             None => (now, now),
         };
         let not_before = order
@@ -142,6 +149,8 @@ impl Authority {
                 spki_der: &csr.spki_der,
                 not_before,
                 not_after,
+                key_usages: usage.and_then(|u| u.key_usages.as_deref()),
+                extended_key_usages: usage.and_then(|u| u.extended_key_usages.as_deref()),
             })
             .await;
         let issued = match issued {

@@ -9,6 +9,7 @@
 //! JWS: it takes verified inputs and returns rows or an [`AcmeError`].
 
 mod accounts;
+mod ari;
 mod audit;
 mod certificates;
 mod eab;
@@ -35,6 +36,7 @@ use crate::notify::Notifier;
 use crate::signer::Signer;
 use crate::validation::Validators;
 
+pub use ari::Window;
 pub use certificates::{RevocationSigner, crl_needs_refresh};
 pub use maintenance::{CrlRefresh, NonceSweep};
 pub use relay::{RELAY_KIND, RelayJobs};

@@ -6,12 +6,13 @@ use acme_proxy_protocol::names::check_dns_name;
 use acme_proxy_protocol::types::{Identifier, NewOrder};
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
-    AccountRow, AuthorizationRow, ChallengeRow, NewAuthorization, NewChallenge, NewOrderRow,
-    OrderAuthorization, OrderRow,
+    AccountRow, AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge,
+    NewOrderRow, OrderAuthorization, OrderRow,
 };
 
 use super::{Authority, Profile};
 use crate::clock::parse_rfc3339;
+use crate::config::CertificateProfileConfig;
 use crate::error::{AcmeError, AcmeResult};
 use crate::ids;
 
@@ -60,10 +61,37 @@ impl Authority {
                 format!("an order may name at most {MAX_IDENTIFIERS} identifiers"),
             ));
         }
+        // draft-ietf-acme-profiles §4: an unknown profile is refused
+        // before anything else is looked at.
+        let certificate_profile = profile
+            .config
+            .certificate_profile(req.profile.as_deref())
+            .map_err(|asked| {
+                let offered: Vec<&str> = profile
+                    .config
+                    .certificate_profiles
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                AcmeError::new(
+                    ProblemType::InvalidProfile,
+                    if offered.is_empty() {
+                        format!("this endpoint offers no certificate profiles; order without \"profile\" (asked for {asked:?})")
+                    } else {
+                        format!(
+                            "{asked:?} is not a certificate profile of this endpoint; it offers {}",
+                            offered.join(", ")
+                        )
+                    },
+                )
+            })?;
         let mut identifiers: Vec<Identifier> = Vec::with_capacity(req.identifiers.len());
         let mut faults: Vec<Subproblem> = Vec::new();
         for id in &req.identifiers {
-            match check_identifier(profile, id) {
+            match check_identifier(profile, id).and_then(|normal| match certificate_profile {
+                Some((name, cp)) => allowed_by(name, cp, normal),
+                None => Ok(normal),
+            }) {
                 Ok(normal) => {
                     if !identifiers.contains(&normal) {
                         identifiers.push(normal);
@@ -98,8 +126,16 @@ impl Authority {
             }
         }
 
+        let replaces = match &req.replaces {
+            Some(r) => Some(
+                self.replaced_certificate(profile, account, r, &identifiers)
+                    .await?,
+            ),
+            None => None,
+        };
         let now = self.clock.unix();
-        let (not_before, not_after) = self.requested_validity(profile, req, now)?;
+        let (not_before, not_after) =
+            self.requested_validity(profile, certificate_profile.map(|c| c.1), req, now)?;
         let expires_at = now + profile.config.order_lifetime.as_secs() as i64;
         let mut authorizations = Vec::with_capacity(identifiers.len());
         let mut reused = 0;
@@ -164,8 +200,17 @@ impl Authority {
             expires_at,
             now,
             authorizations,
+            certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
+            replaces,
         };
-        self.store.insert_order(&new).await?;
+        if self.store.insert_order(&new).await? == InsertOrder::AlreadyReplaced {
+            // RFC 9773 §5: 409 with alreadyReplaced.
+            return Err(AcmeError::new(
+                ProblemType::AlreadyReplaced,
+                "the certificate named by replaces is already replaced by another order that is not invalid",
+            )
+            .with_status(409));
+        }
         tracing::info!(
             event = "order.created",
             outcome = "success",
@@ -189,6 +234,7 @@ impl Authority {
     fn requested_validity(
         &self,
         profile: &Profile,
+        certificate_profile: Option<&CertificateProfileConfig>,
         req: &NewOrder,
         now: i64,
     ) -> AcmeResult<(Option<i64>, Option<i64>)> {
@@ -213,7 +259,10 @@ impl Authority {
                 "this profile relays to an upstream CA and cannot forward notBefore or notAfter; order without them",
             ));
         };
-        let validity = ca.config().validity.as_secs() as i64;
+        let validity = certificate_profile
+            .and_then(|c| c.validity)
+            .unwrap_or(ca.config().validity)
+            .as_secs() as i64;
         let backdate = ca.config().backdate.as_secs() as i64;
         if let Some(nb) = not_before {
             if nb < now - backdate {
@@ -445,6 +494,31 @@ impl Authority {
 }
 
 /// Syntax and policy for one identifier; returns it normalised.
+/// What a certificate profile allows of an identifier already checked
+/// against the endpoint: its type, and a wildcard.
+fn allowed_by(
+    name: &str,
+    cp: &CertificateProfileConfig,
+    id: Identifier,
+) -> Result<Identifier, (ProblemType, String)> {
+    if !cp.identifier_types.contains(&id.kind) {
+        return Err((
+            ProblemType::RejectedIdentifier,
+            format!(
+                "certificate profile {name:?} does not certify {} identifiers",
+                id.kind
+            ),
+        ));
+    }
+    if !cp.wildcards && id.value.starts_with("*.") {
+        return Err((
+            ProblemType::RejectedIdentifier,
+            format!("certificate profile {name:?} does not certify wildcards"),
+        ));
+    }
+    Ok(id)
+}
+
 fn check_identifier(
     profile: &Profile,
     id: &Identifier,

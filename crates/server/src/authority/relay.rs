@@ -111,7 +111,7 @@ impl Authority {
         // upstream for longer than one request timeout (the job's hold).
         let created = match tokio::time::timeout(
             relay.config.request_timeout,
-            relay.create_order(&order.identifiers),
+            relay.create_order(&order.identifiers, order.certificate_profile.as_deref()),
         )
         .await
         {
@@ -230,7 +230,10 @@ impl Authority {
         let deadline = tokio::time::Instant::now() + relay.config.attempt_budget;
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
-            None => match relay.create_order(&order.identifiers).await {
+            None => match relay
+                .create_order(&order.identifiers, order.certificate_profile.as_deref())
+                .await
+            {
                 Ok(url) => match self
                     .store
                     .set_upstream_url(order_id, &url, self.clock.unix())

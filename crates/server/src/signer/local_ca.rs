@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, ParsedExtension, X509Certificate};
 
 use super::{IssueRequest, Issued, SignerError};
-use crate::config::LocalCaConfig;
+use crate::config::{ExtendedKeyUsage, KeyUsage, LocalCaConfig};
 use crate::ids;
 
 /// The embedded CA of one profile.
@@ -126,9 +126,17 @@ impl LocalCa {
         &self.config
     }
 
-    /// The default validity window for a certificate issued at `now`.
-    pub fn default_window(&self, now: OffsetDateTime) -> (OffsetDateTime, OffsetDateTime) {
-        (now - self.config.backdate, now + self.config.validity)
+    /// The default validity window for a certificate issued at `now`;
+    /// `validity` is a certificate profile's, if it sets one.
+    pub fn default_window(
+        &self,
+        now: OffsetDateTime,
+        validity: Option<Duration>,
+    ) -> (OffsetDateTime, OffsetDateTime) {
+        (
+            now - self.config.backdate,
+            now + validity.unwrap_or(self.config.validity),
+        )
     }
 
     pub fn issue(&self, req: &IssueRequest<'_>) -> Result<Issued, SignerError> {
@@ -143,12 +151,33 @@ impl LocalCa {
         params.is_ca = IsCa::ExplicitNoCa;
         params.use_authority_key_identifier_extension = true;
         params.key_identifier_method = KeyIdMethod::Sha256;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        if spki_is_rsa(req.spki_der) {
-            // RSA key exchange in TLS 1.2 needs keyEncipherment.
-            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
-        }
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = match req.key_usages {
+            Some(usages) => usages
+                .iter()
+                .map(|u| match u {
+                    KeyUsage::DigitalSignature => KeyUsagePurpose::DigitalSignature,
+                    KeyUsage::KeyEncipherment => KeyUsagePurpose::KeyEncipherment,
+                    KeyUsage::KeyAgreement => KeyUsagePurpose::KeyAgreement,
+                    KeyUsage::ContentCommitment => KeyUsagePurpose::ContentCommitment,
+                })
+                .collect(),
+            None if spki_is_rsa(req.spki_der) => vec![
+                KeyUsagePurpose::DigitalSignature,
+                // RSA key exchange in TLS 1.2 needs keyEncipherment.
+                KeyUsagePurpose::KeyEncipherment,
+            ],
+            None => vec![KeyUsagePurpose::DigitalSignature],
+        };
+        params.extended_key_usages = match req.extended_key_usages {
+            Some(purposes) => purposes
+                .iter()
+                .map(|p| match p {
+                    ExtendedKeyUsage::ServerAuth => ExtendedKeyUsagePurpose::ServerAuth,
+                    ExtendedKeyUsage::ClientAuth => ExtendedKeyUsagePurpose::ClientAuth,
+                })
+                .collect(),
+            None => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        };
         let mut dn = DistinguishedName::new();
         if let Some(first) = req.identifiers.iter().find(|i| i.kind == "dns") {
             // A CN is optional but some older TLS clients still look at it;

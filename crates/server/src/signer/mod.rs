@@ -25,6 +25,10 @@ pub struct IssueRequest<'a> {
     pub spki_der: &'a [u8],
     pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
+    /// The certificate profile's keyUsage bits; none: the signer's default.
+    pub key_usages: Option<&'a [crate::config::KeyUsage]>,
+    /// The certificate profile's extKeyUsage; none: serverAuth.
+    pub extended_key_usages: Option<&'a [crate::config::ExtendedKeyUsage]>,
 }
 
 /// A certificate as issued.

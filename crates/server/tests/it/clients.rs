@@ -120,18 +120,19 @@ fn run_blocking(program: &str, args: &[String], env: &[(String, String)], home: 
 }
 
 /// `run_blocking` off the async runtime's worker threads.
-pub(crate) async fn run(program: &'static str, args: Vec<String>, home: PathBuf) -> Ran {
+pub(crate) async fn run(program: impl Into<String>, args: Vec<String>, home: PathBuf) -> Ran {
     run_with_env(program, args, Vec::new(), home).await
 }
 
 /// `run` with extra environment variables.
 pub(crate) async fn run_with_env(
-    program: &'static str,
+    program: impl Into<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
     home: PathBuf,
 ) -> Ran {
-    tokio::task::spawn_blocking(move || run_blocking(program, &args, &env, &home))
+    let program = program.into();
+    tokio::task::spawn_blocking(move || run_blocking(&program, &args, &env, &home))
         .await
         .expect("client thread")
 }

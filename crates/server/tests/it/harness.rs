@@ -54,6 +54,25 @@ pub fn require_python_module(module: &str) -> bool {
     required(found, &format!("the Python module {module}"))
 }
 
+/// The current certbot (5.x, from PyPI), which speaks ACME Renewal
+/// Information and certificate profiles: `$ACME_PROXY_CERTBOT5`, or where
+/// scripts/test installs it (`target/test-tools/certbot5`). None (after
+/// failing under CI) when it is not there.
+pub fn certbot5() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("ACME_PROXY_CERTBOT5")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../target/test-tools/certbot5/bin/certbot")
+        });
+    let found = Command::new(&path)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).starts_with("certbot 5."))
+        .unwrap_or(false);
+    required(found, "certbot 5 (from PyPI)").then_some(path)
+}
+
 fn required(found: bool, what: &str) -> bool {
     if !found {
         if std::env::var("CI").as_deref() == Ok("true") {

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod admin;
+mod ari;
 mod audit;
 mod challenges;
 mod client;
@@ -18,6 +19,7 @@ mod jws_table;
 mod metrics;
 mod notify;
 mod operations;
+mod profiles;
 mod raw;
 mod recovery;
 mod relay;

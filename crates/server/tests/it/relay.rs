@@ -147,14 +147,24 @@ impl Relayed {
 /// Orders `names` and brings the order to ready, answering each local
 /// challenge with the first type offered (the profile bypasses validation).
 async fn ready_order(account: &Account, names: &[&str]) -> instant_acme::Order {
+    ready_order_in(account, names, None).await
+}
+
+/// [`ready_order`] asking for the certificate profile `profile`.
+async fn ready_order_in(
+    account: &Account,
+    names: &[&str],
+    profile: Option<&str>,
+) -> instant_acme::Order {
     let ids: Vec<Identifier> = names
         .iter()
         .map(|n| Identifier::Dns((*n).to_owned()))
         .collect();
-    let mut order = account
-        .new_order(&NewOrder::new(&ids))
-        .await
-        .expect("new order");
+    let mut new_order = NewOrder::new(&ids);
+    if let Some(p) = profile {
+        new_order = new_order.profile(p);
+    }
+    let mut order = account.new_order(&new_order).await.expect("new order");
     let mut auths = order.authorizations();
     while let Some(a) = auths.next().await {
         let mut a = a.expect("authorization");
@@ -174,7 +184,17 @@ async fn ready_order(account: &Account, names: &[&str]) -> instant_acme::Order {
 /// validation, or the names' first offered challenge is enough), finalizes
 /// and polls until the order is valid or invalid, recording what it saw.
 async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Relayed {
-    let mut order = ready_order(account, names).await;
+    relay_issue_in(account, names, None, within).await
+}
+
+/// [`relay_issue`] asking for the certificate profile `profile`.
+async fn relay_issue_in(
+    account: &Account,
+    names: &[&str],
+    profile: Option<&str>,
+    within: Duration,
+) -> Relayed {
+    let mut order = ready_order_in(account, names, profile).await;
     let started = Instant::now();
     order.finalize().await.expect("finalize answers");
     let mut seen = vec![order.state().status];
@@ -1700,4 +1720,63 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
         1.0
     );
     server.stop().await;
+}
+
+/// The leaf's lifetime (notAfter − notBefore) in seconds.
+fn lifetime_of(chain: &str) -> i64 {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).expect("chain PEM");
+    let cert = pem.parse_x509().expect("leaf parses");
+    cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertises() {
+    // Debian's Pebble predates certificate profiles: the upstream is a
+    // second acme-proxy, over TLS with a certificate of the test PKI,
+    // offering "classic" (90 days) and "shortlived" (6 days).
+    let pki = TestPki::new();
+    let (cert, key) = pki.server_cert(&["127.0.0.1"]);
+    let upstream = TestServer::start_with_toml(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n\n\
+         [profiles.default]\nbypass = true\ndefault_certificate_profile = \"classic\"\n\
+         [profiles.default.certificate_profiles.classic]\ndescription = \"90 days\"\n\
+         [profiles.default.certificate_profiles.shortlived]\ndescription = \"6 days\"\nvalidity = \"6d\"\n",
+        cert.display(),
+        key.display()
+    ))
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = format!(
+        "{}\n\
+         [profiles.edge.certificate_profiles.classic]\ndescription = \"the upstream's default\"\n\
+         [profiles.edge.certificate_profiles.shortlived]\ndescription = \"short-lived, from the upstream\"\n\
+         [profiles.edge.certificate_profiles.internal]\ndescription = \"ours alone: the upstream does not offer it\"\n",
+        relay_profile(
+            "edge",
+            &upstream.directory("default"),
+            &pki,
+            "bypass",
+            "bypass = true\ndefault_certificate_profile = \"classic\"",
+            ""
+        )
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("edge")).await;
+    let day = 86400;
+    for (profile, name, lifetime) in [
+        (Some("shortlived"), "short.example.test", 6 * day),
+        (None, "classic.example.test", 90 * day),
+        (Some("internal"), "internal.example.test", 90 * day),
+    ] {
+        let relayed = relay_issue_in(&account, &[name], profile, Duration::from_secs(30)).await;
+        let got = lifetime_of(relayed.chain());
+        // The upstream backdates notBefore by an hour.
+        assert!(
+            (got - lifetime - 3600).abs() <= 5,
+            "{profile:?}: a {got} s certificate, wanted {lifetime} s (+1 h backdating)"
+        );
+    }
+    server.stop().await;
+    upstream.stop().await;
 }

@@ -139,14 +139,28 @@ impl Relay {
     ///
     /// `notBefore`/`notAfter` are not forwarded: instant-acme 0.8's
     /// `NewOrder` has no such fields, and Let's Encrypt refuses them anyway.
-    pub async fn create_order(&self, identifiers: &[Identifier]) -> Result<String, RelayError> {
+    ///
+    /// The order's certificate profile is forwarded when the upstream's
+    /// directory advertises one of that name (draft-ietf-acme-profiles);
+    /// otherwise the upstream's default applies.
+    pub async fn create_order(
+        &self,
+        identifiers: &[Identifier],
+        certificate_profile: Option<&str>,
+    ) -> Result<String, RelayError> {
         let account = self.account().await?;
         let ids = identifiers
             .iter()
             .map(upstream_identifier)
             .collect::<Result<Vec<_>, _>>()?;
+        let mut new_order = NewOrder::new(&ids);
+        if let Some(name) = certificate_profile
+            && account.profiles().any(|p| p.name == name)
+        {
+            new_order = new_order.profile(name);
+        }
         let order = account
-            .new_order(&NewOrder::new(&ids))
+            .new_order(&new_order)
             .await
             .map_err(|e| classify(&e).context("creating the upstream order"))?;
         Ok(order.url().to_owned())
