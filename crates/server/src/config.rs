@@ -515,6 +515,92 @@ pub enum EabMode {
 pub enum SignerConfig {
     LocalCa(LocalCaConfig),
     Relay(RelayConfig),
+    Custom(CustomConfig),
+}
+
+/// The custom signer: the operator's program signs (SYSTEM.md's third
+/// backend), run without a shell, with a cleared environment and a
+/// deadline; optional operations for revocation, the CRL and the renewal
+/// window are programs of their own.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomConfig {
+    /// The issuing program (absolute path): a JSON request on stdin, the
+    /// PEM chain (leaf first) on stdout.
+    pub command: PathBuf,
+    /// Static arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Deadline of one run; the program is killed past it. At most 60 s:
+    /// it runs inside the client's finalize request.
+    #[serde(default = "default_custom_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// The exit status meaning "this CSR cannot be signed": the client gets
+    /// badCSR and the order stays ready. Default 65 (EX_DATAERR).
+    #[serde(default = "default_bad_csr_exit_code")]
+    pub bad_csr_exit_code: i32,
+    /// The CA certificate(s) clients should trust (PEM), served at
+    /// `ca.pem`; optional.
+    pub ca_cert: Option<PathBuf>,
+    /// Revocation: a JSON request on stdin, exit 0 once revoked.
+    pub revoke: Option<CustomOperation>,
+    /// The CRL: its DER on stdout (served at `crl`, cached a minute).
+    pub crl: Option<CustomOperation>,
+    /// The renewal window of a certificate (RFC 9773): a JSON request on
+    /// stdin, `{"start": RFC3339, "end": RFC3339}` on stdout, or nothing
+    /// for the default window.
+    pub renewal_window: Option<CustomOperation>,
+}
+
+/// One optional operation of the custom signer.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomOperation {
+    pub command: PathBuf,
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+fn default_custom_timeout() -> Duration {
+    Duration::from_secs(20)
+}
+
+fn default_bad_csr_exit_code() -> i32 {
+    65
+}
+
+/// The custom signer's programs must be absolute paths and its deadline
+/// fit inside a client's request.
+fn check_custom(name: &str, c: &CustomConfig) -> Result<(), ConfigError> {
+    let key = format!("profiles.{name}.signer");
+    let mut programs = vec![("command", &c.command)];
+    for (op, o) in [
+        ("revoke", &c.revoke),
+        ("crl", &c.crl),
+        ("renewal_window", &c.renewal_window),
+    ] {
+        if let Some(o) = o {
+            programs.push((op, &o.command));
+        }
+    }
+    for (what, path) in programs {
+        if !path.is_absolute() {
+            return Err(ConfigError::Invalid(format!(
+                "{key}.{what}: the program must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/acme-sign\""
+            )));
+        }
+    }
+    if c.timeout < Duration::from_secs(1) || c.timeout > Duration::from_secs(60) {
+        return Err(ConfigError::Invalid(format!(
+            "{key}.timeout must be between 1s and 60s (the program runs inside the client's finalize request); write e.g. timeout = \"20s\""
+        )));
+    }
+    if !(1..=255).contains(&c.bad_csr_exit_code) {
+        return Err(ConfigError::Invalid(format!(
+            "{key}.bad_csr_exit_code must be 1–255; write e.g. bad_csr_exit_code = 65"
+        )));
+    }
+    Ok(())
 }
 
 /// The relay signer: certificates come from an upstream ACME CA, with one
@@ -778,7 +864,7 @@ fn check_certificate_profiles(name: &str, p: &ProfileConfig) -> Result<(), Confi
                 "{key}.identifier_types is empty; write e.g. identifier_types = [\"dns\"]"
             ));
         }
-        let signs_here = matches!(p.signer, SignerConfig::LocalCa(_));
+        let signs_here = !matches!(p.signer, SignerConfig::Relay(_));
         if !signs_here
             && (cp.validity.is_some()
                 || cp.key_usages.is_some()
@@ -1049,6 +1135,10 @@ impl Config {
                     check_relay(name, relay)?;
                     continue;
                 }
+                SignerConfig::Custom(custom) => {
+                    check_custom(name, custom)?;
+                    continue;
+                }
             };
             let [from, to] = ca.renewal_window;
             if !(0.0..1.0).contains(&from) || !(from..=1.0).contains(&to) || to - from < 0.01 {
@@ -1193,6 +1283,7 @@ impl Config {
                     Duration::from_secs(3600),
                     "1d",
                 )?,
+                SignerConfig::Custom(_) => {}
                 SignerConfig::Relay(r) => {
                     at_least(
                         &format!("profiles.{name}.signer.request_timeout"),
@@ -1419,6 +1510,24 @@ mod tests {
         "profiles.default.signer.crl_url",
         "profiles.default.signer.issuer_url",
         "profiles.default.signer.crl_validity",
+        "profiles.default.signer.renewal_window",
+        "profiles.default.eab",
+        "profiles.default.renewal_info_retry_after",
+        "profiles.default.default_certificate_profile",
+        "profiles.default.certificate_profiles.classic.description",
+        "profiles.default.certificate_profiles.shortlived.validity",
+        "profiles.default.certificate_profiles.tlsclient.key_usages",
+        "profiles.default.certificate_profiles.tlsclient.extended_key_usages",
+        "profiles.default.certificate_profiles.tlsclient.identifier_types",
+        "profiles.default.certificate_profiles.tlsclient.wildcards",
+        "profiles.legacy.signer.command",
+        "profiles.legacy.signer.args",
+        "profiles.legacy.signer.timeout",
+        "profiles.legacy.signer.bad_csr_exit_code",
+        "profiles.legacy.signer.ca_cert",
+        "profiles.legacy.signer.revoke.command",
+        "profiles.legacy.signer.crl.command",
+        "profiles.legacy.signer.renewal_window.command",
         "notify.templates_dir",
         "metrics.listen",
         "audit.retention",
@@ -1489,6 +1598,8 @@ mod tests {
                 // The commented-out relay profile's tables count too.
                 let is_table = |rest: &str| {
                     rest.starts_with("[profiles.edge")
+                        || rest.starts_with("[profiles.legacy")
+                        || rest.starts_with("[profiles.default.certificate_profiles")
                         || rest.starts_with("[profiles.default.notify")
                         || rest.starts_with("[notify]")
                         || rest.starts_with("[metrics]")

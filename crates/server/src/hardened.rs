@@ -1,8 +1,9 @@
 //! Running an operator's program safely: no shell, a cleared environment
 //! (only a fixed `PATH`), input on stdin, a deadline after which it is
-//! killed (and killed if its caller goes away), and capped output — so a
-//! hung or chatty script can neither stall nor flood the server. Used by the
-//! script notifier (and meant for the custom signer).
+//! killed (and killed if its caller goes away) — with everything it started,
+//! as it runs in a process group of its own —, and capped output, so a hung
+//! or chatty script can neither stall nor flood the server. Used by the
+//! script notifier and the custom signer.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -65,8 +66,12 @@ pub async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
+        // Its own process group, so that what a script starts (`sleep`,
+        // `openssl`) dies with it at the deadline.
+        .process_group(0)
         .spawn()
         .map_err(|e| RunError::Spawn(program.display().to_string(), e))?;
+    let mut group = GroupGuard(child.id());
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -83,6 +88,8 @@ pub async fn run(
             read_capped(stderr.take(), cap)
         )?;
         let status = child.wait().await.map_err(RunError::Io)?;
+        // Finished: its group is left alone (the id may be reused soon).
+        group.0 = None;
         Ok(Finished {
             status,
             stdout: out,
@@ -93,6 +100,21 @@ pub async fn run(
     match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
         Err(_) => Err(RunError::TimedOut(timeout)),
+    }
+}
+
+/// Kills the program's process group unless disarmed: on the deadline,
+/// on a flood, and when the caller goes away.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self
+            .0
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
     }
 }
 
@@ -150,6 +172,40 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, RunError::TimedOut(_)), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn what_a_hung_program_started_is_killed_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let (prog, _d) = sh(&format!("sleep 30 & echo $! > {}; wait", pidfile.display()));
+        let e = run(&prog, &[], b"", Duration::from_millis(500), 4096)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RunError::TimedOut(_)), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Gone (or a zombie awaiting its reaper) within a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let alive = state
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|s| s != "Z" && s != "X");
+            if !alive {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep {pid} survived: {state}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]

@@ -152,13 +152,19 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let grace = config.shutdown_grace;
     let data_dir = config.data_dir.clone();
     let profiles: Vec<String> = config.profiles.keys().cloned().collect();
-    // None: a relay profile, whose chain comes from its upstream.
-    let self_generated: Vec<Option<bool>> = config
+    // Ok(self-generated?) for an embedded CA; otherwise where clients'
+    // trust comes from.
+    let self_generated: Vec<Result<bool, &str>> = config
         .profiles
         .values()
         .map(|p| match &p.signer {
-            acme_proxy::config::SignerConfig::LocalCa(ca) => Some(ca.ca_cert.is_none()),
-            acme_proxy::config::SignerConfig::Relay(_) => None,
+            acme_proxy::config::SignerConfig::LocalCa(ca) => Ok(ca.ca_cert.is_none()),
+            acme_proxy::config::SignerConfig::Relay(_) => {
+                Err("relays to its upstream CA; clients trust the upstream's roots")
+            }
+            acme_proxy::config::SignerConfig::Custom(_) => {
+                Err("signs with the operator's program; clients trust that PKI's roots")
+            }
         })
         .collect();
     let summary = acme_proxy::ops::describe_profiles(&config);
@@ -197,9 +203,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         println!("  ACME directory ({p}): {}", running.directory_url(p));
     }
     for (p, generated) in profiles.iter().zip(&self_generated) {
-        let Some(generated) = generated else {
-            println!("  {p} relays to its upstream CA; clients trust the upstream's roots");
-            continue;
+        let generated = match generated {
+            Ok(generated) => generated,
+            Err(how) => {
+                println!("  {p} {how}");
+                continue;
+            }
         };
         print!(
             "  trust the CA of {p}: {}/profile/{p}/ca.pem",

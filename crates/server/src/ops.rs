@@ -145,7 +145,7 @@ pub fn relay_profile<'a>(
         .iter()
         .filter_map(|(name, p)| match &p.signer {
             SignerConfig::Relay(r) => Some((name.as_str(), r)),
-            SignerConfig::LocalCa(_) => None,
+            _ => None,
         })
         .collect();
     match profile {
@@ -634,6 +634,7 @@ pub fn describe_profiles(config: &Config) -> Vec<String> {
                 SignerConfig::Relay(r) => {
                     format!("relay to {} ({:?} strategy)", r.directory, r.strategy).to_lowercase()
                 }
+                SignerConfig::Custom(c) => format!("custom signer {}", c.command.display()),
             };
             let mut line = format!("{name}: {signer}; challenges {}", p.challenges.join(", "));
             if !p.notify.webhooks.is_empty() {
@@ -702,6 +703,11 @@ pub async fn check_config(config: &Config) -> Result<Vec<String>, Vec<String>> {
                             path.display()
                         ));
                     }
+                }
+            }
+            SignerConfig::Custom(c) => {
+                if let Err(e) = crate::signer::Custom::new(name, c) {
+                    problems.push(format!("profiles.{name}.signer: {e}"));
                 }
             }
             SignerConfig::Relay(r) => {

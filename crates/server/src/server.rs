@@ -117,6 +117,11 @@ pub async fn assemble(
                 LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
                     .with_context(|| format!("setting up the CA of profile {name}"))?,
             ),
+            SignerConfig::Custom(custom) => Signer::Custom(
+                crate::signer::Custom::new(name, custom)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("setting up the custom signer of profile {name}"))?,
+            ),
             SignerConfig::Relay(relay) => {
                 // Registration is an operator's act: start-up never
                 // re-registers, and a missing account says what to run.

@@ -64,6 +64,27 @@ impl Authority {
                 retry_after,
             });
         }
+        // The operator's program's window, when it gives one.
+        if let Some(custom) = profile.signer.custom() {
+            match custom.renewal_window(&cert.serial, &cert.chain_pem).await {
+                Ok(Some((start, end))) => {
+                    return Ok(Window {
+                        start,
+                        end,
+                        retry_after,
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
+                    event = "renewal_info",
+                    outcome = "failure",
+                    profile = %profile.name,
+                    serial = %cert.serial,
+                    error = %e,
+                    "the renewal-window program failed; answering the default window"
+                ),
+            }
+        }
         let fractions = profile
             .signer
             .local_ca()

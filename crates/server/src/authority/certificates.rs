@@ -19,7 +19,7 @@ use x509_parser::public_key::PublicKey;
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
 use crate::notify::Notice;
-use crate::signer::{IssueRequest, SignerError};
+use crate::signer::{IssueContext, IssueRequest, SignerError};
 
 /// Who signed a revocation request (§7.6).
 #[derive(Debug)]
@@ -132,7 +132,12 @@ impl Authority {
             .and_then(|name| profile.config.certificate_profiles.get(name));
         let (default_nb, default_na) = match profile.signer.local_ca() {
             Some(ca) => ca.default_window(now, usage.and_then(|u| u.validity)),
-            None => (now, now),
+            None => (
+                now,
+                now + usage
+                    .and_then(|u| u.validity)
+                    .unwrap_or(crate::signer::custom::DEFAULT_VALIDITY),
+            ),
         };
         let not_before = order
             .not_before
@@ -144,20 +149,47 @@ impl Authority {
             .unwrap_or(default_na);
         let issued = profile
             .signer
-            .issue(&IssueRequest {
-                identifiers: &order.identifiers,
-                spki_der: &csr.spki_der,
-                not_before,
-                not_after,
-                key_usages: usage.and_then(|u| u.key_usages.as_deref()),
-                extended_key_usages: usage.and_then(|u| u.extended_key_usages.as_deref()),
-            })
+            .issue(
+                &IssueRequest {
+                    identifiers: &order.identifiers,
+                    spki_der: &csr.spki_der,
+                    not_before,
+                    not_after,
+                    key_usages: usage.and_then(|u| u.key_usages.as_deref()),
+                    extended_key_usages: usage.and_then(|u| u.extended_key_usages.as_deref()),
+                },
+                &IssueContext {
+                    profile: &profile.name,
+                    order_id: &order.id,
+                    csr_der,
+                    certificate_profile: order.certificate_profile.as_deref(),
+                },
+            )
             .await;
         let issued = match issued {
             Ok(issued) => issued,
             Err(SignerError::BadCsr(detail)) => {
                 self.store.abort_finalize(&order.id).await?;
                 return Err(bad_csr(detail));
+            }
+            Err(e @ SignerError::Failed(_)) => {
+                // An outside signer failed: it may have signed something, so
+                // the order is not offered again; the client starts anew.
+                let problem = acme_proxy_protocol::Problem::new(
+                    ProblemType::ServerInternal,
+                    "the signing service failed to issue this certificate; place a new order",
+                );
+                self.store.fail_order(&order.id, &problem).await?;
+                tracing::error!(
+                    event = "certificate.issue",
+                    outcome = "failure",
+                    profile = %profile.name,
+                    account = %account.id,
+                    order = %order.id,
+                    error = %e,
+                    "the signer failed; the order is invalid"
+                );
+                return Err(AcmeError::internal(e));
             }
             Err(e @ SignerError::Internal(_)) => {
                 // Our failure, not the client's: put the order back so it can
@@ -406,6 +438,20 @@ impl Authority {
                 None => AcmeError::internal(e),
             });
         }
+        // Likewise the operator's program, when it declares a revocation.
+        if let Some(custom) = profile.signer.custom()
+            && let Err(e) = custom.revoke(&serial, &cert.chain_pem, reason).await
+        {
+            tracing::warn!(
+                event = "certificate.revoke",
+                outcome = "failure",
+                profile = %profile.name,
+                serial = %serial,
+                error = %e,
+                "the revocation program did not revoke the certificate"
+            );
+            return Err(AcmeError::internal(e));
+        }
         let mut notice = Notice::new("certificate.revoked", &profile.name, self.clock.unix())
             .identifiers(&cert.identifiers);
         notice.account = Some(cert.account_id.clone());
@@ -464,6 +510,15 @@ impl Authority {
     /// The profile's current CRL (DER), signing a new one if there is none
     /// or the stored one is past half its life.
     pub async fn crl(&self, profile: &Profile) -> AcmeResult<Vec<u8>> {
+        if let Some(custom) = profile.signer.custom() {
+            return match custom.crl().await {
+                Ok(Some(der)) => Ok(der),
+                Ok(None) => Err(AcmeError::not_found(
+                    "CRL (this profile's signer publishes none)",
+                )),
+                Err(e) => Err(AcmeError::internal(e)),
+            };
+        }
         let validity = match profile.signer.local_ca() {
             Some(ca) => ca.crl_validity().as_secs() as i64,
             None => {

@@ -1,6 +1,7 @@
 //! Orders (RFC 8555 §7.4), authorizations (§7.5) and challenges (§7.5.1, §8).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use acme_proxy_protocol::names::check_dns_name;
 use acme_proxy_protocol::types::{Identifier, NewOrder};
@@ -252,18 +253,27 @@ impl Authority {
         if not_before.is_none() && not_after.is_none() {
             return Ok((None, None));
         }
-        let Some(ca) = profile.signer.local_ca() else {
-            // The relay's upstream client (instant-acme 0.8) cannot forward
-            // them, and accepting a window we cannot honour would mislead.
-            return Err(AcmeError::malformed(
-                "this profile relays to an upstream CA and cannot forward notBefore or notAfter; order without them",
-            ));
+        let (default_validity, backdate) = match (&profile.signer, profile.signer.local_ca()) {
+            (_, Some(ca)) => (ca.config().validity, ca.config().backdate),
+            // The operator's program is told the window; it may still
+            // refuse it (then the client gets badCSR).
+            (crate::signer::Signer::Custom(_), None) => {
+                (crate::signer::custom::DEFAULT_VALIDITY, Duration::ZERO)
+            }
+            _ => {
+                // The relay's upstream client (instant-acme 0.8) cannot
+                // forward them, and accepting a window we cannot honour
+                // would mislead.
+                return Err(AcmeError::malformed(
+                    "this profile relays to an upstream CA and cannot forward notBefore or notAfter; order without them",
+                ));
+            }
         };
         let validity = certificate_profile
             .and_then(|c| c.validity)
-            .unwrap_or(ca.config().validity)
+            .unwrap_or(default_validity)
             .as_secs() as i64;
-        let backdate = ca.config().backdate.as_secs() as i64;
+        let backdate = backdate.as_secs() as i64;
         if let Some(nb) = not_before {
             if nb < now - backdate {
                 return Err(AcmeError::malformed(format!(

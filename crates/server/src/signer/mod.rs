@@ -1,18 +1,21 @@
 //! Signer backends: what turns a checked CSR into a certificate chain.
 //!
-//! SYSTEM.md names three (`local_ca`, `relay`, `custom`); this build has the
-//! embedded CA. The authority only sees [`Signer`], so adding a backend adds
+//! SYSTEM.md names three: `local_ca` (the embedded CA), `relay` (an
+//! upstream ACME CA, through a job) and `custom` (the operator's program).
+//! The authority only sees [`Signer`], so adding a backend adds
 //! a variant here and nothing in the authority's state machine.
 //!
 //! Architecture Invariant: signers never change order status; they return a
 //! result and the authority records it.
 
+pub mod custom;
 pub mod local_ca;
 pub mod relay;
 
 use acme_proxy_protocol::types::Identifier;
 use time::OffsetDateTime;
 
+pub use custom::{Custom, IssueContext};
 pub use local_ca::LocalCa;
 pub use relay::Relay;
 
@@ -47,9 +50,16 @@ pub enum SignerError {
     /// The CSR cannot be signed as it is; the client may send another.
     #[error("{0}")]
     BadCsr(String),
-    /// Anything else: logged, never shown to the client.
+    /// Nothing was signed (e.g. our own setup failed): logged, never shown
+    /// to the client; the order can be finalized again.
     #[error("signer failure: {0}")]
     Internal(String),
+    /// An outside signer failed or returned something unusable: it may
+    /// have done something (signed, half-signed), so the order is not
+    /// offered for another finalize — it becomes invalid with a generic
+    /// problem, and this is logged.
+    #[error("signer failure: {0}")]
+    Failed(String),
 }
 
 /// The signer of one profile.
@@ -59,14 +69,20 @@ pub enum Signer {
     /// Issues through a durable job, not inside the request: the authority
     /// takes the relay path at finalize.
     Relay(Relay),
+    Custom(Custom),
 }
 
 impl Signer {
-    pub async fn issue(&self, req: &IssueRequest<'_>) -> Result<Issued, SignerError> {
+    pub async fn issue(
+        &self,
+        req: &IssueRequest<'_>,
+        ctx: &IssueContext<'_>,
+    ) -> Result<Issued, SignerError> {
         match self {
             // Signing one certificate is a single ECDSA/RSA signature: cheaper
             // than a thread hop, so it runs inline.
             Self::LocalCa(ca) => ca.issue(req),
+            Self::Custom(c) => c.issue(req, ctx).await,
             Self::Relay(_) => Err(SignerError::Internal(
                 "a relay issues through its job, not inline".into(),
             )),
@@ -78,21 +94,29 @@ impl Signer {
     pub fn ca_pem(&self) -> &str {
         match self {
             Self::LocalCa(ca) => ca.ca_pem(),
+            Self::Custom(c) => c.ca_pem(),
             Self::Relay(_) => "",
+        }
+    }
+
+    pub fn custom(&self) -> Option<&Custom> {
+        match self {
+            Self::Custom(c) => Some(c),
+            _ => None,
         }
     }
 
     pub fn local_ca(&self) -> Option<&LocalCa> {
         match self {
             Self::LocalCa(ca) => Some(ca),
-            Self::Relay(_) => None,
+            _ => None,
         }
     }
 
     pub fn relay(&self) -> Option<&Relay> {
         match self {
             Self::Relay(r) => Some(r),
-            Self::LocalCa(_) => None,
+            _ => None,
         }
     }
 }

@@ -11,6 +11,7 @@ mod challenges;
 mod client;
 mod clients;
 mod concurrency;
+mod custom;
 mod eab;
 mod flow;
 mod harness;

@@ -1,0 +1,404 @@
+//! The custom signer: an operator's program turns the CSR into a chain
+//! (SYSTEM.md's third backend — a legacy PKI, an internal API behind a
+//! script).
+//!
+//! Each operation is one run of a program through [`crate::hardened::run`]:
+//! no shell, a cleared environment, the request as JSON on stdin, killed at
+//! the deadline (or when the request that started it goes away), output
+//! capped. What comes back is checked before anyone trusts it: the chain
+//! parses, each certificate is signed by the next, the leaf's key is the
+//! CSR's and its names are exactly the order's.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use acme_proxy_protocol::types::Identifier;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use super::{IssueRequest, Issued, SignerError};
+use crate::config::{CustomConfig, CustomOperation};
+
+/// The validity the issuing program is asked for when neither the order
+/// nor its certificate profile says (the program decides in the end).
+pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(90 * 86400);
+
+/// Output kept from one run: a chain or a CRL is far below this.
+const OUTPUT_CAP: usize = 1 << 20;
+/// How long a CRL from the program is served before it is asked again.
+const CRL_CACHE: Duration = Duration::from_secs(60);
+
+/// What the issuing program is told, beyond [`IssueRequest`].
+#[derive(Debug)]
+pub struct IssueContext<'a> {
+    pub profile: &'a str,
+    pub order_id: &'a str,
+    pub csr_der: &'a [u8],
+    pub certificate_profile: Option<&'a str>,
+}
+
+pub struct Custom {
+    profile: String,
+    config: CustomConfig,
+    ca_pem: String,
+    crl: tokio::sync::Mutex<Option<(Instant, Vec<u8>)>>,
+}
+
+impl std::fmt::Debug for Custom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Custom")
+            .field("profile", &self.profile)
+            .field("command", &self.config.command)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Custom {
+    /// Checks that the programs exist and reads `ca_cert`.
+    pub fn new(profile: &str, config: &CustomConfig) -> Result<Self, String> {
+        let mut programs = vec![&config.command];
+        for op in [&config.revoke, &config.crl, &config.renewal_window]
+            .into_iter()
+            .flatten()
+        {
+            programs.push(&op.command);
+        }
+        for p in programs {
+            let meta = std::fs::metadata(p)
+                .map_err(|e| format!("the program {} cannot be used: {e}", p.display()))?;
+            use std::os::unix::fs::PermissionsExt;
+            if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+                return Err(format!(
+                    "{} is not an executable file; chmod +x it or name the right program",
+                    p.display()
+                ));
+            }
+        }
+        let ca_pem = match &config.ca_cert {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("reading ca_cert {}: {e}", path.display()))?,
+            None => String::new(),
+        };
+        Ok(Self {
+            profile: profile.to_owned(),
+            config: config.clone(),
+            ca_pem,
+            crl: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    pub fn config(&self) -> &CustomConfig {
+        &self.config
+    }
+
+    /// Runs the issuing program and checks what it printed.
+    pub async fn issue(
+        &self,
+        req: &IssueRequest<'_>,
+        ctx: &IssueContext<'_>,
+    ) -> Result<Issued, SignerError> {
+        let input = serde_json::json!({
+            "operation": "issue",
+            "profile": ctx.profile,
+            "order": ctx.order_id,
+            "certificate_profile": ctx.certificate_profile,
+            "identifiers": req.identifiers,
+            "csr": STANDARD.encode(ctx.csr_der),
+            "not_before": crate::clock::rfc3339(req.not_before.unix_timestamp()),
+            "not_after": crate::clock::rfc3339(req.not_after.unix_timestamp()),
+        });
+        let out = crate::hardened::run(
+            &self.config.command,
+            &self.config.args,
+            input.to_string().as_bytes(),
+            self.config.timeout,
+            OUTPUT_CAP,
+        )
+        .await
+        .map_err(|e| SignerError::Failed(format!("the issuing program {e}")))?;
+        if out.status.code() == Some(self.config.bad_csr_exit_code) {
+            tracing::info!(
+                event = "signer.custom",
+                outcome = "refused",
+                profile = %self.profile,
+                order = ctx.order_id,
+                first_line = %out.first_error_line(),
+                "the issuing program refused the CSR"
+            );
+            return Err(SignerError::BadCsr(
+                "the signing service refused this CSR".to_owned(),
+            ));
+        }
+        if !out.status.success() {
+            return Err(SignerError::Failed(format!(
+                "the issuing program exited with {}: {}",
+                out.status,
+                out.first_error_line()
+            )));
+        }
+        let chain_pem = String::from_utf8(out.stdout)
+            .map_err(|_| SignerError::Failed("the issuing program printed non-UTF-8".into()))?;
+        check_chain(&chain_pem, req.spki_der, req.identifiers).map_err(SignerError::Failed)
+    }
+
+    /// Runs the revocation program, if there is one; Ok(false) when there
+    /// is none (the revocation is then only recorded here).
+    pub async fn revoke(
+        &self,
+        serial: &str,
+        chain_pem: &str,
+        reason: u64,
+    ) -> Result<bool, SignerError> {
+        let Some(op) = &self.config.revoke else {
+            return Ok(false);
+        };
+        let input = serde_json::json!({
+            "operation": "revoke",
+            "profile": self.profile,
+            "serial": serial,
+            "certificate": chain_pem,
+            "reason": reason,
+        });
+        let out = self.run(op, &input).await?;
+        if !out.status.success() {
+            return Err(SignerError::Failed(format!(
+                "the revocation program exited with {}: {}",
+                out.status,
+                out.first_error_line()
+            )));
+        }
+        Ok(true)
+    }
+
+    /// The CRL (DER) from the CRL program, cached for a minute; None when
+    /// the profile declares no CRL program.
+    pub async fn crl(&self) -> Result<Option<Vec<u8>>, SignerError> {
+        let Some(op) = &self.config.crl else {
+            return Ok(None);
+        };
+        let mut cache = self.crl.lock().await;
+        if let Some((at, der)) = cache.as_ref()
+            && at.elapsed() < CRL_CACHE
+        {
+            return Ok(Some(der.clone()));
+        }
+        let input = serde_json::json!({"operation": "crl", "profile": self.profile});
+        let out = self.run(op, &input).await?;
+        if !out.status.success() || out.stdout.is_empty() {
+            return Err(SignerError::Failed(format!(
+                "the CRL program exited with {} and {} bytes: {}",
+                out.status,
+                out.stdout.len(),
+                out.first_error_line()
+            )));
+        }
+        x509_parser::revocation_list::CertificateRevocationList::from_der(&out.stdout)
+            .map_err(|e| SignerError::Failed(format!("the CRL program printed no DER CRL: {e}")))?;
+        *cache = Some((Instant::now(), out.stdout.clone()));
+        Ok(Some(out.stdout))
+    }
+
+    /// The renewal window (Unix seconds) the renewal-window program gives,
+    /// None when there is none or it printed nothing.
+    pub async fn renewal_window(
+        &self,
+        serial: &str,
+        chain_pem: &str,
+    ) -> Result<Option<(i64, i64)>, SignerError> {
+        let Some(op) = &self.config.renewal_window else {
+            return Ok(None);
+        };
+        let input = serde_json::json!({
+            "operation": "renewal_window",
+            "profile": self.profile,
+            "serial": serial,
+            "certificate": chain_pem,
+        });
+        let out = self.run(op, &input).await?;
+        if !out.status.success() {
+            return Err(SignerError::Failed(format!(
+                "the renewal-window program exited with {}: {}",
+                out.status,
+                out.first_error_line()
+            )));
+        }
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        #[derive(serde::Deserialize)]
+        struct Window {
+            start: String,
+            end: String,
+        }
+        let w: Window = serde_json::from_slice(&out.stdout).map_err(|e| {
+            SignerError::Failed(format!("the renewal-window program printed no window: {e}"))
+        })?;
+        let parse = |s: &str| {
+            crate::clock::parse_rfc3339(s).ok_or_else(|| {
+                SignerError::Failed(format!("the renewal-window program printed {s:?}"))
+            })
+        };
+        let (start, end) = (parse(&w.start)?, parse(&w.end)?);
+        if end <= start {
+            // RFC 9773 §4.2: never serve such a window.
+            return Err(SignerError::Failed(
+                "the renewal-window program's end is not after its start".into(),
+            ));
+        }
+        Ok(Some((start, end)))
+    }
+
+    async fn run(
+        &self,
+        op: &CustomOperation,
+        input: &serde_json::Value,
+    ) -> Result<crate::hardened::Finished, SignerError> {
+        crate::hardened::run(
+            &op.command,
+            &op.args,
+            input.to_string().as_bytes(),
+            self.config.timeout,
+            OUTPUT_CAP,
+        )
+        .await
+        .map_err(|e| SignerError::Failed(format!("{} {e}", op.command.display())))
+    }
+}
+
+/// The checks a chain from outside passes before it is stored: PEM
+/// certificates, leaf first, each signed by the next; the leaf's key is the
+/// CSR's and its names are exactly the order's.
+fn check_chain(
+    chain_pem: &str,
+    spki_der: &[u8],
+    identifiers: &[Identifier],
+) -> Result<Issued, String> {
+    let blocks = pem::parse_many(chain_pem).map_err(|e| format!("the chain is not PEM: {e}"))?;
+    let ders: Vec<Vec<u8>> = blocks
+        .into_iter()
+        .filter(|b| b.tag() == "CERTIFICATE")
+        .map(pem::Pem::into_contents)
+        .collect();
+    if ders.is_empty() {
+        return Err("the program printed no certificate".into());
+    }
+    let mut certs = Vec::with_capacity(ders.len());
+    for (i, der) in ders.iter().enumerate() {
+        let (_, c) = X509Certificate::from_der(der)
+            .map_err(|e| format!("certificate {i} of the chain does not parse: {e}"))?;
+        certs.push(c);
+    }
+    for (i, pair) in certs.windows(2).enumerate() {
+        pair[0]
+            .verify_signature(Some(pair[1].public_key()))
+            .map_err(|_| format!("certificate {i} of the chain is not signed by the next"))?;
+    }
+    let leaf = &certs[0];
+    if leaf.public_key().raw != spki_der {
+        return Err("the leaf's public key is not the CSR's".into());
+    }
+    let mut names = BTreeSet::new();
+    if let Ok(Some(san)) = leaf.subject_alternative_name() {
+        for g in &san.value.general_names {
+            match g {
+                GeneralName::DNSName(n) => {
+                    names.insert(("dns".to_owned(), n.to_ascii_lowercase()));
+                }
+                GeneralName::IPAddress(b) => {
+                    let ip = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).map(|a| std::net::IpAddr::from(a).to_string()),
+                        16 => {
+                            <[u8; 16]>::try_from(*b).map(|a| std::net::IpAddr::from(a).to_string())
+                        }
+                        _ => return Err("the leaf has a malformed IP SAN".into()),
+                    }
+                    .map_err(|_| "the leaf has a malformed IP SAN".to_owned())?;
+                    names.insert(("ip".to_owned(), ip));
+                }
+                other => return Err(format!("the leaf names something else: {other:?}")),
+            }
+        }
+    }
+    let wanted: BTreeSet<(String, String)> = identifiers
+        .iter()
+        .map(|i| (i.kind.clone(), i.value.to_ascii_lowercase()))
+        .collect();
+    if names != wanted {
+        return Err(format!(
+            "the leaf's names {names:?} are not the order's {wanted:?}"
+        ));
+    }
+    Ok(Issued {
+        chain_pem: chain_pem.to_owned(),
+        serial: hex::encode(leaf.raw_serial()),
+        not_before: leaf.validity().not_before.timestamp(),
+        not_after: leaf.validity().not_after.timestamp(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, PublicKeyData};
+
+    use super::*;
+
+    /// A CA, and a leaf for `names` with a fresh key signed by it: (chain
+    /// PEM, the leaf key's SPKI DER).
+    fn chain(names: &[&str], signed_by_other_ca: bool) -> (String, Vec<u8>) {
+        let ca = |cn: &str| {
+            let key = KeyPair::generate().unwrap();
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            let cert = p.self_signed(&key).unwrap();
+            (cert, Issuer::new(p, key))
+        };
+        let (ca_cert, issuer) = ca("CA");
+        let (_, other) = ca("other CA");
+        let leaf_key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        let leaf = params
+            .signed_by(&leaf_key, if signed_by_other_ca { &other } else { &issuer })
+            .unwrap();
+        (
+            format!("{}{}", leaf.pem(), ca_cert.pem()),
+            leaf_key.subject_public_key_info(),
+        )
+    }
+
+    fn ids(names: &[&str]) -> Vec<Identifier> {
+        names.iter().map(|n| Identifier::dns(*n)).collect()
+    }
+
+    #[test]
+    fn a_chain_for_the_csrs_key_and_the_orders_names_is_accepted() {
+        let (pem, spki) = chain(&["a.test", "b.test"], false);
+        let issued = check_chain(&pem, &spki, &ids(&["b.test", "a.test"])).unwrap();
+        assert_eq!(issued.chain_pem, pem);
+        assert_eq!(issued.serial.len() % 2, 0);
+    }
+
+    #[test]
+    fn other_names_another_key_a_broken_link_and_no_certificate_are_refused() {
+        let (pem, spki) = chain(&["a.test"], false);
+        let e = check_chain(&pem, &spki, &ids(&["a.test", "b.test"])).unwrap_err();
+        assert!(e.contains("not the order's"), "{e}");
+        let (_, other_spki) = chain(&["a.test"], false);
+        let e = check_chain(&pem, &other_spki, &ids(&["a.test"])).unwrap_err();
+        assert!(e.contains("public key"), "{e}");
+        let (pem, spki) = chain(&["a.test"], true);
+        let e = check_chain(&pem, &spki, &ids(&["a.test"])).unwrap_err();
+        assert!(e.contains("not signed by the next"), "{e}");
+        let e = check_chain("garbage", &spki, &ids(&["a.test"])).unwrap_err();
+        assert!(e.contains("no certificate") || e.contains("not PEM"), "{e}");
+    }
+}

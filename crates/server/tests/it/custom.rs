@@ -1,0 +1,366 @@
+//! The custom signer against a real external PKI stand-in: a shell script
+//! that signs with the `openssl` command line (fixtures/openssl_signer.sh).
+//! certbot and lego obtain certificates through it; a refusal, a hang, a
+//! failure and a chain for the wrong key each end as the issue says; its
+//! revocation, CRL and renewal-window operations are used.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use instant_acme::{
+    CertificateIdentifier, ChallengeType, Identifier, NewOrder, OrderStatus, RevocationRequest,
+};
+use rustls::pki_types::CertificateDer;
+
+use crate::clients::{certbot_certonly_standalone, lego_http_run, run};
+use crate::harness::{self, Responder, TestServer, free_port};
+use crate::{client, raw};
+
+/// The PKI stand-in: its CA and the signing script, in one directory.
+struct LegacyPki {
+    dir: tempfile::TempDir,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl LegacyPki {
+    fn new() -> Option<LegacyPki> {
+        if !harness::require_program("openssl") {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let script = d.join("sign.sh");
+        std::fs::write(&script, include_str!("fixtures/openssl_signer.sh")).expect("script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "30",
+                "-subj",
+                "/CN=Legacy PKI test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+        // A certificate for the right name but another key: what a buggy
+        // or compromised signer might hand back.
+        openssl(
+            d,
+            &[
+                "req",
+                "-new",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                "other.key",
+                "-out",
+                "other.csr",
+                "-subj",
+                "/CN=wrong.example.test",
+                "-addext",
+                "subjectAltName=DNS:wrong.example.test",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "other.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                "7",
+                "-days",
+                "30",
+                "-copy_extensions",
+                "copyall",
+                "-out",
+                "other.pem",
+            ],
+        );
+        Some(LegacyPki { dir })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Makes the script misbehave ("badcsr", "hang", "fail", "wrongkey") or
+    /// sign ("sign").
+    fn mode(&self, mode: &str) {
+        std::fs::write(self.path("mode"), mode).expect("mode");
+    }
+
+    /// The profile `legacy` signing through the script, with every
+    /// optional operation declared.
+    fn profile(&self, timeout: &str) -> String {
+        let script = self.path("sign.sh").display().to_string();
+        format!(
+            "[profiles.legacy]\nbypass = true\n[profiles.legacy.signer]\ntype = \"custom\"\ncommand = \"{script}\"\nargs = [\"issue\"]\ntimeout = \"{timeout}\"\nca_cert = \"{}\"\n[profiles.legacy.signer.revoke]\ncommand = \"{script}\"\n[profiles.legacy.signer.crl]\ncommand = \"{script}\"\n[profiles.legacy.signer.renewal_window]\ncommand = \"{script}\"\n",
+            self.path("ca.pem").display()
+        )
+    }
+
+    /// `openssl verify` of a leaf (PEM file) against the CA.
+    fn verifies(&self, leaf: &Path) -> bool {
+        let out = Command::new("openssl")
+            .args(["verify", "-CAfile"])
+            .arg(self.path("ca.pem"))
+            .arg(leaf)
+            .output()
+            .expect("openssl verify");
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains(": OK")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_and_lego_issue_through_a_custom_signer_that_signs_with_openssl() {
+    let Some(pki) = LegacyPki::new() else {
+        return;
+    };
+    let lego = harness::require_program("lego");
+    let certbot = harness::require_program("certbot");
+    let server = TestServer::start(free_port(), None, &pki.profile("10s")).await;
+    let directory = server.directory("legacy");
+    let home = tempfile::tempdir().expect("tempdir");
+    if certbot {
+        let d = home.path().join("certbot");
+        let args = certbot_certonly_standalone(&d, &directory, free_port(), "cb.legacy.test");
+        let ran = run("certbot", args, d.clone()).await;
+        assert!(ran.success(), "certbot\n{}", ran.report());
+        let cert = d.join("conf/live/t/cert.pem");
+        assert!(
+            pki.verifies(&cert),
+            "the chain verifies against the PKI's CA"
+        );
+        let got = crate::clients::leaf(&cert, &|| ran.report());
+        assert_eq!(got.sans, vec!["cb.legacy.test".to_owned()]);
+        // The program was told the order: its id, names, CSR and window.
+        let asked: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(pki.path("last-request.json")).expect("request"),
+        )
+        .expect("JSON");
+        assert_eq!(asked["operation"], "issue");
+        assert_eq!(asked["profile"], "legacy");
+        assert_eq!(asked["identifiers"][0]["value"], "cb.legacy.test");
+        assert!(asked["order"].as_str().is_some_and(|o| !o.is_empty()));
+        assert!(asked["not_after"].as_str().is_some(), "{asked}");
+    }
+    if lego {
+        let d = home.path().join("lego");
+        let args = lego_http_run(&directory, &d, free_port(), "lego.legacy.test");
+        let ran = run("lego", args, d.clone()).await;
+        assert!(ran.success(), "lego\n{}", ran.report());
+        let cert = d.join("certificates/lego.legacy.test.crt");
+        // lego stores the whole chain; verify the leaf alone.
+        let chain = std::fs::read_to_string(&cert).expect("chain");
+        let leaf = ::pem::parse_many(&chain).expect("PEM")[0].clone();
+        let leaf_path = home.path().join("lego-leaf.pem");
+        std::fs::write(&leaf_path, ::pem::encode(&leaf)).expect("leaf");
+        assert!(
+            pki.verifies(&leaf_path),
+            "the chain verifies against the PKI's CA"
+        );
+    }
+    // ca.pem serves the configured CA certificate.
+    let served = raw::request(
+        "GET",
+        &format!("{}/profile/legacy/ca.pem", server.base()),
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&served.body),
+        std::fs::read_to_string(pki.path("ca.pem")).expect("ca.pem")
+    );
+    server.stop().await;
+}
+
+/// Orders `name` at `legacy`, validated (bypass), and finalizes it with a
+/// CSR for a fresh key; returns the order after finalize answered (or the
+/// error) and how long finalize took.
+async fn finalize_once(
+    account: &instant_acme::Account,
+    name: &str,
+) -> (
+    instant_acme::Order,
+    Result<(), instant_acme::Error>,
+    Duration,
+) {
+    let ids = [Identifier::Dns(name.to_owned())];
+    let mut order = account
+        .new_order(&NewOrder::new(&ids))
+        .await
+        .expect("order");
+    let mut authorizations = order.authorizations();
+    while let Some(a) = authorizations.next().await {
+        let mut a = a.expect("authz");
+        a.challenge(ChallengeType::Http01)
+            .expect("http-01")
+            .set_ready()
+            .await
+            .expect("trigger");
+    }
+    assert_eq!(
+        order.poll_ready(&client::retry()).await.expect("ready"),
+        OrderStatus::Ready
+    );
+    let started = Instant::now();
+    let result = order.finalize().await.map(|_| ());
+    let took = started.elapsed();
+    (order, result, took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_a_hang_a_failure_and_a_chain_for_the_wrong_key_each_end_as_documented() {
+    let Some(pki) = LegacyPki::new() else {
+        return;
+    };
+    let server = TestServer::start(free_port(), None, &pki.profile("2s")).await;
+    let account = client::account(&server.directory("legacy")).await;
+
+    // The documented bad-CSR exit: badCSR, and the order stays ready.
+    pki.mode("badcsr");
+    let (mut order, result, _) = finalize_once(&account, "refused.legacy.test").await;
+    let e = result.expect_err("refused");
+    assert_eq!(client::problem_type(&e), "badCSR", "{e}");
+    assert!(
+        !e.to_string().contains("policy:"),
+        "the program's words stay in the log: {e}"
+    );
+    assert_eq!(
+        order.refresh().await.expect("order").status,
+        OrderStatus::Ready
+    );
+    // ... and once the PKI agrees, the same order is finalized.
+    pki.mode("sign");
+    order.finalize().await.expect("finalized on a second try");
+    let chain = order
+        .poll_certificate(&client::retry())
+        .await
+        .expect("issued");
+    assert!(chain.contains("BEGIN CERTIFICATE"));
+
+    // A hang: killed at the 2 s deadline; the order is invalid with a
+    // generic problem.
+    pki.mode("hang");
+    let (mut order, result, took) = finalize_once(&account, "hang.legacy.test").await;
+    let e = result.expect_err("a hung signer fails");
+    assert_eq!(client::problem_type(&e), "serverInternal", "{e}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "killed at the deadline: {took:?}"
+    );
+    let state = order.refresh().await.expect("order");
+    assert_eq!(state.status, OrderStatus::Invalid);
+    let problem = state.error.as_ref().expect("the order's error");
+    assert_eq!(
+        problem.r#type.as_deref(),
+        Some("urn:ietf:params:acme:error:serverInternal")
+    );
+
+    // A failure: the first line of its stderr is logged, never sent.
+    pki.mode("fail");
+    let (mut order, result, _) = finalize_once(&account, "fail.legacy.test").await;
+    let e = result.expect_err("failed");
+    assert!(!e.to_string().contains("hsm-01"), "{e}");
+    let state = order.refresh().await.expect("order");
+    assert_eq!(state.status, OrderStatus::Invalid);
+    assert!(!format!("{:?}", state.error).contains("hsm-01"));
+
+    // A chain for another key (right name, right CA): refused, invalid.
+    pki.mode("wrongkey");
+    let (mut order, result, _) = finalize_once(&account, "wrong.example.test").await;
+    let e = result.expect_err("wrong key");
+    assert_eq!(client::problem_type(&e), "serverInternal", "{e}");
+    assert_eq!(
+        order.refresh().await.expect("order").status,
+        OrderStatus::Invalid
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_custom_signers_revocation_crl_and_renewal_window_programs_are_used() {
+    let Some(pki) = LegacyPki::new() else {
+        return;
+    };
+    let responder = Responder::start().await;
+    let server = TestServer::start(responder.port, None, &pki.profile("10s")).await;
+    let account = client::account(&server.directory("legacy")).await;
+    let (chain, _) = client::issue(&account, &responder, &["ops.legacy.test"]).await;
+    let der = ::pem::parse_many(&chain).expect("PEM")[0]
+        .contents()
+        .to_vec();
+
+    // Renewal information comes from the program.
+    let id = CertificateIdentifier::try_from(&CertificateDer::from(der.clone()))
+        .expect("openssl's leaves carry an AKI");
+    let (info, _) = account.renewal_info(&id).await.expect("renewalInfo");
+    assert_eq!(
+        info.suggested_window.start,
+        ::time::macros::datetime!(2031-01-01 0:00 UTC)
+    );
+
+    // Revocation goes through the program (which records the serial).
+    account
+        .revoke(&RevocationRequest {
+            certificate: &CertificateDer::from(der.clone()),
+            reason: None,
+        })
+        .await
+        .expect("revoked");
+    let (_, leaf) = x509_parser::parse_x509_certificate(&der).expect("leaf");
+    let serial = hex::encode(leaf.raw_serial());
+    let recorded = std::fs::read_to_string(pki.path("revoked")).expect("the program ran");
+    assert_eq!(recorded.trim(), serial);
+
+    // The CRL is the program's DER, signed by the PKI's CA.
+    let crl = raw::request(
+        "GET",
+        &format!("{}/profile/legacy/crl", server.base()),
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(crl.status, 200);
+    let (_, parsed) = x509_parser::parse_x509_crl(&crl.body).expect("a DER CRL from the program");
+    assert_eq!(parsed.issuer().to_string(), "CN=Legacy PKI test CA");
+    server.stop().await;
+}
