@@ -741,6 +741,26 @@ pub struct LocalCaConfig {
     /// lifetime, within which each certificate gets its own quarter-width
     /// window at a place derived from its serial, so renewals spread out.
     pub renewal_window: [f64; 2],
+    /// The CA key in a PKCS#11 token instead of `ca_key` (builds with the
+    /// `pkcs11` feature).
+    pub pkcs11: Option<Pkcs11Config>,
+}
+
+/// Where the embedded CA's key lives in a PKCS#11 token (an HSM, SoftHSM2).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pkcs11Config {
+    /// The module (shared library), e.g. /usr/lib/softhsm/libsofthsm2.so.
+    pub module: PathBuf,
+    /// The token, by label…
+    pub token_label: Option<String>,
+    /// …or by slot id.
+    pub slot: Option<u64>,
+    /// The private key object, by label and/or id (hex).
+    pub key_label: Option<String>,
+    pub key_id: Option<String>,
+    /// A file holding the user PIN (never the configuration itself).
+    pub pin_file: PathBuf,
 }
 
 impl Default for Config {
@@ -823,6 +843,7 @@ impl Default for LocalCaConfig {
             issuer_url: None,
             crl_validity: Duration::from_secs(86400),
             renewal_window: [0.6, 0.8],
+            pkcs11: None,
         }
     }
 }
@@ -1146,7 +1167,38 @@ impl Config {
                     "profiles.{name}.signer.renewal_window must be two fractions of the lifetime, 0 ≤ start < end ≤ 1, at least 0.01 apart; write e.g. renewal_window = [0.6, 0.8]"
                 )));
             }
-            if ca.ca_cert.is_some() != ca.ca_key.is_some() {
+            if let Some(p11) = &ca.pkcs11 {
+                let key = format!("profiles.{name}.signer.pkcs11");
+                if ca.ca_cert.is_none() || ca.ca_key.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: the key is in the token, so write ca_cert (the CA certificate of that key) and no ca_key"
+                    )));
+                }
+                if p11.token_label.is_some() == p11.slot.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: name the token by token_label = \"…\" or by slot = N (one of them)"
+                    )));
+                }
+                if p11.key_label.is_none() && p11.key_id.is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: name the key by key_label = \"…\" and/or key_id = \"hex\""
+                    )));
+                }
+                if p11
+                    .key_id
+                    .as_deref()
+                    .is_some_and(|h| hex::decode(h).is_err())
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}.key_id must be hex, e.g. key_id = \"01\""
+                    )));
+                }
+                if !p11.module.is_absolute() || !p11.pin_file.is_absolute() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: module and pin_file must be absolute paths"
+                    )));
+                }
+            } else if ca.ca_cert.is_some() != ca.ca_key.is_some() {
                 return Err(ConfigError::Invalid(format!(
                     "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
                 )));
@@ -1511,6 +1563,12 @@ mod tests {
         "profiles.default.signer.issuer_url",
         "profiles.default.signer.crl_validity",
         "profiles.default.signer.renewal_window",
+        "profiles.default.signer.pkcs11.module",
+        "profiles.default.signer.pkcs11.token_label",
+        "profiles.default.signer.pkcs11.slot",
+        "profiles.default.signer.pkcs11.key_label",
+        "profiles.default.signer.pkcs11.key_id",
+        "profiles.default.signer.pkcs11.pin_file",
         "profiles.default.eab",
         "profiles.default.renewal_info_retry_after",
         "profiles.default.default_certificate_profile",
@@ -1600,6 +1658,7 @@ mod tests {
                     rest.starts_with("[profiles.edge")
                         || rest.starts_with("[profiles.legacy")
                         || rest.starts_with("[profiles.default.certificate_profiles")
+                        || rest.starts_with("[profiles.default.signer.pkcs11")
                         || rest.starts_with("[profiles.default.notify")
                         || rest.starts_with("[notify]")
                         || rest.starts_with("[metrics]")

@@ -28,7 +28,7 @@ use crate::ids;
 
 /// The embedded CA of one profile.
 pub struct LocalCa {
-    issuer: Issuer<'static, KeyPair>,
+    issuer: Issuer<'static, CaKey>,
     /// The CA certificate followed by the configured chain, PEM.
     ca_pem: String,
     /// SKI of the CA certificate, for the CRL's AKI (RFC 5280 §5.2.1).
@@ -40,6 +40,42 @@ impl std::fmt::Debug for LocalCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the key.
         f.debug_struct("LocalCa").finish_non_exhaustive()
+    }
+}
+
+/// Where the CA's private key is: a PKCS#8 file read at start-up, or a
+/// PKCS#11 token that signs for us.
+enum CaKey {
+    File(KeyPair),
+    #[cfg(feature = "pkcs11")]
+    Token(super::pkcs11::TokenKey),
+}
+
+impl rcgen::PublicKeyData for CaKey {
+    fn der_bytes(&self) -> &[u8] {
+        match self {
+            Self::File(k) => k.der_bytes(),
+            #[cfg(feature = "pkcs11")]
+            Self::Token(k) => k.der_bytes(),
+        }
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        match self {
+            Self::File(k) => rcgen::PublicKeyData::algorithm(k),
+            #[cfg(feature = "pkcs11")]
+            Self::Token(k) => k.algorithm(),
+        }
+    }
+}
+
+impl rcgen::SigningKey for CaKey {
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        match self {
+            Self::File(k) => k.sign(msg),
+            #[cfg(feature = "pkcs11")]
+            Self::Token(k) => k.sign(msg),
+        }
     }
 }
 
@@ -58,6 +94,10 @@ impl LocalCa {
     ) -> Result<Self, SignerError> {
         let (cert_path, key_path, chain_path) = match (&config.ca_cert, &config.ca_key) {
             (Some(cert), Some(key)) => (cert.clone(), key.clone(), config.chain.clone()),
+            // The key is in a token: only the certificate is a file.
+            (Some(cert), None) if config.pkcs11.is_some() => {
+                (cert.clone(), PathBuf::new(), config.chain.clone())
+            }
             _ => {
                 let dir = data_dir.join("ca").join(profile);
                 let cert = dir.join("ca.pem");
@@ -73,27 +113,33 @@ impl LocalCa {
                 .map_err(|e| SignerError::Internal(format!("reading {}: {e}", p.display())))
         };
         let cert_pem = read(&cert_path)?;
-        let key_pem = read(&key_path)?;
-        let key = KeyPair::from_pem(&key_pem).map_err(|e| {
-            SignerError::Internal(format!(
-                "{} is not a PKCS#8 PEM private key rcgen can use: {e}",
-                key_path.display()
-            ))
-        })?;
         let cert_der = pem::parse(&cert_pem)
             .map_err(|e| SignerError::Internal(format!("{}: {e}", cert_path.display())))?
             .into_contents();
         let (_, cert) = X509Certificate::from_der(&cert_der)
             .map_err(|e| SignerError::Internal(format!("{}: {e}", cert_path.display())))?;
-        // A key that does not match the certificate would sign leaves nobody
-        // can verify: stop start-up instead.
-        if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
-            return Err(SignerError::Internal(format!(
-                "the key in {} does not belong to the certificate in {}",
-                key_path.display(),
-                cert_path.display()
-            )));
-        }
+        let key = match &config.pkcs11 {
+            Some(p11) => token_key(p11, cert.public_key().raw, &cert_path)?,
+            None => {
+                let key_pem = read(&key_path)?;
+                let key = KeyPair::from_pem(&key_pem).map_err(|e| {
+                    SignerError::Internal(format!(
+                        "{} is not a PKCS#8 PEM private key rcgen can use: {e}",
+                        key_path.display()
+                    ))
+                })?;
+                // A key that does not match the certificate would sign
+                // leaves nobody can verify: stop start-up instead.
+                if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+                    return Err(SignerError::Internal(format!(
+                        "the key in {} does not belong to the certificate in {}",
+                        key_path.display(),
+                        cert_path.display()
+                    )));
+                }
+                CaKey::File(key)
+            }
+        };
         let key_id = cert
             .extensions()
             .iter()
@@ -288,6 +334,25 @@ fn revocation_reason(code: i64) -> Option<RevocationReason> {
         10 => RevocationReason::AaCompromise,
         _ => return None,
     })
+}
+
+/// The CA key in a PKCS#11 token, checked against the certificate.
+#[cfg(feature = "pkcs11")]
+fn token_key(
+    config: &crate::config::Pkcs11Config,
+    spki_der: &[u8],
+    cert_path: &Path,
+) -> Result<CaKey, SignerError> {
+    super::pkcs11::TokenKey::open(config, spki_der)
+        .map(CaKey::Token)
+        .map_err(|e| SignerError::Internal(format!("the CA key of {}: {e}", cert_path.display())))
+}
+
+#[cfg(not(feature = "pkcs11"))]
+fn token_key(_: &crate::config::Pkcs11Config, _: &[u8], _: &Path) -> Result<CaKey, SignerError> {
+    Err(SignerError::Internal(
+        "this build has no PKCS#11 support: rebuild with `cargo build --release --features pkcs11`, or use ca_key".into(),
+    ))
 }
 
 fn generate(

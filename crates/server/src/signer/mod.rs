@@ -10,6 +10,8 @@
 
 pub mod custom;
 pub mod local_ca;
+#[cfg(feature = "pkcs11")]
+pub mod pkcs11;
 pub mod relay;
 
 use acme_proxy_protocol::types::Identifier;

@@ -15,6 +15,8 @@ mod custom;
 mod eab;
 mod flow;
 mod harness;
+#[cfg(feature = "pkcs11")]
+mod hsm;
 mod jobs;
 mod jws_table;
 mod metrics;

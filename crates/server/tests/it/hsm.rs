@@ -1,0 +1,240 @@
+//! The embedded CA's key in a PKCS#11 token: SoftHSM2 from Debian, the key
+//! generated inside the token by pkcs11-tool (it never exists anywhere
+//! else), the CA certificate made for the token's public key by a test
+//! root. A full issuance signs with the token; a CA certificate whose key is
+//! not the token's stops start-up.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    PublicKeyData, SubjectPublicKeyInfo,
+};
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::client;
+use crate::harness::{self, Responder};
+
+const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
+
+/// A SoftHSM2 token of its own (its own configuration and token
+/// directory), with an EC P-256 key pair generated inside it.
+struct Token {
+    dir: tempfile::TempDir,
+}
+
+impl Token {
+    fn new() -> Option<Token> {
+        if !harness::require_program("softhsm2-util") || !harness::require_program("pkcs11-tool") {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("tokens")).expect("token dir");
+        std::fs::write(
+            dir.path().join("softhsm2.conf"),
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                dir.path().join("tokens").display()
+            ),
+        )
+        .expect("softhsm2.conf");
+        std::fs::write(dir.path().join("pin"), "2222\n").expect("pin file");
+        let token = Token { dir };
+        token.run(
+            "softhsm2-util",
+            &[
+                "--init-token",
+                "--free",
+                "--label",
+                "acme-ca",
+                "--so-pin",
+                "1111",
+                "--pin",
+                "2222",
+            ],
+        );
+        token.run(
+            "pkcs11-tool",
+            &[
+                "--module",
+                MODULE,
+                "--token-label",
+                "acme-ca",
+                "--login",
+                "--pin",
+                "2222",
+                "--keypairgen",
+                "--key-type",
+                "EC:prime256v1",
+                "--label",
+                "ca-key",
+                "--id",
+                "01",
+            ],
+        );
+        token.run(
+            "pkcs11-tool",
+            &[
+                "--module",
+                MODULE,
+                "--token-label",
+                "acme-ca",
+                "--read-object",
+                "--type",
+                "pubkey",
+                "--label",
+                "ca-key",
+                "-o",
+                "pub.der",
+            ],
+        );
+        Some(token)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn conf(&self) -> String {
+        self.path("softhsm2.conf").display().to_string()
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = Command::new(program)
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("SOFTHSM2_CONF", self.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The token's public key (SubjectPublicKeyInfo DER).
+    fn public_key(&self) -> Vec<u8> {
+        std::fs::read(self.path("pub.der")).expect("pub.der")
+    }
+}
+
+/// A test root, and an intermediate CA certificate for `spki` signed by it:
+/// (intermediate PEM, root PEM).
+fn intermediate_for(spki: &[u8]) -> (String, String) {
+    let root_key = KeyPair::generate().expect("root key");
+    let mut root = CertificateParams::new(Vec::<String>::new()).expect("params");
+    root.distinguished_name
+        .push(DnType::CommonName, "HSM test root");
+    root.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    root.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let root_cert = root.self_signed(&root_key).expect("root");
+    let issuer = Issuer::new(root, root_key);
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.distinguished_name
+        .push(DnType::CommonName, "acme-proxy CA in an HSM");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.use_authority_key_identifier_extension = true;
+    let spki = SubjectPublicKeyInfo::from_der(spki).expect("token public key");
+    let ca_cert = ca.signed_by(&spki, &issuer).expect("intermediate");
+    (ca_cert.pem(), root_cert.pem())
+}
+
+fn config(dir: &Path, token: &Token, ca_pem: &Path, chain: &Path, http_port: u16) -> PathBuf {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\n\
+         [profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"local_ca\"\n\
+         ca_cert = \"{}\"\nchain = \"{}\"\n[profiles.default.signer.pkcs11]\nmodule = \"{MODULE}\"\n\
+         token_label = \"acme-ca\"\nkey_label = \"ca-key\"\npin_file = \"{}\"\n",
+        dir.join("data").display(),
+        ca_pem.display(),
+        chain.display(),
+        token.path("pin").display()
+    );
+    let path = dir.join("acme-proxy.toml");
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_ca_signs_with_a_key_that_exists_only_in_a_softhsm2_token() {
+    let Some(token) = Token::new() else {
+        return;
+    };
+    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
+    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
+    let responder = Responder::start().await;
+    let config = config(
+        dir.path(),
+        &token,
+        &dir.path().join("ca.pem"),
+        &dir.path().join("root.pem"),
+        responder.port,
+    );
+    let (_server, directory) = harness::spawn_binary(
+        dir.path(),
+        &["serve", "--config", config.to_str().expect("utf-8")],
+        &[("SOFTHSM2_CONF", token.conf())],
+    );
+    let account = client::account(&directory).await;
+    let (chain, _) = client::issue(&account, &responder, &["hsm.example.test"]).await;
+
+    // The leaf is signed by the CA certificate's key — the token's.
+    let blocks = ::pem::parse_many(&chain).expect("PEM chain");
+    assert_eq!(blocks.len(), 3, "leaf, the CA, the root");
+    let (_, leaf) = X509Certificate::from_der(blocks[0].contents()).expect("leaf");
+    let (_, ca) = X509Certificate::from_der(blocks[1].contents()).expect("CA");
+    assert_eq!(
+        ca.public_key().raw,
+        token.public_key().as_slice(),
+        "the CA's key is the token's"
+    );
+    leaf.verify_signature(Some(ca.public_key()))
+        .expect("the leaf verifies with the token's public key");
+    assert_eq!(leaf.issuer(), ca.subject());
+
+    // The CRL is signed in the token too.
+    let base = directory.trim_end_matches("/directory");
+    let crl = crate::raw::request("GET", &format!("{base}/crl"), None, vec![]).await;
+    assert_eq!(crl.status, 200);
+    let (_, crl) = x509_parser::parse_x509_crl(&crl.body).expect("CRL");
+    crl.verify_signature(ca.public_key())
+        .expect("the CRL verifies with the token's public key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_certificate_whose_key_is_not_the_tokens_stops_start_up() {
+    let Some(token) = Token::new() else {
+        return;
+    };
+    // A CA certificate for some other key.
+    let other = KeyPair::generate().expect("key");
+    let (ca_pem, root_pem) = intermediate_for(&other.subject_public_key_info());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
+    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
+    let config = config(
+        dir.path(),
+        &token,
+        &dir.path().join("ca.pem"),
+        &dir.path().join("root.pem"),
+        harness::free_port(),
+    );
+    let out = Command::new(harness::binary())
+        .args(["serve", "--config", config.to_str().expect("utf-8")])
+        .env("SOFTHSM2_CONF", token.conf())
+        .output()
+        .expect("run acme-proxy");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not belong to ca_cert"), "{stderr}");
+}
