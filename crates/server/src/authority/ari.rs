@@ -64,6 +64,30 @@ impl Authority {
                 retry_after,
             });
         }
+        // The upstream's window for a certificate it issued, when it
+        // offers renewal information.
+        if let Some(relay) = profile.signer.relay()
+            && let Some(der) = leaf_der(&cert.chain_pem)
+        {
+            match relay.renewal_window(&der).await {
+                Ok(Some((start, end))) if end > start => {
+                    return Ok(Window {
+                        start,
+                        end,
+                        retry_after,
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    event = "renewal_info",
+                    outcome = "failure",
+                    profile = %profile.name,
+                    serial = %cert.serial,
+                    error = %e,
+                    "the upstream's renewal information could not be read; answering the default window"
+                ),
+            }
+        }
         // The operator's program's window, when it gives one.
         if let Some(custom) = profile.signer.custom() {
             match custom.renewal_window(&cert.serial, &cert.chain_pem).await {

@@ -1730,7 +1730,8 @@ fn lifetime_of(chain: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertises() {
+async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertises_and_answers_the_upstreams_renewal_window()
+ {
     // Debian's Pebble predates certificate profiles: the upstream is a
     // second acme-proxy, over TLS with a certificate of the test PKI,
     // offering "classic" (90 days) and "shortlived" (6 days).
@@ -1740,7 +1741,8 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n\n\
          [profiles.default]\nbypass = true\ndefault_certificate_profile = \"classic\"\n\
          [profiles.default.certificate_profiles.classic]\ndescription = \"90 days\"\n\
-         [profiles.default.certificate_profiles.shortlived]\ndescription = \"6 days\"\nvalidity = \"6d\"\n",
+         [profiles.default.certificate_profiles.shortlived]\ndescription = \"6 days\"\nvalidity = \"6d\"\n\
+         [profiles.default.signer]\ntype = \"local_ca\"\nrenewal_window = [0.1, 0.2]\n",
         cert.display(),
         key.display()
     ))
@@ -1775,6 +1777,40 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
         assert!(
             (got - lifetime - 3600).abs() <= 5,
             "{profile:?}: a {got} s certificate, wanted {lifetime} s (+1 h backdating)"
+        );
+        // RFC 9773: our renewalInfo for a relayed certificate is the
+        // upstream's window (its [0.1, 0.2] of the lifetime, not our
+        // default [0.6, 0.8]).
+        let (_, pem) = x509_parser::pem::parse_x509_pem(relayed.chain().as_bytes()).expect("PEM");
+        let id = instant_acme::CertificateIdentifier::try_from(
+            &rustls::pki_types::CertificateDer::from(pem.contents.clone()),
+        )
+        .expect("certificate identifier");
+        let (ours, _) = account.renewal_info(&id).await.expect("our renewalInfo");
+        let upstream_url = format!("{}/profile/default/renewal-info/{id}", upstream.base());
+        let resp = crate::upstream::https_request(
+            &pki.rustls_client_config(),
+            "GET",
+            &upstream_url,
+            None,
+            Vec::new(),
+        )
+        .await
+        .expect("the upstream's renewalInfo");
+        assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+        let theirs: serde_json::Value = serde_json::from_slice(&resp.body).expect("JSON");
+        let rfc3339 = |t: ::time::OffsetDateTime| {
+            t.format(&::time::format_description::well_known::Rfc3339)
+                .expect("RFC 3339")
+        };
+        assert_eq!(
+            rfc3339(ours.suggested_window.start),
+            theirs["suggestedWindow"]["start"],
+            "{profile:?}"
+        );
+        assert_eq!(
+            rfc3339(ours.suggested_window.end),
+            theirs["suggestedWindow"]["end"]
         );
     }
     server.stop().await;

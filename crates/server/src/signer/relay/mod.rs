@@ -166,6 +166,27 @@ impl Relay {
         Ok(order.url().to_owned())
     }
 
+    /// The upstream's renewal window (RFC 9773) for the leaf `leaf_der` it
+    /// issued, as Unix seconds; None when the upstream offers no renewal
+    /// information. One request, bounded by `request_timeout`.
+    pub async fn renewal_window(&self, leaf_der: &[u8]) -> Result<Option<(i64, i64)>, RelayError> {
+        let account = self.account().await?;
+        let cert = rustls::pki_types::CertificateDer::from(leaf_der.to_vec());
+        let id = instant_acme::CertificateIdentifier::try_from(&cert)
+            .map_err(|e| RelayError::permanent(format!("no certificate identifier: {e}")))?;
+        match tokio::time::timeout(self.config.request_timeout, account.renewal_info(&id)).await {
+            Err(_) => Err(RelayError::permanent(
+                "the upstream's renewalInfo did not answer within request_timeout",
+            )),
+            Ok(Err(instant_acme::Error::Unsupported(_))) => Ok(None),
+            Ok(Err(e)) => Err(classify(&e).context("reading the upstream's renewalInfo")),
+            Ok(Ok((info, _))) => {
+                let w = info.suggested_window;
+                Ok(Some((w.start.unix_timestamp(), w.end.unix_timestamp())))
+            }
+        }
+    }
+
     /// One attempt: from the upstream order at `url` to the chain, within
     /// `deadline`. Records published for the upstream's challenges are
     /// retracted on every exit path.
