@@ -454,7 +454,7 @@ fn yes() -> bool {
 }
 
 /// keyUsage bits a certificate profile may set (RFC 5280 §4.2.1.3).
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyUsage {
     DigitalSignature,
@@ -464,7 +464,7 @@ pub enum KeyUsage {
 }
 
 /// extKeyUsage purposes a certificate profile may set (RFC 5280 §4.2.1.12).
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ExtendedKeyUsage {
     ServerAuth,

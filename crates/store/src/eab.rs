@@ -6,7 +6,7 @@ use sqlx::Row;
 use crate::{Result, Store, StoreError};
 
 /// A credential as stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct EabRow {
     pub kid: String,
     /// The raw HMAC key. Never logged, never printed after creation.
@@ -22,8 +22,24 @@ pub struct EabRow {
     pub accounts: i64,
 }
 
+impl std::fmt::Debug for EabRow {
+    // Never the HMAC key, whatever logs a row.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EabRow")
+            .field("kid", &self.kid)
+            .field("hmac_key", &"<redacted>")
+            .field("label", &self.label)
+            .field("profile", &self.profile)
+            .field("names", &self.names)
+            .field("created_at", &self.created_at)
+            .field("revoked_at", &self.revoked_at)
+            .field("accounts", &self.accounts)
+            .finish()
+    }
+}
+
 /// What [`Store::insert_eab`] needs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NewEab<'a> {
     pub kid: &'a str,
     pub hmac_key: &'a [u8],

@@ -567,6 +567,33 @@ impl Store {
 
     /// Marks an order invalid because it expired (RFC 8555 §7.1.6), together
     /// with its authorizations that were still pending.
+    /// Expires the orders replacing certificate `certificate_id` whose
+    /// lifetime has passed but that nobody has read since (expiry is lazy),
+    /// so that an abandoned renewal does not hold the certificate in the
+    /// `orders_replacing` index for ever. Returns how many.
+    pub async fn expire_replacing_orders(
+        &self,
+        certificate_id: &str,
+        now: i64,
+        error: &Problem,
+    ) -> Result<u64> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM orders
+             WHERE replaces_certificate_id = $1 AND status IN ('pending', 'ready') AND expires_at <= $2",
+        )
+        .bind(certificate_id)
+        .bind(now)
+        .fetch_all(&self.reader)
+        .await?;
+        let mut n = 0;
+        for id in ids {
+            if self.expire_order(&id, now, error).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     pub async fn expire_order(&self, order_id: &str, now: i64, error: &Problem) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         let changed = sqlx::query(

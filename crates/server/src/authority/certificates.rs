@@ -101,6 +101,9 @@ impl Authority {
         ctx: &super::RequestContext,
     ) -> AcmeResult<OrderRow> {
         let order = self.order(profile, account, order_id).await?;
+        // An account whose external account credential was revoked since
+        // it ordered finalizes nothing more.
+        self.external_account_limits(account, &[]).await?;
         if order.status != "ready" {
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
@@ -122,6 +125,15 @@ impl Authority {
                 "the order is already being finalized",
             ));
         }
+        // From here the order is processing: if this request goes away
+        // before the outcome is recorded (the client hung up while an
+        // outside signer ran), the guard marks it invalid rather than
+        // leave it processing for ever.
+        let mut guard = FinalizeGuard {
+            store: self.store.clone(),
+            order_id: order.id.clone(),
+            armed: true,
+        };
         let now = self.clock.now();
         // The order's certificate profile, if the configuration still has
         // it (an operator may have removed it since: then the signer's
@@ -170,6 +182,7 @@ impl Authority {
             Ok(issued) => issued,
             Err(SignerError::BadCsr(detail)) => {
                 self.store.abort_finalize(&order.id).await?;
+                guard.armed = false;
                 return Err(bad_csr(detail));
             }
             Err(e @ SignerError::Failed(_)) => {
@@ -180,6 +193,7 @@ impl Authority {
                     "the signing service failed to issue this certificate; place a new order",
                 );
                 self.store.fail_order(&order.id, &problem).await?;
+                guard.armed = false;
                 tracing::error!(
                     event = "certificate.issue",
                     outcome = "failure",
@@ -195,6 +209,7 @@ impl Authority {
                 // Our failure, not the client's: put the order back so it can
                 // be finalized again once the operator has fixed the signer.
                 self.store.abort_finalize(&order.id).await?;
+                guard.armed = false;
                 tracing::error!(
                     event = "certificate.issue",
                     outcome = "failure",
@@ -233,7 +248,24 @@ impl Authority {
                 },
                 &outbox.jobs(),
             )
-            .await?;
+            .await;
+        let stored = match stored {
+            Ok(stored) => stored,
+            Err(e) => {
+                // Signed but not stored (e.g. an outside PKI's serial that
+                // another profile's certificate already has): the order
+                // cannot become valid; it is made invalid, not left
+                // processing.
+                let problem = acme_proxy_protocol::Problem::new(
+                    ProblemType::ServerInternal,
+                    "the certificate could not be stored; place a new order",
+                );
+                let _ = self.store.fail_order(&order.id, &problem).await;
+                guard.armed = false;
+                return Err(AcmeError::internal(e));
+            }
+        };
+        guard.armed = false;
         if !stored {
             return Err(AcmeError::internal(
                 "order left processing while it was being signed",
@@ -601,6 +633,40 @@ pub fn crl_needs_refresh(
     latest_revocation: Option<i64>,
 ) -> bool {
     now >= row.next_update - validity / 2 || latest_revocation.is_some_and(|r| r >= row.this_update)
+}
+
+/// Marks an order invalid if the finalize that moved it to processing is
+/// dropped before recording the outcome.
+struct FinalizeGuard {
+    store: acme_proxy_store::Store,
+    order_id: String,
+    armed: bool,
+}
+
+impl Drop for FinalizeGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.store.clone();
+        let id = std::mem::take(&mut self.order_id);
+        tracing::warn!(
+            event = "certificate.issue",
+            outcome = "abandoned",
+            order = %id,
+            "the finalize request went away while signing; the order is made invalid"
+        );
+        runtime.spawn(async move {
+            let problem = acme_proxy_protocol::Problem::new(
+                ProblemType::ServerInternal,
+                "the finalize request went away while the certificate was being signed; place a new order",
+            );
+            let _ = store.fail_order(&id, &problem).await;
+        });
+    }
 }
 
 pub(crate) fn leaf_der(chain_pem: &str) -> Option<Vec<u8>> {

@@ -11,8 +11,8 @@ use super::{Authority, Profile};
 use crate::config::EabMode;
 use crate::error::{AcmeError, AcmeResult};
 
-/// A credential just minted: the only time its HMAC key is seen.
-#[derive(Debug)]
+/// A credential just minted: the only time its HMAC key is seen (no
+/// `Debug`, so no log line can carry it).
 pub struct MintedEab {
     pub row: EabRow,
     /// base64url, as `--eab-hmac-key` / `--hmac` take it.

@@ -86,6 +86,18 @@ impl Authority {
                     },
                 )
             })?;
+        // A relay profile's certificate profile is the upstream's: one the
+        // upstream does not offer would silently become its default.
+        if let (Some(relay), Some((name, _))) = (profile.signer.relay(), certificate_profile)
+            && relay.offers_profile(name).await == Some(false)
+        {
+            return Err(AcmeError::new(
+                ProblemType::InvalidProfile,
+                format!(
+                    "the upstream CA of this endpoint does not offer the certificate profile {name:?}"
+                ),
+            ));
+        }
         let mut identifiers: Vec<Identifier> = Vec::with_capacity(req.identifiers.len());
         let mut faults: Vec<Subproblem> = Vec::new();
         for id in &req.identifiers {
@@ -127,14 +139,25 @@ impl Authority {
             }
         }
 
+        let now = self.clock.unix();
         let replaces = match &req.replaces {
-            Some(r) => Some(
-                self.replaced_certificate(profile, account, r, &identifiers)
-                    .await?,
-            ),
+            Some(r) => {
+                let (sent, cert_id) = self
+                    .replaced_certificate(profile, account, r, &identifiers)
+                    .await?;
+                // An earlier replacing order past its lifetime is expired
+                // first: abandoned, it must not block this one.
+                let p = Problem::new(
+                    ProblemType::Malformed,
+                    "the order expired before it was finalized",
+                );
+                self.store
+                    .expire_replacing_orders(&cert_id, now, &p)
+                    .await?;
+                Some((sent, cert_id))
+            }
             None => None,
         };
-        let now = self.clock.unix();
         let (not_before, not_after) =
             self.requested_validity(profile, certificate_profile.map(|c| c.1), req, now)?;
         let expires_at = now + profile.config.order_lifetime.as_secs() as i64;

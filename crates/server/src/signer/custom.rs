@@ -43,6 +43,7 @@ pub struct Custom {
     config: CustomConfig,
     ca_pem: String,
     crl: tokio::sync::Mutex<Option<(Instant, Vec<u8>)>>,
+    windows: super::WindowCache,
 }
 
 impl std::fmt::Debug for Custom {
@@ -85,6 +86,7 @@ impl Custom {
             config: config.clone(),
             ca_pem,
             crl: tokio::sync::Mutex::new(None),
+            windows: super::WindowCache::default(),
         })
     }
 
@@ -111,6 +113,8 @@ impl Custom {
             "csr": STANDARD.encode(ctx.csr_der),
             "not_before": crate::clock::rfc3339(req.not_before.unix_timestamp()),
             "not_after": crate::clock::rfc3339(req.not_after.unix_timestamp()),
+            "key_usages": req.key_usages,
+            "extended_key_usages": req.extended_key_usages,
         });
         let out = crate::hardened::run(
             &self.config.command,
@@ -120,7 +124,13 @@ impl Custom {
             OUTPUT_CAP,
         )
         .await
-        .map_err(|e| SignerError::Failed(format!("the issuing program {e}")))?;
+        .map_err(|e| match e {
+            // Not started: nothing can have been signed.
+            crate::hardened::RunError::Spawn(..) => {
+                SignerError::Internal(format!("the issuing program {e}"))
+            }
+            _ => SignerError::Failed(format!("the issuing program {e}")),
+        })?;
         if out.status.code() == Some(self.config.bad_csr_exit_code) {
             tracing::info!(
                 event = "signer.custom",
@@ -143,7 +153,13 @@ impl Custom {
         }
         let chain_pem = String::from_utf8(out.stdout)
             .map_err(|_| SignerError::Failed("the issuing program printed non-UTF-8".into()))?;
-        check_chain(&chain_pem, req.spki_der, req.identifiers).map_err(SignerError::Failed)
+        check_chain(
+            &chain_pem,
+            req.spki_der,
+            req.identifiers,
+            req.extended_key_usages,
+        )
+        .map_err(SignerError::Failed)
     }
 
     /// Runs the revocation program, if there is one; Ok(false) when there
@@ -204,7 +220,8 @@ impl Custom {
     }
 
     /// The renewal window (Unix seconds) the renewal-window program gives,
-    /// None when there is none or it printed nothing.
+    /// None when there is none or it printed nothing (cached a while, a few
+    /// runs at a time: see [`super::WindowCache`]).
     pub async fn renewal_window(
         &self,
         serial: &str,
@@ -213,6 +230,17 @@ impl Custom {
         let Some(op) = &self.config.renewal_window else {
             return Ok(None);
         };
+        self.windows
+            .get(serial, self.ask_window(op, serial, chain_pem))
+            .await
+    }
+
+    async fn ask_window(
+        &self,
+        op: &CustomOperation,
+        serial: &str,
+        chain_pem: &str,
+    ) -> Result<Option<(i64, i64)>, SignerError> {
         let input = serde_json::json!({
             "operation": "renewal_window",
             "profile": self.profile,
@@ -271,19 +299,28 @@ impl Custom {
 }
 
 /// The checks a chain from outside passes before it is stored: PEM
-/// certificates, leaf first, each signed by the next; the leaf's key is the
-/// CSR's and its names are exactly the order's.
+/// `CERTIFICATE` blocks and nothing else, leaf first, each signed by the
+/// next; the leaf is not a CA, its key is the CSR's, its names are exactly
+/// the order's (a subject CN among them), and its extKeyUsage the
+/// certificate profile's when that names one. What is stored and served is
+/// re-encoded from the checked certificates, never the program's text.
 fn check_chain(
     chain_pem: &str,
     spki_der: &[u8],
     identifiers: &[Identifier],
+    extended_key_usages: Option<&[crate::config::ExtendedKeyUsage]>,
 ) -> Result<Issued, String> {
     let blocks = pem::parse_many(chain_pem).map_err(|e| format!("the chain is not PEM: {e}"))?;
-    let ders: Vec<Vec<u8>> = blocks
-        .into_iter()
-        .filter(|b| b.tag() == "CERTIFICATE")
-        .map(pem::Pem::into_contents)
-        .collect();
+    if chain_pem.matches("-----BEGIN ").count() != blocks.len() {
+        return Err("the output has a malformed PEM block".into());
+    }
+    if let Some(other) = blocks.iter().find(|b| b.tag() != "CERTIFICATE") {
+        return Err(format!(
+            "the output has a {:?} block; only CERTIFICATE blocks are accepted",
+            other.tag()
+        ));
+    }
+    let ders: Vec<Vec<u8>> = blocks.into_iter().map(pem::Pem::into_contents).collect();
     if ders.is_empty() {
         return Err("the program printed no certificate".into());
     }
@@ -301,6 +338,33 @@ fn check_chain(
     let leaf = &certs[0];
     if leaf.public_key().raw != spki_der {
         return Err("the leaf's public key is not the CSR's".into());
+    }
+    if leaf.is_ca() {
+        return Err("the leaf is a CA certificate".into());
+    }
+    for cn in leaf.subject().iter_common_name() {
+        let cn = cn.as_str().map_err(|_| "the leaf's CN is not text")?;
+        if !identifiers.iter().any(|i| i.value.eq_ignore_ascii_case(cn)) {
+            return Err(format!(
+                "the leaf's CN {cn:?} is not one of the order's names"
+            ));
+        }
+    }
+    if let Some(wanted) = extended_key_usages {
+        let eku = leaf
+            .extended_key_usage()
+            .map_err(|e| format!("the leaf's extKeyUsage: {e}"))?
+            .map(|e| (e.value.server_auth, e.value.client_auth))
+            .unwrap_or((false, false));
+        let want = (
+            wanted.contains(&crate::config::ExtendedKeyUsage::ServerAuth),
+            wanted.contains(&crate::config::ExtendedKeyUsage::ClientAuth),
+        );
+        if eku != want {
+            return Err(format!(
+                "the leaf's extKeyUsage (serverAuth, clientAuth) is {eku:?}, the certificate profile's {want:?}"
+            ));
+        }
     }
     let mut names = BTreeSet::new();
     if let Ok(Some(san)) = leaf.subject_alternative_name() {
@@ -333,8 +397,12 @@ fn check_chain(
             "the leaf's names {names:?} are not the order's {wanted:?}"
         ));
     }
+    let chain_pem = ders
+        .iter()
+        .map(|der| pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())))
+        .collect::<String>();
     Ok(Issued {
-        chain_pem: chain_pem.to_owned(),
+        chain_pem,
         serial: hex::encode(leaf.raw_serial()),
         not_before: leaf.validity().not_before.timestamp(),
         not_after: leaf.validity().not_after.timestamp(),
@@ -363,9 +431,13 @@ mod tests {
         let (ca_cert, issuer) = ca("CA");
         let (_, other) = ca("other CA");
         let leaf_key = KeyPair::generate().unwrap();
-        let params =
+        let mut params =
             CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
                 .unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
         let leaf = params
             .signed_by(&leaf_key, if signed_by_other_ca { &other } else { &issuer })
             .unwrap();
@@ -382,23 +454,41 @@ mod tests {
     #[test]
     fn a_chain_for_the_csrs_key_and_the_orders_names_is_accepted() {
         let (pem, spki) = chain(&["a.test", "b.test"], false);
-        let issued = check_chain(&pem, &spki, &ids(&["b.test", "a.test"])).unwrap();
-        assert_eq!(issued.chain_pem, pem);
+        let issued = check_chain(&pem, &spki, &ids(&["b.test", "a.test"]), None).unwrap();
+        assert_eq!(
+            ::pem::parse_many(&issued.chain_pem).unwrap(),
+            ::pem::parse_many(&pem).unwrap()
+        );
         assert_eq!(issued.serial.len() % 2, 0);
     }
 
     #[test]
     fn other_names_another_key_a_broken_link_and_no_certificate_are_refused() {
         let (pem, spki) = chain(&["a.test"], false);
-        let e = check_chain(&pem, &spki, &ids(&["a.test", "b.test"])).unwrap_err();
+        let e = check_chain(&pem, &spki, &ids(&["a.test", "b.test"]), None).unwrap_err();
         assert!(e.contains("not the order's"), "{e}");
         let (_, other_spki) = chain(&["a.test"], false);
-        let e = check_chain(&pem, &other_spki, &ids(&["a.test"])).unwrap_err();
+        let e = check_chain(&pem, &other_spki, &ids(&["a.test"]), None).unwrap_err();
         assert!(e.contains("public key"), "{e}");
+        // A block another parser might take for a certificate, smuggled in
+        // front of the checked leaf.
+        let smuggled = format!(
+            "-----BEGIN X509 CERTIFICATE-----\nAAAA\n-----END X509 CERTIFICATE-----\n{pem}"
+        );
+        let e = check_chain(&smuggled, &spki, &ids(&["a.test"]), None).unwrap_err();
+        assert!(e.contains("X509 CERTIFICATE"), "{e}");
+        let e = check_chain(
+            &pem,
+            &spki,
+            &ids(&["a.test"]),
+            Some(&[crate::config::ExtendedKeyUsage::ClientAuth]),
+        )
+        .unwrap_err();
+        assert!(e.contains("extKeyUsage"), "{e}");
         let (pem, spki) = chain(&["a.test"], true);
-        let e = check_chain(&pem, &spki, &ids(&["a.test"])).unwrap_err();
+        let e = check_chain(&pem, &spki, &ids(&["a.test"]), None).unwrap_err();
         assert!(e.contains("not signed by the next"), "{e}");
-        let e = check_chain("garbage", &spki, &ids(&["a.test"])).unwrap_err();
+        let e = check_chain("garbage", &spki, &ids(&["a.test"]), None).unwrap_err();
         assert!(e.contains("no certificate") || e.contains("not PEM"), "{e}");
     }
 }

@@ -36,6 +36,61 @@ pub struct IssueRequest<'a> {
     pub extended_key_usages: Option<&'a [crate::config::ExtendedKeyUsage]>,
 }
 
+/// Renewal windows (RFC 9773) asked of an outside party — the upstream CA,
+/// the operator's program — kept for a while and asked at most a few at a
+/// time: renewalInfo is unauthenticated and certificate ids are public, so
+/// anyone could otherwise make us run a program or call the upstream per
+/// request. Saturated, the caller answers the default window.
+#[derive(Debug)]
+pub struct WindowCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, Remembered>>,
+    asking: tokio::sync::Semaphore,
+}
+
+/// A window (or the lack of one) and when it was asked.
+type Remembered = (std::time::Instant, Option<(i64, i64)>);
+
+/// How long an outside party's window is reused.
+const WINDOW_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+/// Windows remembered at most (then forgotten all at once).
+const WINDOW_CAP: usize = 10_000;
+
+impl Default for WindowCache {
+    fn default() -> Self {
+        Self {
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+            asking: tokio::sync::Semaphore::new(4),
+        }
+    }
+}
+
+impl WindowCache {
+    /// The window of `serial`: remembered, or from `ask` when a slot is
+    /// free; `Ok(None)` when there is none or no slot.
+    pub async fn get<F, E>(&self, serial: &str, ask: F) -> Result<Option<(i64, i64)>, E>
+    where
+        F: std::future::Future<Output = Result<Option<(i64, i64)>, E>>,
+    {
+        if let Ok(entries) = self.entries.lock()
+            && let Some((at, w)) = entries.get(serial)
+            && at.elapsed() < WINDOW_TTL
+        {
+            return Ok(*w);
+        }
+        let Ok(_slot) = self.asking.try_acquire() else {
+            return Ok(None);
+        };
+        let w = ask.await?;
+        if let Ok(mut entries) = self.entries.lock() {
+            if entries.len() >= WINDOW_CAP {
+                entries.clear();
+            }
+            entries.insert(serial.to_owned(), (std::time::Instant::now(), w));
+        }
+        Ok(w)
+    }
+}
+
 /// A certificate as issued.
 #[derive(Debug, Clone)]
 pub struct Issued {

@@ -10,6 +10,7 @@
 use std::sync::Mutex;
 
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
+use cryptoki::error::{Error, RvError};
 use cryptoki::mechanism::Mechanism;
 use cryptoki::object::{Attribute, ObjectClass, ObjectHandle};
 use cryptoki::session::{Session, UserType};
@@ -77,9 +78,11 @@ impl TokenKey {
                 config.module.display()
             )
         })?;
-        pkcs11
-            .initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK))
-            .map_err(|e| format!("initializing the PKCS#11 module: {e}"))?;
+        match pkcs11.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
+            // Another profile's key in the same module initialized it.
+            Ok(()) | Err(Error::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
+            Err(e) => return Err(format!("initializing the PKCS#11 module: {e}")),
+        }
         let (session, handle) = connect(&pkcs11, config)?;
         let key = TokenKey {
             config: config.clone(),
@@ -145,9 +148,12 @@ fn connect(pkcs11: &Pkcs11, config: &Pkcs11Config) -> Result<(Session, ObjectHan
     let pin = std::fs::read_to_string(&config.pin_file)
         .map_err(|e| format!("reading pin_file {}: {e}", config.pin_file.display()))?;
     let pin = AuthPin::from(pin.trim_end_matches(['\n', '\r']).to_owned());
-    session
-        .login(UserType::User, Some(&pin))
-        .map_err(|e| format!("logging in to the token (check pin_file): {e}"))?;
+    match session.login(UserType::User, Some(&pin)) {
+        // PKCS#11 logins are per application and token: reconnecting while
+        // the old session still lives, the user already is logged in.
+        Ok(()) | Err(Error::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {}
+        Err(e) => return Err(format!("logging in to the token (check pin_file): {e}")),
+    }
     let mut template = vec![Attribute::Class(ObjectClass::PRIVATE_KEY)];
     if let Some(label) = &config.key_label {
         template.push(Attribute::Label(label.as_bytes().to_vec()));

@@ -252,7 +252,10 @@ async fn a_refusal_a_hang_a_failure_and_a_chain_for_the_wrong_key_each_end_as_do
     let Some(pki) = LegacyPki::new() else {
         return;
     };
-    let server = TestServer::start(free_port(), None, &pki.profile("2s")).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = TestServer::config_text(dir.path(), free_port(), None, &pki.profile("2s"));
+    let (_etc, config) = harness::config_file(&toml);
+    let server = TestServer::start_in(dir, &toml).await;
     let account = client::account(&server.directory("legacy")).await;
 
     // The documented bad-CSR exit: badCSR, and the order stays ready.
@@ -313,6 +316,32 @@ async fn a_refusal_a_hang_a_failure_and_a_chain_for_the_wrong_key_each_end_as_do
         order.refresh().await.expect("order").status,
         OrderStatus::Invalid
     );
+
+    // Each refusal is audited with its real reason, for operators only.
+    let audit = harness::run_cli(
+        &config,
+        &[
+            "audit",
+            "list",
+            "--event",
+            "certificate.issue_failed",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(audit.code, 0, "{audit:?}");
+    for reason in [
+        "refused this CSR",
+        "did not finish within 2s",
+        "hsm-01: connection refused",
+        "the leaf's public key is not the CSR's",
+    ] {
+        assert!(
+            audit.stdout.contains(reason),
+            "{reason:?} not in\n{}",
+            audit.stdout
+        );
+    }
     server.stop().await;
 }
 

@@ -1769,7 +1769,6 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
     for (profile, name, lifetime) in [
         (Some("shortlived"), "short.example.test", 6 * day),
         (None, "classic.example.test", 90 * day),
-        (Some("internal"), "internal.example.test", 90 * day),
     ] {
         let relayed = relay_issue_in(&account, &[name], profile, Duration::from_secs(30)).await;
         let got = lifetime_of(relayed.chain());
@@ -1813,6 +1812,16 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
             theirs["suggestedWindow"]["end"]
         );
     }
+    // A profile the upstream does not offer is refused at newOrder rather
+    // than silently becoming the upstream's default.
+    let e = account
+        .new_order(
+            &NewOrder::new(&[Identifier::Dns("internal.example.test".into())]).profile("internal"),
+        )
+        .await
+        .err()
+        .expect("not offered upstream");
+    assert_eq!(client::problem_type(&e), "invalidProfile", "{e}");
     server.stop().await;
     upstream.stop().await;
 }

@@ -48,6 +48,8 @@ pub struct Relay {
     /// Built on first use: the directory is fetched lazily, so the server
     /// starts and serves while the upstream is unreachable.
     account: tokio::sync::Mutex<Option<Account>>,
+    /// The upstream's renewal windows, cached (RFC 9773 renewalInfo is public).
+    windows: crate::signer::WindowCache,
     dns: Option<Arc<Rfc2136>>,
     board: Arc<ChallengeBoard>,
 }
@@ -113,6 +115,7 @@ impl Relay {
             account_url: account.account_url.clone(),
             http,
             account: tokio::sync::Mutex::new(None),
+            windows: crate::signer::WindowCache::default(),
             dns,
             board,
         })
@@ -166,10 +169,26 @@ impl Relay {
         Ok(order.url().to_owned())
     }
 
+    /// Whether the upstream's directory advertises the certificate profile
+    /// `name` (draft-ietf-acme-profiles); None when the upstream cannot be
+    /// reached within one request timeout (the directory is fetched once).
+    pub async fn offers_profile(&self, name: &str) -> Option<bool> {
+        let account = tokio::time::timeout(self.config.request_timeout, self.account())
+            .await
+            .ok()?
+            .ok()?;
+        Some(account.profiles().any(|p| p.name == name))
+    }
+
     /// The upstream's renewal window (RFC 9773) for the leaf `leaf_der` it
     /// issued, as Unix seconds; None when the upstream offers no renewal
     /// information. One request, bounded by `request_timeout`.
     pub async fn renewal_window(&self, leaf_der: &[u8]) -> Result<Option<(i64, i64)>, RelayError> {
+        let key = hex::encode(ring::digest::digest(&ring::digest::SHA256, leaf_der));
+        self.windows.get(&key, self.ask_window(leaf_der)).await
+    }
+
+    async fn ask_window(&self, leaf_der: &[u8]) -> Result<Option<(i64, i64)>, RelayError> {
         let account = self.account().await?;
         let cert = rustls::pki_types::CertificateDer::from(leaf_der.to_vec());
         let id = instant_acme::CertificateIdentifier::try_from(&cert)
