@@ -346,6 +346,52 @@ async fn a_refusal_a_hang_a_failure_and_a_chain_for_the_wrong_key_each_end_as_do
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_while_the_program_signs_leaves_the_order_invalid_not_processing() {
+    let Some(pki) = LegacyPki::new() else {
+        return;
+    };
+    let server = TestServer::start(free_port(), None, &pki.profile("4s")).await;
+    let account = client::account(&server.directory("legacy")).await;
+    pki.mode("hang");
+    let ids = [Identifier::Dns("hangup.legacy.test".to_owned())];
+    let mut order = account
+        .new_order(&NewOrder::new(&ids))
+        .await
+        .expect("order");
+    let url = order.url().to_owned();
+    let mut authorizations = order.authorizations();
+    while let Some(a) = authorizations.next().await {
+        a.expect("authz")
+            .challenge(ChallengeType::Http01)
+            .expect("http-01")
+            .set_ready()
+            .await
+            .expect("trigger");
+    }
+    assert_eq!(
+        order.poll_ready(&client::retry()).await.expect("ready"),
+        OrderStatus::Ready
+    );
+    // The client gives up after half a second: its connection closes.
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), order.finalize()).await;
+    assert!(gave_up.is_err(), "finalize cannot have answered yet");
+    // The order ends invalid (not processing for ever) once the request or
+    // the program's deadline is over.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut fetched = account.order(url.clone()).await.expect("order");
+        let status = fetched.state().status;
+        if status == OrderStatus::Invalid {
+            break;
+        }
+        assert_eq!(status, OrderStatus::Processing);
+        assert!(Instant::now() < deadline, "still processing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_custom_signers_revocation_crl_and_renewal_window_programs_are_used() {
     let Some(pki) = LegacyPki::new() else {
         return;
