@@ -9,6 +9,7 @@ use acme_proxy_store::{AccountRow, CertificateRow};
 use super::certificates::leaf_der;
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
+use crate::signer::Signer;
 
 /// The window of a certificate with no signer-specific one.
 const DEFAULT_WINDOW: [f64; 2] = [0.6, 0.8];
@@ -64,50 +65,40 @@ impl Authority {
                 retry_after,
             });
         }
-        // The upstream's window for a certificate it issued, when it
-        // offers renewal information.
-        if let Some(relay) = profile.signer.relay()
-            && let Some(der) = leaf_der(&cert.chain_pem)
-        {
-            match relay.renewal_window(&der).await {
-                Ok(Some((start, end))) if end > start => {
-                    return Ok(Window {
-                        start,
-                        end,
-                        retry_after,
-                    });
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    event = "renewal_info",
-                    outcome = "failure",
-                    profile = %profile.name,
-                    serial = %cert.serial,
-                    error = %e,
-                    "the upstream's renewal information could not be read; answering the default window"
-                ),
+        // An outside party's window when it gives one: the upstream's for a
+        // certificate it issued, the operator's program's.
+        let outside = match (&profile.signer, leaf_der(&cert.chain_pem)) {
+            (Signer::Relay(relay), Some(der)) => Some(
+                relay
+                    .renewal_window(&der)
+                    .await
+                    .map_err(|e| format!("the upstream's renewal information: {e}")),
+            ),
+            (Signer::Custom(custom), _) => Some(
+                custom
+                    .renewal_window(&cert.serial, &cert.chain_pem)
+                    .await
+                    .map_err(|e| format!("the renewal-window program: {e}")),
+            ),
+            _ => None,
+        };
+        match outside {
+            Some(Ok(Some((start, end)))) if end > start => {
+                return Ok(Window {
+                    start,
+                    end,
+                    retry_after,
+                });
             }
-        }
-        // The operator's program's window, when it gives one.
-        if let Some(custom) = profile.signer.custom() {
-            match custom.renewal_window(&cert.serial, &cert.chain_pem).await {
-                Ok(Some((start, end))) => {
-                    return Ok(Window {
-                        start,
-                        end,
-                        retry_after,
-                    });
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(
-                    event = "renewal_info",
-                    outcome = "failure",
-                    profile = %profile.name,
-                    serial = %cert.serial,
-                    error = %e,
-                    "the renewal-window program failed; answering the default window"
-                ),
-            }
+            Some(Err(e)) => tracing::warn!(
+                event = "renewal_info",
+                outcome = "failure",
+                profile = %profile.name,
+                serial = %cert.serial,
+                error = %e,
+                "no outside renewal window; answering the default window"
+            ),
+            _ => {}
         }
         let fractions = profile
             .signer

@@ -185,14 +185,24 @@ impl Authority {
                 guard.armed = false;
                 return Err(bad_csr(detail));
             }
-            Err(e @ SignerError::Failed(_)) => {
-                // An outside signer failed: it may have signed something, so
-                // the order is not offered again; the client starts anew.
-                let problem = acme_proxy_protocol::Problem::new(
-                    ProblemType::ServerInternal,
-                    "the signing service failed to issue this certificate; place a new order",
-                );
-                self.store.fail_order(&order.id, &problem).await?;
+            Err(e) => {
+                let then = if matches!(e, SignerError::Failed(_)) {
+                    // An outside signer failed: it may have signed
+                    // something, so the order is not offered again; the
+                    // client starts anew.
+                    let problem = acme_proxy_protocol::Problem::new(
+                        ProblemType::ServerInternal,
+                        "the signing service failed to issue this certificate; place a new order",
+                    );
+                    self.store.fail_order(&order.id, &problem).await?;
+                    "the order is invalid"
+                } else {
+                    // Our failure, nothing signed: put the order back so it
+                    // can be finalized again once the operator has fixed
+                    // the signer.
+                    self.store.abort_finalize(&order.id).await?;
+                    "the order is ready again"
+                };
                 guard.armed = false;
                 tracing::error!(
                     event = "certificate.issue",
@@ -201,22 +211,7 @@ impl Authority {
                     account = %account.id,
                     order = %order.id,
                     error = %e,
-                    "the signer failed; the order is invalid"
-                );
-                return Err(AcmeError::internal(e));
-            }
-            Err(e @ SignerError::Internal(_)) => {
-                // Our failure, not the client's: put the order back so it can
-                // be finalized again once the operator has fixed the signer.
-                self.store.abort_finalize(&order.id).await?;
-                guard.armed = false;
-                tracing::error!(
-                    event = "certificate.issue",
-                    outcome = "failure",
-                    profile = %profile.name,
-                    account = %account.id,
-                    order = %order.id,
-                    error = %e,
+                    then,
                     "the signer failed"
                 );
                 return Err(AcmeError::internal(e));

@@ -223,6 +223,16 @@ async fn finalize_once(
     Result<(), instant_acme::Error>,
     Duration,
 ) {
+    let mut order = ready_order(account, name).await;
+    let started = Instant::now();
+    let result = order.finalize().await.map(|_| ());
+    let took = started.elapsed();
+    (order, result, took)
+}
+
+/// Orders `name` at `legacy` and triggers its challenge (bypassed): the
+/// order, ready.
+async fn ready_order(account: &instant_acme::Account, name: &str) -> instant_acme::Order {
     let ids = [Identifier::Dns(name.to_owned())];
     let mut order = account
         .new_order(&NewOrder::new(&ids))
@@ -241,10 +251,7 @@ async fn finalize_once(
         order.poll_ready(&client::retry()).await.expect("ready"),
         OrderStatus::Ready
     );
-    let started = Instant::now();
-    let result = order.finalize().await.map(|_| ());
-    let took = started.elapsed();
-    (order, result, took)
+    order
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,25 +360,8 @@ async fn a_client_that_hangs_up_while_the_program_signs_leaves_the_order_invalid
     let server = TestServer::start(free_port(), None, &pki.profile("4s")).await;
     let account = client::account(&server.directory("legacy")).await;
     pki.mode("hang");
-    let ids = [Identifier::Dns("hangup.legacy.test".to_owned())];
-    let mut order = account
-        .new_order(&NewOrder::new(&ids))
-        .await
-        .expect("order");
+    let mut order = ready_order(&account, "hangup.legacy.test").await;
     let url = order.url().to_owned();
-    let mut authorizations = order.authorizations();
-    while let Some(a) = authorizations.next().await {
-        a.expect("authz")
-            .challenge(ChallengeType::Http01)
-            .expect("http-01")
-            .set_ready()
-            .await
-            .expect("trigger");
-    }
-    assert_eq!(
-        order.poll_ready(&client::retry()).await.expect("ready"),
-        OrderStatus::Ready
-    );
     // The client gives up after half a second: its connection closes.
     let gave_up = tokio::time::timeout(Duration::from_millis(500), order.finalize()).await;
     assert!(gave_up.is_err(), "finalize cannot have answered yet");
