@@ -274,16 +274,7 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
         // renewal, to spread a fleet's cron jobs; not here.
         let mut args = vec!["renew".to_owned(), "--no-random-sleep-on-renew".to_owned()];
         args.extend(crate::clients::certbot_common(&d, &directory));
-        args.extend(
-            [
-                "--standalone",
-                "--http-01-port",
-                &port.to_string(),
-                "--http-01-address",
-                "127.0.0.1",
-            ]
-            .map(str::to_owned),
-        );
+        args.extend(crate::clients::certbot_standalone(port));
         run(certbot.display().to_string(), args, d.clone())
     };
     // A fresh 90-day certificate: its window is weeks away, so no renewal.

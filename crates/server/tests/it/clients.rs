@@ -302,21 +302,22 @@ pub(crate) fn certbot_certonly_standalone(
 ) -> Vec<String> {
     let mut args = vec!["certonly".to_owned()];
     args.extend(certbot_common(d, directory));
-    args.extend(
-        [
-            "--standalone",
-            "--http-01-port",
-            &port.to_string(),
-            "--http-01-address",
-            "127.0.0.1",
-            "-d",
-            name,
-            "--cert-name",
-            "t",
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(certbot_standalone(port));
+    args.extend(["-d", name, "--cert-name", "t"].map(str::to_owned));
     args
+}
+
+/// certbot's own http-01 server on 127.0.0.1:`port`.
+pub(crate) fn certbot_standalone(port: u16) -> Vec<String> {
+    [
+        "--standalone",
+        "--http-01-port",
+        &port.to_string(),
+        "--http-01-address",
+        "127.0.0.1",
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 /// The profile of the dns-01 tests.
@@ -373,16 +374,7 @@ async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
     let name = "certbot.example.test";
 
     let common = |d: &Path| certbot_common(d, &proxy.directory);
-    let standalone: Vec<String> = [
-        "--standalone",
-        "--http-01-port",
-        &port.to_string(),
-        "--http-01-address",
-        "127.0.0.1",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    let standalone = certbot_standalone(port);
     let check = |ran: &Ran, what: &str| {
         assert!(
             ran.success(),

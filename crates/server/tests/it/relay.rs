@@ -313,19 +313,9 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     let d = home.path().to_path_buf();
     let name = "relay-certbot.example.test";
     let mut args = clients::certbot_common(&d, &directory);
-    args.extend(
-        [
-            "certonly",
-            "--standalone",
-            "--http-01-port",
-            &port.to_string(),
-            "--http-01-address",
-            "127.0.0.1",
-            "-d",
-            name,
-        ]
-        .map(str::to_owned),
-    );
+    args.push("certonly".to_owned());
+    args.extend(clients::certbot_standalone(port));
+    args.extend(["-d".to_owned(), name.to_owned()]);
     let ran: Ran = clients::run("certbot", args, d.clone()).await;
     assert!(
         ran.success(),
