@@ -4,6 +4,7 @@ use acme_proxy_protocol::types::Identifier;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
+use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::jobs::insert_jobs_in;
 use crate::{NewJob, Result, Store, StoreError, to_json};
 
@@ -95,16 +96,18 @@ impl Store {
     /// transaction. False (nothing written) if the order was not processing:
     /// with the `UNIQUE (order_id)` constraint this makes "exactly one
     /// certificate per order" hold whatever the callers do. `notices` are
-    /// queued with it.
+    /// queued, and the issuance's `audit` row written, with it.
     pub async fn complete_order(
         &self,
         cert: &NewCertificateRow<'_>,
+        audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
         if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
+        insert_audit_in(&mut *tx, audit).await?;
         insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
@@ -266,32 +269,32 @@ pub(crate) async fn complete_order_in(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     cert: &NewCertificateRow<'_>,
 ) -> Result<bool> {
-    let processing: Option<String> =
-        sqlx::query_scalar("SELECT status FROM orders WHERE id = $1 AND status = 'processing'")
-            .bind(cert.order_id)
-            .fetch_optional(&mut **tx)
-            .await?;
-    if processing.is_none() {
+    // Written only while the order is processing (the guard and the insert
+    // are one statement); the status change follows (a trigger wants the
+    // certificate there first).
+    let inserted = sqlx::query(
+        "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
+             identifiers, not_before, not_after, created_at)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+          WHERE EXISTS (SELECT 1 FROM orders WHERE id = $3 AND status = 'processing')",
+    )
+    .bind(cert.id)
+    .bind(cert.profile)
+    .bind(cert.order_id)
+    .bind(cert.account_id)
+    .bind(cert.serial)
+    .bind(cert.chain_pem)
+    .bind(cert.key_thumbprint)
+    .bind(to_json(cert.identifiers))
+    .bind(cert.not_before)
+    .bind(cert.not_after)
+    .bind(cert.now)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if inserted != 1 {
         return Ok(false);
     }
-    sqlx::query(
-            "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
-                 identifiers, not_before, not_after, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(cert.id)
-        .bind(cert.profile)
-        .bind(cert.order_id)
-        .bind(cert.account_id)
-        .bind(cert.serial)
-        .bind(cert.chain_pem)
-        .bind(cert.key_thumbprint)
-        .bind(to_json(cert.identifiers))
-        .bind(cert.not_before)
-        .bind(cert.not_after)
-        .bind(cert.now)
-        .execute(&mut **tx)
-        .await?;
     sqlx::query("UPDATE orders SET status = 'valid' WHERE id = $1 AND status = 'processing'")
         .bind(cert.order_id)
         .execute(&mut **tx)

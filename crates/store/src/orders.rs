@@ -30,6 +30,9 @@ pub struct OrderRow {
     pub certificate_profile: Option<String>,
     /// RFC 9773 §5: the certificate identifier it replaces, as sent.
     pub replaces: Option<String>,
+    /// Its authorizations, in the order of its identifiers (read with the
+    /// order in one statement: every order document lists them).
+    pub authorization_ids: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,9 +99,10 @@ pub struct NewOrderRow {
 }
 
 /// What [`Store::insert_order`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InsertOrder {
-    Inserted,
+    /// The order as written (no need to read it back).
+    Inserted(Box<OrderRow>),
     /// RFC 9773 §5: another order that is not invalid already replaces the
     /// certificate named by `replaces`; nothing was written.
     AlreadyReplaced,
@@ -122,7 +126,9 @@ macro_rules! order_columns {
     () => {
         "o.id, o.profile, o.account_id, o.status, o.identifiers, o.not_before, \
      o.not_after, o.expires_at, o.error, o.created_at, c.id AS certificate_id, \
-     o.certificate_profile, o.replaces"
+     o.certificate_profile, o.replaces, \
+     (SELECT json_group_array(oa.authz_id ORDER BY oa.position) \
+        FROM order_authorizations oa WHERE oa.order_id = o.id) AS authorization_ids"
     };
 }
 macro_rules! authz_columns {
@@ -159,6 +165,7 @@ fn order_from_row(row: &SqliteRow) -> Result<OrderRow> {
         certificate_id: row.try_get("certificate_id")?,
         certificate_profile: row.try_get("certificate_profile")?,
         replaces: row.try_get("replaces")?,
+        authorization_ids: crate::json_vec(&row.try_get::<String, _>("authorization_ids")?)?,
     })
 }
 
@@ -190,9 +197,66 @@ fn challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
     })
 }
 
+/// The challenge columns under other names, for a row that also has an
+/// authorization's.
+macro_rules! joined_challenge_columns {
+    () => {
+        "ch.id AS ch_id, ch.authz_id AS ch_authz_id, ch.type AS ch_type, ch.token AS ch_token, \
+         ch.status AS ch_status, ch.validated_at AS ch_validated_at, ch.error AS ch_error"
+    };
+}
+
+fn joined_challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
+    Ok(ChallengeRow {
+        id: row.try_get("ch_id")?,
+        authz_id: row.try_get("ch_authz_id")?,
+        kind: row.try_get("ch_type")?,
+        token: row.try_get("ch_token")?,
+        status: row.try_get("ch_status")?,
+        validated_at: row.try_get("ch_validated_at")?,
+        error: problem(row.try_get("ch_error")?)?,
+    })
+}
+
+/// A challenge of `authz_id` just became valid: the authorization becomes
+/// valid until `valid_until`, and each pending order whose authorizations
+/// are now all valid becomes ready (RFC 8555 §7.1.6).
+async fn validate_authorization_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    authz_id: &str,
+    valid_until: i64,
+) -> Result<()> {
+    let moved = sqlx::query(
+        "UPDATE authorizations SET status = 'valid', expires_at = $1 WHERE id = $2 AND status = 'pending'",
+    )
+    .bind(valid_until)
+    .bind(authz_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        sqlx::query(
+            "UPDATE orders SET status = 'ready'
+             WHERE status = 'pending'
+               AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $1)
+               AND NOT EXISTS (
+                   SELECT 1 FROM order_authorizations oa
+                   JOIN authorizations a ON a.id = oa.authz_id
+                   WHERE oa.order_id = orders.id AND a.status <> 'valid')",
+        )
+        .bind(authz_id)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Creates an order with its authorizations and their challenges, in one
-    /// transaction.
+    /// transaction of at most five statements whatever the number of
+    /// identifiers (each table's rows in one multi-row `INSERT`: every
+    /// statement is a round trip to the connection's thread). Returns the
+    /// order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
         let mut tx = self.writer.begin().await?;
         let inserted = sqlx::query(
@@ -223,59 +287,106 @@ impl Store {
                 other?;
             }
         }
-        for (position, entry) in new.authorizations.iter().enumerate() {
-            let authz_id = match entry {
-                OrderAuthorization::Reuse(id) => id,
-                OrderAuthorization::New(authz) => {
-                    sqlx::query(
-                        "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8)",
-                    )
-                    .bind(&authz.id)
-                    .bind(&new.profile)
-                    .bind(&new.account_id)
-                    .bind(&authz.identifier.kind)
-                    .bind(&authz.identifier.value)
-                    .bind(authz.wildcard)
-                    .bind(authz.expires_at)
-                    .bind(new.now)
-                    .execute(&mut *tx)
-                    .await?;
-                    for ch in &authz.challenges {
-                        sqlx::query(
-                            "INSERT INTO challenges (id, authz_id, type, token, status) VALUES ($1, $2, $3, $4, 'pending')",
-                        )
-                        .bind(&ch.id)
-                        .bind(&authz.id)
-                        .bind(&ch.kind)
-                        .bind(&ch.token)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                    &authz.id
-                }
-            };
-            sqlx::query(
-                "INSERT INTO order_authorizations (order_id, authz_id, position) VALUES ($1, $2, $3)",
+        let fresh: Vec<&NewAuthorization> = new
+            .authorizations
+            .iter()
+            .filter_map(|a| match a {
+                OrderAuthorization::New(authz) => Some(authz),
+                OrderAuthorization::Reuse(_) => None,
+            })
+            .collect();
+        if !fresh.is_empty() {
+            sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at) ",
             )
-            .bind(&new.id)
-            .bind(authz_id)
-            .bind(position as i64)
+            .push_values(&fresh, |mut row, authz| {
+                row.push_bind(&authz.id)
+                    .push_bind(&new.profile)
+                    .push_bind(&new.account_id)
+                    .push_bind(&authz.identifier.kind)
+                    .push_bind(&authz.identifier.value)
+                    .push_bind(authz.wildcard)
+                    .push_bind("pending")
+                    .push_bind(authz.expires_at)
+                    .push_bind(new.now);
+            })
+            .build()
+            .execute(&mut *tx)
+            .await?;
+            let challenges: Vec<(&str, &NewChallenge)> = fresh
+                .iter()
+                .flat_map(|a| a.challenges.iter().map(|ch| (a.id.as_str(), ch)))
+                .collect();
+            if !challenges.is_empty() {
+                sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                    "INSERT INTO challenges (id, authz_id, type, token, status) ",
+                )
+                .push_values(&challenges, |mut row, (authz_id, ch)| {
+                    row.push_bind(&ch.id)
+                        .push_bind(*authz_id)
+                        .push_bind(&ch.kind)
+                        .push_bind(&ch.token)
+                        .push_bind("pending");
+                })
+                .build()
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        let authorization_ids: Vec<String> = new
+            .authorizations
+            .iter()
+            .map(|a| match a {
+                OrderAuthorization::Reuse(id) => id.clone(),
+                OrderAuthorization::New(authz) => authz.id.clone(),
+            })
+            .collect();
+        if !authorization_ids.is_empty() {
+            sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "INSERT INTO order_authorizations (order_id, authz_id, position) ",
+            )
+            .push_values(authorization_ids.iter().enumerate(), |mut row, (position, id)| {
+                row.push_bind(&new.id).push_bind(id).push_bind(position as i64);
+            })
+            .build()
             .execute(&mut *tx)
             .await?;
         }
         // Every authorization reused and valid: the order is ready at once
-        // (RFC 8555 §7.1.6).
-        sqlx::query(
-            "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'pending'
-               AND NOT EXISTS (SELECT 1 FROM order_authorizations oa JOIN authorizations a ON a.id = oa.authz_id
-                               WHERE oa.order_id = orders.id AND a.status <> 'valid')",
-        )
-        .bind(&new.id)
-        .execute(&mut *tx)
-        .await?;
+        // (RFC 8555 §7.1.6). A new authorization is pending, so the check is
+        // needed only when all were reused.
+        let mut status = "pending";
+        if fresh.is_empty() {
+            let ready = sqlx::query(
+                "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'pending'
+                   AND NOT EXISTS (SELECT 1 FROM order_authorizations oa JOIN authorizations a ON a.id = oa.authz_id
+                                   WHERE oa.order_id = orders.id AND a.status <> 'valid')",
+            )
+            .bind(&new.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if ready == 1 {
+                status = "ready";
+            }
+        }
         tx.commit().await?;
-        Ok(InsertOrder::Inserted)
+        Ok(InsertOrder::Inserted(Box::new(OrderRow {
+            id: new.id.clone(),
+            profile: new.profile.clone(),
+            account_id: new.account_id.clone(),
+            status: status.to_owned(),
+            identifiers: new.identifiers.clone(),
+            not_before: new.not_before,
+            not_after: new.not_after,
+            expires_at: new.expires_at,
+            error: None,
+            created_at: new.now,
+            certificate_id: None,
+            certificate_profile: new.certificate_profile.clone(),
+            replaces: new.replaces.as_ref().map(|r| r.0.clone()),
+            authorization_ids,
+        })))
     }
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
@@ -288,16 +399,6 @@ impl Store {
         .fetch_optional(&self.reader)
         .await?;
         row.as_ref().map(order_from_row).transpose()
-    }
-
-    /// The order's authorization ids, in the order of its identifiers.
-    pub async fn order_authorization_ids(&self, order_id: &str) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT authz_id FROM order_authorizations WHERE order_id = $1 ORDER BY position",
-        )
-        .bind(order_id)
-        .fetch_all(&self.reader)
-        .await?)
     }
 
     /// One page of an account's order ids, oldest first (RFC 8555 §7.1.2.1).
@@ -351,6 +452,56 @@ impl Store {
         .fetch_optional(&self.reader)
         .await?;
         row.as_ref().map(challenge_from_row).transpose()
+    }
+
+    /// An authorization with its challenges, in one statement.
+    pub async fn authorization_with_challenges(
+        &self,
+        id: &str,
+    ) -> Result<Option<(AuthorizationRow, Vec<ChallengeRow>)>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            authz_columns!(),
+            ", ",
+            joined_challenge_columns!(),
+            " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
+              WHERE a.id = $1 ORDER BY ch.rowid"
+        ))
+        .bind(id)
+        .fetch_all(&self.reader)
+        .await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let authz = authz_from_row(first)?;
+        let mut challenges = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // LEFT JOIN: an authorization without challenges is one row of NULLs.
+            if row.try_get::<Option<String>, _>("ch_id")?.is_some() {
+                challenges.push(joined_challenge_from_row(row)?);
+            }
+        }
+        Ok(Some((authz, challenges)))
+    }
+
+    /// A challenge with its authorization, in one statement.
+    pub async fn challenge_with_authorization(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            authz_columns!(),
+            ", ",
+            joined_challenge_columns!(),
+            " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.as_ref()
+            .map(|row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)))
+            .transpose()
     }
 
     /// A valid authorization of `account_id` for `identifier` (same wildcard
@@ -471,54 +622,30 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut tx = self.writer.begin().await?;
-        let authz_id: Option<String> = sqlx::query_scalar(
-            "SELECT authz_id FROM challenges WHERE id = $1 AND status = 'processing'",
-        )
-        .bind(challenge_id)
+        // The guarded change and the read of its authorization are one
+        // statement.
+        let authz_id: Option<String> = match outcome {
+            Ok(()) => sqlx::query_scalar(
+                "UPDATE challenges SET status = 'valid', validated_at = $1
+                 WHERE id = $2 AND status = 'processing' RETURNING authz_id",
+            )
+            .bind(now)
+            .bind(challenge_id),
+            Err(problem) => sqlx::query_scalar(
+                "UPDATE challenges SET status = 'invalid', error = $1
+                 WHERE id = $2 AND status = 'processing' RETURNING authz_id",
+            )
+            .bind(to_json(problem))
+            .bind(challenge_id),
+        }
         .fetch_optional(&mut *tx)
         .await?;
         let Some(authz_id) = authz_id else {
             return Ok(false);
         };
         match outcome {
-            Ok(()) => {
-                sqlx::query(
-                    "UPDATE challenges SET status = 'valid', validated_at = $1 WHERE id = $2",
-                )
-                .bind(now)
-                .bind(challenge_id)
-                .execute(&mut *tx)
-                .await?;
-                let moved = sqlx::query(
-                    "UPDATE authorizations SET status = 'valid', expires_at = $1 WHERE id = $2 AND status = 'pending'",
-                )
-                .bind(valid_until)
-                .bind(&authz_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if moved == 1 {
-                    sqlx::query(
-                        "UPDATE orders SET status = 'ready'
-                         WHERE status = 'pending'
-                           AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $1)
-                           AND NOT EXISTS (
-                               SELECT 1 FROM order_authorizations oa
-                               JOIN authorizations a ON a.id = oa.authz_id
-                               WHERE oa.order_id = orders.id AND a.status <> 'valid')",
-                    )
-                    .bind(&authz_id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
+            Ok(()) => validate_authorization_in(&mut tx, &authz_id, valid_until).await?,
             Err(problem) => {
-                let error = to_json(problem);
-                sqlx::query("UPDATE challenges SET status = 'invalid', error = $1 WHERE id = $2")
-                    .bind(&error)
-                    .bind(challenge_id)
-                    .execute(&mut *tx)
-                    .await?;
                 sqlx::query("UPDATE authorizations SET status = 'invalid' WHERE id = $1 AND status = 'pending'")
                     .bind(&authz_id)
                     .execute(&mut *tx)
@@ -528,13 +655,44 @@ impl Store {
                      WHERE status = 'pending'
                        AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $2)",
                 )
-                .bind(&error)
+                .bind(to_json(problem))
                 .bind(&authz_id)
                 .execute(&mut *tx)
                 .await?;
             }
         }
         insert_jobs_in(&mut tx, notices).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// pending → valid for a challenge at once, with its authorization and
+    /// orders as [`Store::settle_challenge`] moves them: validation bypass,
+    /// for tests. Guarded as [`Store::start_challenge`]: false (nothing
+    /// written) if another request got there first or the authorization is
+    /// no longer pending and unexpired.
+    pub async fn bypass_challenge(
+        &self,
+        challenge_id: &str,
+        now: i64,
+        valid_until: i64,
+    ) -> Result<bool> {
+        let mut tx = self.writer.begin().await?;
+        let authz_id: Option<String> = sqlx::query_scalar(
+            "UPDATE challenges SET status = 'valid', validated_at = $2
+             WHERE id = $1 AND status = 'pending'
+               AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
+                           AND a.status = 'pending' AND a.expires_at > $2)
+             RETURNING authz_id",
+        )
+        .bind(challenge_id)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(authz_id) = authz_id else {
+            return Ok(false);
+        };
+        validate_authorization_in(&mut tx, &authz_id, valid_until).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -23,7 +23,7 @@ pub fn account(urls: &Urls, row: &AccountRow) -> Account {
     }
 }
 
-pub fn order(urls: &Urls, row: &OrderRow, authz_ids: &[String]) -> AcmeResult<Order> {
+pub fn order(urls: &Urls, row: &OrderRow) -> AcmeResult<Order> {
     Ok(Order {
         status: OrderStatus::parse(&row.status).ok_or_else(|| {
             AcmeError::internal(format!("order {} has status {:?}", row.id, row.status))
@@ -33,7 +33,7 @@ pub fn order(urls: &Urls, row: &OrderRow, authz_ids: &[String]) -> AcmeResult<Or
         not_before: row.not_before.map(rfc3339),
         not_after: row.not_after.map(rfc3339),
         error: row.error.clone(),
-        authorizations: authz_ids.iter().map(|id| urls.authz(id)).collect(),
+        authorizations: row.authorization_ids.iter().map(|id| urls.authz(id)).collect(),
         finalize: urls.finalize(&row.id),
         certificate: row.certificate_id.as_deref().map(|id| urls.certificate(id)),
         profile: row.certificate_profile.clone(),

@@ -247,9 +247,8 @@ pub async fn new_order(
                 .authority
                 .new_order(&p, req.account()?, &payload)
                 .await?;
-            let authz = app.authority.order_authorization_ids(&row.id).await?;
             let urls = app.urls(&p.name);
-            Ok(Reply::json(201, &documents::order(&urls, &row, &authz)?)
+            Ok(Reply::json(201, &documents::order(&urls, &row)?)
                 .location(urls.order(&row.id)))
         }
         .await,
@@ -261,10 +260,9 @@ async fn order_reply(
     profile: &str,
     row: &acme_proxy_store::OrderRow,
 ) -> AcmeResult<Reply> {
-    let authz = app.authority.order_authorization_ids(&row.id).await?;
     let urls = app.urls(profile);
     let mut reply =
-        Reply::json(200, &documents::order(&urls, row, &authz)?).location(urls.order(&row.id));
+        Reply::json(200, &documents::order(&urls, row)?).location(urls.order(&row.id));
     if row.status == "processing" {
         reply = reply.retry_after(RETRY_AFTER);
     }

@@ -25,10 +25,61 @@ pub(crate) struct Fact<'a> {
     pub detail: Option<&'a str>,
 }
 
+/// What an audit row adds to its [`Fact`]: who, when, and where the
+/// request came from (owned, so that the row can be written inside another
+/// store transaction).
+#[derive(Debug)]
+pub(crate) struct AuditContext {
+    at: i64,
+    ctx: RequestContext,
+    actor: String,
+    detail: Option<String>,
+    reverse_name: Option<String>,
+}
+
+impl AuditContext {
+    /// The row of `fact` (the same fact [`Authority::audit_context`] saw).
+    pub(crate) fn row<'a>(&'a self, fact: &Fact<'a>) -> NewAuditRow<'a> {
+        NewAuditRow {
+            at: self.at,
+            event: fact.event,
+            outcome: fact.outcome,
+            profile: Some(fact.profile),
+            actor: &self.actor,
+            account_id: fact.account,
+            order_id: fact.order,
+            serial: fact.serial,
+            identifiers: fact.identifiers,
+            client_ip: self.ctx.client_ip.as_deref(),
+            reverse_name: self.reverse_name.as_deref(),
+            user_agent: self.ctx.user_agent.as_deref(),
+            request_id: self.ctx.request_id.as_deref(),
+            problem_type: fact.error.map(|e| e.kind.name()),
+            detail: self.detail.as_deref(),
+        }
+    }
+}
+
 impl Authority {
     /// Writes one audit row for a request of an account, with where the
     /// request came from; the metric moves only if the row was written.
     pub(crate) async fn audit(&self, fact: Fact<'_>) {
+        let context = self.audit_context(&fact).await;
+        let row = context.row(&fact);
+        match self.store.insert_audit(&row).await {
+            Ok(()) => self.metrics.audited(&row),
+            Err(e) => tracing::error!(
+                event = "audit.write",
+                outcome = "failure",
+                audit_event = fact.event,
+                error = %e,
+                "could not write the audit row"
+            ),
+        }
+    }
+
+    /// Everything of `fact`'s audit row that is not in the fact.
+    pub(crate) async fn audit_context(&self, fact: &Fact<'_>) -> AuditContext {
         let ctx = RequestContext::current();
         let actor = match (fact.actor, fact.account) {
             (Some(actor), _) => actor.to_owned(),
@@ -47,32 +98,12 @@ impl Authority {
             Some(ip) => self.reverse.lookup(ip).await,
             None => None,
         };
-        let row = NewAuditRow {
+        AuditContext {
             at: self.clock.unix(),
-            event: fact.event,
-            outcome: fact.outcome,
-            profile: Some(fact.profile),
-            actor: &actor,
-            account_id: fact.account,
-            order_id: fact.order,
-            serial: fact.serial,
-            identifiers: fact.identifiers,
-            client_ip: ctx.client_ip.as_deref(),
-            reverse_name: reverse_name.as_deref(),
-            user_agent: ctx.user_agent.as_deref(),
-            request_id: ctx.request_id.as_deref(),
-            problem_type: fact.error.map(|e| e.kind.name()),
-            detail: detail.as_deref(),
-        };
-        match self.store.insert_audit(&row).await {
-            Ok(()) => self.metrics.audited(&row),
-            Err(e) => tracing::error!(
-                event = "audit.write",
-                outcome = "failure",
-                audit_event = fact.event,
-                error = %e,
-                "could not write the audit row"
-            ),
+            ctx,
+            actor,
+            detail,
+            reverse_name,
         }
     }
 }

@@ -225,6 +225,19 @@ impl Authority {
         notice.serial = Some(issued.serial.clone());
         notice.not_after = Some(crate::clock::rfc3339(issued.not_after));
         let outbox = self.notifier.outbox(&notice);
+        // The issuance's audit row commits with the certificate.
+        let fact = super::audit::Fact {
+            event: "certificate.issued",
+            outcome: "success",
+            profile: &profile.name,
+            account: Some(&account.id),
+            order: Some(&order.id),
+            serial: Some(&issued.serial),
+            identifiers: Some(&order.identifiers),
+            ..Default::default()
+        };
+        let audit = self.audit_context(&fact).await;
+        let audit_row = audit.row(&fact);
         let stored = self
             .store
             .complete_order(
@@ -241,6 +254,7 @@ impl Authority {
                     not_after: issued.not_after,
                     now: self.clock.unix(),
                 },
+                &audit_row,
                 &outbox.jobs(),
             )
             .await;
@@ -267,17 +281,7 @@ impl Authority {
             ));
         }
         self.notifier.posted(&outbox);
-        self.audit(super::audit::Fact {
-            event: "certificate.issued",
-            outcome: "success",
-            profile: &profile.name,
-            account: Some(&account.id),
-            order: Some(&order.id),
-            serial: Some(&issued.serial),
-            identifiers: Some(&order.identifiers),
-            ..Default::default()
-        })
-        .await;
+        self.metrics.audited(&audit_row);
         tracing::info!(
             event = "certificate.issued",
             outcome = "success",
@@ -288,10 +292,12 @@ impl Authority {
             identifiers = %order.identifiers.iter().map(|i| i.value.as_str()).collect::<Vec<_>>().join(","),
             "certificate issued"
         );
-        self.store
-            .order(&order.id)
-            .await?
-            .ok_or_else(|| AcmeError::internal("order vanished after issuance"))
+        // The order as the transaction left it (no read back).
+        Ok(OrderRow {
+            status: "valid".to_owned(),
+            certificate_id: Some(cert_id),
+            ..order
+        })
     }
 
     /// The certificate resource (§7.4.2), for the account that ordered it.

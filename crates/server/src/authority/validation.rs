@@ -56,10 +56,7 @@ impl JobHandler for ValidationJobs {
                 return Outcome::Failed(format!("payload {:?} names no challenge", job.payload));
             };
             let loaded = async {
-                let Some(ch) = a.store.challenge(&id).await? else {
-                    return Ok(None);
-                };
-                let Some(authz) = a.store.authorization(&ch.authz_id).await? else {
+                let Some((ch, authz)) = a.store.challenge_with_authorization(&id).await? else {
                     return Ok(None);
                 };
                 let account = a.store.account(&authz.account_id).await?;
