@@ -1,6 +1,6 @@
 //! Accounts (RFC 8555 §7.1.2, §7.3).
 
-use sqlx::Row;
+use sqlx::{Connection, Row};
 
 use crate::jobs::insert_jobs_in;
 use crate::{NewJob, Result, Store, json_vec, to_json};
@@ -76,7 +76,8 @@ impl Store {
         new: &NewAccountRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<(AccountRow, bool)> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid)
              VALUES ($1, $2, $3, $4, 'valid', $5, $6, $7, $8)
@@ -122,7 +123,7 @@ impl Store {
         ))
         .bind(profile)
         .bind(thumbprint)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(account_from_row).transpose()
     }
@@ -134,7 +135,7 @@ impl Store {
             " FROM accounts WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(account_from_row).transpose()
     }
@@ -146,7 +147,7 @@ impl Store {
             sqlx::query("UPDATE accounts SET contact = $1 WHERE id = $2 AND status = 'valid'")
                 .bind(to_json(contact))
                 .bind(id)
-                .execute(&self.writer)
+                .execute(&mut *self.writer().await)
                 .await?
                 .rows_affected()
                 == 1,
@@ -158,7 +159,7 @@ impl Store {
         Ok(
             sqlx::query("UPDATE accounts SET tos_agreed = 1 WHERE id = $1 AND status = 'valid'")
                 .bind(id)
-                .execute(&self.writer)
+                .execute(&mut *self.writer().await)
                 .await?
                 .rows_affected()
                 == 1,
@@ -170,7 +171,8 @@ impl Store {
     /// unfinished orders, in one transaction: nothing signed by a deactivated
     /// account may progress. `notices` are queued with the change.
     pub async fn deactivate_account(&self, id: &str, notices: &[NewJob<'_>]) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE accounts SET status = 'deactivated' WHERE id = $1 AND status = 'valid'",
         )
@@ -209,7 +211,8 @@ impl Store {
         new_thumbprint: &str,
         new_jwk: &str,
     ) -> Result<KeyChangeOutcome> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let holder: Option<String> = sqlx::query_scalar(
             "SELECT id FROM accounts WHERE profile = $1 AND key_thumbprint = $2",
         )
@@ -258,7 +261,7 @@ impl Store {
         .bind(profile)
         .bind(status)
         .bind(limit)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         rows.iter().map(account_from_row).collect()
     }
@@ -270,7 +273,7 @@ impl Store {
                     (SELECT COUNT(*) FROM certificates WHERE account_id = $1) AS certificates",
         )
         .bind(id)
-        .fetch_one(&self.reader)
+        .fetch_one(&mut *self.reader().await)
         .await?;
         Ok((row.try_get("orders")?, row.try_get("certificates")?))
     }

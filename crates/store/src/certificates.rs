@@ -1,7 +1,7 @@
 //! Issued certificates, revocation (RFC 8555 §7.6) and CRLs (RFC 5280 §5).
 
 use acme_proxy_protocol::types::Identifier;
-use sqlx::Row;
+use sqlx::{Connection, Row};
 use sqlx::sqlite::SqliteRow;
 
 use crate::audit::{NewAuditRow, insert_audit_in};
@@ -103,7 +103,8 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
@@ -120,7 +121,7 @@ impl Store {
             " FROM certificates WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(cert_from_row).transpose()
     }
@@ -137,7 +138,7 @@ impl Store {
         ))
         .bind(profile)
         .bind(serial)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(cert_from_row).transpose()
     }
@@ -152,7 +153,8 @@ impl Store {
         now: i64,
         notices: &[NewJob<'_>],
     ) -> Result<RevokeOutcome> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE certificates SET revoked_at = $1, revocation_reason = $2
              WHERE profile = $3 AND serial = $4 AND revoked_at IS NULL",
@@ -190,7 +192,7 @@ impl Store {
         )
         .bind(profile)
         .bind(now)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         rows.iter()
             .map(|row| {
@@ -209,7 +211,7 @@ impl Store {
             "SELECT MAX(revoked_at) FROM certificates WHERE profile = $1 AND revoked_at IS NOT NULL",
         )
         .bind(profile)
-        .fetch_one(&self.reader)
+        .fetch_one(&mut *self.reader().await)
         .await?)
     }
 
@@ -219,7 +221,7 @@ impl Store {
             "SELECT number, this_update, next_update, der FROM crls WHERE profile = $1",
         )
         .bind(profile)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.map(|row| {
             Ok(CrlRow {
@@ -237,7 +239,7 @@ impl Store {
     pub async fn next_crl_number(&self, profile: &str) -> Result<i64> {
         let last: Option<i64> = sqlx::query_scalar("SELECT number FROM crls WHERE profile = $1")
             .bind(profile)
-            .fetch_optional(&self.writer)
+            .fetch_optional(&mut *self.writer().await)
             .await?;
         Ok(last.unwrap_or(0) + 1)
     }
@@ -256,7 +258,7 @@ impl Store {
         .bind(crl.this_update)
         .bind(crl.next_update)
         .bind(&crl.der)
-        .execute(&self.writer)
+        .execute(&mut *self.writer().await)
         .await?
         .rows_affected()
             == 1)

@@ -24,10 +24,13 @@ mod orders;
 mod relay;
 
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use tokio::sync::{Mutex, MutexGuard};
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
@@ -59,14 +62,26 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Handle to the database. Cheap to clone.
 ///
-/// SQLite allows one writer at a time; all writes go through a pool of one
-/// connection so that concurrent requests queue in-process instead of
-/// colliding in `SQLITE_BUSY` retries, while reads use a separate pool and
+/// SQLite allows one writer at a time; all writes go through one connection
+/// so that concurrent requests queue in-process instead of colliding in
+/// `SQLITE_BUSY` retries, while reads use a few read-only connections and
 /// see the last committed state (WAL).
+///
+/// The connections are held behind async mutexes rather than in an
+/// `sqlx::Pool`: the pool pings a connection on every acquire and every
+/// release, and with SQLite each ping is a round trip to the connection's
+/// worker thread — two extra thread hand-offs per statement, measured as
+/// the largest single cost of an issuance (docs/performance.md). A
+/// connection to a local file does not go stale, so there is nothing for
+/// the pings to find; a statement whose future is dropped leaves the
+/// connection consistent because its worker runs commands in order (an
+/// abandoned transaction's rollback is queued before the next user's
+/// statements).
 #[derive(Clone, Debug)]
 pub struct Store {
-    writer: SqlitePool,
-    reader: SqlitePool,
+    writer: Arc<Mutex<SqliteConnection>>,
+    readers: Arc<[Mutex<SqliteConnection>]>,
+    next_reader: Arc<AtomicUsize>,
 }
 
 /// Tuning knobs for [`Store::open`].
@@ -105,36 +120,63 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(options.busy_timeout);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .connect_with(base.clone())
-            .await?;
-        SQLITE_MIGRATIONS.run(&writer).await?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(options.read_connections.max(1))
-            .connect_with(base.read_only(true))
-            .await?;
-        Ok(Self { writer, reader })
+        let mut writer = base.connect().await?;
+        SQLITE_MIGRATIONS.run(&mut writer).await?;
+        let read_only = base.read_only(true);
+        let mut readers = Vec::new();
+        for _ in 0..options.read_connections.max(1) {
+            readers.push(Mutex::new(read_only.connect().await?));
+        }
+        Ok(Self {
+            writer: Arc::new(Mutex::new(writer)),
+            readers: readers.into(),
+            next_reader: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
-    /// Closes both pools, waiting for in-flight statements.
+    /// The writer connection, once the statements queued before are done.
+    async fn writer(&self) -> MutexGuard<'_, SqliteConnection> {
+        self.writer.lock().await
+    }
+
+    /// An idle read connection if there is one, else the next in turn.
+    async fn reader(&self) -> MutexGuard<'_, SqliteConnection> {
+        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
+        let n = self.readers.len();
+        for i in 0..n {
+            if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
+                return conn;
+            }
+        }
+        self.readers[start % n].lock().await
+    }
+
+    /// Closes every connection, waiting for in-flight statements.
     pub async fn close(&self) {
-        self.writer.close().await;
-        self.reader.close().await;
+        let writer = std::mem::replace(
+            &mut *self.writer.lock().await,
+            // A closed store keeps no connection open: the placeholder is an
+            // in-memory database nobody writes to.
+            match SqliteConnection::connect("sqlite::memory:").await {
+                Ok(c) => c,
+                Err(_) => return,
+            },
+        );
+        let _ = writer.close().await;
     }
 
-    /// (pool, connections open, of which idle) for each pool.
+    /// (connections, open, of which idle) for the writer and the readers.
     pub fn pool_stats(&self) -> [(&'static str, u32, u32); 2] {
+        let idle_readers = self.readers.iter().filter(|r| r.try_lock().is_ok()).count();
         [
-            ("writer", self.writer.size(), self.writer.num_idle() as u32),
-            ("reader", self.reader.size(), self.reader.num_idle() as u32),
+            ("writer", 1, u32::from(self.writer.try_lock().is_ok())),
+            ("reader", self.readers.len() as u32, idle_readers as u32),
         ]
     }
 
     /// A cheap liveness probe for `/health`.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        sqlx::query("SELECT 1").execute(&mut *self.reader().await).await?;
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 
 use acme_proxy_protocol::Problem;
 use acme_proxy_protocol::types::Identifier;
-use sqlx::Row;
+use sqlx::{Connection, Row};
 use sqlx::sqlite::SqliteRow;
 
 use crate::jobs::insert_jobs_in;
@@ -258,7 +258,8 @@ impl Store {
     /// statement is a round trip to the connection's thread). Returns the
     /// order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
                                  certificate_profile, replaces, replaces_certificate_id)
@@ -396,7 +397,7 @@ impl Store {
             " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id WHERE o.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(order_from_row).transpose()
     }
@@ -414,7 +415,7 @@ impl Store {
         .bind(account_id)
         .bind(limit)
         .bind(offset)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?)
     }
 
@@ -425,7 +426,7 @@ impl Store {
             " FROM authorizations a WHERE a.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(authz_from_row).transpose()
     }
@@ -437,7 +438,7 @@ impl Store {
             " FROM challenges ch WHERE ch.authz_id = $1 ORDER BY ch.rowid"
         ))
         .bind(authz_id)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         rows.iter().map(challenge_from_row).collect()
     }
@@ -449,7 +450,7 @@ impl Store {
             " FROM challenges ch WHERE ch.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref().map(challenge_from_row).transpose()
     }
@@ -468,7 +469,7 @@ impl Store {
               WHERE a.id = $1 ORDER BY ch.rowid"
         ))
         .bind(id)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         let Some(first) = rows.first() else {
             return Ok(None);
@@ -497,7 +498,7 @@ impl Store {
             " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         row.as_ref()
             .map(|row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)))
@@ -532,7 +533,7 @@ impl Store {
         .bind(wildcard)
         .bind(valid_past)
         .bind(validated_since)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?)
     }
 
@@ -557,7 +558,7 @@ impl Store {
         .bind(&identifier.value)
         .bind(wildcard)
         .bind(now)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.reader().await)
         .await?;
         Ok(found.is_some())
     }
@@ -569,7 +570,7 @@ impl Store {
         Ok(sqlx::query(START_CHALLENGE)
             .bind(challenge_id)
             .bind(now)
-            .execute(&self.writer)
+            .execute(&mut *self.writer().await)
             .await?
             .rows_affected()
             == 1)
@@ -585,7 +586,8 @@ impl Store {
         job: &crate::NewJob<'_>,
         now_ms: i64,
     ) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let started = sqlx::query(START_CHALLENGE)
             .bind(challenge_id)
             .bind(now)
@@ -621,7 +623,8 @@ impl Store {
         valid_until: i64,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         // The guarded change and the read of its authorization are one
         // statement.
         let authz_id: Option<String> = match outcome {
@@ -677,7 +680,8 @@ impl Store {
         now: i64,
         valid_until: i64,
     ) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let authz_id: Option<String> = sqlx::query_scalar(
             "UPDATE challenges SET status = 'valid', validated_at = $2
              WHERE id = $1 AND status = 'pending'
@@ -700,7 +704,8 @@ impl Store {
     /// pending|valid → deactivated for an authorization (RFC 8555 §7.5.2);
     /// its unfinished orders become invalid. False if it was neither.
     pub async fn deactivate_authorization(&self, authz_id: &str) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE authorizations SET status = 'deactivated' WHERE id = $1 AND status IN ('pending', 'valid')",
         )
@@ -741,7 +746,7 @@ impl Store {
         )
         .bind(certificate_id)
         .bind(now)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         let mut n = 0;
         for id in ids {
@@ -753,7 +758,8 @@ impl Store {
     }
 
     pub async fn expire_order(&self, order_id: &str, now: i64, error: &Problem) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut conn = self.writer().await;
+        let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE orders SET status = 'invalid', error = $1
              WHERE id = $2 AND status IN ('pending', 'ready') AND expires_at <= $3",
@@ -787,7 +793,7 @@ impl Store {
             "UPDATE orders SET status = 'processing' WHERE id = $1 AND status = 'ready'",
         )
         .bind(order_id)
-        .execute(&self.writer)
+        .execute(&mut *self.writer().await)
         .await?
         .rows_affected()
             == 1)
@@ -800,7 +806,7 @@ impl Store {
             "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'processing'",
         )
         .bind(order_id)
-        .execute(&self.writer)
+        .execute(&mut *self.writer().await)
         .await?
         .rows_affected()
             == 1)
@@ -813,7 +819,7 @@ impl Store {
         )
         .bind(to_json(error))
         .bind(order_id)
-        .execute(&self.writer)
+        .execute(&mut *self.writer().await)
         .await?
         .rows_affected()
             == 1)
@@ -842,7 +848,7 @@ impl Store {
         ))
         .bind(limit)
         .bind(job_kind)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         rows.iter()
             .map(|row| {
@@ -898,7 +904,7 @@ impl Store {
         .bind(account)
         .bind(status)
         .bind(limit)
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *self.reader().await)
         .await?;
         rows.iter().map(order_from_row).collect()
     }
