@@ -264,6 +264,14 @@ impl CsrKey {
     }
 }
 
+/// How long the newOrder and finalize requests of one issuance took (the
+/// two writes whose cost may grow with the number of stored orders).
+#[derive(Clone, Copy, Debug, Default)]
+struct Steps {
+    new_order: Duration,
+    finalize: Duration,
+}
+
 /// One whole issuance; the certificate's names are checked.
 async fn issue(
     account: &Account,
@@ -271,12 +279,14 @@ async fn issue(
     challenge: Challenge,
     board: &Board,
     key: &CsrKey,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Steps> {
     let ids: Vec<Identifier> = names.iter().map(|n| Identifier::Dns(n.clone())).collect();
+    let t = Instant::now();
     let mut order = account
         .new_order(&NewOrder::new(&ids))
         .await
         .context("newOrder")?;
+    let new_order = t.elapsed();
     let mut tokens = Vec::new();
     let mut auths = order.authorizations();
     while let Some(authz) = auths.next().await {
@@ -311,7 +321,9 @@ async fn issue(
     let mut params = rcgen::CertificateParams::new(names.to_vec())?;
     params.distinguished_name = rcgen::DistinguishedName::new();
     let csr = params.serialize_request(&key)?;
+    let t = Instant::now();
     order.finalize_csr(csr.der()).await.context("finalize")?;
+    let finalize = t.elapsed();
     let chain = order
         .poll_certificate(&retry())
         .await
@@ -339,7 +351,10 @@ async fn issue(
     if sans != want {
         bail!("the certificate names {sans:?}, not {want:?}");
     }
-    Ok(())
+    Ok(Steps {
+        new_order,
+        finalize,
+    })
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -411,10 +426,10 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("no certificate within {timeout:?}")));
                 match result {
-                    Ok(()) => latencies
+                    Ok(steps) => latencies
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .push(t.elapsed()),
+                        .push((t.elapsed(), steps)),
                     Err(e) => errors
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -427,8 +442,15 @@ async fn main() -> anyhow::Result<()> {
         w.await?;
     }
     let elapsed = started.elapsed();
-    let mut lat = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    lat.sort();
+    let done = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let sorted = |f: fn(&(Duration, Steps)) -> Duration| {
+        let mut v: Vec<Duration> = done.iter().map(f).collect();
+        v.sort();
+        v
+    };
+    let lat = sorted(|d| d.0);
+    let new_order = sorted(|d| d.1.new_order);
+    let finalize = sorted(|d| d.1.finalize);
     let errors = errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let rate = lat.len() as f64 / elapsed.as_secs_f64();
     let summary = serde_json::json!({
@@ -444,13 +466,17 @@ async fn main() -> anyhow::Result<()> {
         "p90_ms": ms(percentile(&lat, 0.90)),
         "p99_ms": ms(percentile(&lat, 0.99)),
         "max_ms": ms(lat.last().copied().unwrap_or_default()),
+        "new_order_p50_ms": ms(percentile(&new_order, 0.50)),
+        "new_order_p99_ms": ms(percentile(&new_order, 0.99)),
+        "finalize_p50_ms": ms(percentile(&finalize, 0.50)),
+        "finalize_p99_ms": ms(percentile(&finalize, 0.99)),
         "first_error": errors.first(),
     });
     if args.json {
         println!("{summary}");
     } else {
         println!(
-            "{} issued, {} errors ({} shed requests retried) in {:.2}s: {:.1}/s; latency p50 {} ms, p90 {} ms, p99 {} ms, max {} ms",
+            "{} issued, {} errors ({} shed requests retried) in {:.2}s: {:.1}/s; latency p50 {} ms, p90 {} ms, p99 {} ms, max {} ms; newOrder p50 {} ms, p99 {} ms; finalize p50 {} ms, p99 {} ms",
             lat.len(),
             errors.len(),
             SHED.load(Ordering::Relaxed),
@@ -459,7 +485,11 @@ async fn main() -> anyhow::Result<()> {
             summary["p50_ms"],
             summary["p90_ms"],
             summary["p99_ms"],
-            summary["max_ms"]
+            summary["max_ms"],
+            summary["new_order_p50_ms"],
+            summary["new_order_p99_ms"],
+            summary["finalize_p50_ms"],
+            summary["finalize_p99_ms"]
         );
         if let Some(e) = errors.first() {
             println!("first error: {e}");
