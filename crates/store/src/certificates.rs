@@ -1,8 +1,8 @@
 //! Issued certificates, revocation (RFC 8555 §7.6) and CRLs (RFC 5280 §5).
 
 use acme_proxy_protocol::types::Identifier;
-use sqlx::{Connection, Row};
 use sqlx::sqlite::SqliteRow;
+use sqlx::{Connection, Row};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::jobs::insert_jobs_in;

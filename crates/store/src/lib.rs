@@ -176,7 +176,9 @@ impl Store {
 
     /// A cheap liveness probe for `/health`.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&mut *self.reader().await).await?;
+        sqlx::query("SELECT 1")
+            .execute(&mut *self.reader().await)
+            .await?;
         Ok(())
     }
 }

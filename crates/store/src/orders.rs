@@ -6,8 +6,8 @@
 
 use acme_proxy_protocol::Problem;
 use acme_proxy_protocol::types::Identifier;
-use sqlx::{Connection, Row};
 use sqlx::sqlite::SqliteRow;
+use sqlx::{Connection, Row};
 
 use crate::jobs::insert_jobs_in;
 use crate::{NewJob, Result, Store, StoreError, to_json};
@@ -185,15 +185,44 @@ fn authz_from_row(row: &SqliteRow) -> Result<AuthorizationRow> {
     })
 }
 
+/// The names a challenge row's columns are read under: alone, or beside an
+/// authorization's (whose `id` and `status` they would shadow).
+const CHALLENGE: [&str; 7] = [
+    "id",
+    "authz_id",
+    "type",
+    "token",
+    "status",
+    "validated_at",
+    "error",
+];
+const JOINED_CHALLENGE: [&str; 7] = [
+    "ch_id",
+    "ch_authz_id",
+    "ch_type",
+    "ch_token",
+    "ch_status",
+    "ch_validated_at",
+    "ch_error",
+];
+
 fn challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
+    challenge_named(row, &CHALLENGE)
+}
+
+fn joined_challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
+    challenge_named(row, &JOINED_CHALLENGE)
+}
+
+fn challenge_named(row: &SqliteRow, c: &[&str; 7]) -> Result<ChallengeRow> {
     Ok(ChallengeRow {
-        id: row.try_get("id")?,
-        authz_id: row.try_get("authz_id")?,
-        kind: row.try_get("type")?,
-        token: row.try_get("token")?,
-        status: row.try_get("status")?,
-        validated_at: row.try_get("validated_at")?,
-        error: problem(row.try_get("error")?)?,
+        id: row.try_get(c[0])?,
+        authz_id: row.try_get(c[1])?,
+        kind: row.try_get(c[2])?,
+        token: row.try_get(c[3])?,
+        status: row.try_get(c[4])?,
+        validated_at: row.try_get(c[5])?,
+        error: problem(row.try_get(c[6])?)?,
     })
 }
 
@@ -204,18 +233,6 @@ macro_rules! joined_challenge_columns {
         "ch.id AS ch_id, ch.authz_id AS ch_authz_id, ch.type AS ch_type, ch.token AS ch_token, \
          ch.status AS ch_status, ch.validated_at AS ch_validated_at, ch.error AS ch_error"
     };
-}
-
-fn joined_challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
-    Ok(ChallengeRow {
-        id: row.try_get("ch_id")?,
-        authz_id: row.try_get("ch_authz_id")?,
-        kind: row.try_get("ch_type")?,
-        token: row.try_get("ch_token")?,
-        status: row.try_get("ch_status")?,
-        validated_at: row.try_get("ch_validated_at")?,
-        error: problem(row.try_get("ch_error")?)?,
-    })
 }
 
 /// A challenge of `authz_id` just became valid: the authorization becomes
@@ -346,9 +363,14 @@ impl Store {
             sqlx::QueryBuilder::<sqlx::Sqlite>::new(
                 "INSERT INTO order_authorizations (order_id, authz_id, position) ",
             )
-            .push_values(authorization_ids.iter().enumerate(), |mut row, (position, id)| {
-                row.push_bind(&new.id).push_bind(id).push_bind(position as i64);
-            })
+            .push_values(
+                authorization_ids.iter().enumerate(),
+                |mut row, (position, id)| {
+                    row.push_bind(&new.id)
+                        .push_bind(id)
+                        .push_bind(position as i64);
+                },
+            )
             .build()
             .execute(&mut *tx)
             .await?;

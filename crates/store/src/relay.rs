@@ -3,8 +3,8 @@
 //! (SYSTEM.md "The relay, step by step").
 
 use acme_proxy_protocol::Problem;
-use sqlx::{Connection, Row};
 use sqlx::sqlite::SqliteRow;
+use sqlx::{Connection, Row};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::certificates::{NewCertificateRow, complete_order_in};

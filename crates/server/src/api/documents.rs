@@ -33,7 +33,11 @@ pub fn order(urls: &Urls, row: &OrderRow) -> AcmeResult<Order> {
         not_before: row.not_before.map(rfc3339),
         not_after: row.not_after.map(rfc3339),
         error: row.error.clone(),
-        authorizations: row.authorization_ids.iter().map(|id| urls.authz(id)).collect(),
+        authorizations: row
+            .authorization_ids
+            .iter()
+            .map(|id| urls.authz(id))
+            .collect(),
         finalize: urls.finalize(&row.id),
         certificate: row.certificate_id.as_deref().map(|id| urls.certificate(id)),
         profile: row.certificate_profile.clone(),

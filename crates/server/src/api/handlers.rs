@@ -248,8 +248,7 @@ pub async fn new_order(
                 .new_order(&p, req.account()?, &payload)
                 .await?;
             let urls = app.urls(&p.name);
-            Ok(Reply::json(201, &documents::order(&urls, &row)?)
-                .location(urls.order(&row.id)))
+            Ok(Reply::json(201, &documents::order(&urls, &row)?).location(urls.order(&row.id)))
         }
         .await,
     )
@@ -261,8 +260,7 @@ async fn order_reply(
     row: &acme_proxy_store::OrderRow,
 ) -> AcmeResult<Reply> {
     let urls = app.urls(profile);
-    let mut reply =
-        Reply::json(200, &documents::order(&urls, row)?).location(urls.order(&row.id));
+    let mut reply = Reply::json(200, &documents::order(&urls, row)?).location(urls.order(&row.id));
     if row.status == "processing" {
         reply = reply.retry_after(RETRY_AFTER);
     }

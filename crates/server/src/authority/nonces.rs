@@ -26,10 +26,27 @@ pub struct Nonces {
 
 /// Live nonces with their expiry, and the order they were issued in (for
 /// the cap and the sweep; an entry already used is skipped there).
+///
+/// A nonce is kept as the 128-bit number it encodes (`ids::nonce`), not as
+/// its text: clients drop most nonces they are given (each response brings
+/// one), so the book sits at its cap under load, and 16 bytes an entry
+/// instead of a 22-character string in each of two places is most of the
+/// server's memory there (docs/performance.md, the scale run).
 #[derive(Debug, Default)]
 struct Book {
-    live: HashMap<String, i64>,
-    issued: VecDeque<(i64, String)>,
+    live: HashMap<u128, i64>,
+    issued: VecDeque<(i64, u128)>,
+}
+
+/// The number a nonce's text encodes; `None` for text that `ids::nonce`
+/// cannot have made (such a nonce was never issued).
+fn key(nonce: &str) -> Option<u128> {
+    use base64::Engine;
+    let mut raw = [0u8; 16];
+    match base64::engine::general_purpose::URL_SAFE_NO_PAD.decode_slice(nonce, &mut raw) {
+        Ok(16) => Some(u128::from_be_bytes(raw)),
+        _ => None,
+    }
 }
 
 impl Nonces {
@@ -54,6 +71,12 @@ impl Nonces {
         match self.kind {
             NonceStore::Database => store.insert_nonce(nonce, expires_at).await,
             NonceStore::Memory => {
+                let Some(key) = key(nonce) else {
+                    // Only `ids::nonce` makes nonces: nothing else is issued.
+                    return Err(acme_proxy_store::StoreError::Corrupt(format!(
+                        "{nonce:?} is not a nonce of this server"
+                    )));
+                };
                 let mut book = self.book();
                 while book.live.len() >= MEMORY_CAP {
                     match book.issued.pop_front() {
@@ -63,8 +86,8 @@ impl Nonces {
                         None => break,
                     }
                 }
-                book.live.insert(nonce.to_owned(), expires_at);
-                book.issued.push_back((expires_at, nonce.to_owned()));
+                book.live.insert(key, expires_at);
+                book.issued.push_back((expires_at, key));
                 Ok(())
             }
         }
@@ -79,11 +102,12 @@ impl Nonces {
     ) -> Result<bool, acme_proxy_store::StoreError> {
         match self.kind {
             NonceStore::Database => store.consume_nonce(nonce, now).await,
-            NonceStore::Memory => Ok(self
-                .book()
-                .live
-                .remove(nonce)
-                .is_some_and(|expires_at| expires_at > now)),
+            NonceStore::Memory => Ok(key(nonce).is_some_and(|key| {
+                self.book()
+                    .live
+                    .remove(&key)
+                    .is_some_and(|expires_at| expires_at > now)
+            })),
         }
     }
 
@@ -148,12 +172,14 @@ mod tests {
     async fn a_memory_nonce_is_used_once_and_never_after_it_expires() {
         let (_dir, store) = store().await;
         let n = Nonces::new(NonceStore::Memory);
-        n.issue(&store, "a", 100).await.unwrap();
-        n.issue(&store, "b", 100).await.unwrap();
-        assert!(n.consume(&store, "a", 50).await.unwrap());
-        assert!(!n.consume(&store, "a", 50).await.unwrap(), "replayed");
+        let (a, b) = (crate::ids::nonce(), crate::ids::nonce());
+        n.issue(&store, &a, 100).await.unwrap();
+        n.issue(&store, &b, 100).await.unwrap();
+        assert!(n.consume(&store, &a, 50).await.unwrap());
+        assert!(!n.consume(&store, &a, 50).await.unwrap(), "replayed");
+        assert!(!n.consume(&store, &crate::ids::nonce(), 50).await.unwrap());
         assert!(!n.consume(&store, "never-issued", 50).await.unwrap());
-        assert!(!n.consume(&store, "b", 100).await.unwrap(), "expired");
+        assert!(!n.consume(&store, &b, 100).await.unwrap(), "expired");
         assert_eq!(store.nonce_count().await.unwrap(), 0, "no disk write");
     }
 
@@ -161,22 +187,29 @@ mod tests {
     async fn a_new_book_knows_no_nonce_of_the_previous_process() {
         let (_dir, store) = store().await;
         let before_restart = Nonces::new(NonceStore::Memory);
-        before_restart.issue(&store, "old", i64::MAX).await.unwrap();
+        let old = crate::ids::nonce();
+        before_restart.issue(&store, &old, i64::MAX).await.unwrap();
         let after_restart = Nonces::new(NonceStore::Memory);
-        assert!(!after_restart.consume(&store, "old", 0).await.unwrap());
+        assert!(!after_restart.consume(&store, &old, 0).await.unwrap());
     }
 
     #[tokio::test]
     async fn the_sweep_forgets_expired_nonces_only() {
         let (_dir, store) = store().await;
         let n = Nonces::new(NonceStore::Memory);
-        n.issue(&store, "soon", 10).await.unwrap();
-        n.issue(&store, "later", 20).await.unwrap();
-        n.issue(&store, "used", 20).await.unwrap();
-        assert!(n.consume(&store, "used", 5).await.unwrap());
+        let (soon, later, used) = (
+            crate::ids::nonce(),
+            crate::ids::nonce(),
+            crate::ids::nonce(),
+        );
+        n.issue(&store, &soon, 10).await.unwrap();
+        n.issue(&store, &later, 20).await.unwrap();
+        n.issue(&store, &used, 20).await.unwrap();
+        assert!(n.consume(&store, &used, 5).await.unwrap());
         assert_eq!(n.sweep(&store, 15).await.unwrap(), 1);
         assert_eq!(n.count(&store).await.unwrap(), 1);
-        assert!(n.consume(&store, "later", 15).await.unwrap());
+        assert!(!n.consume(&store, &soon, 5).await.unwrap(), "swept");
+        assert!(n.consume(&store, &later, 15).await.unwrap());
     }
 
     #[tokio::test]
