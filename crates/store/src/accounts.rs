@@ -76,7 +76,7 @@ impl Store {
         new: &NewAccountRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<(AccountRow, bool)> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid)
@@ -123,7 +123,7 @@ impl Store {
         ))
         .bind(profile)
         .bind(thumbprint)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(account_from_row).transpose()
     }
@@ -135,7 +135,7 @@ impl Store {
             " FROM accounts WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(account_from_row).transpose()
     }
@@ -147,7 +147,7 @@ impl Store {
             sqlx::query("UPDATE accounts SET contact = $1 WHERE id = $2 AND status = 'valid'")
                 .bind(to_json(contact))
                 .bind(id)
-                .execute(&mut *self.writer().await)
+                .execute(&mut *self.writer().await?)
                 .await?
                 .rows_affected()
                 == 1,
@@ -159,7 +159,7 @@ impl Store {
         Ok(
             sqlx::query("UPDATE accounts SET tos_agreed = 1 WHERE id = $1 AND status = 'valid'")
                 .bind(id)
-                .execute(&mut *self.writer().await)
+                .execute(&mut *self.writer().await?)
                 .await?
                 .rows_affected()
                 == 1,
@@ -171,7 +171,7 @@ impl Store {
     /// unfinished orders, in one transaction: nothing signed by a deactivated
     /// account may progress. `notices` are queued with the change.
     pub async fn deactivate_account(&self, id: &str, notices: &[NewJob<'_>]) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE accounts SET status = 'deactivated' WHERE id = $1 AND status = 'valid'",
@@ -211,7 +211,7 @@ impl Store {
         new_thumbprint: &str,
         new_jwk: &str,
     ) -> Result<KeyChangeOutcome> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let holder: Option<String> = sqlx::query_scalar(
             "SELECT id FROM accounts WHERE profile = $1 AND key_thumbprint = $2",
@@ -261,7 +261,7 @@ impl Store {
         .bind(profile)
         .bind(status)
         .bind(limit)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(account_from_row).collect()
     }
@@ -273,7 +273,7 @@ impl Store {
                     (SELECT COUNT(*) FROM certificates WHERE account_id = $1) AS certificates",
         )
         .bind(id)
-        .fetch_one(&mut *self.reader().await)
+        .fetch_one(&mut *self.reader().await?)
         .await?;
         Ok((row.try_get("orders")?, row.try_get("certificates")?))
     }

@@ -133,7 +133,7 @@ impl Store {
         // IMMEDIATE: these run beside a serving process; taking the write
         // lock first means waiting for it (busy timeout) rather than failing
         // when the server commits between our first read and first write.
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let account: Option<String> =
             sqlx::query_scalar("SELECT account_id FROM orders WHERE id = $1")
@@ -155,7 +155,7 @@ impl Store {
     /// Deletes an account with all its orders, authorizations and expired
     /// certificates.
     pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let exists: Option<String> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
             .bind(id)

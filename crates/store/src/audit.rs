@@ -147,7 +147,7 @@ impl Store {
         .bind(filter.outcome)
         .bind(filter.since)
         .bind(limit)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(audit_from_row).collect()
     }
@@ -159,13 +159,13 @@ impl Store {
             " FROM audit_log WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(audit_from_row).transpose()
     }
 
     pub async fn insert_audit(&self, row: &NewAuditRow<'_>) -> Result<()> {
-        insert_audit_in(&mut *self.writer().await, row).await
+        insert_audit_in(&mut *self.writer().await?, row).await
     }
 
     /// The audit rows about one order, oldest first.
@@ -176,7 +176,7 @@ impl Store {
             " FROM audit_log WHERE order_id = $1 ORDER BY id"
         ))
         .bind(order_id)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(audit_from_row).collect()
     }
@@ -187,7 +187,7 @@ impl Store {
     pub async fn delete_audit_before(&self, before: i64) -> Result<u64> {
         Ok(sqlx::query("DELETE FROM audit_log WHERE at < $1")
             .bind(before)
-            .execute(&mut *self.writer().await)
+            .execute(&mut *self.writer().await?)
             .await?
             .rows_affected())
     }
@@ -201,7 +201,7 @@ impl Store {
         ))
         .bind(event)
         .bind(limit)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(audit_from_row).collect()
     }

@@ -103,7 +103,7 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
@@ -121,7 +121,7 @@ impl Store {
             " FROM certificates WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(cert_from_row).transpose()
     }
@@ -138,7 +138,7 @@ impl Store {
         ))
         .bind(profile)
         .bind(serial)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(cert_from_row).transpose()
     }
@@ -153,7 +153,7 @@ impl Store {
         now: i64,
         notices: &[NewJob<'_>],
     ) -> Result<RevokeOutcome> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE certificates SET revoked_at = $1, revocation_reason = $2
@@ -192,7 +192,7 @@ impl Store {
         )
         .bind(profile)
         .bind(now)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter()
             .map(|row| {
@@ -211,7 +211,7 @@ impl Store {
             "SELECT MAX(revoked_at) FROM certificates WHERE profile = $1 AND revoked_at IS NOT NULL",
         )
         .bind(profile)
-        .fetch_one(&mut *self.reader().await)
+        .fetch_one(&mut *self.reader().await?)
         .await?)
     }
 
@@ -221,7 +221,7 @@ impl Store {
             "SELECT number, this_update, next_update, der FROM crls WHERE profile = $1",
         )
         .bind(profile)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.map(|row| {
             Ok(CrlRow {
@@ -239,7 +239,7 @@ impl Store {
     pub async fn next_crl_number(&self, profile: &str) -> Result<i64> {
         let last: Option<i64> = sqlx::query_scalar("SELECT number FROM crls WHERE profile = $1")
             .bind(profile)
-            .fetch_optional(&mut *self.writer().await)
+            .fetch_optional(&mut *self.writer().await?)
             .await?;
         Ok(last.unwrap_or(0) + 1)
     }
@@ -258,7 +258,7 @@ impl Store {
         .bind(crl.this_update)
         .bind(crl.next_update)
         .bind(&crl.der)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)

@@ -88,7 +88,7 @@ impl Store {
         .bind(new.profile)
         .bind(new.names.map(crate::to_json))
         .bind(new.now)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -100,7 +100,7 @@ impl Store {
             " FROM eab_credentials WHERE kid = $1"
         ))
         .bind(kid)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?
         .as_ref()
         .map(from_row)
@@ -114,7 +114,7 @@ impl Store {
             eab_columns!(),
             " FROM eab_credentials ORDER BY created_at DESC, kid"
         ))
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?
         .iter()
         .map(from_row)
@@ -128,7 +128,7 @@ impl Store {
         )
         .bind(kid)
         .bind(now)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)

@@ -142,7 +142,7 @@ impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
     pub async fn insert_job(&self, job: &NewJob<'_>, now: i64) -> Result<Enqueued> {
-        let inserted = insert_job_in(&mut *self.writer().await, job, now).await?;
+        let inserted = insert_job_in(&mut *self.writer().await?, job, now).await?;
         if let Some(id) = inserted {
             return Ok(Enqueued::Queued(id));
         }
@@ -151,7 +151,7 @@ impl Store {
         )
         .bind(job.kind)
         .bind(job.key)
-        .fetch_one(&mut *self.writer().await)
+        .fetch_one(&mut *self.writer().await?)
         .await?;
         Ok(Enqueued::AlreadyQueued(live))
     }
@@ -174,7 +174,7 @@ impl Store {
         .bind(kind)
         .bind(key)
         .bind(now_ms)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -215,7 +215,7 @@ impl Store {
         .bind(lease_ms)
         .bind(kinds)
         .bind(limit)
-        .fetch_all(&mut *self.writer().await)
+        .fetch_all(&mut *self.writer().await?)
         .await?;
         rows.iter().map(job_from_row).collect()
     }
@@ -238,7 +238,7 @@ impl Store {
         .bind(lease_ms)
         .bind(id)
         .bind(owner)
-        .fetch_optional(&mut *self.writer().await)
+        .fetch_optional(&mut *self.writer().await?)
         .await?;
         Ok(row.map(|(c,)| c))
     }
@@ -252,7 +252,7 @@ impl Store {
         .bind(now)
         .bind(id)
         .bind(owner)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -282,7 +282,7 @@ impl Store {
         .bind(reset_attempts)
         .bind(id)
         .bind(owner)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -305,7 +305,7 @@ impl Store {
         .bind(now)
         .bind(id)
         .bind(owner)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -328,7 +328,7 @@ impl Store {
         .bind(now)
         .bind(id)
         .bind(owner)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -351,7 +351,7 @@ impl Store {
         .bind(now)
         .bind(id)
         .bind(owner)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -364,7 +364,7 @@ impl Store {
             " FROM jobs WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(job_from_row).transpose()
     }
@@ -378,7 +378,7 @@ impl Store {
         ))
         .bind(kind)
         .bind(key)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(job_from_row).transpose()
     }
@@ -398,7 +398,7 @@ impl Store {
         .bind(kind)
         .bind(status)
         .bind(limit)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(job_from_row).collect()
     }
@@ -414,7 +414,7 @@ impl Store {
         .bind(actor)
         .bind(now)
         .bind(id)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -433,7 +433,7 @@ impl Store {
         )
         .bind(now)
         .bind(id)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await;
         match result {
             Ok(r) => Ok(r.rows_affected() == 1),
@@ -448,7 +448,7 @@ impl Store {
         Ok(
             sqlx::query("DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at < $1")
                 .bind(before)
-                .execute(&mut *self.writer().await)
+                .execute(&mut *self.writer().await?)
                 .await?
                 .rows_affected(),
         )
@@ -459,7 +459,7 @@ impl Store {
         let rows: Vec<(String, String, i64)> = sqlx::query_as(
             "SELECT kind, status, COUNT(*) FROM jobs GROUP BY kind, status ORDER BY kind, status",
         )
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         Ok(JobCounts {
             by_kind_and_status: rows,

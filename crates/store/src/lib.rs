@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
-use tokio::sync::{Mutex, MutexGuard};
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
@@ -56,6 +56,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("unsupported database URL {0:?}: this build supports sqlite:PATH")]
     UnsupportedUrl(String),
+    #[error("the store is closed")]
+    Closed,
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -79,9 +81,17 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// statements).
 #[derive(Clone, Debug)]
 pub struct Store {
-    writer: Arc<Mutex<SqliteConnection>>,
-    readers: Arc<[Mutex<SqliteConnection>]>,
+    /// `None` once closed.
+    writer: Arc<Mutex<Option<SqliteConnection>>>,
+    readers: Arc<[Mutex<Option<SqliteConnection>>]>,
     next_reader: Arc<AtomicUsize>,
+}
+
+/// A connection held for one statement or transaction.
+type Held<'a> = MappedMutexGuard<'a, SqliteConnection>;
+
+fn held(guard: MutexGuard<'_, Option<SqliteConnection>>) -> Result<Held<'_>> {
+    MutexGuard::try_map(guard, Option::as_mut).map_err(|_| StoreError::Closed)
 }
 
 /// Tuning knobs for [`Store::open`].
@@ -125,44 +135,40 @@ impl Store {
         let read_only = base.read_only(true);
         let mut readers = Vec::new();
         for _ in 0..options.read_connections.max(1) {
-            readers.push(Mutex::new(read_only.connect().await?));
+            readers.push(Mutex::new(Some(read_only.connect().await?)));
         }
         Ok(Self {
-            writer: Arc::new(Mutex::new(writer)),
+            writer: Arc::new(Mutex::new(Some(writer))),
             readers: readers.into(),
             next_reader: Arc::new(AtomicUsize::new(0)),
         })
     }
 
     /// The writer connection, once the statements queued before are done.
-    async fn writer(&self) -> MutexGuard<'_, SqliteConnection> {
-        self.writer.lock().await
+    async fn writer(&self) -> Result<Held<'_>> {
+        held(self.writer.lock().await)
     }
 
     /// An idle read connection if there is one, else the next in turn.
-    async fn reader(&self) -> MutexGuard<'_, SqliteConnection> {
+    async fn reader(&self) -> Result<Held<'_>> {
         let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
         let n = self.readers.len();
         for i in 0..n {
             if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
-                return conn;
+                return held(conn);
             }
         }
-        self.readers[start % n].lock().await
+        held(self.readers[start % n].lock().await)
     }
 
-    /// Closes every connection, waiting for in-flight statements.
+    /// Closes every connection once its statements are done; the store
+    /// answers [`StoreError::Closed`] from then on.
     pub async fn close(&self) {
-        let writer = std::mem::replace(
-            &mut *self.writer.lock().await,
-            // A closed store keeps no connection open: the placeholder is an
-            // in-memory database nobody writes to.
-            match SqliteConnection::connect("sqlite::memory:").await {
-                Ok(c) => c,
-                Err(_) => return,
-            },
-        );
-        let _ = writer.close().await;
+        for slot in self.readers.iter().chain(std::iter::once(&*self.writer)) {
+            if let Some(conn) = slot.lock().await.take() {
+                let _ = conn.close().await;
+            }
+        }
     }
 
     /// (connections, open, of which idle) for the writer and the readers.
@@ -177,7 +183,7 @@ impl Store {
     /// A cheap liveness probe for `/health`.
     pub async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1")
-            .execute(&mut *self.reader().await)
+            .execute(&mut *self.reader().await?)
             .await?;
         Ok(())
     }

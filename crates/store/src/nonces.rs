@@ -9,7 +9,7 @@ impl Store {
         sqlx::query("INSERT INTO nonces (value, expires_at) VALUES ($1, $2)")
             .bind(value)
             .bind(expires_at)
-            .execute(&mut *self.writer().await)
+            .execute(&mut *self.writer().await?)
             .await?;
         Ok(())
     }
@@ -21,7 +21,7 @@ impl Store {
             sqlx::query("DELETE FROM nonces WHERE value = $1 AND expires_at > $2")
                 .bind(value)
                 .bind(now)
-                .execute(&mut *self.writer().await)
+                .execute(&mut *self.writer().await?)
                 .await?
                 .rows_affected()
                 == 1,
@@ -32,7 +32,7 @@ impl Store {
     pub async fn sweep_nonces(&self, now: i64) -> Result<u64> {
         Ok(sqlx::query("DELETE FROM nonces WHERE expires_at <= $1")
             .bind(now)
-            .execute(&mut *self.writer().await)
+            .execute(&mut *self.writer().await?)
             .await?
             .rows_affected())
     }
@@ -40,7 +40,7 @@ impl Store {
     /// Nonces currently stored (for metrics and tests).
     pub async fn nonce_count(&self) -> Result<i64> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM nonces")
-            .fetch_one(&mut *self.reader().await)
+            .fetch_one(&mut *self.reader().await?)
             .await?)
     }
 }

@@ -275,7 +275,7 @@ impl Store {
     /// statement is a round trip to the connection's thread). Returns the
     /// order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
@@ -419,7 +419,7 @@ impl Store {
             " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id WHERE o.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(order_from_row).transpose()
     }
@@ -437,7 +437,7 @@ impl Store {
         .bind(account_id)
         .bind(limit)
         .bind(offset)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?)
     }
 
@@ -448,7 +448,7 @@ impl Store {
             " FROM authorizations a WHERE a.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(authz_from_row).transpose()
     }
@@ -460,7 +460,7 @@ impl Store {
             " FROM challenges ch WHERE ch.authz_id = $1 ORDER BY ch.rowid"
         ))
         .bind(authz_id)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(challenge_from_row).collect()
     }
@@ -472,7 +472,7 @@ impl Store {
             " FROM challenges ch WHERE ch.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref().map(challenge_from_row).transpose()
     }
@@ -491,7 +491,7 @@ impl Store {
               WHERE a.id = $1 ORDER BY ch.rowid"
         ))
         .bind(id)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         let Some(first) = rows.first() else {
             return Ok(None);
@@ -520,7 +520,7 @@ impl Store {
             " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = $1"
         ))
         .bind(id)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.as_ref()
             .map(|row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)))
@@ -555,7 +555,7 @@ impl Store {
         .bind(wildcard)
         .bind(valid_past)
         .bind(validated_since)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?)
     }
 
@@ -580,7 +580,7 @@ impl Store {
         .bind(&identifier.value)
         .bind(wildcard)
         .bind(now)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         Ok(found.is_some())
     }
@@ -592,7 +592,7 @@ impl Store {
         Ok(sqlx::query(START_CHALLENGE)
             .bind(challenge_id)
             .bind(now)
-            .execute(&mut *self.writer().await)
+            .execute(&mut *self.writer().await?)
             .await?
             .rows_affected()
             == 1)
@@ -608,7 +608,7 @@ impl Store {
         job: &crate::NewJob<'_>,
         now_ms: i64,
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let started = sqlx::query(START_CHALLENGE)
             .bind(challenge_id)
@@ -645,7 +645,7 @@ impl Store {
         valid_until: i64,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         // The guarded change and the read of its authorization are one
         // statement.
@@ -702,7 +702,7 @@ impl Store {
         now: i64,
         valid_until: i64,
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let authz_id: Option<String> = sqlx::query_scalar(
             "UPDATE challenges SET status = 'valid', validated_at = $2
@@ -726,7 +726,7 @@ impl Store {
     /// pending|valid → deactivated for an authorization (RFC 8555 §7.5.2);
     /// its unfinished orders become invalid. False if it was neither.
     pub async fn deactivate_authorization(&self, authz_id: &str) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE authorizations SET status = 'deactivated' WHERE id = $1 AND status IN ('pending', 'valid')",
@@ -768,7 +768,7 @@ impl Store {
         )
         .bind(certificate_id)
         .bind(now)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         let mut n = 0;
         for id in ids {
@@ -780,7 +780,7 @@ impl Store {
     }
 
     pub async fn expire_order(&self, order_id: &str, now: i64, error: &Problem) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let changed = sqlx::query(
             "UPDATE orders SET status = 'invalid', error = $1
@@ -815,7 +815,7 @@ impl Store {
             "UPDATE orders SET status = 'processing' WHERE id = $1 AND status = 'ready'",
         )
         .bind(order_id)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -828,7 +828,7 @@ impl Store {
             "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'processing'",
         )
         .bind(order_id)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -841,7 +841,7 @@ impl Store {
         )
         .bind(to_json(error))
         .bind(order_id)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?
         .rows_affected()
             == 1)
@@ -870,7 +870,7 @@ impl Store {
         ))
         .bind(limit)
         .bind(job_kind)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter()
             .map(|row| {
@@ -926,7 +926,7 @@ impl Store {
         .bind(account)
         .bind(status)
         .bind(limit)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(order_from_row).collect()
     }

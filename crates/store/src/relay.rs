@@ -86,7 +86,7 @@ impl Store {
              FROM upstream_accounts WHERE profile = $1",
         )
         .bind(profile)
-        .fetch_optional(&mut *self.reader().await)
+        .fetch_optional(&mut *self.reader().await?)
         .await?;
         row.map(|r| {
             Ok(UpstreamAccountRow {
@@ -114,7 +114,7 @@ impl Store {
         .bind(&row.account_url)
         .bind(&row.key_thumbprint)
         .bind(row.created_at)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(())
     }
@@ -128,7 +128,7 @@ impl Store {
         job: &NewJob<'_>,
         now_ms: i64,
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let started = sqlx::query(
             "UPDATE orders SET status = 'processing' WHERE id = $1 AND status = 'ready'",
@@ -173,7 +173,7 @@ impl Store {
     /// cancelled, the order is ready again. False if the job already started
     /// (then it owns the outcome and nothing changes).
     pub async fn undo_relay(&self, order_id: &str, job_kind: &str, now_ms: i64) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let cancelled = sqlx::query(
             "UPDATE jobs SET status = 'cancelled', finished_at = $1, updated_at = $1,
@@ -218,12 +218,12 @@ impl Store {
         .bind(url)
         .bind(now)
         .bind(order_id)
-        .execute(&mut *self.writer().await)
+        .execute(&mut *self.writer().await?)
         .await?;
         Ok(
             sqlx::query_scalar("SELECT upstream_url FROM upstream_orders WHERE order_id = $1")
                 .bind(order_id)
-                .fetch_optional(&mut *self.writer().await)
+                .fetch_optional(&mut *self.writer().await?)
                 .await?
                 .flatten(),
         )
@@ -236,7 +236,7 @@ impl Store {
             " FROM upstream_orders WHERE order_id = $1"
         ))
         .bind(order_id)
-        .fetch_optional(&mut *self.writer().await)
+        .fetch_optional(&mut *self.writer().await?)
         .await?;
         row.as_ref().map(upstream_order_from_row).transpose()
     }
@@ -255,7 +255,7 @@ impl Store {
         ))
         .bind(status)
         .bind(limit)
-        .fetch_all(&mut *self.reader().await)
+        .fetch_all(&mut *self.reader().await?)
         .await?;
         rows.iter().map(upstream_order_from_row).collect()
     }
@@ -270,7 +270,7 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
@@ -302,7 +302,7 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut conn = self.writer().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let failed = sqlx::query(
             "UPDATE orders SET status = 'invalid', error = $1 WHERE id = $2 AND status = 'processing'",
