@@ -72,19 +72,21 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// The connections are held behind async mutexes rather than in an
 /// `sqlx::Pool`: the pool pings a connection on every acquire and every
 /// release, and with SQLite each ping is a round trip to the connection's
-/// worker thread — two extra thread hand-offs per statement, measured as
-/// the largest single cost of an issuance (docs/performance.md). A
-/// connection to a local file does not go stale, so there is nothing for
-/// the pings to find; a statement whose future is dropped leaves the
-/// connection consistent because its worker runs commands in order (an
-/// abandoned transaction's rollback is queued before the next user's
-/// statements).
+/// worker thread — two extra thread hand-offs per statement
+/// (docs/performance.md). A connection to a local file does not go stale;
+/// a statement whose future is dropped leaves the connection consistent
+/// because its worker runs commands in order (an abandoned transaction's
+/// rollback is queued before the next user's statements). What the pings
+/// would catch — a connection whose worker thread died — [`Store::ping`]
+/// (`/health`) checks every connection for, and reopens.
 #[derive(Clone, Debug)]
 pub struct Store {
     /// `None` once closed.
     writer: Arc<Mutex<Option<SqliteConnection>>>,
     readers: Arc<[Mutex<Option<SqliteConnection>>]>,
     next_reader: Arc<AtomicUsize>,
+    /// How to open the writer and a reader again.
+    options: Arc<(SqliteConnectOptions, SqliteConnectOptions)>,
 }
 
 /// A connection held for one statement or transaction.
@@ -132,7 +134,7 @@ impl Store {
             .busy_timeout(options.busy_timeout);
         let mut writer = base.connect().await?;
         SQLITE_MIGRATIONS.run(&mut writer).await?;
-        let read_only = base.read_only(true);
+        let read_only = base.clone().read_only(true);
         let mut readers = Vec::new();
         for _ in 0..options.read_connections.max(1) {
             readers.push(Mutex::new(Some(read_only.connect().await?)));
@@ -141,6 +143,7 @@ impl Store {
             writer: Arc::new(Mutex::new(Some(writer))),
             readers: readers.into(),
             next_reader: Arc::new(AtomicUsize::new(0)),
+            options: Arc::new((base, read_only)),
         })
     }
 
@@ -180,11 +183,23 @@ impl Store {
         ]
     }
 
-    /// A cheap liveness probe for `/health`.
+    /// The liveness probe of `/health`: every connection answers a ping
+    /// (waiting for its turn), and one that does not (its worker thread
+    /// is gone) is opened again. Fails if the writer or a reader cannot be.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&mut *self.reader().await?)
-            .await?;
+        let (write, read) = &*self.options;
+        let slots = std::iter::once((&*self.writer, write))
+            .chain(self.readers.iter().map(|slot| (slot, read)));
+        for (slot, options) in slots {
+            let mut guard = slot.lock().await;
+            let Some(conn) = guard.as_mut() else {
+                return Err(StoreError::Closed);
+            };
+            if let Err(e) = conn.ping().await {
+                tracing::warn!(event = "store.reconnect", error = %e, "a database connection stopped answering; opening it again");
+                *guard = Some(options.connect().await?);
+            }
+        }
         Ok(())
     }
 }
@@ -196,4 +211,28 @@ fn json_vec(s: &str) -> Result<Vec<String>> {
 fn to_json<T: serde::Serialize + ?Sized>(v: &T) -> String {
     // Serialising strings and vectors of strings cannot fail.
     serde_json::to_string(v).unwrap_or_else(|_| "[]".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_connection_answers_the_health_ping_and_a_closed_store_refuses_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        store.ping().await.unwrap();
+        store.insert_nonce("n", 10).await.unwrap();
+        assert_eq!(store.nonce_count().await.unwrap(), 1);
+        store.close().await;
+        assert!(matches!(store.ping().await, Err(StoreError::Closed)));
+        assert!(matches!(
+            store.insert_nonce("m", 10).await,
+            Err(StoreError::Closed)
+        ));
+        assert!(matches!(store.nonce_count().await, Err(StoreError::Closed)));
+    }
 }

@@ -38,7 +38,9 @@ pub(crate) struct AuditContext {
 }
 
 impl AuditContext {
-    /// The row of `fact` (the same fact [`Authority::audit_context`] saw).
+    /// The row of `fact`: the fact [`Authority::audit_context`] was given,
+    /// with at most its order, serial and identifiers filled in since (the
+    /// actor and the detail are the context's).
     pub(crate) fn row<'a>(&'a self, fact: &Fact<'a>) -> NewAuditRow<'a> {
         NewAuditRow {
             at: self.at,

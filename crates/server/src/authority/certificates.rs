@@ -119,6 +119,20 @@ impl Authority {
                 .finalize_relay(profile, relay, account, &order, csr_der, ctx)
                 .await;
         }
+        // Who asked and from where, for the issuance's audit row: found
+        // before the order is processing, because the reverse-name lookup
+        // may take a while, and a client hanging up during it must not cost
+        // a certificate already signed.
+        let issued_fact = super::audit::Fact {
+            event: "certificate.issued",
+            outcome: "success",
+            profile: &profile.name,
+            account: Some(&account.id),
+            order: Some(&order.id),
+            identifiers: Some(&order.identifiers),
+            ..Default::default()
+        };
+        let audit = self.audit_context(&issued_fact).await;
         if !self.store.begin_finalize(&order.id).await? {
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
@@ -226,18 +240,10 @@ impl Authority {
         notice.not_after = Some(crate::clock::rfc3339(issued.not_after));
         let outbox = self.notifier.outbox(&notice);
         // The issuance's audit row commits with the certificate.
-        let fact = super::audit::Fact {
-            event: "certificate.issued",
-            outcome: "success",
-            profile: &profile.name,
-            account: Some(&account.id),
-            order: Some(&order.id),
+        let audit_row = audit.row(&super::audit::Fact {
             serial: Some(&issued.serial),
-            identifiers: Some(&order.identifiers),
-            ..Default::default()
-        };
-        let audit = self.audit_context(&fact).await;
-        let audit_row = audit.row(&fact);
+            ..issued_fact
+        });
         let stored = self
             .store
             .complete_order(

@@ -29,8 +29,8 @@ pub struct Nonces {
 ///
 /// A nonce is kept as the 128-bit number it encodes (`ids::nonce`), not as
 /// its text: clients drop most nonces they are given (each response brings
-/// one), so the book sits at its cap under load, and 16 bytes an entry
-/// instead of a 22-character string in each of two places is most of the
+/// one), so the book sits at its cap under load, and a number instead of
+/// a 22-character heap string in each of two places is a large part of the
 /// server's memory there (docs/performance.md, the scale run).
 #[derive(Debug, Default)]
 struct Book {
