@@ -281,7 +281,8 @@ async fn lego_and_certbot_register_with_an_eab_credential_and_obtain_certificate
         );
         let mut with = args;
         let at = with.len() - 1; // before `run`
-        for (i, a) in ["--eab", "--kid", &kid, "--hmac", &hmac].iter().enumerate() {
+        let (kid_arg, hmac_arg) = (format!("--kid={kid}"), format!("--hmac={hmac}"));
+        for (i, a) in ["--eab", &kid_arg, &hmac_arg].iter().enumerate() {
             with.insert(at + i, (*a).to_owned());
         }
         let ran = run("lego", with, d.clone()).await;
@@ -294,12 +295,7 @@ async fn lego_and_certbot_register_with_an_eab_credential_and_obtain_certificate
         let d = home.path().join("certbot");
         let mut args =
             certbot_certonly_standalone(&d, &directory, free_port(), "certbot-eab.example.test");
-        args.extend([
-            "--eab-kid".to_owned(),
-            kid.clone(),
-            "--eab-hmac-key".to_owned(),
-            hmac,
-        ]);
+        args.extend([format!("--eab-kid={kid}"), format!("--eab-hmac-key={hmac}")]);
         let ran = run("certbot", args, d.clone()).await;
         assert!(ran.success(), "certbot with EAB failed\n{}", ran.report());
         let cert = d.join("conf").join("live").join("t").join("cert.pem");
