@@ -1,9 +1,9 @@
 //! Accounts (RFC 8555 §7.1.2, §7.3).
 
-use sqlx::{Connection, Row};
+use rusqlite::{Row, params};
 
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, json_vec, to_json};
+use crate::{NewJob, Result, Store, all, begin, exec, json_vec, one, scalar, to_json};
 
 /// An account as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,19 +52,25 @@ macro_rules! account_columns {
     };
 }
 
-fn account_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<AccountRow> {
+fn account_from_row(row: &Row<'_>) -> Result<AccountRow> {
     Ok(AccountRow {
-        id: row.try_get("id")?,
-        profile: row.try_get("profile")?,
-        key_thumbprint: row.try_get("key_thumbprint")?,
-        jwk: row.try_get("jwk")?,
-        status: row.try_get("status")?,
-        contact: json_vec(&row.try_get::<String, _>("contact")?)?,
-        tos_agreed: row.try_get("tos_agreed")?,
-        created_at: row.try_get("created_at")?,
-        eab_kid: row.try_get("eab_kid")?,
+        id: row.get("id")?,
+        profile: row.get("profile")?,
+        key_thumbprint: row.get("key_thumbprint")?,
+        jwk: row.get("jwk")?,
+        status: row.get("status")?,
+        contact: json_vec(&row.get::<_, String>("contact")?)?,
+        tos_agreed: row.get("tos_agreed")?,
+        created_at: row.get("created_at")?,
+        eab_kid: row.get("eab_kid")?,
     })
 }
+
+const ACCOUNT_BY_KEY: &str = concat!(
+    "SELECT ",
+    account_columns!(),
+    " FROM accounts WHERE profile = ?1 AND key_thumbprint = ?2"
+);
 
 impl Store {
     /// Creates an account, or finds the one that already holds this key at
@@ -77,38 +83,35 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<(AccountRow, bool)> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let inserted = sqlx::query(
+        let tx = begin(&mut conn)?;
+        let inserted = exec(
+            &tx,
             "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid)
-             VALUES ($1, $2, $3, $4, 'valid', $5, $6, $7, $8)
+             VALUES (?1, ?2, ?3, ?4, 'valid', ?5, ?6, ?7, ?8)
              ON CONFLICT (profile, key_thumbprint) DO NOTHING",
-        )
-        .bind(new.id)
-        .bind(new.profile)
-        .bind(new.key_thumbprint)
-        .bind(new.jwk)
-        .bind(to_json(new.contact))
-        .bind(new.tos_agreed)
-        .bind(new.now)
-        .bind(new.eab_kid)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+            params![
+                new.id,
+                new.profile,
+                new.key_thumbprint,
+                new.jwk,
+                to_json(new.contact),
+                new.tos_agreed,
+                new.now,
+                new.eab_kid,
+            ],
+        )? == 1;
         if inserted {
-            insert_jobs_in(&mut tx, notices).await?;
+            insert_jobs_in(&tx, notices)?;
         }
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            account_columns!(),
-            " FROM accounts WHERE profile = $1 AND key_thumbprint = $2"
-        ))
-        .bind(new.profile)
-        .bind(new.key_thumbprint)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok((account_from_row(&row)?, inserted))
+        let row = one(
+            &tx,
+            ACCOUNT_BY_KEY,
+            params![new.profile, new.key_thumbprint],
+            account_from_row,
+        )?
+        .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+        tx.commit()?;
+        Ok((row, inserted))
     }
 
     pub async fn account_by_key(
@@ -116,54 +119,44 @@ impl Store {
         profile: &str,
         thumbprint: &str,
     ) -> Result<Option<AccountRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            account_columns!(),
-            " FROM accounts WHERE profile = $1 AND key_thumbprint = $2"
-        ))
-        .bind(profile)
-        .bind(thumbprint)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(account_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            ACCOUNT_BY_KEY,
+            params![profile, thumbprint],
+            account_from_row,
+        )
     }
 
     pub async fn account(&self, id: &str) -> Result<Option<AccountRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            account_columns!(),
-            " FROM accounts WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(account_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                account_columns!(),
+                " FROM accounts WHERE id = ?1"
+            ),
+            params![id],
+            account_from_row,
+        )
     }
 
     /// Replaces the contact list of a valid account. Returns false if the
     /// account is not valid (any more).
     pub async fn update_account_contact(&self, id: &str, contact: &[String]) -> Result<bool> {
-        Ok(
-            sqlx::query("UPDATE accounts SET contact = $1 WHERE id = $2 AND status = 'valid'")
-                .bind(to_json(contact))
-                .bind(id)
-                .execute(&mut *self.writer().await?)
-                .await?
-                .rows_affected()
-                == 1,
-        )
+        Ok(exec(
+            &*self.writer().await?,
+            "UPDATE accounts SET contact = ?1 WHERE id = ?2 AND status = 'valid'",
+            params![to_json(contact), id],
+        )? == 1)
     }
 
     /// Records agreement to the terms of service on a valid account.
     pub async fn agree_account_tos(&self, id: &str) -> Result<bool> {
-        Ok(
-            sqlx::query("UPDATE accounts SET tos_agreed = 1 WHERE id = $1 AND status = 'valid'")
-                .bind(id)
-                .execute(&mut *self.writer().await?)
-                .await?
-                .rows_affected()
-                == 1,
-        )
+        Ok(exec(
+            &*self.writer().await?,
+            "UPDATE accounts SET tos_agreed = 1 WHERE id = ?1 AND status = 'valid'",
+            params![id],
+        )? == 1)
     }
 
     /// valid → deactivated (RFC 8555 §7.3.6), guarded. Also deactivates the
@@ -172,32 +165,27 @@ impl Store {
     /// account may progress. `notices` are queued with the change.
     pub async fn deactivate_account(&self, id: &str, notices: &[NewJob<'_>]) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let changed = sqlx::query(
-            "UPDATE accounts SET status = 'deactivated' WHERE id = $1 AND status = 'valid'",
-        )
-        .bind(id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        let tx = begin(&mut conn)?;
+        let changed = exec(
+            &tx,
+            "UPDATE accounts SET status = 'deactivated' WHERE id = ?1 AND status = 'valid'",
+            params![id],
+        )? == 1;
         if changed {
-            sqlx::query(
+            exec(
+                &tx,
                 "UPDATE authorizations SET status = 'deactivated'
-                 WHERE account_id = $1 AND status IN ('pending', 'valid')",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE orders SET status = 'invalid' WHERE account_id = $1 AND status IN ('pending', 'ready')",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-            insert_jobs_in(&mut tx, notices).await?;
+                 WHERE account_id = ?1 AND status IN ('pending', 'valid')",
+                params![id],
+            )?;
+            exec(
+                &tx,
+                "UPDATE orders SET status = 'invalid' WHERE account_id = ?1 AND status IN ('pending', 'ready')",
+                params![id],
+            )?;
+            insert_jobs_in(&tx, notices)?;
         }
-        tx.commit().await?;
+        tx.commit()?;
         Ok(changed)
     }
 
@@ -212,30 +200,22 @@ impl Store {
         new_jwk: &str,
     ) -> Result<KeyChangeOutcome> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let holder: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM accounts WHERE profile = $1 AND key_thumbprint = $2",
-        )
-        .bind(profile)
-        .bind(new_thumbprint)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let tx = begin(&mut conn)?;
+        let holder: Option<String> = scalar(
+            &tx,
+            "SELECT id FROM accounts WHERE profile = ?1 AND key_thumbprint = ?2",
+            params![profile, new_thumbprint],
+        )?;
         if let Some(account_id) = holder {
             return Ok(KeyChangeOutcome::NewKeyInUse { account_id });
         }
-        let changed = sqlx::query(
-            "UPDATE accounts SET key_thumbprint = $1, jwk = $2
-             WHERE id = $3 AND key_thumbprint = $4 AND status = 'valid'",
-        )
-        .bind(new_thumbprint)
-        .bind(new_jwk)
-        .bind(id)
-        .bind(old_thumbprint)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        tx.commit().await?;
+        let changed = exec(
+            &tx,
+            "UPDATE accounts SET key_thumbprint = ?1, jwk = ?2
+             WHERE id = ?3 AND key_thumbprint = ?4 AND status = 'valid'",
+            params![new_thumbprint, new_jwk, id, old_thumbprint],
+        )? == 1;
+        tx.commit()?;
         Ok(if changed {
             KeyChangeOutcome::Changed
         } else {
@@ -252,29 +232,28 @@ impl Store {
         status: Option<&str>,
         limit: i64,
     ) -> Result<Vec<AccountRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            account_columns!(),
-            " FROM accounts WHERE ($1 IS NULL OR profile = $1) AND ($2 IS NULL OR status = $2)
-              ORDER BY created_at DESC, id DESC LIMIT $3"
-        ))
-        .bind(profile)
-        .bind(status)
-        .bind(limit)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(account_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                account_columns!(),
+                " FROM accounts WHERE (?1 IS NULL OR profile = ?1) AND (?2 IS NULL OR status = ?2)
+                  ORDER BY created_at DESC, id DESC LIMIT ?3"
+            ),
+            params![profile, status, limit],
+            account_from_row,
+        )
     }
 
     /// How many orders and certificates an account has.
     pub async fn account_counts(&self, id: &str) -> Result<(i64, i64)> {
-        let row = sqlx::query(
-            "SELECT (SELECT COUNT(*) FROM orders WHERE account_id = $1) AS orders,
-                    (SELECT COUNT(*) FROM certificates WHERE account_id = $1) AS certificates",
-        )
-        .bind(id)
-        .fetch_one(&mut *self.reader().await?)
-        .await?;
-        Ok((row.try_get("orders")?, row.try_get("certificates")?))
+        Ok(one(
+            &*self.reader().await?,
+            "SELECT (SELECT COUNT(*) FROM orders WHERE account_id = ?1),
+                    (SELECT COUNT(*) FROM certificates WHERE account_id = ?1)",
+            params![id],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?
+        .unwrap_or((0, 0)))
     }
 }

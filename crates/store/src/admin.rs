@@ -2,9 +2,9 @@
 //! off it, in one transaction, refused while something still needs it.
 //! The audit log has no foreign keys, so its rows outlive what they describe.
 
-use sqlx::{Connection, Row};
+use rusqlite::{Connection, params};
 
-use crate::{Result, Store};
+use crate::{Result, Store, begin, exec, one, scalar};
 
 /// What a deletion did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,13 +22,13 @@ enum Scope {
     Account,
 }
 
-/// A static SQL text with the scope's WHERE clause on `o` (bound to `$1`)
+/// A static SQL text with the scope's WHERE clause on `o` (bound to `?1`)
 /// between `$before` and `$after`: no SQL is built at run time.
 macro_rules! scoped {
     ($scope:expr, $before:literal, $after:literal) => {
         match $scope {
-            Scope::Order => concat!($before, "o.id = $1", $after),
-            Scope::Account => concat!($before, "o.account_id = $1", $after),
+            Scope::Order => concat!($before, "o.id = ?1", $after),
+            Scope::Account => concat!($before, "o.account_id = ?1", $after),
         }
     };
 }
@@ -37,39 +37,34 @@ macro_rules! scoped {
 /// expired (it belongs on the CRL and may still be revoked), an order being
 /// finalized, or a challenge being validated (their jobs would lose their
 /// subject).
-async fn blocker(
-    tx: &mut sqlx::SqliteConnection,
-    scope: Scope,
-    id: &str,
-    now: i64,
-) -> Result<Option<String>> {
-    let unexpired = sqlx::query(scoped!(
-        scope,
-        "SELECT c.serial, c.not_after FROM certificates c JOIN orders o ON o.id = c.order_id WHERE ",
-        " AND c.not_after > $2 ORDER BY c.not_after DESC LIMIT 1"
-    ))
-    .bind(id)
-    .bind(now)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some(row) = unexpired {
-        let serial: String = row.try_get("serial")?;
-        let not_after: i64 = row.try_get("not_after")?;
+fn blocker(conn: &Connection, scope: Scope, id: &str, now: i64) -> Result<Option<String>> {
+    let unexpired: Option<(String, i64)> = one(
+        conn,
+        scoped!(
+            scope,
+            "SELECT c.serial, c.not_after FROM certificates c JOIN orders o ON o.id = c.order_id WHERE ",
+            " AND c.not_after > ?2 ORDER BY c.not_after DESC LIMIT 1"
+        ),
+        params![id, now],
+        |row| Ok((row.get("serial")?, row.get("not_after")?)),
+    )?;
+    if let Some((serial, not_after)) = unexpired {
         return Ok(Some(format!(
             "certificate {serial} has not expired (notAfter {not_after}, Unix time); it stays for revocation and the CRL until then"
         )));
     }
-    let busy: Option<String> = sqlx::query_scalar(scoped!(
-        scope,
-        "SELECT o.id FROM orders o WHERE ",
-        " AND (o.status = 'processing' OR EXISTS (
+    let busy: Option<String> = scalar(
+        conn,
+        scoped!(
+            scope,
+            "SELECT o.id FROM orders o WHERE ",
+            " AND (o.status = 'processing' OR EXISTS (
              SELECT 1 FROM order_authorizations oa JOIN challenges ch ON ch.authz_id = oa.authz_id
              WHERE oa.order_id = o.id AND ch.status = 'processing'))
          LIMIT 1"
-    ))
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await?;
+        ),
+        params![id],
+    )?;
     Ok(busy.map(|order| {
         format!("order {order} is being validated or finalized; wait for it, or cancel its job (acme-proxy job list)")
     }))
@@ -77,13 +72,10 @@ async fn blocker(
 
 /// Deletes the authorizations (and their challenges) of `account_id` that
 /// no order links any more.
-async fn delete_orphan_authorizations(
-    tx: &mut sqlx::SqliteConnection,
-    account_id: &str,
-) -> Result<()> {
+fn delete_orphan_authorizations(conn: &Connection, account_id: &str) -> Result<()> {
     macro_rules! orphans {
         () => {
-            "(SELECT a.id FROM authorizations a WHERE a.account_id = $1
+            "(SELECT a.id FROM authorizations a WHERE a.account_id = ?1
               AND NOT EXISTS (SELECT 1 FROM order_authorizations oa WHERE oa.authz_id = a.id))"
         };
     }
@@ -91,14 +83,14 @@ async fn delete_orphan_authorizations(
         concat!("DELETE FROM challenges WHERE authz_id IN ", orphans!()),
         concat!("DELETE FROM authorizations WHERE id IN ", orphans!()),
     ] {
-        sqlx::query(sql).bind(account_id).execute(&mut *tx).await?;
+        exec(conn, sql, params![account_id])?;
     }
     Ok(())
 }
 
 /// Deletes the orders in `scope` and what hangs off them: expired
 /// certificates, relay mappings, links to authorizations.
-async fn delete_orders(tx: &mut sqlx::SqliteConnection, scope: Scope, id: &str) -> Result<()> {
+fn delete_orders(conn: &Connection, scope: Scope, id: &str) -> Result<()> {
     for sql in [
         scoped!(
             scope,
@@ -121,7 +113,7 @@ async fn delete_orders(tx: &mut sqlx::SqliteConnection, scope: Scope, id: &str) 
             ")"
         ),
     ] {
-        sqlx::query(sql).bind(id).execute(&mut *tx).await?;
+        exec(conn, sql, params![id])?;
     }
     Ok(())
 }
@@ -130,25 +122,26 @@ impl Store {
     /// Deletes an order with its certificate (expired), relay mapping and
     /// the authorizations no other order uses.
     pub async fn delete_order(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
-        // IMMEDIATE: these run beside a serving process; taking the write
-        // lock first means waiting for it (busy timeout) rather than failing
-        // when the server commits between our first read and first write.
+        // IMMEDIATE (as every `begin`): these run beside a serving process;
+        // taking the write lock first means waiting for it (busy timeout)
+        // rather than failing when the server commits between our first
+        // read and first write.
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let account: Option<String> =
-            sqlx::query_scalar("SELECT account_id FROM orders WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let tx = begin(&mut conn)?;
+        let account: Option<String> = scalar(
+            &tx,
+            "SELECT account_id FROM orders WHERE id = ?1",
+            params![id],
+        )?;
         let Some(account) = account else {
             return Ok(DeleteOutcome::NotFound);
         };
-        if let Some(why) = blocker(&mut tx, Scope::Order, id, now).await? {
+        if let Some(why) = blocker(&tx, Scope::Order, id, now)? {
             return Ok(DeleteOutcome::Refused(why));
         }
-        delete_orders(&mut tx, Scope::Order, id).await?;
-        delete_orphan_authorizations(&mut tx, &account).await?;
-        tx.commit().await?;
+        delete_orders(&tx, Scope::Order, id)?;
+        delete_orphan_authorizations(&tx, &account)?;
+        tx.commit()?;
         Ok(DeleteOutcome::Deleted)
     }
 
@@ -156,24 +149,19 @@ impl Store {
     /// certificates.
     pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let exists: Option<String> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let tx = begin(&mut conn)?;
+        let exists: Option<String> =
+            scalar(&tx, "SELECT id FROM accounts WHERE id = ?1", params![id])?;
         if exists.is_none() {
             return Ok(DeleteOutcome::NotFound);
         }
-        if let Some(why) = blocker(&mut tx, Scope::Account, id, now).await? {
+        if let Some(why) = blocker(&tx, Scope::Account, id, now)? {
             return Ok(DeleteOutcome::Refused(why));
         }
-        delete_orders(&mut tx, Scope::Account, id).await?;
-        delete_orphan_authorizations(&mut tx, id).await?;
-        sqlx::query("DELETE FROM accounts WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        delete_orders(&tx, Scope::Account, id)?;
+        delete_orphan_authorizations(&tx, id)?;
+        exec(&tx, "DELETE FROM accounts WHERE id = ?1", params![id])?;
+        tx.commit()?;
         Ok(DeleteOutcome::Deleted)
     }
 }

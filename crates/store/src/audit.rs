@@ -2,10 +2,9 @@
 //! who asked, from where, and why not (SYSTEM.md "Audit record").
 
 use acme_proxy_protocol::types::Identifier;
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use rusqlite::{Connection, Row, params};
 
-use crate::{Result, Store, StoreError, to_json};
+use crate::{Result, Store, StoreError, all, exec, one, to_json};
 
 /// An audit record to write. Identifiers are a frozen copy: the row must
 /// say what was asked even after the order is deleted.
@@ -53,30 +52,31 @@ pub struct AuditRow {
 pub(crate) const INSERT_AUDIT: &str =
     "INSERT INTO audit_log (at, event, outcome, profile, actor, account_id, order_id, serial,
          identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
 
-pub(crate) async fn insert_audit_in<'e, E>(executor: E, row: &NewAuditRow<'_>) -> Result<()>
-where
-    E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
-{
-    sqlx::query(INSERT_AUDIT)
-        .bind(row.at)
-        .bind(row.event)
-        .bind(row.outcome)
-        .bind(row.profile)
-        .bind(row.actor)
-        .bind(row.account_id)
-        .bind(row.order_id)
-        .bind(row.serial)
-        .bind(row.identifiers.map(to_json))
-        .bind(row.client_ip)
-        .bind(row.reverse_name)
-        .bind(row.user_agent)
-        .bind(row.request_id)
-        .bind(row.problem_type)
-        .bind(row.detail)
-        .execute(executor)
-        .await?;
+/// Writes one audit row on `conn` (the writer, or the caller's transaction).
+pub(crate) fn insert_audit_in(conn: &Connection, row: &NewAuditRow<'_>) -> Result<()> {
+    exec(
+        conn,
+        INSERT_AUDIT,
+        params![
+            row.at,
+            row.event,
+            row.outcome,
+            row.profile,
+            row.actor,
+            row.account_id,
+            row.order_id,
+            row.serial,
+            row.identifiers.map(to_json),
+            row.client_ip,
+            row.reverse_name,
+            row.user_agent,
+            row.request_id,
+            row.problem_type,
+            row.detail,
+        ],
+    )?;
     Ok(())
 }
 
@@ -87,29 +87,29 @@ macro_rules! audit_columns {
     };
 }
 
-fn audit_from_row(row: &SqliteRow) -> Result<AuditRow> {
-    let identifiers: Option<String> = row.try_get("identifiers")?;
+fn audit_from_row(row: &Row<'_>) -> Result<AuditRow> {
+    let identifiers: Option<String> = row.get("identifiers")?;
     Ok(AuditRow {
-        id: row.try_get("id")?,
-        at: row.try_get("at")?,
-        event: row.try_get("event")?,
-        outcome: row.try_get("outcome")?,
-        profile: row.try_get("profile")?,
-        actor: row.try_get("actor")?,
-        account_id: row.try_get("account_id")?,
-        order_id: row.try_get("order_id")?,
-        serial: row.try_get("serial")?,
+        id: row.get("id")?,
+        at: row.get("at")?,
+        event: row.get("event")?,
+        outcome: row.get("outcome")?,
+        profile: row.get("profile")?,
+        actor: row.get("actor")?,
+        account_id: row.get("account_id")?,
+        order_id: row.get("order_id")?,
+        serial: row.get("serial")?,
         identifiers: match identifiers {
             Some(s) => serde_json::from_str(&s)
                 .map_err(|e| StoreError::Corrupt(format!("audit identifiers: {e}")))?,
             None => Vec::new(),
         },
-        client_ip: row.try_get("client_ip")?,
-        reverse_name: row.try_get("reverse_name")?,
-        user_agent: row.try_get("user_agent")?,
-        request_id: row.try_get("request_id")?,
-        problem_type: row.try_get("problem_type")?,
-        detail: row.try_get("detail")?,
+        client_ip: row.get("client_ip")?,
+        reverse_name: row.get("reverse_name")?,
+        user_agent: row.get("user_agent")?,
+        request_id: row.get("request_id")?,
+        problem_type: row.get("problem_type")?,
+        detail: row.get("detail")?,
     })
 }
 
@@ -129,80 +129,81 @@ pub struct AuditFilter<'a> {
 impl Store {
     /// Audit rows matching `filter`, newest first.
     pub async fn audit_list(&self, filter: &AuditFilter<'_>, limit: i64) -> Result<Vec<AuditRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            audit_columns!(),
-            " FROM audit_log
-             WHERE ($1 IS NULL OR profile = $1) AND ($2 IS NULL OR account_id = $2)
-               AND ($3 IS NULL OR order_id = $3) AND ($4 IS NULL OR serial = $4)
-               AND ($5 IS NULL OR event = $5) AND ($6 IS NULL OR outcome = $6)
-               AND ($7 IS NULL OR at >= $7)
-             ORDER BY id DESC LIMIT $8"
-        ))
-        .bind(filter.profile)
-        .bind(filter.account)
-        .bind(filter.order)
-        .bind(filter.serial)
-        .bind(filter.event)
-        .bind(filter.outcome)
-        .bind(filter.since)
-        .bind(limit)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(audit_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                audit_columns!(),
+                " FROM audit_log
+             WHERE (?1 IS NULL OR profile = ?1) AND (?2 IS NULL OR account_id = ?2)
+               AND (?3 IS NULL OR order_id = ?3) AND (?4 IS NULL OR serial = ?4)
+               AND (?5 IS NULL OR event = ?5) AND (?6 IS NULL OR outcome = ?6)
+               AND (?7 IS NULL OR at >= ?7)
+             ORDER BY id DESC LIMIT ?8"
+            ),
+            params![
+                filter.profile,
+                filter.account,
+                filter.order,
+                filter.serial,
+                filter.event,
+                filter.outcome,
+                filter.since,
+                limit,
+            ],
+            audit_from_row,
+        )
     }
 
     pub async fn audit_row(&self, id: i64) -> Result<Option<AuditRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            audit_columns!(),
-            " FROM audit_log WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(audit_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!("SELECT ", audit_columns!(), " FROM audit_log WHERE id = ?1"),
+            params![id],
+            audit_from_row,
+        )
     }
 
     pub async fn insert_audit(&self, row: &NewAuditRow<'_>) -> Result<()> {
-        insert_audit_in(&mut *self.writer().await?, row).await
+        insert_audit_in(&*self.writer().await?, row)
     }
 
     /// The audit rows about one order, oldest first.
     pub async fn audit_for_order(&self, order_id: &str) -> Result<Vec<AuditRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            audit_columns!(),
-            " FROM audit_log WHERE order_id = $1 ORDER BY id"
-        ))
-        .bind(order_id)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(audit_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                audit_columns!(),
+                " FROM audit_log WHERE order_id = ?1 ORDER BY id"
+            ),
+            params![order_id],
+            audit_from_row,
+        )
     }
 
     /// Deletes the rows written before `before` (Unix seconds): the
     /// retention sweep, the only deletion the audit log knows (rows are
     /// never updated).
     pub async fn delete_audit_before(&self, before: i64) -> Result<u64> {
-        Ok(sqlx::query("DELETE FROM audit_log WHERE at < $1")
-            .bind(before)
-            .execute(&mut *self.writer().await?)
-            .await?
-            .rows_affected())
+        Ok(exec(
+            &*self.writer().await?,
+            "DELETE FROM audit_log WHERE at < ?1",
+            params![before],
+        )? as u64)
     }
 
     /// The newest audit rows, newest first, optionally of one event.
     pub async fn audit_recent(&self, event: Option<&str>, limit: i64) -> Result<Vec<AuditRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            audit_columns!(),
-            " FROM audit_log WHERE ($1 IS NULL OR event = $1) ORDER BY id DESC LIMIT $2"
-        ))
-        .bind(event)
-        .bind(limit)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(audit_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                audit_columns!(),
+                " FROM audit_log WHERE (?1 IS NULL OR event = ?1) ORDER BY id DESC LIMIT ?2"
+            ),
+            params![event, limit],
+            audit_from_row,
+        )
     }
 }

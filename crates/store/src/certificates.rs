@@ -1,12 +1,11 @@
 //! Issued certificates, revocation (RFC 8555 §7.6) and CRLs (RFC 5280 §5).
 
 use acme_proxy_protocol::types::Identifier;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Connection, Row};
+use rusqlite::{Connection, Row, params};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, StoreError, to_json};
+use crate::{NewJob, Result, Store, StoreError, all, begin, exec, one, scalar, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertificateRow {
@@ -71,23 +70,23 @@ macro_rules! cert_columns {
     };
 }
 
-fn cert_from_row(row: &SqliteRow) -> Result<CertificateRow> {
-    let identifiers: String = row.try_get("identifiers")?;
+fn cert_from_row(row: &Row<'_>) -> Result<CertificateRow> {
+    let identifiers: String = row.get("identifiers")?;
     Ok(CertificateRow {
-        id: row.try_get("id")?,
-        profile: row.try_get("profile")?,
-        order_id: row.try_get("order_id")?,
-        account_id: row.try_get("account_id")?,
-        serial: row.try_get("serial")?,
-        chain_pem: row.try_get("chain_pem")?,
-        key_thumbprint: row.try_get("key_thumbprint")?,
+        id: row.get("id")?,
+        profile: row.get("profile")?,
+        order_id: row.get("order_id")?,
+        account_id: row.get("account_id")?,
+        serial: row.get("serial")?,
+        chain_pem: row.get("chain_pem")?,
+        key_thumbprint: row.get("key_thumbprint")?,
         identifiers: serde_json::from_str(&identifiers)
             .map_err(|e| StoreError::Corrupt(format!("identifiers: {e}")))?,
-        not_before: row.try_get("not_before")?,
-        not_after: row.try_get("not_after")?,
-        revoked_at: row.try_get("revoked_at")?,
-        revocation_reason: row.try_get("revocation_reason")?,
-        created_at: row.try_get("created_at")?,
+        not_before: row.get("not_before")?,
+        not_after: row.get("not_after")?,
+        revoked_at: row.get("revoked_at")?,
+        revocation_reason: row.get("revocation_reason")?,
+        created_at: row.get("created_at")?,
     })
 }
 
@@ -104,26 +103,27 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        if !complete_order_in(&mut tx, cert).await? {
+        let tx = begin(&mut conn)?;
+        if !complete_order_in(&tx, cert)? {
             return Ok(false);
         }
-        insert_audit_in(&mut *tx, audit).await?;
-        insert_jobs_in(&mut tx, notices).await?;
-        tx.commit().await?;
+        insert_audit_in(&tx, audit)?;
+        insert_jobs_in(&tx, notices)?;
+        tx.commit()?;
         Ok(true)
     }
 
     pub async fn certificate(&self, id: &str) -> Result<Option<CertificateRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            cert_columns!(),
-            " FROM certificates WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(cert_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                cert_columns!(),
+                " FROM certificates WHERE id = ?1"
+            ),
+            params![id],
+            cert_from_row,
+        )
     }
 
     pub async fn certificate_by_serial(
@@ -131,16 +131,16 @@ impl Store {
         profile: &str,
         serial: &str,
     ) -> Result<Option<CertificateRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            cert_columns!(),
-            " FROM certificates WHERE profile = $1 AND serial = $2"
-        ))
-        .bind(profile)
-        .bind(serial)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(cert_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                cert_columns!(),
+                " FROM certificates WHERE profile = ?1 AND serial = ?2"
+            ),
+            params![profile, serial],
+            cert_from_row,
+        )
     }
 
     /// Revokes once: a second revocation of one serial is `AlreadyRevoked`
@@ -154,29 +154,23 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<RevokeOutcome> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let changed = sqlx::query(
-            "UPDATE certificates SET revoked_at = $1, revocation_reason = $2
-             WHERE profile = $3 AND serial = $4 AND revoked_at IS NULL",
-        )
-        .bind(now)
-        .bind(reason)
-        .bind(profile)
-        .bind(serial)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        let tx = begin(&mut conn)?;
+        let changed = exec(
+            &tx,
+            "UPDATE certificates SET revoked_at = ?1, revocation_reason = ?2
+             WHERE profile = ?3 AND serial = ?4 AND revoked_at IS NULL",
+            params![now, reason, profile, serial],
+        )?;
         if changed == 1 {
-            insert_jobs_in(&mut tx, notices).await?;
-            tx.commit().await?;
+            insert_jobs_in(&tx, notices)?;
+            tx.commit()?;
             return Ok(RevokeOutcome::Revoked);
         }
-        let exists: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM certificates WHERE profile = $1 AND serial = $2")
-                .bind(profile)
-                .bind(serial)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let exists: Option<i64> = scalar(
+            &tx,
+            "SELECT 1 FROM certificates WHERE profile = ?1 AND serial = ?2",
+            params![profile, serial],
+        )?;
         Ok(if exists.is_some() {
             RevokeOutcome::AlreadyRevoked
         } else {
@@ -186,120 +180,108 @@ impl Store {
 
     /// Every revoked, not yet expired certificate of a profile, for its CRL.
     pub async fn revoked_entries(&self, profile: &str, now: i64) -> Result<Vec<RevokedEntry>> {
-        let rows = sqlx::query(
+        all(
+            &*self.reader().await?,
             "SELECT serial, revoked_at, revocation_reason FROM certificates
-             WHERE profile = $1 AND revoked_at IS NOT NULL AND not_after > $2 ORDER BY revoked_at, serial",
-        )
-        .bind(profile)
-        .bind(now)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
+             WHERE profile = ?1 AND revoked_at IS NOT NULL AND not_after > ?2 ORDER BY revoked_at, serial",
+            params![profile, now],
+            |row| {
                 Ok(RevokedEntry {
-                    serial: row.try_get("serial")?,
-                    revoked_at: row.try_get("revoked_at")?,
-                    reason: row.try_get("revocation_reason")?,
+                    serial: row.get("serial")?,
+                    revoked_at: row.get("revoked_at")?,
+                    reason: row.get("revocation_reason")?,
                 })
-            })
-            .collect()
+            },
+        )
     }
 
     /// When the most recent revocation of a profile happened.
     pub async fn latest_revocation(&self, profile: &str) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT MAX(revoked_at) FROM certificates WHERE profile = $1 AND revoked_at IS NOT NULL",
-        )
-        .bind(profile)
-        .fetch_one(&mut *self.reader().await?)
-        .await?)
+        // An aggregate: always one row, NULL when nothing is revoked.
+        Ok(scalar::<Option<i64>>(
+            &*self.reader().await?,
+            "SELECT MAX(revoked_at) FROM certificates WHERE profile = ?1 AND revoked_at IS NOT NULL",
+            params![profile],
+        )?
+        .ok_or(rusqlite::Error::QueryReturnedNoRows)?)
     }
 
     /// The newest CRL of a profile.
     pub async fn crl(&self, profile: &str) -> Result<Option<CrlRow>> {
-        let row = sqlx::query(
-            "SELECT number, this_update, next_update, der FROM crls WHERE profile = $1",
+        one(
+            &*self.reader().await?,
+            "SELECT number, this_update, next_update, der FROM crls WHERE profile = ?1",
+            params![profile],
+            |row| {
+                Ok(CrlRow {
+                    number: row.get("number")?,
+                    this_update: row.get("this_update")?,
+                    next_update: row.get("next_update")?,
+                    der: row.get("der")?,
+                })
+            },
         )
-        .bind(profile)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.map(|row| {
-            Ok(CrlRow {
-                number: row.try_get("number")?,
-                this_update: row.try_get("this_update")?,
-                next_update: row.try_get("next_update")?,
-                der: row.try_get("der")?,
-            })
-        })
-        .transpose()
     }
 
     /// The CRL number to use next: one more than the last stored, so CRL
     /// numbers only grow (RFC 5280 §5.2.3).
     pub async fn next_crl_number(&self, profile: &str) -> Result<i64> {
-        let last: Option<i64> = sqlx::query_scalar("SELECT number FROM crls WHERE profile = $1")
-            .bind(profile)
-            .fetch_optional(&mut *self.writer().await?)
-            .await?;
+        let last: Option<i64> = scalar(
+            &*self.writer().await?,
+            "SELECT number FROM crls WHERE profile = ?1",
+            params![profile],
+        )?;
         Ok(last.unwrap_or(0) + 1)
     }
 
     /// Stores a CRL unless a newer one (higher number) is already stored;
     /// returns whether it was stored.
     pub async fn store_crl(&self, profile: &str, crl: &CrlRow) -> Result<bool> {
-        Ok(sqlx::query(
-            "INSERT INTO crls (profile, number, this_update, next_update, der) VALUES ($1, $2, $3, $4, $5)
+        Ok(exec(
+            &*self.writer().await?,
+            "INSERT INTO crls (profile, number, this_update, next_update, der) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (profile) DO UPDATE SET number = excluded.number, this_update = excluded.this_update,
                  next_update = excluded.next_update, der = excluded.der
              WHERE excluded.number > crls.number",
-        )
-        .bind(profile)
-        .bind(crl.number)
-        .bind(crl.this_update)
-        .bind(crl.next_update)
-        .bind(&crl.der)
-        .execute(&mut *self.writer().await?)
-        .await?
-        .rows_affected()
-            == 1)
+            params![profile, crl.number, crl.this_update, crl.next_update, crl.der],
+        )? == 1)
     }
 }
 
 /// The certificate row and processing → valid, inside the caller's
-/// transaction; false (nothing written) when the order is not processing.
-pub(crate) async fn complete_order_in(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    cert: &NewCertificateRow<'_>,
-) -> Result<bool> {
+/// transaction (`conn` is that transaction); false (nothing written) when
+/// the order is not processing.
+pub(crate) fn complete_order_in(conn: &Connection, cert: &NewCertificateRow<'_>) -> Result<bool> {
     // Written only while the order is processing (the guard and the insert
     // are one statement); the status change follows (a trigger wants the
     // certificate there first).
-    let inserted = sqlx::query(
+    let inserted = exec(
+        conn,
         "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
              identifiers, not_before, not_after, created_at)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
-          WHERE EXISTS (SELECT 1 FROM orders WHERE id = $3 AND status = 'processing')",
-    )
-    .bind(cert.id)
-    .bind(cert.profile)
-    .bind(cert.order_id)
-    .bind(cert.account_id)
-    .bind(cert.serial)
-    .bind(cert.chain_pem)
-    .bind(cert.key_thumbprint)
-    .bind(to_json(cert.identifiers))
-    .bind(cert.not_before)
-    .bind(cert.not_after)
-    .bind(cert.now)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
+          WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'processing')",
+        params![
+            cert.id,
+            cert.profile,
+            cert.order_id,
+            cert.account_id,
+            cert.serial,
+            cert.chain_pem,
+            cert.key_thumbprint,
+            to_json(cert.identifiers),
+            cert.not_before,
+            cert.not_after,
+            cert.now,
+        ],
+    )?;
     if inserted != 1 {
         return Ok(false);
     }
-    sqlx::query("UPDATE orders SET status = 'valid' WHERE id = $1 AND status = 'processing'")
-        .bind(cert.order_id)
-        .execute(&mut **tx)
-        .await?;
+    exec(
+        conn,
+        "UPDATE orders SET status = 'valid' WHERE id = ?1 AND status = 'processing'",
+        params![cert.order_id],
+    )?;
     Ok(true)
 }

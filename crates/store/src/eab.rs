@@ -1,9 +1,9 @@
 //! External Account Binding credentials (RFC 8555 §7.3.4), minted by the
 //! operator and named by accounts at registration.
 
-use sqlx::Row;
+use rusqlite::{Row, params};
 
-use crate::{Result, Store, StoreError};
+use crate::{Result, Store, StoreError, all, exec, one};
 
 /// A credential as stored.
 #[derive(Clone, PartialEq, Eq)]
@@ -56,81 +56,77 @@ macro_rules! eab_columns {
     };
 }
 
-fn from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EabRow> {
+fn from_row(row: &Row<'_>) -> Result<EabRow> {
     let names = row
-        .try_get::<Option<String>, _>("names")?
+        .get::<_, Option<String>>("names")?
         .map(|s| {
             serde_json::from_str(&s)
                 .map_err(|e| StoreError::Corrupt(format!("eab_credentials.names: {e}")))
         })
         .transpose()?;
     Ok(EabRow {
-        kid: row.try_get("kid")?,
-        hmac_key: row.try_get("hmac_key")?,
-        label: row.try_get("label")?,
-        profile: row.try_get("profile")?,
+        kid: row.get("kid")?,
+        hmac_key: row.get("hmac_key")?,
+        label: row.get("label")?,
+        profile: row.get("profile")?,
         names,
-        created_at: row.try_get("created_at")?,
-        revoked_at: row.try_get("revoked_at")?,
-        accounts: row.try_get("accounts")?,
+        created_at: row.get("created_at")?,
+        revoked_at: row.get("revoked_at")?,
+        accounts: row.get("accounts")?,
     })
 }
 
 impl Store {
     pub async fn insert_eab(&self, new: &NewEab<'_>) -> Result<()> {
-        sqlx::query(
+        exec(
+            &*self.writer().await?,
             "INSERT INTO eab_credentials (kid, hmac_key, label, profile, names, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(new.kid)
-        .bind(new.hmac_key)
-        .bind(new.label)
-        .bind(new.profile)
-        .bind(new.names.map(crate::to_json))
-        .bind(new.now)
-        .execute(&mut *self.writer().await?)
-        .await?;
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                new.kid,
+                new.hmac_key,
+                new.label,
+                new.profile,
+                new.names.map(crate::to_json),
+                new.now,
+            ],
+        )?;
         Ok(())
     }
 
     pub async fn eab(&self, kid: &str) -> Result<Option<EabRow>> {
-        sqlx::query(concat!(
-            "SELECT ",
-            eab_columns!(),
-            " FROM eab_credentials WHERE kid = $1"
-        ))
-        .bind(kid)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?
-        .as_ref()
-        .map(from_row)
-        .transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                eab_columns!(),
+                " FROM eab_credentials WHERE kid = ?1"
+            ),
+            params![kid],
+            from_row,
+        )
     }
 
     /// Every credential, newest first.
     pub async fn list_eab(&self) -> Result<Vec<EabRow>> {
-        sqlx::query(concat!(
-            "SELECT ",
-            eab_columns!(),
-            " FROM eab_credentials ORDER BY created_at DESC, kid"
-        ))
-        .fetch_all(&mut *self.reader().await?)
-        .await?
-        .iter()
-        .map(from_row)
-        .collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                eab_columns!(),
+                " FROM eab_credentials ORDER BY created_at DESC, kid"
+            ),
+            [],
+            from_row,
+        )
     }
 
     /// Marks a credential revoked; false if it does not exist or already was.
     pub async fn revoke_eab(&self, kid: &str, now: i64) -> Result<bool> {
-        Ok(sqlx::query(
-            "UPDATE eab_credentials SET revoked_at = $2 WHERE kid = $1 AND revoked_at IS NULL",
-        )
-        .bind(kid)
-        .bind(now)
-        .execute(&mut *self.writer().await?)
-        .await?
-        .rows_affected()
-            == 1)
+        Ok(exec(
+            &*self.writer().await?,
+            "UPDATE eab_credentials SET revoked_at = ?2 WHERE kid = ?1 AND revoked_at IS NULL",
+            params![kid, now],
+        )? == 1)
     }
 }

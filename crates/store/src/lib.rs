@@ -23,13 +23,16 @@ mod nonces;
 mod orders;
 mod relay;
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use rusqlite::types::FromSql;
+use rusqlite::{Connection, OpenFlags, Params, Row, Transaction, TransactionBehavior};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
@@ -49,15 +52,29 @@ pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error: {0}")]
-    Db(#[from] sqlx::Error),
+    Db(#[from] rusqlite::Error),
+    #[error("database error while migrating: {0}")]
+    Open(#[from] sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("stored value is corrupt: {0}")]
     Corrupt(String),
-    #[error("unsupported database URL {0:?}: this build supports sqlite:PATH")]
+    #[error("unsupported database URL {0:?}: this build supports sqlite:PATH (a file)")]
     UnsupportedUrl(String),
     #[error("the store is closed")]
     Closed,
+}
+
+impl StoreError {
+    /// A `UNIQUE` constraint refused the write (someone else's row won).
+    pub(crate) fn is_unique_violation(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Db(rusqlite::Error::SqliteFailure(e, _))
+                if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+        )
+    }
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -69,30 +86,26 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// `SQLITE_BUSY` retries, while reads use a few read-only connections and
 /// see the last committed state (WAL).
 ///
-/// The connections are held behind async mutexes rather than in an
-/// `sqlx::Pool`: the pool pings a connection on every acquire and every
-/// release, and with SQLite each ping is a round trip to the connection's
-/// worker thread — two extra thread hand-offs per statement
-/// (docs/performance.md). A connection to a local file does not go stale;
-/// a statement whose future is dropped leaves the connection consistent
-/// because its worker runs commands in order (an abandoned transaction's
-/// rollback is queued before the next user's statements). What the pings
-/// would catch — a connection whose worker thread died — [`Store::ping`]
-/// (`/health`) checks every connection for, and reopens.
+/// Statements run on the calling task's thread (rusqlite), each prepared
+/// once per connection and cached. A statement on a local file takes
+/// microseconds — less than handing it to another thread and back, which is
+/// what sqlx's SQLite driver does for every statement and which measured at
+/// 40 % of the server's CPU (docs/performance.md). Nothing awaits while a
+/// connection is in use, so a transaction is never left half-done by a
+/// dropped future. Migrations still run through `sqlx::migrate!` when the
+/// store opens.
 #[derive(Clone, Debug)]
 pub struct Store {
     /// `None` once closed.
-    writer: Arc<Mutex<Option<SqliteConnection>>>,
-    readers: Arc<[Mutex<Option<SqliteConnection>>]>,
+    writer: Arc<Mutex<Option<Connection>>>,
+    readers: Arc<[Mutex<Option<Connection>>]>,
     next_reader: Arc<AtomicUsize>,
-    /// How to open the writer and a reader again.
-    options: Arc<(SqliteConnectOptions, SqliteConnectOptions)>,
 }
 
 /// A connection held for one statement or transaction.
-type Held<'a> = MappedMutexGuard<'a, SqliteConnection>;
+type Held<'a> = MappedMutexGuard<'a, Connection>;
 
-fn held(guard: MutexGuard<'_, Option<SqliteConnection>>) -> Result<Held<'_>> {
+fn held(guard: MutexGuard<'_, Option<Connection>>) -> Result<Held<'_>> {
     MutexGuard::try_map(guard, Option::as_mut).map_err(|_| StoreError::Closed)
 }
 
@@ -116,6 +129,10 @@ impl Default for StoreOptions {
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// Statements each connection keeps prepared: every statement of the
+/// store fits, so none is ever prepared twice.
+const STATEMENT_CACHE: usize = 256;
+
 impl Store {
     /// Opens (creating if needed) the database at `url` (`sqlite:PATH` or
     /// `sqlite://PATH`) and applies pending migrations.
@@ -123,27 +140,36 @@ impl Store {
         if !url.starts_with("sqlite:") {
             return Err(StoreError::UnsupportedUrl(url.to_owned()));
         }
-        let base = SqliteConnectOptions::from_str(url)?
+        let migrate = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
+            // WAL is a property of the file: set once here, kept by every
+            // connection opened after.
             .journal_mode(SqliteJournalMode::Wal)
-            // NORMAL in WAL mode survives a process crash (what "never lose
-            // an order" is about for a server process); only an OS crash can
-            // lose the last commits.
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(options.busy_timeout);
-        let mut writer = base.connect().await?;
-        SQLITE_MIGRATIONS.run(&mut writer).await?;
-        let read_only = base.clone().read_only(true);
+        let path = migrate.get_filename().to_path_buf();
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            // Every connection would open a database of its own.
+            return Err(StoreError::UnsupportedUrl(url.to_owned()));
+        }
+        let mut conn = migrate.connect().await?;
+        SQLITE_MIGRATIONS.run(&mut conn).await?;
+        conn.close().await?;
+
+        let writer = open_connection(&path, false, options.busy_timeout)?;
         let mut readers = Vec::new();
         for _ in 0..options.read_connections.max(1) {
-            readers.push(Mutex::new(Some(read_only.connect().await?)));
+            readers.push(Mutex::new(Some(open_connection(
+                &path,
+                true,
+                options.busy_timeout,
+            )?)));
         }
         Ok(Self {
             writer: Arc::new(Mutex::new(Some(writer))),
             readers: readers.into(),
             next_reader: Arc::new(AtomicUsize::new(0)),
-            options: Arc::new((base, read_only)),
         })
     }
 
@@ -169,7 +195,7 @@ impl Store {
     pub async fn close(&self) {
         for slot in self.readers.iter().chain(std::iter::once(&*self.writer)) {
             if let Some(conn) = slot.lock().await.take() {
-                let _ = conn.close().await;
+                let _ = conn.close();
             }
         }
     }
@@ -183,25 +209,87 @@ impl Store {
         ]
     }
 
-    /// The liveness probe of `/health`: every connection answers a ping
-    /// (waiting for its turn), and one that does not (its worker thread
-    /// is gone) is opened again. Fails if the writer or a reader cannot be.
+    /// The liveness probe of `/health`: every connection (waiting for its
+    /// turn) reads the schema version from the file.
     pub async fn ping(&self) -> Result<()> {
-        let (write, read) = &*self.options;
-        let slots = std::iter::once((&*self.writer, write))
-            .chain(self.readers.iter().map(|slot| (slot, read)));
-        for (slot, options) in slots {
-            let mut guard = slot.lock().await;
-            let Some(conn) = guard.as_mut() else {
-                return Err(StoreError::Closed);
-            };
-            if let Err(e) = conn.ping().await {
-                tracing::warn!(event = "store.reconnect", error = %e, "a database connection stopped answering; opening it again");
-                *guard = Some(options.connect().await?);
-            }
+        for slot in std::iter::once(&*self.writer).chain(self.readers.iter()) {
+            let conn = held(slot.lock().await)?;
+            scalar::<i64>(&conn, "PRAGMA schema_version", [])?;
         }
         Ok(())
     }
+}
+
+/// One connection to the database file, tuned as every connection must be
+/// (these settings are per connection in SQLite).
+fn open_connection(path: &PathBuf, read_only: bool, busy_timeout: Duration) -> Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+    } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(busy_timeout)?;
+    // NORMAL in WAL mode survives a process crash (what "never lose an
+    // order" is about for a server process); only an OS crash can lose the
+    // last commits.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(conn)
+}
+
+/// Starts the writer's transaction. `IMMEDIATE` takes the write lock at
+/// once, so a transaction that reads before it writes cannot fail half-way
+/// on another process's lock.
+pub(crate) fn begin(conn: &mut Connection) -> Result<Transaction<'_>> {
+    Ok(conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
+}
+
+/// Runs a (cached) statement that returns no rows; the number of rows it
+/// changed.
+pub(crate) fn exec(conn: &Connection, sql: &str, params: impl Params) -> Result<usize> {
+    Ok(conn.prepare_cached(sql)?.execute(params)?)
+}
+
+/// The first row of a (cached) statement, mapped.
+pub(crate) fn one<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    map: impl FnOnce(&Row<'_>) -> Result<T>,
+) -> Result<Option<T>> {
+    let mut statement = conn.prepare_cached(sql)?;
+    let mut rows = statement.query(params)?;
+    match rows.next()? {
+        Some(row) => map(row).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Every row of a (cached) statement, mapped.
+pub(crate) fn all<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+    mut map: impl FnMut(&Row<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut statement = conn.prepare_cached(sql)?;
+    let mut rows = statement.query(params)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(map(row)?);
+    }
+    Ok(out)
+}
+
+/// The first column of the first row, if there is a row.
+pub(crate) fn scalar<T: FromSql>(
+    conn: &Connection,
+    sql: &str,
+    params: impl Params,
+) -> Result<Option<T>> {
+    one(conn, sql, params, |row| Ok(row.get(0)?))
 }
 
 fn json_vec(s: &str) -> Result<Vec<String>> {

@@ -6,11 +6,10 @@
 
 use acme_proxy_protocol::Problem;
 use acme_proxy_protocol::types::Identifier;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Connection, Row};
+use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, StoreError, to_json};
+use crate::{NewJob, Result, Store, StoreError, all, begin, exec, one, scalar, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderRow {
@@ -116,11 +115,11 @@ pub enum OrderAuthorization {
 }
 
 /// pending → processing for a challenge whose authorization is still
-/// pending and unexpired ($1 challenge id, $2 now).
+/// pending and unexpired (?1 challenge id, ?2 now).
 const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
-     WHERE id = $1 AND status = 'pending'
+     WHERE id = ?1 AND status = 'pending'
        AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                   AND a.status = 'pending' AND a.expires_at > $2)";
+                   AND a.status = 'pending' AND a.expires_at > ?2)";
 
 macro_rules! order_columns {
     () => {
@@ -148,40 +147,40 @@ fn problem(s: Option<String>) -> Result<Option<Problem>> {
         .transpose()
 }
 
-fn order_from_row(row: &SqliteRow) -> Result<OrderRow> {
-    let identifiers: String = row.try_get("identifiers")?;
+fn order_from_row(row: &Row<'_>) -> Result<OrderRow> {
+    let identifiers: String = row.get("identifiers")?;
     Ok(OrderRow {
-        id: row.try_get("id")?,
-        profile: row.try_get("profile")?,
-        account_id: row.try_get("account_id")?,
-        status: row.try_get("status")?,
+        id: row.get("id")?,
+        profile: row.get("profile")?,
+        account_id: row.get("account_id")?,
+        status: row.get("status")?,
         identifiers: serde_json::from_str(&identifiers)
             .map_err(|e| StoreError::Corrupt(format!("identifiers: {e}")))?,
-        not_before: row.try_get("not_before")?,
-        not_after: row.try_get("not_after")?,
-        expires_at: row.try_get("expires_at")?,
-        error: problem(row.try_get("error")?)?,
-        created_at: row.try_get("created_at")?,
-        certificate_id: row.try_get("certificate_id")?,
-        certificate_profile: row.try_get("certificate_profile")?,
-        replaces: row.try_get("replaces")?,
-        authorization_ids: crate::json_vec(&row.try_get::<String, _>("authorization_ids")?)?,
+        not_before: row.get("not_before")?,
+        not_after: row.get("not_after")?,
+        expires_at: row.get("expires_at")?,
+        error: problem(row.get("error")?)?,
+        created_at: row.get("created_at")?,
+        certificate_id: row.get("certificate_id")?,
+        certificate_profile: row.get("certificate_profile")?,
+        replaces: row.get("replaces")?,
+        authorization_ids: crate::json_vec(&row.get::<_, String>("authorization_ids")?)?,
     })
 }
 
-fn authz_from_row(row: &SqliteRow) -> Result<AuthorizationRow> {
+fn authz_from_row(row: &Row<'_>) -> Result<AuthorizationRow> {
     Ok(AuthorizationRow {
-        id: row.try_get("id")?,
-        profile: row.try_get("profile")?,
-        account_id: row.try_get("account_id")?,
+        id: row.get("id")?,
+        profile: row.get("profile")?,
+        account_id: row.get("account_id")?,
         identifier: Identifier {
-            kind: row.try_get("identifier_type")?,
-            value: row.try_get("identifier_value")?,
+            kind: row.get("identifier_type")?,
+            value: row.get("identifier_value")?,
         },
-        wildcard: row.try_get("wildcard")?,
-        status: row.try_get("status")?,
-        expires_at: row.try_get("expires_at")?,
-        created_at: row.try_get("created_at")?,
+        wildcard: row.get("wildcard")?,
+        status: row.get("status")?,
+        expires_at: row.get("expires_at")?,
+        created_at: row.get("created_at")?,
     })
 }
 
@@ -206,23 +205,23 @@ const JOINED_CHALLENGE: [&str; 7] = [
     "ch_error",
 ];
 
-fn challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
+fn challenge_from_row(row: &Row<'_>) -> Result<ChallengeRow> {
     challenge_named(row, &CHALLENGE)
 }
 
-fn joined_challenge_from_row(row: &SqliteRow) -> Result<ChallengeRow> {
+fn joined_challenge_from_row(row: &Row<'_>) -> Result<ChallengeRow> {
     challenge_named(row, &JOINED_CHALLENGE)
 }
 
-fn challenge_named(row: &SqliteRow, c: &[&str; 7]) -> Result<ChallengeRow> {
+fn challenge_named(row: &Row<'_>, c: &[&str; 7]) -> Result<ChallengeRow> {
     Ok(ChallengeRow {
-        id: row.try_get(c[0])?,
-        authz_id: row.try_get(c[1])?,
-        kind: row.try_get(c[2])?,
-        token: row.try_get(c[3])?,
-        status: row.try_get(c[4])?,
-        validated_at: row.try_get(c[5])?,
-        error: problem(row.try_get(c[6])?)?,
+        id: row.get(c[0])?,
+        authz_id: row.get(c[1])?,
+        kind: row.get(c[2])?,
+        token: row.get(c[3])?,
+        status: row.get(c[4])?,
+        validated_at: row.get(c[5])?,
+        error: problem(row.get(c[6])?)?,
     })
 }
 
@@ -238,66 +237,64 @@ macro_rules! joined_challenge_columns {
 /// A challenge of `authz_id` just became valid: the authorization becomes
 /// valid until `valid_until`, and each pending order whose authorizations
 /// are now all valid becomes ready (RFC 8555 §7.1.6).
-async fn validate_authorization_in(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    authz_id: &str,
-    valid_until: i64,
-) -> Result<()> {
-    let moved = sqlx::query(
-        "UPDATE authorizations SET status = 'valid', expires_at = $1 WHERE id = $2 AND status = 'pending'",
-    )
-    .bind(valid_until)
-    .bind(authz_id)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
+fn validate_authorization_in(conn: &Connection, authz_id: &str, valid_until: i64) -> Result<()> {
+    let moved = exec(
+        conn,
+        "UPDATE authorizations SET status = 'valid', expires_at = ?1 WHERE id = ?2 AND status = 'pending'",
+        params![valid_until, authz_id],
+    )?;
     if moved == 1 {
-        sqlx::query(
+        exec(
+            conn,
             "UPDATE orders SET status = 'ready'
              WHERE status = 'pending'
-               AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $1)
+               AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = ?1)
                AND NOT EXISTS (
                    SELECT 1 FROM order_authorizations oa
                    JOIN authorizations a ON a.id = oa.authz_id
                    WHERE oa.order_id = orders.id AND a.status <> 'valid')",
-        )
-        .bind(authz_id)
-        .execute(&mut **tx)
-        .await?;
+            params![authz_id],
+        )?;
     }
     Ok(())
 }
 
 impl Store {
     /// Creates an order with its authorizations and their challenges, in one
-    /// transaction of at most five statements whatever the number of
-    /// identifiers (each table's rows in one multi-row `INSERT`: every
-    /// statement is a round trip to the connection's thread). Returns the
-    /// order as written.
+    /// transaction: one single-row `INSERT` per order, new authorization,
+    /// challenge and order–authorization link (each statement prepared once
+    /// and cached; statements run on this thread, so there is no round trip
+    /// for batching rows to save). Returns the order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let inserted = sqlx::query(
+        let tx = begin(&mut conn)?;
+        let inserted = exec(
+            &tx,
             "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
                                  certificate_profile, replaces, replaces_certificate_id)
-             VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(&new.id)
-        .bind(&new.profile)
-        .bind(&new.account_id)
-        .bind(to_json(&new.identifiers))
-        .bind(new.not_before)
-        .bind(new.not_after)
-        .bind(new.expires_at)
-        .bind(new.now)
-        .bind(&new.certificate_profile)
-        .bind(new.replaces.as_ref().map(|r| &r.0))
-        .bind(new.replaces.as_ref().map(|r| &r.1))
-        .execute(&mut *tx)
-        .await;
+             VALUES (?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                new.id,
+                new.profile,
+                new.account_id,
+                to_json(&new.identifiers),
+                new.not_before,
+                new.not_after,
+                new.expires_at,
+                new.now,
+                new.certificate_profile,
+                new.replaces.as_ref().map(|r| &r.0),
+                new.replaces.as_ref().map(|r| &r.1),
+            ],
+        );
         match inserted {
-            Err(sqlx::Error::Database(e))
-                if e.is_unique_violation() && e.message().contains("replaces_certificate_id") =>
+            Err(e)
+                if e.is_unique_violation()
+                    && matches!(
+                        &e,
+                        StoreError::Db(rusqlite::Error::SqliteFailure(_, Some(message)))
+                            if message.contains("replaces_certificate_id")
+                    ) =>
             {
                 return Ok(InsertOrder::AlreadyReplaced);
             }
@@ -313,42 +310,31 @@ impl Store {
                 OrderAuthorization::Reuse(_) => None,
             })
             .collect();
-        if !fresh.is_empty() {
-            sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at) ",
-            )
-            .push_values(&fresh, |mut row, authz| {
-                row.push_bind(&authz.id)
-                    .push_bind(&new.profile)
-                    .push_bind(&new.account_id)
-                    .push_bind(&authz.identifier.kind)
-                    .push_bind(&authz.identifier.value)
-                    .push_bind(authz.wildcard)
-                    .push_bind("pending")
-                    .push_bind(authz.expires_at)
-                    .push_bind(new.now);
-            })
-            .build()
-            .execute(&mut *tx)
-            .await?;
-            let challenges: Vec<(&str, &NewChallenge)> = fresh
-                .iter()
-                .flat_map(|a| a.challenges.iter().map(|ch| (a.id.as_str(), ch)))
-                .collect();
-            if !challenges.is_empty() {
-                sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                    "INSERT INTO challenges (id, authz_id, type, token, status) ",
-                )
-                .push_values(&challenges, |mut row, (authz_id, ch)| {
-                    row.push_bind(&ch.id)
-                        .push_bind(*authz_id)
-                        .push_bind(&ch.kind)
-                        .push_bind(&ch.token)
-                        .push_bind("pending");
-                })
-                .build()
-                .execute(&mut *tx)
-                .await?;
+        for authz in &fresh {
+            exec(
+                &tx,
+                "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8)",
+                params![
+                    authz.id,
+                    new.profile,
+                    new.account_id,
+                    authz.identifier.kind,
+                    authz.identifier.value,
+                    authz.wildcard,
+                    authz.expires_at,
+                    new.now,
+                ],
+            )?;
+        }
+        for authz in &fresh {
+            for ch in &authz.challenges {
+                exec(
+                    &tx,
+                    "INSERT INTO challenges (id, authz_id, type, token, status)
+                     VALUES (?1, ?2, ?3, ?4, 'pending')",
+                    params![ch.id, authz.id, ch.kind, ch.token],
+                )?;
             }
         }
         let authorization_ids: Vec<String> = new
@@ -359,41 +345,30 @@ impl Store {
                 OrderAuthorization::New(authz) => authz.id.clone(),
             })
             .collect();
-        if !authorization_ids.is_empty() {
-            sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO order_authorizations (order_id, authz_id, position) ",
-            )
-            .push_values(
-                authorization_ids.iter().enumerate(),
-                |mut row, (position, id)| {
-                    row.push_bind(&new.id)
-                        .push_bind(id)
-                        .push_bind(position as i64);
-                },
-            )
-            .build()
-            .execute(&mut *tx)
-            .await?;
+        for (position, id) in authorization_ids.iter().enumerate() {
+            exec(
+                &tx,
+                "INSERT INTO order_authorizations (order_id, authz_id, position) VALUES (?1, ?2, ?3)",
+                params![new.id, id, position as i64],
+            )?;
         }
         // Every authorization reused and valid: the order is ready at once
         // (RFC 8555 §7.1.6). A new authorization is pending, so the check is
         // needed only when all were reused.
         let mut status = "pending";
         if fresh.is_empty() {
-            let ready = sqlx::query(
-                "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'pending'
+            let ready = exec(
+                &tx,
+                "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'pending'
                    AND NOT EXISTS (SELECT 1 FROM order_authorizations oa JOIN authorizations a ON a.id = oa.authz_id
                                    WHERE oa.order_id = orders.id AND a.status <> 'valid')",
-            )
-            .bind(&new.id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+                params![new.id],
+            )?;
             if ready == 1 {
                 status = "ready";
             }
         }
-        tx.commit().await?;
+        tx.commit()?;
         Ok(InsertOrder::Inserted(Box::new(OrderRow {
             id: new.id.clone(),
             profile: new.profile.clone(),
@@ -413,15 +388,16 @@ impl Store {
     }
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            order_columns!(),
-            " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id WHERE o.id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(order_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                order_columns!(),
+                " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id WHERE o.id = ?1"
+            ),
+            params![id],
+            order_from_row,
+        )
     }
 
     /// One page of an account's order ids, oldest first (RFC 8555 §7.1.2.1).
@@ -431,50 +407,51 @@ impl Store {
         offset: i64,
         limit: i64,
     ) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM orders WHERE account_id = $1 ORDER BY created_at, id LIMIT $2 OFFSET $3",
+        all(
+            &*self.reader().await?,
+            "SELECT id FROM orders WHERE account_id = ?1 ORDER BY created_at, id LIMIT ?2 OFFSET ?3",
+            params![account_id, limit, offset],
+            |row| Ok(row.get(0)?),
         )
-        .bind(account_id)
-        .bind(limit)
-        .bind(offset)
-        .fetch_all(&mut *self.reader().await?)
-        .await?)
     }
 
     pub async fn authorization(&self, id: &str) -> Result<Option<AuthorizationRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            authz_columns!(),
-            " FROM authorizations a WHERE a.id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(authz_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                authz_columns!(),
+                " FROM authorizations a WHERE a.id = ?1"
+            ),
+            params![id],
+            authz_from_row,
+        )
     }
 
     pub async fn challenges_of(&self, authz_id: &str) -> Result<Vec<ChallengeRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            challenge_columns!(),
-            " FROM challenges ch WHERE ch.authz_id = $1 ORDER BY ch.rowid"
-        ))
-        .bind(authz_id)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(challenge_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                challenge_columns!(),
+                " FROM challenges ch WHERE ch.authz_id = ?1 ORDER BY ch.rowid"
+            ),
+            params![authz_id],
+            challenge_from_row,
+        )
     }
 
     pub async fn challenge(&self, id: &str) -> Result<Option<ChallengeRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            challenge_columns!(),
-            " FROM challenges ch WHERE ch.id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref().map(challenge_from_row).transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                challenge_columns!(),
+                " FROM challenges ch WHERE ch.id = ?1"
+            ),
+            params![id],
+            challenge_from_row,
+        )
     }
 
     /// An authorization with its challenges, in one statement.
@@ -482,29 +459,35 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(AuthorizationRow, Vec<ChallengeRow>)>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            authz_columns!(),
-            ", ",
-            joined_challenge_columns!(),
-            " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
-              WHERE a.id = $1 ORDER BY ch.rowid"
-        ))
-        .bind(id)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        let Some(first) = rows.first() else {
+        // Every row repeats the authorization: it is read from the first.
+        let mut authz: Option<AuthorizationRow> = None;
+        let challenges = all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                authz_columns!(),
+                ", ",
+                joined_challenge_columns!(),
+                " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
+                  WHERE a.id = ?1 ORDER BY ch.rowid"
+            ),
+            params![id],
+            |row| {
+                if authz.is_none() {
+                    authz = Some(authz_from_row(row)?);
+                }
+                // LEFT JOIN: an authorization without challenges is one row of NULLs.
+                if row.get::<_, Option<String>>("ch_id")?.is_some() {
+                    Ok(Some(joined_challenge_from_row(row)?))
+                } else {
+                    Ok(None)
+                }
+            },
+        )?;
+        let Some(authz) = authz else {
             return Ok(None);
         };
-        let authz = authz_from_row(first)?;
-        let mut challenges = Vec::with_capacity(rows.len());
-        for row in &rows {
-            // LEFT JOIN: an authorization without challenges is one row of NULLs.
-            if row.try_get::<Option<String>, _>("ch_id")?.is_some() {
-                challenges.push(joined_challenge_from_row(row)?);
-            }
-        }
-        Ok(Some((authz, challenges)))
+        Ok(Some((authz, challenges.into_iter().flatten().collect())))
     }
 
     /// A challenge with its authorization, in one statement.
@@ -512,19 +495,18 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            authz_columns!(),
-            ", ",
-            joined_challenge_columns!(),
-            " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.as_ref()
-            .map(|row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)))
-            .transpose()
+        one(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                authz_columns!(),
+                ", ",
+                joined_challenge_columns!(),
+                " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = ?1"
+            ),
+            params![id],
+            |row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)),
+        )
     }
 
     /// A valid authorization of `account_id` for `identifier` (same wildcard
@@ -540,23 +522,24 @@ impl Store {
         validated_since: i64,
         valid_past: i64,
     ) -> Result<Option<String>> {
-        Ok(sqlx::query_scalar(
+        scalar(
+            &*self.reader().await?,
             "SELECT a.id FROM authorizations a
-             WHERE a.profile = $1 AND a.account_id = $2 AND a.identifier_type = $3 AND a.identifier_value = $4
-               AND a.wildcard = $5 AND a.status = 'valid' AND a.expires_at > $6
+             WHERE a.profile = ?1 AND a.account_id = ?2 AND a.identifier_type = ?3 AND a.identifier_value = ?4
+               AND a.wildcard = ?5 AND a.status = 'valid' AND a.expires_at > ?6
                AND EXISTS (SELECT 1 FROM challenges ch WHERE ch.authz_id = a.id AND ch.status = 'valid'
-                           AND ch.validated_at >= $7)
+                           AND ch.validated_at >= ?7)
              ORDER BY a.expires_at DESC LIMIT 1",
+            params![
+                profile,
+                account_id,
+                identifier.kind,
+                identifier.value,
+                wildcard,
+                valid_past,
+                validated_since,
+            ],
         )
-        .bind(profile)
-        .bind(account_id)
-        .bind(&identifier.kind)
-        .bind(&identifier.value)
-        .bind(wildcard)
-        .bind(valid_past)
-        .bind(validated_since)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?)
     }
 
     /// Whether `account_id` holds a valid, unexpired authorization for
@@ -570,18 +553,19 @@ impl Store {
         wildcard: bool,
         now: i64,
     ) -> Result<bool> {
-        let found: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM authorizations WHERE profile = $1 AND account_id = $2 AND identifier_type = $3
-             AND identifier_value = $4 AND wildcard = $5 AND status = 'valid' AND expires_at > $6 LIMIT 1",
-        )
-        .bind(profile)
-        .bind(account_id)
-        .bind(&identifier.kind)
-        .bind(&identifier.value)
-        .bind(wildcard)
-        .bind(now)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
+        let found: Option<i64> = scalar(
+            &*self.reader().await?,
+            "SELECT 1 FROM authorizations WHERE profile = ?1 AND account_id = ?2 AND identifier_type = ?3
+             AND identifier_value = ?4 AND wildcard = ?5 AND status = 'valid' AND expires_at > ?6 LIMIT 1",
+            params![
+                profile,
+                account_id,
+                identifier.kind,
+                identifier.value,
+                wildcard,
+                now,
+            ],
+        )?;
         Ok(found.is_some())
     }
 
@@ -589,13 +573,11 @@ impl Store {
     /// pending and unexpired. False if another request got there first or
     /// the authorization moved on (RFC 8555 §7.5.1).
     pub async fn start_challenge(&self, challenge_id: &str, now: i64) -> Result<bool> {
-        Ok(sqlx::query(START_CHALLENGE)
-            .bind(challenge_id)
-            .bind(now)
-            .execute(&mut *self.writer().await?)
-            .await?
-            .rows_affected()
-            == 1)
+        Ok(exec(
+            &*self.writer().await?,
+            START_CHALLENGE,
+            params![challenge_id, now],
+        )? == 1)
     }
 
     /// pending → processing (as [`Store::start_challenge`]) and the job that
@@ -609,19 +591,13 @@ impl Store {
         now_ms: i64,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let started = sqlx::query(START_CHALLENGE)
-            .bind(challenge_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1;
+        let tx = begin(&mut conn)?;
+        let started = exec(&tx, START_CHALLENGE, params![challenge_id, now])? == 1;
         if !started {
             return Ok(false);
         }
-        crate::jobs::insert_job_in(&mut *tx, job, now_ms).await?;
-        tx.commit().await?;
+        crate::jobs::insert_job_in(&tx, job, now_ms)?;
+        tx.commit()?;
         Ok(true)
     }
 
@@ -646,48 +622,45 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
+        let tx = begin(&mut conn)?;
         // The guarded change and the read of its authorization are one
         // statement.
         let authz_id: Option<String> = match outcome {
-            Ok(()) => sqlx::query_scalar(
-                "UPDATE challenges SET status = 'valid', validated_at = $1
-                 WHERE id = $2 AND status = 'processing' RETURNING authz_id",
-            )
-            .bind(now)
-            .bind(challenge_id),
-            Err(problem) => sqlx::query_scalar(
-                "UPDATE challenges SET status = 'invalid', error = $1
-                 WHERE id = $2 AND status = 'processing' RETURNING authz_id",
-            )
-            .bind(to_json(problem))
-            .bind(challenge_id),
-        }
-        .fetch_optional(&mut *tx)
-        .await?;
+            Ok(()) => scalar(
+                &tx,
+                "UPDATE challenges SET status = 'valid', validated_at = ?1
+                 WHERE id = ?2 AND status = 'processing' RETURNING authz_id",
+                params![now, challenge_id],
+            )?,
+            Err(problem) => scalar(
+                &tx,
+                "UPDATE challenges SET status = 'invalid', error = ?1
+                 WHERE id = ?2 AND status = 'processing' RETURNING authz_id",
+                params![to_json(problem), challenge_id],
+            )?,
+        };
         let Some(authz_id) = authz_id else {
             return Ok(false);
         };
         match outcome {
-            Ok(()) => validate_authorization_in(&mut tx, &authz_id, valid_until).await?,
+            Ok(()) => validate_authorization_in(&tx, &authz_id, valid_until)?,
             Err(problem) => {
-                sqlx::query("UPDATE authorizations SET status = 'invalid' WHERE id = $1 AND status = 'pending'")
-                    .bind(&authz_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "UPDATE orders SET status = 'invalid', error = $1
+                exec(
+                    &tx,
+                    "UPDATE authorizations SET status = 'invalid' WHERE id = ?1 AND status = 'pending'",
+                    params![authz_id],
+                )?;
+                exec(
+                    &tx,
+                    "UPDATE orders SET status = 'invalid', error = ?1
                      WHERE status = 'pending'
-                       AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $2)",
-                )
-                .bind(to_json(problem))
-                .bind(&authz_id)
-                .execute(&mut *tx)
-                .await?;
+                       AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = ?2)",
+                    params![to_json(problem), authz_id],
+                )?;
             }
         }
-        insert_jobs_in(&mut tx, notices).await?;
-        tx.commit().await?;
+        insert_jobs_in(&tx, notices)?;
+        tx.commit()?;
         Ok(true)
     }
 
@@ -703,23 +676,21 @@ impl Store {
         valid_until: i64,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let authz_id: Option<String> = sqlx::query_scalar(
-            "UPDATE challenges SET status = 'valid', validated_at = $2
-             WHERE id = $1 AND status = 'pending'
+        let tx = begin(&mut conn)?;
+        let authz_id: Option<String> = scalar(
+            &tx,
+            "UPDATE challenges SET status = 'valid', validated_at = ?2
+             WHERE id = ?1 AND status = 'pending'
                AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                           AND a.status = 'pending' AND a.expires_at > $2)
+                           AND a.status = 'pending' AND a.expires_at > ?2)
              RETURNING authz_id",
-        )
-        .bind(challenge_id)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
+            params![challenge_id, now],
+        )?;
         let Some(authz_id) = authz_id else {
             return Ok(false);
         };
-        validate_authorization_in(&mut tx, &authz_id, valid_until).await?;
-        tx.commit().await?;
+        validate_authorization_in(&tx, &authz_id, valid_until)?;
+        tx.commit()?;
         Ok(true)
     }
 
@@ -727,26 +698,22 @@ impl Store {
     /// its unfinished orders become invalid. False if it was neither.
     pub async fn deactivate_authorization(&self, authz_id: &str) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let changed = sqlx::query(
-            "UPDATE authorizations SET status = 'deactivated' WHERE id = $1 AND status IN ('pending', 'valid')",
-        )
-        .bind(authz_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        let tx = begin(&mut conn)?;
+        let changed = exec(
+            &tx,
+            "UPDATE authorizations SET status = 'deactivated' WHERE id = ?1 AND status IN ('pending', 'valid')",
+            params![authz_id],
+        )? == 1;
         if changed {
-            sqlx::query(
+            exec(
+                &tx,
                 "UPDATE orders SET status = 'invalid'
                  WHERE status IN ('pending', 'ready')
-                   AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = $1)",
-            )
-            .bind(authz_id)
-            .execute(&mut *tx)
-            .await?;
+                   AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = ?1)",
+                params![authz_id],
+            )?;
         }
-        tx.commit().await?;
+        tx.commit()?;
         Ok(changed)
     }
 
@@ -762,14 +729,15 @@ impl Store {
         now: i64,
         error: &Problem,
     ) -> Result<u64> {
-        let ids: Vec<String> = sqlx::query_scalar(
+        // The reader is given back at the end of this statement, before the
+        // awaits below.
+        let ids: Vec<String> = all(
+            &*self.reader().await?,
             "SELECT id FROM orders
-             WHERE replaces_certificate_id = $1 AND status IN ('pending', 'ready') AND expires_at <= $2",
-        )
-        .bind(certificate_id)
-        .bind(now)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
+             WHERE replaces_certificate_id = ?1 AND status IN ('pending', 'ready') AND expires_at <= ?2",
+            params![certificate_id, now],
+            |row| Ok(row.get(0)?),
+        )?;
         let mut n = 0;
         for id in ids {
             if self.expire_order(&id, now, error).await? {
@@ -781,70 +749,53 @@ impl Store {
 
     pub async fn expire_order(&self, order_id: &str, now: i64, error: &Problem) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let changed = sqlx::query(
-            "UPDATE orders SET status = 'invalid', error = $1
-             WHERE id = $2 AND status IN ('pending', 'ready') AND expires_at <= $3",
-        )
-        .bind(to_json(error))
-        .bind(order_id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        let tx = begin(&mut conn)?;
+        let changed = exec(
+            &tx,
+            "UPDATE orders SET status = 'invalid', error = ?1
+             WHERE id = ?2 AND status IN ('pending', 'ready') AND expires_at <= ?3",
+            params![to_json(error), order_id, now],
+        )? == 1;
         if changed {
-            sqlx::query(
+            exec(
+                &tx,
                 "UPDATE authorizations SET status = 'expired'
-                 WHERE status = 'pending' AND expires_at <= $1
-                   AND id IN (SELECT authz_id FROM order_authorizations WHERE order_id = $2)",
-            )
-            .bind(now)
-            .bind(order_id)
-            .execute(&mut *tx)
-            .await?;
+                 WHERE status = 'pending' AND expires_at <= ?1
+                   AND id IN (SELECT authz_id FROM order_authorizations WHERE order_id = ?2)",
+                params![now, order_id],
+            )?;
         }
-        tx.commit().await?;
+        tx.commit()?;
         Ok(changed)
     }
 
     /// ready → processing, guarded: of two concurrent finalize requests
     /// exactly one gets `true` (RFC 8555 §7.4).
     pub async fn begin_finalize(&self, order_id: &str) -> Result<bool> {
-        Ok(sqlx::query(
-            "UPDATE orders SET status = 'processing' WHERE id = $1 AND status = 'ready'",
-        )
-        .bind(order_id)
-        .execute(&mut *self.writer().await?)
-        .await?
-        .rows_affected()
-            == 1)
+        Ok(exec(
+            &*self.writer().await?,
+            "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'",
+            params![order_id],
+        )? == 1)
     }
 
     /// processing → ready: the signer refused the CSR, the client may try
     /// again with a better one (RFC 8555 §7.4 badCSR).
     pub async fn abort_finalize(&self, order_id: &str) -> Result<bool> {
-        Ok(sqlx::query(
-            "UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'processing'",
-        )
-        .bind(order_id)
-        .execute(&mut *self.writer().await?)
-        .await?
-        .rows_affected()
-            == 1)
+        Ok(exec(
+            &*self.writer().await?,
+            "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'processing'",
+            params![order_id],
+        )? == 1)
     }
 
     /// processing → invalid with an error the client will see.
     pub async fn fail_order(&self, order_id: &str, error: &Problem) -> Result<bool> {
-        Ok(sqlx::query(
-            "UPDATE orders SET status = 'invalid', error = $1 WHERE id = $2 AND status = 'processing'",
-        )
-        .bind(to_json(error))
-        .bind(order_id)
-        .execute(&mut *self.writer().await?)
-        .await?
-        .rows_affected()
-            == 1)
+        Ok(exec(
+            &*self.writer().await?,
+            "UPDATE orders SET status = 'invalid', error = ?1 WHERE id = ?2 AND status = 'processing'",
+            params![to_json(error), order_id],
+        )? == 1)
     }
 
     /// Challenges left `processing` without a live job of `job_kind` whose
@@ -855,53 +806,51 @@ impl Store {
         job_kind: &str,
         limit: i64,
     ) -> Result<Vec<ProcessingChallenge>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            challenge_columns!(),
-            ", ",
-            authz_columns!(),
-            " FROM challenges ch
-             JOIN authorizations a ON a.id = ch.authz_id
-             WHERE ch.status = 'processing'
-               AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = $2 AND j.key = ch.id
-                               AND j.status IN ('queued', 'running', 'retiring'))
-             ORDER BY a.created_at, ch.id
-             LIMIT $1"
-        ))
-        .bind(limit)
-        .bind(job_kind)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                challenge_columns!(),
+                ", ",
+                authz_columns!(),
+                " FROM challenges ch
+                 JOIN authorizations a ON a.id = ch.authz_id
+                 WHERE ch.status = 'processing'
+                   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = ?2 AND j.key = ch.id
+                                   AND j.status IN ('queued', 'running', 'retiring'))
+                 ORDER BY a.created_at, ch.id
+                 LIMIT ?1"
+            ),
+            params![limit, job_kind],
+            |row| {
                 // The column lists share "id" and "status": read the
                 // challenge's by position-aware names.
                 Ok(ProcessingChallenge {
                     challenge: ChallengeRow {
-                        id: row.try_get(0)?,
-                        authz_id: row.try_get(1)?,
-                        kind: row.try_get(2)?,
-                        token: row.try_get(3)?,
-                        status: row.try_get(4)?,
-                        validated_at: row.try_get(5)?,
-                        error: problem(row.try_get(6)?)?,
+                        id: row.get(0)?,
+                        authz_id: row.get(1)?,
+                        kind: row.get(2)?,
+                        token: row.get(3)?,
+                        status: row.get(4)?,
+                        validated_at: row.get(5)?,
+                        error: problem(row.get(6)?)?,
                     },
                     authorization: AuthorizationRow {
-                        id: row.try_get(7)?,
-                        profile: row.try_get(8)?,
-                        account_id: row.try_get(9)?,
+                        id: row.get(7)?,
+                        profile: row.get(8)?,
+                        account_id: row.get(9)?,
                         identifier: Identifier {
-                            kind: row.try_get(10)?,
-                            value: row.try_get(11)?,
+                            kind: row.get(10)?,
+                            value: row.get(11)?,
                         },
-                        wildcard: row.try_get(12)?,
-                        status: row.try_get(13)?,
-                        expires_at: row.try_get(14)?,
-                        created_at: row.try_get(15)?,
+                        wildcard: row.get(12)?,
+                        status: row.get(13)?,
+                        expires_at: row.get(14)?,
+                        created_at: row.get(15)?,
                     },
                 })
-            })
-            .collect()
+            },
+        )
     }
 }
 
@@ -914,20 +863,18 @@ impl Store {
         status: Option<&str>,
         limit: i64,
     ) -> Result<Vec<OrderRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            order_columns!(),
-            " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id
-              WHERE ($1 IS NULL OR o.profile = $1) AND ($2 IS NULL OR o.account_id = $2)
-                AND ($3 IS NULL OR o.status = $3)
-              ORDER BY o.created_at DESC, o.id DESC LIMIT $4"
-        ))
-        .bind(profile)
-        .bind(account)
-        .bind(status)
-        .bind(limit)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(order_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                order_columns!(),
+                " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id
+                  WHERE (?1 IS NULL OR o.profile = ?1) AND (?2 IS NULL OR o.account_id = ?2)
+                    AND (?3 IS NULL OR o.status = ?3)
+                  ORDER BY o.created_at DESC, o.id DESC LIMIT ?4"
+            ),
+            params![profile, account, status, limit],
+            order_from_row,
+        )
     }
 }

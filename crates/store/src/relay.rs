@@ -3,13 +3,12 @@
 //! (SYSTEM.md "The relay, step by step").
 
 use acme_proxy_protocol::Problem;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Connection, Row};
+use rusqlite::{Row, params};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::certificates::{NewCertificateRow, complete_order_in};
-use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, to_json};
+use crate::jobs::{insert_job_in, insert_jobs_in};
+use crate::{NewJob, Result, Store, all, begin, exec, one, scalar, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamAccountRow {
@@ -60,62 +59,61 @@ macro_rules! upstream_order_columns {
     };
 }
 
-fn upstream_order_from_row(row: &SqliteRow) -> Result<UpstreamOrderRow> {
+fn upstream_order_from_row(row: &Row<'_>) -> Result<UpstreamOrderRow> {
     Ok(UpstreamOrderRow {
-        order_id: row.try_get("order_id")?,
-        profile: row.try_get("profile")?,
-        account_id: row.try_get("account_id")?,
-        csr_der: row.try_get("csr_der")?,
-        upstream_url: row.try_get("upstream_url")?,
-        status: row.try_get("status")?,
-        certificate_url: row.try_get("certificate_url")?,
-        error: row.try_get("error")?,
-        client_ip: row.try_get("client_ip")?,
-        reverse_name: row.try_get("reverse_name")?,
-        user_agent: row.try_get("user_agent")?,
-        request_id: row.try_get("request_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
+        order_id: row.get("order_id")?,
+        profile: row.get("profile")?,
+        account_id: row.get("account_id")?,
+        csr_der: row.get("csr_der")?,
+        upstream_url: row.get("upstream_url")?,
+        status: row.get("status")?,
+        certificate_url: row.get("certificate_url")?,
+        error: row.get("error")?,
+        client_ip: row.get("client_ip")?,
+        reverse_name: row.get("reverse_name")?,
+        user_agent: row.get("user_agent")?,
+        request_id: row.get("request_id")?,
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
     })
 }
 
 impl Store {
     pub async fn upstream_account(&self, profile: &str) -> Result<Option<UpstreamAccountRow>> {
-        let row = sqlx::query(
+        one(
+            &*self.reader().await?,
             "SELECT profile, directory, account_url, key_thumbprint, created_at
-             FROM upstream_accounts WHERE profile = $1",
+             FROM upstream_accounts WHERE profile = ?1",
+            params![profile],
+            |r| {
+                Ok(UpstreamAccountRow {
+                    profile: r.get("profile")?,
+                    directory: r.get("directory")?,
+                    account_url: r.get("account_url")?,
+                    key_thumbprint: r.get("key_thumbprint")?,
+                    created_at: r.get("created_at")?,
+                })
+            },
         )
-        .bind(profile)
-        .fetch_optional(&mut *self.reader().await?)
-        .await?;
-        row.map(|r| {
-            Ok(UpstreamAccountRow {
-                profile: r.try_get("profile")?,
-                directory: r.try_get("directory")?,
-                account_url: r.try_get("account_url")?,
-                key_thumbprint: r.try_get("key_thumbprint")?,
-                created_at: r.try_get("created_at")?,
-            })
-        })
-        .transpose()
     }
 
     /// Records (or replaces, after a re-registration) a profile's upstream account.
     pub async fn save_upstream_account(&self, row: &UpstreamAccountRow) -> Result<()> {
-        sqlx::query(
+        exec(
+            &*self.writer().await?,
             "INSERT INTO upstream_accounts (profile, directory, account_url, key_thumbprint, created_at)
-             VALUES ($1, $2, $3, $4, $5)
+             VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (profile) DO UPDATE SET directory = excluded.directory,
                  account_url = excluded.account_url, key_thumbprint = excluded.key_thumbprint,
                  created_at = excluded.created_at",
-        )
-        .bind(&row.profile)
-        .bind(&row.directory)
-        .bind(&row.account_url)
-        .bind(&row.key_thumbprint)
-        .bind(row.created_at)
-        .execute(&mut *self.writer().await?)
-        .await?;
+            params![
+                row.profile,
+                row.directory,
+                row.account_url,
+                row.key_thumbprint,
+                row.created_at,
+            ],
+        )?;
         Ok(())
     }
 
@@ -129,42 +127,43 @@ impl Store {
         now_ms: i64,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let started = sqlx::query(
-            "UPDATE orders SET status = 'processing' WHERE id = $1 AND status = 'ready'",
-        )
-        .bind(row.order_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        let tx = begin(&mut conn)?;
+        let started = exec(
+            &tx,
+            "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'",
+            params![row.order_id],
+        )? == 1;
         if !started {
             return Ok(false);
         }
         // A mapping left by an earlier finalize that the upstream refused
         // (the order went back to ready) is replaced.
-        sqlx::query("DELETE FROM upstream_orders WHERE order_id = $1")
-            .bind(row.order_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(concat!(
-            "INSERT INTO upstream_orders (",
-            upstream_order_columns!(),
-            ") VALUES ($1, $2, $3, $4, NULL, 'processing', NULL, NULL, $5, $6, $7, $8, $9, $9)"
-        ))
-        .bind(row.order_id)
-        .bind(row.profile)
-        .bind(row.account_id)
-        .bind(row.csr_der)
-        .bind(row.client_ip)
-        .bind(row.reverse_name)
-        .bind(row.user_agent)
-        .bind(row.request_id)
-        .bind(row.now)
-        .execute(&mut *tx)
-        .await?;
-        crate::jobs::insert_job_in(&mut *tx, job, now_ms).await?;
-        tx.commit().await?;
+        exec(
+            &tx,
+            "DELETE FROM upstream_orders WHERE order_id = ?1",
+            params![row.order_id],
+        )?;
+        exec(
+            &tx,
+            concat!(
+                "INSERT INTO upstream_orders (",
+                upstream_order_columns!(),
+                ") VALUES (?1, ?2, ?3, ?4, NULL, 'processing', NULL, NULL, ?5, ?6, ?7, ?8, ?9, ?9)"
+            ),
+            params![
+                row.order_id,
+                row.profile,
+                row.account_id,
+                row.csr_der,
+                row.client_ip,
+                row.reverse_name,
+                row.user_agent,
+                row.request_id,
+                row.now,
+            ],
+        )?;
+        insert_job_in(&tx, job, now_ms)?;
+        tx.commit()?;
         Ok(true)
     }
 
@@ -174,31 +173,28 @@ impl Store {
     /// (then it owns the outcome and nothing changes).
     pub async fn undo_relay(&self, order_id: &str, job_kind: &str, now_ms: i64) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let cancelled = sqlx::query(
-            "UPDATE jobs SET status = 'cancelled', finished_at = $1, updated_at = $1,
+        let tx = begin(&mut conn)?;
+        let cancelled = exec(
+            &tx,
+            "UPDATE jobs SET status = 'cancelled', finished_at = ?1, updated_at = ?1,
                  last_error = 'the upstream refused the order at finalize'
-             WHERE kind = $2 AND key = $3 AND status = 'queued' AND attempts = 0",
-        )
-        .bind(now_ms)
-        .bind(job_kind)
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+             WHERE kind = ?2 AND key = ?3 AND status = 'queued' AND attempts = 0",
+            params![now_ms, job_kind, order_id],
+        )? == 1;
         if !cancelled {
             return Ok(false);
         }
-        sqlx::query("DELETE FROM upstream_orders WHERE order_id = $1 AND status = 'processing'")
-            .bind(order_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE orders SET status = 'ready' WHERE id = $1 AND status = 'processing'")
-            .bind(order_id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        exec(
+            &tx,
+            "DELETE FROM upstream_orders WHERE order_id = ?1 AND status = 'processing'",
+            params![order_id],
+        )?;
+        exec(
+            &tx,
+            "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'processing'",
+            params![order_id],
+        )?;
+        tx.commit()?;
         Ok(true)
     }
 
@@ -211,34 +207,32 @@ impl Store {
         url: &str,
         now: i64,
     ) -> Result<Option<String>> {
-        sqlx::query(
-            "UPDATE upstream_orders SET upstream_url = $1, updated_at = $2
-             WHERE order_id = $3 AND upstream_url IS NULL",
-        )
-        .bind(url)
-        .bind(now)
-        .bind(order_id)
-        .execute(&mut *self.writer().await?)
-        .await?;
-        Ok(
-            sqlx::query_scalar("SELECT upstream_url FROM upstream_orders WHERE order_id = $1")
-                .bind(order_id)
-                .fetch_optional(&mut *self.writer().await?)
-                .await?
-                .flatten(),
-        )
+        let conn = self.writer().await?;
+        exec(
+            &conn,
+            "UPDATE upstream_orders SET upstream_url = ?1, updated_at = ?2
+             WHERE order_id = ?3 AND upstream_url IS NULL",
+            params![url, now, order_id],
+        )?;
+        Ok(scalar::<Option<String>>(
+            &conn,
+            "SELECT upstream_url FROM upstream_orders WHERE order_id = ?1",
+            params![order_id],
+        )?
+        .flatten())
     }
 
     pub async fn upstream_order(&self, order_id: &str) -> Result<Option<UpstreamOrderRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            upstream_order_columns!(),
-            " FROM upstream_orders WHERE order_id = $1"
-        ))
-        .bind(order_id)
-        .fetch_optional(&mut *self.writer().await?)
-        .await?;
-        row.as_ref().map(upstream_order_from_row).transpose()
+        one(
+            &*self.writer().await?,
+            concat!(
+                "SELECT ",
+                upstream_order_columns!(),
+                " FROM upstream_orders WHERE order_id = ?1"
+            ),
+            params![order_id],
+            upstream_order_from_row,
+        )
     }
 
     /// Mapping rows, newest first, optionally of one status.
@@ -247,17 +241,17 @@ impl Store {
         status: Option<&str>,
         limit: i64,
     ) -> Result<Vec<UpstreamOrderRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            upstream_order_columns!(),
-            " FROM upstream_orders WHERE ($1 IS NULL OR status = $1)
-             ORDER BY created_at DESC, order_id LIMIT $2"
-        ))
-        .bind(status)
-        .bind(limit)
-        .fetch_all(&mut *self.reader().await?)
-        .await?;
-        rows.iter().map(upstream_order_from_row).collect()
+        all(
+            &*self.reader().await?,
+            concat!(
+                "SELECT ",
+                upstream_order_columns!(),
+                " FROM upstream_orders WHERE (?1 IS NULL OR status = ?1)
+             ORDER BY created_at DESC, order_id LIMIT ?2"
+            ),
+            params![status, limit],
+            upstream_order_from_row,
+        )
     }
 
     /// Settles a relayed order in one transaction: the certificate and
@@ -271,22 +265,19 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        if !complete_order_in(&mut tx, cert).await? {
+        let tx = begin(&mut conn)?;
+        if !complete_order_in(&tx, cert)? {
             return Ok(false);
         }
-        sqlx::query(
-            "UPDATE upstream_orders SET status = 'valid', certificate_url = $1, error = NULL, updated_at = $2
-             WHERE order_id = $3",
-        )
-        .bind(certificate_url)
-        .bind(cert.now)
-        .bind(cert.order_id)
-        .execute(&mut *tx)
-        .await?;
-        insert_audit_in(&mut *tx, audit).await?;
-        insert_jobs_in(&mut tx, notices).await?;
-        tx.commit().await?;
+        exec(
+            &tx,
+            "UPDATE upstream_orders SET status = 'valid', certificate_url = ?1, error = NULL, updated_at = ?2
+             WHERE order_id = ?3",
+            params![certificate_url, cert.now, cert.order_id],
+        )?;
+        insert_audit_in(&tx, audit)?;
+        insert_jobs_in(&tx, notices)?;
+        tx.commit()?;
         Ok(true)
     }
 
@@ -303,31 +294,24 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let failed = sqlx::query(
-            "UPDATE orders SET status = 'invalid', error = $1 WHERE id = $2 AND status = 'processing'",
-        )
-        .bind(to_json(client_problem))
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        let tx = begin(&mut conn)?;
+        let failed = exec(
+            &tx,
+            "UPDATE orders SET status = 'invalid', error = ?1 WHERE id = ?2 AND status = 'processing'",
+            params![to_json(client_problem), order_id],
+        )? == 1;
         if !failed {
             return Ok(false);
         }
-        sqlx::query(
-            "UPDATE upstream_orders SET status = 'invalid', error = $1, updated_at = $2
-             WHERE order_id = $3 AND status = 'processing'",
-        )
-        .bind(reason)
-        .bind(audit.at)
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?;
-        insert_audit_in(&mut *tx, audit).await?;
-        insert_jobs_in(&mut tx, notices).await?;
-        tx.commit().await?;
+        exec(
+            &tx,
+            "UPDATE upstream_orders SET status = 'invalid', error = ?1, updated_at = ?2
+             WHERE order_id = ?3 AND status = 'processing'",
+            params![reason, audit.at, order_id],
+        )?;
+        insert_audit_in(&tx, audit)?;
+        insert_jobs_in(&tx, notices)?;
+        tx.commit()?;
         Ok(true)
     }
 }
