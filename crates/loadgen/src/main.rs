@@ -58,6 +58,14 @@ struct Args {
     /// Names are `{n}.{domain}`.
     #[arg(long, default_value = "loadgen.example.test")]
     domain: String,
+    /// How long to wait before the first poll of an order (for ready, then
+    /// for its certificate); each further poll waits 1.5 times longer
+    /// unless the server sends `Retry-After`. instant-acme always waits
+    /// before the first poll, so this is idle time in every issuance: kept
+    /// short so that a benchmark measures the server, not the client's
+    /// sleeps (a server that is not ready yet is simply polled again).
+    #[arg(long, default_value_t = 1)]
+    poll_delay_ms: u64,
     /// Give up an issuance after this long.
     #[arg(long, default_value = "60")]
     timeout_secs: u64,
@@ -201,9 +209,9 @@ async fn serve_http01(port: u16, board: Board) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn retry() -> RetryPolicy {
+fn retry(first: Duration) -> RetryPolicy {
     RetryPolicy::new()
-        .initial_delay(Duration::from_millis(5))
+        .initial_delay(first)
         .backoff(1.5)
         .timeout(Duration::from_secs(60))
 }
@@ -279,6 +287,7 @@ async fn issue(
     challenge: Challenge,
     board: &Board,
     key: &CsrKey,
+    poll: Duration,
 ) -> anyhow::Result<Steps> {
     let ids: Vec<Identifier> = names.iter().map(|n| Identifier::Dns(n.clone())).collect();
     let t = Instant::now();
@@ -308,7 +317,7 @@ async fn issue(
         ch.set_ready().await.context("challenge")?;
     }
     let status = order
-        .poll_ready(&retry())
+        .poll_ready(&retry(poll))
         .await
         .context("polling to ready")?;
     for t in &tokens {
@@ -325,7 +334,7 @@ async fn issue(
     order.finalize_csr(csr.der()).await.context("finalize")?;
     let finalize = t.elapsed();
     let chain = order
-        .poll_certificate(&retry())
+        .poll_certificate(&retry(poll))
         .await
         .context("polling to the certificate")?;
     let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).context("chain PEM")?;
@@ -401,12 +410,13 @@ async fn main() -> anyhow::Result<()> {
             Arc::clone(&errors),
         );
         let directory = args.directory.clone();
-        let (orders, per, domain, challenge, timeout) = (
+        let (orders, per, domain, challenge, timeout, poll) = (
             args.orders as u64,
             args.names_per_order,
             args.domain.clone(),
             args.challenge,
             Duration::from_secs(args.timeout_secs),
+            Duration::from_millis(args.poll_delay_ms),
         );
         workers.push(tokio::spawn(async move {
             loop {
@@ -421,7 +431,7 @@ async fn main() -> anyhow::Result<()> {
                         Some(a) => a.clone(),
                         None => new_account(&client, &directory).await?.0,
                     };
-                    issue(&account, &names, challenge, &board, &key).await
+                    issue(&account, &names, challenge, &board, &key, poll).await
                 })
                 .await
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("no certificate within {timeout:?}")));
