@@ -64,7 +64,9 @@ struct Args {
     /// before the first poll, so this is idle time in every issuance: kept
     /// short so that a benchmark measures the server, not the client's
     /// sleeps (a server that is not ready yet is simply polled again).
-    #[arg(long, default_value_t = 1)]
+    /// At least 1: instant-acme multiplies the delay, so 0 would poll
+    /// without pause.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     poll_delay_ms: u64,
     /// Give up an issuance after this long.
     #[arg(long, default_value = "60")]

@@ -64,7 +64,7 @@ pub enum StoreError {
     #[error("the store is closed")]
     Closed,
     #[error("cannot start the WAL checkpointer thread: {0}")]
-    Checkpointer(std::io::Error),
+    Checkpointer(#[source] std::io::Error),
 }
 
 impl StoreError {
@@ -95,16 +95,17 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// 40 % of the server's CPU (docs/performance.md). Nothing awaits while a
 /// connection is in use, so a transaction is never left half-done by a
 /// dropped future. Migrations still run through `sqlx::migrate!` when the
-/// store opens.
+/// store opens. A thread of the store's own checkpoints the WAL (see
+/// [`spawn_checkpointer`]).
 #[derive(Clone, Debug)]
 pub struct Store {
     /// `None` once closed.
     writer: Arc<Mutex<Option<Connection>>>,
     readers: Arc<[Mutex<Option<Connection>>]>,
     next_reader: Arc<AtomicUsize>,
-    /// Dropping it (with the last clone, or in [`Store::close`]) stops the
-    /// checkpointer thread.
-    checkpointer: Arc<std::sync::Mutex<Option<mpsc::Sender<()>>>>,
+    /// Dropping the sender (with the last clone, or in [`Store::close`],
+    /// which then waits for the thread) stops the checkpointer thread.
+    checkpointer: Arc<std::sync::Mutex<Option<Checkpointer>>>,
 }
 
 /// A connection held for one statement or transaction.
@@ -142,10 +143,22 @@ const STATEMENT_CACHE: usize = 256;
 /// into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(50);
 
-/// WAL pages past which the writer checkpoints by itself, inside a commit:
-/// a safety net should the checkpointer fall behind (about 40 MB of WAL;
-/// SQLite's default is 1,000 pages).
+/// WAL pages past which the writer checkpoints by itself, inside a commit
+/// (SQLite's default is 1,000). Only a writer can start the WAL over, and
+/// only when every frame is already in the database file; under steady
+/// writes some commit always lands while the checkpointer is at work, so
+/// the WAL grows to this size (about 40 MB on disk) before a commit
+/// finishes the job. By then the checkpointer has copied nearly all of it:
+/// that commit copies a short tail, syncs, and the WAL starts over.
 const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
+
+/// The checkpointer thread: the sender that keeps it running and the
+/// handle to wait for it.
+#[derive(Debug)]
+struct Checkpointer {
+    running: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
 
 impl Store {
     /// Opens (creating if needed) the database at `url` (`sqlite:PATH` or
@@ -211,10 +224,18 @@ impl Store {
     /// Closes every connection once its statements are done; the store
     /// answers [`StoreError::Closed`] from then on.
     pub async fn close(&self) {
-        self.checkpointer
+        let checkpointer = self
+            .checkpointer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
+        if let Some(Checkpointer { running, thread }) = checkpointer {
+            // Its connection closed before the writer's, the writer is the
+            // last connection: its close checkpoints what is left and
+            // removes the WAL, leaving one self-contained file.
+            drop(running);
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
         for slot in self.readers.iter().chain(std::iter::once(&*self.writer)) {
             if let Some(conn) = slot.lock().await.take() {
                 let _ = conn.close();
@@ -261,30 +282,57 @@ fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Resu
     Ok(conn)
 }
 
-/// Starts the thread that checkpoints the WAL every [`CHECKPOINT_EVERY`]
+/// Starts the thread that, every [`CHECKPOINT_EVERY`] in which another
+/// connection committed, copies the WAL's pages into the database file,
 /// until the returned sender is dropped.
 ///
 /// A checkpoint writes pages into the database file and, with
-/// `synchronous = NORMAL`, syncs both files: milliseconds on a real disk.
-/// Left to SQLite it runs inside whichever commit crosses 1,000 WAL pages,
-/// holding the writer — and, since statements run on the runtime's threads,
-/// one of those — for that long; every request behind it waits. On its own
-/// thread and connection, a `PASSIVE` checkpoint blocks neither the writer
-/// nor the readers.
-fn spawn_checkpointer(conn: Connection) -> Result<mpsc::Sender<()>> {
-    let (stop, stopped) = mpsc::channel::<()>();
-    std::thread::Builder::new()
-        .name("sqlite-checkpoint".into())
+/// `synchronous = NORMAL`, syncs both files (the WAL first, so an OS crash
+/// mid-checkpoint loses nothing committed and cannot corrupt the file):
+/// milliseconds on a real disk. Left to SQLite it runs inside whichever
+/// commit crosses 1,000 WAL pages, holding the writer — and, since
+/// statements run on the runtime's threads, one of those — for that long;
+/// every request behind it waits. On its own thread and connection, a
+/// `PASSIVE` checkpoint blocks neither the writer nor the readers; the
+/// writer's own checkpoint is left a short tail
+/// ([`WRITER_CHECKPOINT_PAGES`]).
+fn spawn_checkpointer(conn: Connection) -> Result<Checkpointer> {
+    let (running, stopped) = mpsc::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("sqlite-ckpt".into())
         .spawn(move || {
+            let mut seen = None;
+            let mut failing = false;
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY)
             {
-                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                    tracing::warn!(event = "store.checkpoint_failed", error = %e, "checkpointing the WAL failed; the writer will checkpoint past its limit");
+                // `data_version` moves when another connection commits:
+                // an idle store does no checkpoint work.
+                let checkpoint = scalar::<i64>(&conn, "PRAGMA data_version", [])
+                    .map(|version| seen.replace(version) != Some(version))
+                    .and_then(|committed| {
+                        if committed {
+                            scalar::<i64>(&conn, "PRAGMA wal_checkpoint(PASSIVE)", [])?;
+                        }
+                        Ok(())
+                    });
+                // Said once when it starts failing and once when it recovers,
+                // not twenty times a second (a full disk must not also
+                // fill the log).
+                match checkpoint {
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!(event = "store.checkpoint_failed", error = %e, "checkpointing the WAL failed; the writer checkpoints past its limit until this recovers");
+                    }
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!(event = "store.checkpoint_recovered", "checkpointing the WAL works again");
+                    }
+                    _ => {}
                 }
             }
         })
         .map_err(StoreError::Checkpointer)?;
-    Ok(stop)
+    Ok(Checkpointer { running, thread })
 }
 
 /// Starts the writer's transaction. `IMMEDIATE` takes the write lock at
@@ -384,6 +432,7 @@ mod tests {
         // ~2,000 commits write a few thousand WAL frames: below the
         // writer's own checkpoint limit, so only the checkpointer can move
         // the new pages into the file.
+        const { assert!(3 * 2_000 < WRITER_CHECKPOINT_PAGES) };
         for i in 0..2_000 {
             let nonce = format!("{i:0>40}");
             store.insert_nonce(&nonce, 10).await.unwrap();
