@@ -53,7 +53,7 @@ pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 pub enum StoreError {
     #[error("database error: {0}")]
     Db(#[from] rusqlite::Error),
-    #[error("database error while migrating: {0}")]
+    #[error("cannot open or migrate the database: {0}")]
     Open(#[from] sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
