@@ -588,6 +588,8 @@ pub enum EabCommand {
     /// Revoke a credential: no more registrations with it, and no new
     /// orders from the accounts registered with it.
     Revoke {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         kid: String,
         #[command(flatten)]
         act: Act,
@@ -684,6 +686,8 @@ pub enum AccountCommand {
     },
     /// Show one account, with its order and certificate counts.
     Show {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[arg(long)]
         json: bool,
@@ -691,6 +695,8 @@ pub enum AccountCommand {
     /// Deactivate an account (RFC 8555 §7.3.6): its authorizations are
     /// deactivated and its unfinished orders invalid; it can do nothing more.
     Deactivate {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[command(flatten)]
         act: Act,
@@ -699,6 +705,8 @@ pub enum AccountCommand {
     /// certificates. Refused while one of its certificates has not expired
     /// or one of its orders is in flight. The audit trail keeps its rows.
     Delete {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[command(flatten)]
         act: Act,
@@ -792,6 +800,8 @@ pub enum OrderCommand {
     },
     /// Show one order with its certificate.
     Show {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[arg(long)]
         json: bool,
@@ -799,6 +809,8 @@ pub enum OrderCommand {
     /// Revoke the certificate of an order (upstream first for a relayed
     /// one; the CRL is re-signed).
     Revoke {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         id: String,
         /// RFC 5280 reason code: 0, 1, 3, 4 or 5 (default 0).
         #[arg(long)]
@@ -810,6 +822,8 @@ pub enum OrderCommand {
     /// no other order uses. Refused while its certificate has not expired or
     /// it is in flight.
     Delete {
+        /// Its id (may start with `-`: ids are base64url).
+        #[arg(allow_hyphen_values = true)]
         id: String,
         #[command(flatten)]
         act: Act,
@@ -951,6 +965,34 @@ mod tests {
         assert!(text.contains("\x1b[32mvalid\x1b[0m"), "{text:?}");
         assert!(text.contains("\x1b[31minvalid\x1b[0m"), "{text:?}");
         assert!(!text.contains("\x1b[32ma.example"), "{text:?}");
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Orders {
+        #[command(subcommand)]
+        command: OrderCommand,
+    }
+
+    #[test]
+    fn an_order_id_that_starts_with_a_dash_is_taken_as_the_id_wherever_the_options_are() {
+        // Ids stored before ids stopped starting with `-` are still in use.
+        use clap::Parser;
+        for argv in [
+            &["o", "revoke", "-kQ2x", "--reason", "4", "--yes"][..],
+            &["o", "revoke", "--yes", "-kQ2x", "--reason", "4"][..],
+        ] {
+            let parsed = Orders::try_parse_from(argv).unwrap();
+            match parsed.command {
+                OrderCommand::Revoke { id, reason, act } => {
+                    assert_eq!(id, "-kQ2x");
+                    assert_eq!(reason, Some(4));
+                    assert!(act.yes);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let parsed = Orders::try_parse_from(["o", "show", "--json", "--x"]).unwrap();
+        assert!(matches!(parsed.command, OrderCommand::Show { id, json: true } if id == "--x"));
     }
 
     #[test]

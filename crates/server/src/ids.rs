@@ -16,9 +16,11 @@ fn random<const N: usize>() -> [u8; N] {
     buf
 }
 
-/// An object id for URLs: 128 random bits, base64url (22 characters).
+/// An object id for URLs: 128 random bits, base64url (22 characters), never
+/// starting with `-` because operators pass account and order ids to the
+/// command line.
 pub fn object_id() -> String {
-    URL_SAFE_NO_PAD.encode(random::<16>())
+    URL_SAFE_NO_PAD.encode(no_leading_dash::<16>())
 }
 
 /// A challenge token: 128 random bits as RFC 8555 §8.3 requires (at least).
@@ -80,12 +82,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_eab_key_id_or_key_starts_with_a_dash() {
+    fn no_object_id_eab_key_id_or_key_starts_with_a_dash() {
         // Without the redraw, one in 64 would: 4,000 of each all but
         // certainly include some.
         for _ in 0..4000 {
+            let id = object_id();
             let kid = eab_kid();
             let key = URL_SAFE_NO_PAD.encode(eab_hmac_key());
+            assert!(!id.starts_with('-'), "{id}");
             assert!(!kid.starts_with('-'), "{kid}");
             assert!(!key.starts_with('-'), "{key}");
         }
