@@ -16,11 +16,26 @@ fn random<const N: usize>() -> [u8; N] {
     buf
 }
 
-/// An object id for URLs: 128 random bits, base64url (22 characters), never
-/// starting with `-` because operators pass account and order ids to the
-/// command line.
-pub fn object_id() -> String {
-    URL_SAFE_NO_PAD.encode(no_leading_dash::<16>())
+/// An object id for URLs (accounts, orders, authorizations, challenges,
+/// certificates): the creation time in Unix milliseconds (48 bits, the first
+/// 8 characters) then 80 random bits, base64url (22 characters).
+///
+/// Why the time first: the id is the primary key of its table and appears in
+/// several indexes. Random keys put every insert on a random page of each
+/// B-tree, so with a million rows an issuance dirties some ten pages spread
+/// over the whole file, each copied by the next checkpoint; ids made close in
+/// time share their first characters and land on the same few pages. 80
+/// random bits keep ids unguessable (not that knowing one grants anything:
+/// every resource is fetched with a signed POST, RFC 8555 §6.3). The first
+/// character stays `A` until the year 10,000 or so, so an id never starts
+/// with `-` (operators pass ids to the command line). `unix_ms` comes from
+/// the injected clock; ids are unique whatever it says.
+pub fn object_id(unix_ms: i64) -> String {
+    let mut raw = [0u8; 16];
+    let ms = unix_ms.clamp(0, (1 << 48) - 1) as u64;
+    raw[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    raw[6..].copy_from_slice(&random::<10>());
+    URL_SAFE_NO_PAD.encode(raw)
 }
 
 /// A challenge token: 128 random bits as RFC 8555 §8.3 requires (at least).
@@ -79,14 +94,33 @@ pub fn request_id() -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    #[test]
+    fn ids_made_in_the_same_millisecond_share_their_time_and_differ_in_the_rest() {
+        let ms = 1_796_000_000_123; // 2026-11-29
+        let (a, b) = (object_id(ms), object_id(ms));
+        assert_eq!(a.len(), 22);
+        assert_eq!(a[..8], b[..8], "{a} {b}");
+        assert_ne!(a[8..], b[8..], "{a} {b}");
+        let later = object_id(ms + 1);
+        assert_eq!(a[..7], later[..7], "{a} {later}");
+        assert_ne!(a[..8], later[..8], "{a} {later}");
+        // The time reads back from the first six octets.
+        let raw = URL_SAFE_NO_PAD.decode(&a).unwrap();
+        let mut t = [0u8; 8];
+        t[2..].copy_from_slice(&raw[..6]);
+        assert_eq!(u64::from_be_bytes(t), ms as u64);
+    }
 
     #[test]
     fn no_object_id_eab_key_id_or_key_starts_with_a_dash() {
         // Without the redraw, one in 64 would: 4,000 of each all but
         // certainly include some.
-        for _ in 0..4000 {
-            let id = object_id();
+        for i in 0..4000 {
+            let id = object_id(1_796_000_000_000 + i);
             let kid = eab_kid();
             let key = URL_SAFE_NO_PAD.encode(eab_hmac_key());
             assert!(!id.starts_with('-'), "{id}");

@@ -67,7 +67,7 @@ impl Authority {
         };
         let eab_kid = binding.as_ref().map(|b| b.kid.as_str());
         let jwk_json = jwk.to_value().to_string();
-        let id = crate::ids::object_id();
+        let id = crate::ids::object_id(self.clock.unix_ms());
         // Queued only if this request creates the account.
         let mut notice = Notice::new("account.created", &profile.name, self.clock.unix());
         notice.account = Some(id.clone());

@@ -231,7 +231,7 @@ impl Authority {
                 return Err(AcmeError::internal(e));
             }
         };
-        let cert_id = crate::ids::object_id();
+        let cert_id = crate::ids::object_id(self.clock.unix_ms());
         let mut notice = Notice::new("certificate.issued", &profile.name, self.clock.unix())
             .identifiers(&order.identifiers);
         notice.account = Some(account.id.clone());

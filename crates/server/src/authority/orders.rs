@@ -161,6 +161,7 @@ impl Authority {
         let (not_before, not_after) =
             self.requested_validity(profile, certificate_profile.map(|c| c.1), req, now)?;
         let expires_at = now + profile.config.order_lifetime.as_secs() as i64;
+        let now_ms = self.clock.unix_ms();
         let mut authorizations = Vec::with_capacity(identifiers.len());
         let mut reused = 0;
         for id in &identifiers {
@@ -201,13 +202,13 @@ impl Authority {
                 // dns-01 cannot prove an IP address (RFC 8738 §7).
                 .filter(|kind| identifier.kind != "ip" || kind.as_str() != "dns-01")
                 .map(|kind| NewChallenge {
-                    id: ids::object_id(),
+                    id: ids::object_id(now_ms),
                     kind: kind.clone(),
                     token: ids::token(),
                 })
                 .collect();
             authorizations.push(OrderAuthorization::New(NewAuthorization {
-                id: ids::object_id(),
+                id: ids::object_id(now_ms),
                 identifier,
                 wildcard,
                 expires_at,
@@ -215,7 +216,7 @@ impl Authority {
             }));
         }
         let new = NewOrderRow {
-            id: ids::object_id(),
+            id: ids::object_id(now_ms),
             profile: profile.name.clone(),
             account_id: account.id.clone(),
             identifiers,

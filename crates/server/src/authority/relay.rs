@@ -292,7 +292,7 @@ impl Authority {
             Err(e) => return Err(Outcome::Failed(format!("the stored CSR: {e}"))),
         };
         let now = self.clock.unix();
-        let cert_id = crate::ids::object_id();
+        let cert_id = crate::ids::object_id(self.clock.unix_ms());
         let actor = format!("account:{}", mapping.account_id);
         let audit = NewAuditRow {
             at: now,
