@@ -18,8 +18,13 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
 
     /// Unix milliseconds, as the job queue keeps time (leases are seconds).
     fn unix_ms(&self) -> i64 {
-        (self.now().unix_timestamp_nanos() / 1_000_000) as i64
+        unix_ms(self.now())
     }
+}
+
+/// Unix milliseconds of a time.
+pub fn unix_ms(t: OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
 /// A clock that moves only when told to, for tests of expiry, leases,

@@ -143,13 +143,15 @@ const STATEMENT_CACHE: usize = 256;
 /// into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(50);
 
+/// WAL pages past which the checkpointer, once it has copied the WAL,
+/// copies what was committed meanwhile with the writer held, so that the
+/// next commit starts the WAL over (see [`spawn_checkpointer`]).
+const CATCH_UP_PAGES: i64 = 1_000;
+
 /// WAL pages past which the writer checkpoints by itself, inside a commit
-/// (SQLite's default is 1,000). Only a writer can start the WAL over, and
-/// only when every frame is already in the database file; under steady
-/// writes some commit always lands while the checkpointer is at work, so
-/// the WAL grows to this size (about 40 MB on disk) before a commit
-/// finishes the job. By then the checkpointer has copied nearly all of it:
-/// that commit copies a short tail, syncs, and the WAL starts over.
+/// (SQLite's default is 1,000): only a fallback for when the checkpointer
+/// cannot keep up or fails, since that checkpoint holds the writer and a
+/// runtime thread for as long as its copying and syncing take.
 const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
 
 /// The checkpointer thread: the sender that keeps it running and the
@@ -186,8 +188,11 @@ impl Store {
 
         let writer = open_connection(&path, false, options.busy_timeout)?;
         writer.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
-        let checkpointer =
-            spawn_checkpointer(open_connection(&path, false, options.busy_timeout)?)?;
+        let writer = Arc::new(Mutex::new(Some(writer)));
+        let checkpointer = spawn_checkpointer(
+            open_connection(&path, false, options.busy_timeout)?,
+            Arc::clone(&writer),
+        )?;
         let mut readers = Vec::new();
         for _ in 0..options.read_connections.max(1) {
             readers.push(Mutex::new(Some(open_connection(
@@ -197,7 +202,7 @@ impl Store {
             )?)));
         }
         Ok(Self {
-            writer: Arc::new(Mutex::new(Some(writer))),
+            writer,
             readers: readers.into(),
             next_reader: Arc::new(AtomicUsize::new(0)),
             checkpointer: Arc::new(std::sync::Mutex::new(Some(checkpointer))),
@@ -289,14 +294,27 @@ fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Resu
 /// A checkpoint writes pages into the database file and, with
 /// `synchronous = NORMAL`, syncs both files (the WAL first, so an OS crash
 /// mid-checkpoint loses nothing committed and cannot corrupt the file):
-/// milliseconds on a real disk. Left to SQLite it runs inside whichever
-/// commit crosses 1,000 WAL pages, holding the writer — and, since
-/// statements run on the runtime's threads, one of those — for that long;
-/// every request behind it waits. On its own thread and connection, a
-/// `PASSIVE` checkpoint blocks neither the writer nor the readers; the
-/// writer's own checkpoint is left a short tail
-/// ([`WRITER_CHECKPOINT_PAGES`]).
-fn spawn_checkpointer(conn: Connection) -> Result<Checkpointer> {
+/// milliseconds on a real disk, tens of them when the pages are many and
+/// scattered. Left to SQLite it runs inside whichever commit crosses 1,000
+/// WAL pages, holding the writer — and, since statements run on the
+/// runtime's threads, one of those — for that long; every request behind it
+/// waits. On its own thread and connection, a `PASSIVE` checkpoint blocks
+/// neither the writer nor the readers.
+///
+/// But the WAL only starts over from its beginning when a writer finds
+/// every frame already copied, and under steady writes some commit always
+/// lands while a checkpoint copies and syncs: the WAL would grow until the
+/// writer's own fallback checkpoint ([`WRITER_CHECKPOINT_PAGES`]) — a
+/// stall of up to ten milliseconds every second or so at full load. So
+/// once the WAL holds [`CATCH_UP_PAGES`], the thread holds the store's
+/// writer (queued behind the transactions already waiting, like any
+/// writer) and checkpoints again: only the frames committed during the
+/// first pass are left, a few dozen pages and two short syncs, and the
+/// next commit starts the WAL over.
+fn spawn_checkpointer(
+    conn: Connection,
+    writer: Arc<Mutex<Option<Connection>>>,
+) -> Result<Checkpointer> {
     let (running, stopped) = mpsc::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("sqlite-ckpt".into())
@@ -310,8 +328,11 @@ fn spawn_checkpointer(conn: Connection) -> Result<Checkpointer> {
                 let checkpoint = scalar::<i64>(&conn, "PRAGMA data_version", [])
                     .map(|version| seen.replace(version) != Some(version))
                     .and_then(|committed| {
-                        if committed {
-                            scalar::<i64>(&conn, "PRAGMA wal_checkpoint(PASSIVE)", [])?;
+                        if committed && checkpoint_passive(&conn)? >= CATCH_UP_PAGES {
+                            let held = writer.blocking_lock();
+                            if held.is_some() {
+                                checkpoint_passive(&conn)?;
+                            }
                         }
                         Ok(())
                     });
@@ -333,6 +354,15 @@ fn spawn_checkpointer(conn: Connection) -> Result<Checkpointer> {
         })
         .map_err(StoreError::Checkpointer)?;
     Ok(Checkpointer { running, thread })
+}
+
+/// A `PASSIVE` checkpoint; the frames in the WAL when it ran.
+fn checkpoint_passive(conn: &Connection) -> Result<i64> {
+    // The row is (busy, frames in the WAL, frames copied).
+    Ok(one(conn, "PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok(row.get(1)?)
+    })?
+    .unwrap_or(0))
 }
 
 /// Starts the writer's transaction. `IMMEDIATE` takes the write lock at
@@ -418,6 +448,35 @@ mod tests {
             Err(StoreError::Closed)
         ));
         assert!(matches!(store.nonce_count().await, Err(StoreError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn under_steady_writes_the_wal_starts_over_long_before_the_writers_own_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let url = format!("sqlite:{}", path.display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        // Steady commits, 0.1 ms apart: one always lands while a
+        // checkpoint copies and syncs (two syncs take longer than that), so
+        // without the catch-up pass under the writer the WAL only starts
+        // over at the writer's own limit and grows to at least that many
+        // frames. 24,000 commits write more frames than the limit; the
+        // catch-up keeps it to a few thousand, with room for syncs that
+        // take most of a second on a busy disk.
+        for i in 0..24_000 {
+            store.insert_nonce(&format!("{i:0>40}"), 10).await.unwrap();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let wal = std::fs::metadata(dir.path().join("t.db-wal"))
+            .unwrap()
+            .len();
+        let frame = 24 + 4096;
+        assert!(
+            wal < WRITER_CHECKPOINT_PAGES as u64 * frame,
+            "the WAL grew to {wal} bytes ({} frames)",
+            wal / frame
+        );
+        store.close().await;
     }
 
     #[tokio::test]

@@ -177,6 +177,7 @@ impl Authority {
             .signer
             .issue(
                 &IssueRequest {
+                    now,
                     identifiers: &order.identifiers,
                     spki_der: &csr.spki_der,
                     not_before,

@@ -189,7 +189,7 @@ impl LocalCa {
         let spki = SubjectPublicKeyInfo::from_der(req.spki_der).map_err(|e| {
             SignerError::BadCsr(format!("the CSR's public key cannot be used: {e}"))
         })?;
-        let serial = ids::serial();
+        let serial = ids::serial(crate::clock::unix_ms(req.now));
         let mut params = CertificateParams::default();
         params.not_before = req.not_before;
         params.not_after = req.not_after;
@@ -379,7 +379,9 @@ fn generate(
     ];
     params.not_before = now - Duration::from_secs(3600);
     params.not_after = now + Duration::from_secs(10 * 365 * 86400);
-    params.serial_number = Some(SerialNumber::from_slice(&ids::serial()));
+    params.serial_number = Some(SerialNumber::from_slice(&ids::serial(
+        crate::clock::unix_ms(now),
+    )));
     let cert = params
         .self_signed(&key)
         .map_err(internal("self-signing the CA"))?;

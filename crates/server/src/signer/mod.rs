@@ -25,6 +25,8 @@ pub use relay::Relay;
 /// CSR's signature, key strength and names against the order.
 #[derive(Debug)]
 pub struct IssueRequest<'a> {
+    /// When the certificate is asked for (the serial number starts with it).
+    pub now: OffsetDateTime,
     pub identifiers: &'a [Identifier],
     /// The subject public key of the CSR, DER SubjectPublicKeyInfo.
     pub spki_der: &'a [u8],
