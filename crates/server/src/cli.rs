@@ -286,9 +286,9 @@ pub enum AuditCommand {
     List {
         #[arg(long)]
         profile: Option<String>,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         account: Option<String>,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         order: Option<String>,
         /// Certificate serial, lowercase hex.
         #[arg(long)]
@@ -788,7 +788,7 @@ pub enum OrderCommand {
     List {
         #[arg(long)]
         profile: Option<String>,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         account: Option<String>,
         /// pending, ready, processing, valid or invalid.
         #[arg(long)]
@@ -993,6 +993,10 @@ mod tests {
         }
         let parsed = Orders::try_parse_from(["o", "show", "--json", "--x"]).unwrap();
         assert!(matches!(parsed.command, OrderCommand::Show { id, json: true } if id == "--x"));
+        let parsed = Orders::try_parse_from(["o", "list", "--account", "-kQ2x"]).unwrap();
+        assert!(
+            matches!(parsed.command, OrderCommand::List { account: Some(a), .. } if a == "-kQ2x")
+        );
     }
 
     #[test]

@@ -27,12 +27,14 @@ fn random<const N: usize>() -> [u8; N] {
 /// time share their first characters and land on the same few pages. 80
 /// random bits keep ids unguessable (not that knowing one grants anything:
 /// every resource is fetched with a signed POST, RFC 8555 §6.3). The first
-/// character stays `A` until the year 10,000 or so, so an id never starts
+/// character is `A` until 2109; the time is held below the value whose first
+/// character would be `-` (about the year 10,600), so an id never starts
 /// with `-` (operators pass ids to the command line). `unix_ms` comes from
 /// the injected clock; ids are unique whatever it says.
 pub fn object_id(unix_ms: i64) -> String {
     let mut raw = [0u8; 16];
-    let ms = unix_ms.clamp(0, (1 << 48) - 1) as u64;
+    // The first character is the top six of the 48 bits; `-` is 62.
+    let ms = unix_ms.clamp(0, (62 << 42) - 1) as u64;
     raw[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
     raw[6..].copy_from_slice(&random::<10>());
     URL_SAFE_NO_PAD.encode(raw)
@@ -141,7 +143,8 @@ mod tests {
         // Without the redraw, one in 64 would: 4,000 of each all but
         // certainly include some.
         for i in 0..4000 {
-            let id = object_id(1_796_000_000_000 + i);
+            let id =
+                object_id([1_796_000_000_000 + i, 0, i64::MAX, (62 << 42) + i][i as usize % 4]);
             let kid = eab_kid();
             let key = URL_SAFE_NO_PAD.encode(eab_hmac_key());
             assert!(!id.starts_with('-'), "{id}");

@@ -2,7 +2,8 @@
 //! data directory) or the operator's own CA certificate, key and chain.
 //!
 //! Leaves carry exactly the order's names as SANs, EKU serverAuth, AKI/SKI,
-//! a random 127-bit serial, the configured validity and backdating, and
+//! a serial of the time and 80 random bits (`ids::serial`), the configured
+//! validity and backdating, and
 //! optionally a CRL distribution point and an AIA caIssuers URL. CRLs are
 //! RFC 5280 v2 CRLs with an AKI and a CRL number.
 
