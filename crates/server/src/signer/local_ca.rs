@@ -3,9 +3,9 @@
 //!
 //! Leaves carry exactly the order's names as SANs, EKU serverAuth, AKI/SKI,
 //! a serial of the time and 80 random bits (`ids::serial`), the configured
-//! validity and backdating, and
-//! optionally a CRL distribution point and an AIA caIssuers URL. CRLs are
-//! RFC 5280 v2 CRLs with an AKI and a CRL number.
+//! validity and backdating, and optionally a CRL distribution point and an
+//! AIA caIssuers URL. CRLs are RFC 5280 v2 CRLs with an AKI and a CRL
+//! number.
 
 use std::fs;
 use std::io::Write;
