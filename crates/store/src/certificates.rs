@@ -280,8 +280,8 @@ pub(crate) fn complete_order_in(conn: &Connection, cert: &NewCertificateRow<'_>)
     }
     exec(
         conn,
-        "UPDATE orders SET status = 'valid' WHERE id = ?1 AND status = 'processing'",
-        params![cert.order_id],
+        "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'processing'",
+        params![cert.order_id, cert.id],
     )?;
     Ok(true)
 }

@@ -487,6 +487,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_order_stored_before_migration_6_reads_its_authorizations_in_order_and_its_certificate_after_it()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let url = format!("sqlite:{}", path.display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        // Rows as a database from before migration 0006 holds them: the
+        // links and the certificate only in their own tables, the order's
+        // new columns at their defaults. Positions are inserted out of
+        // order: the list must follow them, not the insertion.
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(
+            "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
+                 VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ord', 'default', 'acct', 'valid', '[]', 2, 1),
+                        ('bare', 'default', 'acct', 'pending', '[]', 2, 1);
+             INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, status, expires_at, created_at)
+                 VALUES ('az-b', 'default', 'acct', 'dns', 'b.test', 'valid', 2, 1),
+                        ('az-a', 'default', 'acct', 'dns', 'a.test', 'valid', 2, 1);
+             INSERT INTO order_authorizations (order_id, authz_id, position)
+                 VALUES ('ord', 'az-b', 1), ('ord', 'az-a', 0);
+             INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, identifiers, not_before, not_after, created_at)
+                 VALUES ('cert', 'default', 'ord', 'acct', '01', '', '[]', 1, 2, 1);",
+        )
+        .unwrap();
+        let migration = include_str!("../migrations/sqlite/0006_order_rows.sql");
+        let backfill = &migration[migration.find("UPDATE orders").unwrap()..];
+        raw.execute_batch(backfill).unwrap();
+        drop(raw);
+
+        let order = store.order("ord").await.unwrap().unwrap();
+        assert_eq!(order.authorization_ids, ["az-a", "az-b"]);
+        assert_eq!(order.certificate_id.as_deref(), Some("cert"));
+        let bare = store.order("bare").await.unwrap().unwrap();
+        assert!(bare.authorization_ids.is_empty());
+        assert_eq!(bare.certificate_id, None);
+        store.close().await;
+    }
+
+    #[tokio::test]
     async fn committed_pages_reach_the_database_file_without_waiting_for_the_writer_to_checkpoint()
     {
         let dir = tempfile::tempdir().unwrap();

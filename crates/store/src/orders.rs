@@ -124,10 +124,8 @@ const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
 macro_rules! order_columns {
     () => {
         "o.id, o.profile, o.account_id, o.status, o.identifiers, o.not_before, \
-     o.not_after, o.expires_at, o.error, o.created_at, c.id AS certificate_id, \
-     o.certificate_profile, o.replaces, \
-     (SELECT json_group_array(oa.authz_id ORDER BY oa.position) \
-        FROM order_authorizations oa WHERE oa.order_id = o.id) AS authorization_ids"
+     o.not_after, o.expires_at, o.error, o.created_at, o.certificate_id, \
+     o.certificate_profile, o.replaces, o.authorization_ids"
     };
 }
 macro_rules! authz_columns {
@@ -266,13 +264,21 @@ impl Store {
     /// and cached; statements run on this thread, so there is no round trip
     /// for batching rows to save). Returns the order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
+        let authorization_ids: Vec<String> = new
+            .authorizations
+            .iter()
+            .map(|a| match a {
+                OrderAuthorization::Reuse(id) => id.clone(),
+                OrderAuthorization::New(authz) => authz.id.clone(),
+            })
+            .collect();
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
         let inserted = exec(
             &tx,
             "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
-                                 certificate_profile, replaces, replaces_certificate_id)
-             VALUES (?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                 certificate_profile, replaces, replaces_certificate_id, authorization_ids)
+             VALUES (?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             params![
                 new.id,
                 new.profile,
@@ -285,6 +291,7 @@ impl Store {
                 new.certificate_profile,
                 new.replaces.as_ref().map(|r| &r.0),
                 new.replaces.as_ref().map(|r| &r.1),
+                to_json(&authorization_ids),
             ],
         );
         match inserted {
@@ -337,14 +344,6 @@ impl Store {
                 )?;
             }
         }
-        let authorization_ids: Vec<String> = new
-            .authorizations
-            .iter()
-            .map(|a| match a {
-                OrderAuthorization::Reuse(id) => id.clone(),
-                OrderAuthorization::New(authz) => authz.id.clone(),
-            })
-            .collect();
         for (position, id) in authorization_ids.iter().enumerate() {
             exec(
                 &tx,
@@ -393,7 +392,7 @@ impl Store {
             concat!(
                 "SELECT ",
                 order_columns!(),
-                " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id WHERE o.id = ?1"
+                " FROM orders o WHERE o.id = ?1"
             ),
             params![id],
             order_from_row,
@@ -868,7 +867,7 @@ impl Store {
             concat!(
                 "SELECT ",
                 order_columns!(),
-                " FROM orders o LEFT JOIN certificates c ON c.order_id = o.id
+                " FROM orders o
                   WHERE (?1 IS NULL OR o.profile = ?1) AND (?2 IS NULL OR o.account_id = ?2)
                     AND (?3 IS NULL OR o.status = ?3)
                   ORDER BY o.created_at DESC, o.id DESC LIMIT ?4"
