@@ -487,7 +487,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_order_stored_before_migration_6_reads_its_authorizations_in_order_and_its_certificate_after_it()
+    async fn an_order_stored_before_migration_6_lists_its_authorizations_by_position_and_its_certificate_once_backfilled()
      {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
@@ -495,8 +495,11 @@ mod tests {
         let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
         // Rows as a database from before migration 0006 holds them: the
         // links and the certificate only in their own tables, the order's
-        // new columns at their defaults. Positions are inserted out of
-        // order: the list must follow them, not the insertion.
+        // new columns at their defaults. The positions run against the
+        // ids' order: the list must follow the positions, not the primary
+        // key's order. (The migration's backfill statement runs here as
+        // written in the file; sqlx runs the whole file when a store
+        // opens an older database.)
         let raw = Connection::open(&path).unwrap();
         raw.execute_batch(
             "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
@@ -508,7 +511,7 @@ mod tests {
                  VALUES ('az-b', 'default', 'acct', 'dns', 'b.test', 'valid', 2, 1),
                         ('az-a', 'default', 'acct', 'dns', 'a.test', 'valid', 2, 1);
              INSERT INTO order_authorizations (order_id, authz_id, position)
-                 VALUES ('ord', 'az-b', 1), ('ord', 'az-a', 0);
+                 VALUES ('ord', 'az-a', 1), ('ord', 'az-b', 0);
              INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, identifiers, not_before, not_after, created_at)
                  VALUES ('cert', 'default', 'ord', 'acct', '01', '', '[]', 1, 2, 1);",
         )
@@ -519,7 +522,7 @@ mod tests {
         drop(raw);
 
         let order = store.order("ord").await.unwrap().unwrap();
-        assert_eq!(order.authorization_ids, ["az-a", "az-b"]);
+        assert_eq!(order.authorization_ids, ["az-b", "az-a"]);
         assert_eq!(order.certificate_id.as_deref(), Some("cert"));
         let bare = store.order("bare").await.unwrap().unwrap();
         assert!(bare.authorization_ids.is_empty());
