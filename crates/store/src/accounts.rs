@@ -3,7 +3,7 @@
 use rusqlite::{Row, params};
 
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, all, begin, exec, json_vec, one, scalar, to_json};
+use crate::{NewJob, Result, Store, all, begin, col, exec, json_vec, one, scalar, to_json};
 
 /// An account as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,23 +46,25 @@ pub enum KeyChangeOutcome {
     Stale,
 }
 
+// Read by position in `account_from_row`: a column added goes at the end.
 macro_rules! account_columns {
     () => {
         "id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid"
     };
 }
 
+/// A row of `account_columns!`, read by position (one per request).
 fn account_from_row(row: &Row<'_>) -> Result<AccountRow> {
     Ok(AccountRow {
-        id: row.get("id")?,
-        profile: row.get("profile")?,
-        key_thumbprint: row.get("key_thumbprint")?,
-        jwk: row.get("jwk")?,
-        status: row.get("status")?,
-        contact: json_vec(&row.get::<_, String>("contact")?)?,
-        tos_agreed: row.get("tos_agreed")?,
-        created_at: row.get("created_at")?,
-        eab_kid: row.get("eab_kid")?,
+        id: col(row, 0, "id")?,
+        profile: col(row, 1, "profile")?,
+        key_thumbprint: col(row, 2, "key_thumbprint")?,
+        jwk: col(row, 3, "jwk")?,
+        status: col(row, 4, "status")?,
+        contact: json_vec(&col::<String>(row, 5, "contact")?)?,
+        tos_agreed: col(row, 6, "tos_agreed")?,
+        created_at: col(row, 7, "created_at")?,
+        eab_kid: col(row, 8, "eab_kid")?,
     })
 }
 

@@ -9,7 +9,7 @@ use acme_proxy_protocol::types::Identifier;
 use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, StoreError, all, begin, exec, one, scalar, to_json};
+use crate::{NewJob, Result, Store, StoreError, all, begin, col, exec, one, scalar, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderRow {
@@ -121,6 +121,7 @@ const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
        AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
                    AND a.status = 'pending' AND a.expires_at > ?2)";
 
+// Read by position in `order_from_row`: a column added goes at the end.
 macro_rules! order_columns {
     () => {
         "o.id, o.profile, o.account_id, o.status, o.identifiers, o.not_before, \
@@ -145,24 +146,25 @@ fn problem(s: Option<String>) -> Result<Option<Problem>> {
         .transpose()
 }
 
+/// A row of `order_columns!`, read by position (three per issuance).
 fn order_from_row(row: &Row<'_>) -> Result<OrderRow> {
-    let identifiers: String = row.get("identifiers")?;
+    let identifiers: String = col(row, 4, "identifiers")?;
     Ok(OrderRow {
-        id: row.get("id")?,
-        profile: row.get("profile")?,
-        account_id: row.get("account_id")?,
-        status: row.get("status")?,
+        id: col(row, 0, "id")?,
+        profile: col(row, 1, "profile")?,
+        account_id: col(row, 2, "account_id")?,
+        status: col(row, 3, "status")?,
         identifiers: serde_json::from_str(&identifiers)
             .map_err(|e| StoreError::Corrupt(format!("identifiers: {e}")))?,
-        not_before: row.get("not_before")?,
-        not_after: row.get("not_after")?,
-        expires_at: row.get("expires_at")?,
-        error: problem(row.get("error")?)?,
-        created_at: row.get("created_at")?,
-        certificate_id: row.get("certificate_id")?,
-        certificate_profile: row.get("certificate_profile")?,
-        replaces: row.get("replaces")?,
-        authorization_ids: crate::json_vec(&row.get::<_, String>("authorization_ids")?)?,
+        not_before: col(row, 5, "not_before")?,
+        not_after: col(row, 6, "not_after")?,
+        expires_at: col(row, 7, "expires_at")?,
+        error: problem(col(row, 8, "error")?)?,
+        created_at: col(row, 9, "created_at")?,
+        certificate_id: col(row, 10, "certificate_id")?,
+        certificate_profile: col(row, 11, "certificate_profile")?,
+        replaces: col(row, 12, "replaces")?,
+        authorization_ids: crate::json_vec(&col::<String>(row, 13, "authorization_ids")?)?,
     })
 }
 
