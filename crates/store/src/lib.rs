@@ -371,6 +371,11 @@ fn checkpoint_passive(conn: &Connection) -> Result<i64> {
 /// once, so a transaction that reads before it writes cannot fail half-way
 /// on another process's lock.
 pub(crate) fn begin(conn: &mut Connection) -> Result<Tx<'_>> {
+    if !conn.is_autocommit() {
+        // A transaction an earlier `ROLLBACK` failed to end would refuse
+        // every `BEGIN` from now on: end it first.
+        exec(conn, "ROLLBACK", [])?;
+    }
     exec(conn, "BEGIN IMMEDIATE", [])?;
     Ok(Tx { conn })
 }
@@ -380,8 +385,8 @@ pub(crate) fn begin(conn: &mut Connection) -> Result<Tx<'_>> {
 ///
 /// `BEGIN`, `COMMIT` and `ROLLBACK` are statements prepared once per
 /// connection and cached like every other; rusqlite's own `Transaction`
-/// compiles their text on every use (0.4 % of the server's CPU at eight
-/// per issuance, docs/performance.md).
+/// compiled their text on every use (0.4 % of the server's CPU with three
+/// write transactions per issuance, docs/performance.md).
 pub(crate) struct Tx<'c> {
     conn: &'c Connection,
 }
@@ -449,8 +454,8 @@ pub(crate) fn all<T>(
 }
 
 /// Column `index` of a row, read by its position. Looking a column up by
-/// name compares the name with each column's before it, on every row: 1.2 %
-/// of the server's CPU when the hot rows were read that way
+/// name compares the name with each column's before it, on every row: part
+/// of the 1.2 % of the server's CPU such lookups took
 /// (docs/performance.md). Debug builds — the tests — check that the column
 /// at `index` is `name`, so a column list and its reader cannot drift apart
 /// unnoticed.
@@ -579,6 +584,41 @@ mod tests {
         let bare = store.order("bare").await.unwrap().unwrap();
         assert!(bare.authorization_ids.is_empty());
         assert_eq!(bare.certificate_id, None);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_transaction_left_open_on_the_writer_does_not_block_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        // What a failed ROLLBACK would leave behind.
+        store
+            .writer()
+            .await
+            .unwrap()
+            .execute_batch("BEGIN")
+            .unwrap();
+        let (row, inserted) = store
+            .insert_account(
+                &NewAccountRow {
+                    id: "acct",
+                    profile: "default",
+                    key_thumbprint: "thumb",
+                    jwk: "{}",
+                    contact: &[],
+                    tos_agreed: true,
+                    eab_kid: None,
+                    now: 1,
+                },
+                &[],
+            )
+            .await
+            .unwrap();
+        assert!(inserted);
+        assert!(store.writer().await.unwrap().is_autocommit());
+        // Committed, not swallowed by the stale transaction: a reader sees it.
+        assert_eq!(store.account("acct").await.unwrap(), Some(row));
         store.close().await;
     }
 
