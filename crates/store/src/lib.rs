@@ -492,11 +492,18 @@ mod tests {
 
     use super::*;
 
+    /// A store on a fresh `t.db` in `dir`, and the file's path.
+    async fn open_in(dir: &Path) -> (std::path::PathBuf, Store) {
+        let path = dir.join("t.db");
+        let url = format!("sqlite:{}", path.display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        (path, store)
+    }
+
     #[tokio::test]
     async fn every_connection_answers_the_health_ping_and_a_closed_store_refuses_work() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("t.db").display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (_, store) = open_in(dir.path()).await;
         store.ping().await.unwrap();
         store.insert_nonce("n", 10).await.unwrap();
         assert_eq!(store.nonce_count().await.unwrap(), 1);
@@ -517,9 +524,7 @@ mod tests {
         // nothing there.
         let exe = std::env::current_exe().unwrap();
         let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
-        let path = dir.path().join("t.db");
-        let url = format!("sqlite:{}", path.display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (_, store) = open_in(dir.path()).await;
         // Steady commits, 0.1 ms apart: one always lands while a
         // checkpoint copies and syncs (two syncs take longer than that), so
         // without the catch-up pass under the writer the WAL only starts
@@ -547,9 +552,7 @@ mod tests {
     async fn an_order_stored_before_migration_6_lists_its_authorizations_by_position_and_its_certificate_once_backfilled()
      {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let url = format!("sqlite:{}", path.display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (path, store) = open_in(dir.path()).await;
         // Rows as a database from before migration 0006 holds them: the
         // links and the certificate only in their own tables, the order's
         // new columns at their defaults. The positions run against the
@@ -590,8 +593,7 @@ mod tests {
     #[tokio::test]
     async fn a_transaction_left_open_on_the_writer_does_not_block_the_next_write() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("t.db").display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (_, store) = open_in(dir.path()).await;
         // What a failed ROLLBACK would leave behind.
         store
             .writer()
@@ -626,9 +628,7 @@ mod tests {
     async fn committed_pages_reach_the_database_file_without_waiting_for_the_writer_to_checkpoint()
     {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let url = format!("sqlite:{}", path.display());
-        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        let (path, store) = open_in(dir.path()).await;
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
         // ~2,000 commits write a few thousand WAL frames: below the
