@@ -3,17 +3,52 @@
 //! All randomness comes from the operating system through `ring`, the one
 //! crypto provider of the tree.
 
+use std::cell::RefCell;
+
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::rand::{SecureRandom, SystemRandom};
 
+/// Octets of OS randomness each thread fetches at a time.
+const POOL: usize = 1024;
+
+/// A thread's unused OS randomness: `octets[used..]` is fresh, everything
+/// before it has been handed out and overwritten with zeros.
+struct Pool {
+    octets: [u8; POOL],
+    used: usize,
+}
+
+thread_local! {
+    static RANDOM: RefCell<Pool> = const {
+        RefCell::new(Pool { octets: [0; POOL], used: POOL })
+    };
+}
+
+/// `N` octets from the operating system's random source, each handed out
+/// once. They are fetched a kilobyte at a time per thread: an issuance
+/// draws some fifteen values (a nonce per response, ids, a token, a
+/// serial), and one `getrandom` system call each was 1 % of the server's
+/// CPU (docs/performance.md). What was handed out does not stay in the
+/// pool.
 fn random<const N: usize>() -> [u8; N] {
-    let mut buf = [0u8; N];
-    // The OS random source does not fail on supported platforms; if it ever
-    // did, an all-zero value would collide on the store's UNIQUE keys and be
-    // refused rather than silently reused.
-    let _ = SystemRandom::new().fill(&mut buf);
-    buf
+    const { assert!(N <= POOL) };
+    RANDOM.with_borrow_mut(|pool| {
+        if POOL - pool.used < N {
+            // The OS random source does not fail on supported platforms;
+            // if it ever did, the zeros left in the pool would collide on
+            // the store's UNIQUE keys and be refused rather than silently
+            // reused.
+            let _ = SystemRandom::new().fill(&mut pool.octets);
+            pool.used = 0;
+        }
+        let mut out = [0u8; N];
+        let taken = &mut pool.octets[pool.used..pool.used + N];
+        out.copy_from_slice(taken);
+        taken.fill(0);
+        pool.used += N;
+        out
+    })
 }
 
 /// An object id for URLs (accounts, orders, authorizations, challenges,
@@ -138,6 +173,34 @@ mod tests {
         assert!(hex::encode(a) < hex::encode(later));
         for s in [a, serial(0), serial(i64::MAX)] {
             assert!(s[0] != 0 && s[0] & 0x80 == 0, "{}", hex::encode(s));
+        }
+    }
+
+    #[test]
+    fn random_values_are_handed_out_once_across_refills_and_threads_and_leave_no_copy_in_the_pool()
+    {
+        // Three pools' worth on each of four threads: a pool that did not
+        // advance, or started over without fetching, would repeat values;
+        // one that zeroed before copying would hand out zeros.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let drawn: Vec<[u8; 16]> = (0..3 * POOL / 16 + 5).map(|_| random()).collect();
+                    let left_clean = RANDOM.with_borrow(|pool| {
+                        pool.used > 0 && pool.octets[..pool.used].iter().all(|&b| b == 0)
+                    });
+                    (drawn, left_clean)
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for thread in threads {
+            let (drawn, left_clean) = thread.join().unwrap();
+            assert!(left_clean, "octets handed out are still in the pool");
+            for value in drawn {
+                assert_ne!(value, [0; 16]);
+                assert!(seen.insert(value), "{} drawn twice", hex::encode(value));
+            }
         }
     }
 
