@@ -113,6 +113,36 @@ impl Store {
         Ok(true)
     }
 
+    /// [`Store::complete_order`] for an order that is still `ready`: the
+    /// guarded ready → processing step, the certificate, processing → valid,
+    /// the audit row and the notices, all in one transaction, for a signer
+    /// that signs inside the request (the embedded CA). False, and nothing
+    /// written, if the order was not ready — another finalize won, and the
+    /// certificate its caller signed is never stored nor served.
+    ///
+    /// The order never rests in `processing` on disk: a crash or an error
+    /// anywhere before the commit leaves it ready to finalize again, and an
+    /// issuance costs one write transaction less than a separate
+    /// [`Store::begin_finalize`] (docs/performance.md).
+    pub async fn complete_ready_order(
+        &self,
+        cert: &NewCertificateRow<'_>,
+        audit: &NewAuditRow<'_>,
+        notices: &[NewJob<'_>],
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let tx = begin(&mut conn)?;
+        if exec(&tx, crate::orders::BEGIN_FINALIZE, params![cert.order_id])? != 1
+            || !complete_order_in(&tx, cert)?
+        {
+            return Ok(false);
+        }
+        insert_audit_in(&tx, audit)?;
+        insert_jobs_in(&tx, notices)?;
+        tx.commit()?;
+        Ok(true)
+    }
+
     pub async fn certificate(&self, id: &str) -> Result<Option<CertificateRow>> {
         one(
             &*self.reader().await?,

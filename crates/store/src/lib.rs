@@ -43,7 +43,7 @@ pub use eab::{EabRow, NewEab};
 pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
-    OrderAuthorization, OrderRow, ProcessingChallenge,
+    OrderRow, ProcessingChallenge,
 };
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 
@@ -621,6 +621,86 @@ mod tests {
         assert!(store.writer().await.unwrap().is_autocommit());
         // Committed, not swallowed by the stale transaction: a reader sees it.
         assert_eq!(store.account("acct").await.unwrap(), Some(row));
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn only_a_ready_order_is_completed_and_a_refused_completion_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(
+            "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
+                 VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1),
+                        ('pending', 'default', 'acct', 'pending', '[]', 2, 1);",
+        )
+        .unwrap();
+        drop(raw);
+        let cert = |id: &'static str, order_id: &'static str| NewCertificateRow {
+            id,
+            profile: "default",
+            order_id,
+            account_id: "acct",
+            serial: id,
+            chain_pem: "PEM",
+            key_thumbprint: None,
+            identifiers: &[],
+            not_before: 1,
+            not_after: 2,
+            now: 1,
+        };
+        let audit = |order_id: &'static str| NewAuditRow {
+            at: 1,
+            event: "certificate.issued",
+            outcome: "success",
+            actor: "account:acct",
+            order_id: Some(order_id),
+            ..Default::default()
+        };
+        let completed = |id: &'static str, order| {
+            let store = store.clone();
+            async move {
+                let notice = NewJob {
+                    kind: "notify",
+                    key: id,
+                    payload: "{}",
+                    run_at: 1,
+                    deadline: None,
+                    max_attempts: 1,
+                };
+                store
+                    .complete_ready_order(&cert(id, order), &audit(order), &[notice])
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(completed("c1", "ready").await);
+        let order = store.order("ready").await.unwrap().unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.certificate_id.as_deref()),
+            ("valid", Some("c1"))
+        );
+        // The order is valid now: a second finalize that signed too is
+        // refused, and neither its certificate nor its audit row is kept.
+        assert!(!completed("c2", "ready").await);
+        // Never ready: nothing written either.
+        assert!(!completed("c3", "pending").await);
+        assert_eq!(
+            store.order("pending").await.unwrap().unwrap().status,
+            "pending"
+        );
+        for (id, kept) in [("c1", true), ("c2", false), ("c3", false)] {
+            assert_eq!(store.certificate(id).await.unwrap().is_some(), kept, "{id}");
+        }
+        let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();
+        assert_eq!(audited.len(), 1, "{audited:?}");
+        assert_eq!(audited[0].order_id.as_deref(), Some("ready"));
+        assert_eq!(
+            store.job_counts().await.unwrap().by_kind_and_status,
+            [("notify".to_owned(), "queued".to_owned(), 1)]
+        );
         store.close().await;
     }
 

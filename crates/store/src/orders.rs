@@ -91,7 +91,12 @@ pub struct NewOrderRow {
     pub expires_at: i64,
     pub now: i64,
     /// One per identifier, in the order's order.
-    pub authorizations: Vec<OrderAuthorization>,
+    pub authorizations: Vec<NewAuthorization>,
+    /// Authorization reuse: when set, an authorization of the account for
+    /// the same identifier (and wildcard flag), valid, validated at or
+    /// after this time and valid past the order's expiry, is linked in
+    /// place of the new one, which is then not written.
+    pub reuse_validated_since: Option<i64>,
     pub certificate_profile: Option<String>,
     /// (certificate identifier as sent, id of the certificate it names).
     pub replaces: Option<(String, String)>,
@@ -107,19 +112,28 @@ pub enum InsertOrder {
     AlreadyReplaced,
 }
 
-/// An order's authorization: a new one, or a valid one being reused.
-#[derive(Clone, Debug)]
-pub enum OrderAuthorization {
-    New(NewAuthorization),
-    Reuse(String),
-}
-
 /// pending → processing for a challenge whose authorization is still
 /// pending and unexpired (?1 challenge id, ?2 now).
 const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
      WHERE id = ?1 AND status = 'pending'
        AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
                    AND a.status = 'pending' AND a.expires_at > ?2)";
+
+/// A valid authorization that a new order may reuse (?1 profile, ?2
+/// account, ?3 identifier type, ?4 value, ?5 wildcard flag): it stays
+/// valid past ?6 (the order's expiry) and its challenge was validated at
+/// or after ?7; the one that lives longest.
+const REUSABLE_AUTHORIZATION: &str = "SELECT a.id FROM authorizations a
+     WHERE a.profile = ?1 AND a.account_id = ?2 AND a.identifier_type = ?3 AND a.identifier_value = ?4
+       AND a.wildcard = ?5 AND a.status = 'valid' AND a.expires_at > ?6
+       AND EXISTS (SELECT 1 FROM challenges ch WHERE ch.authz_id = a.id AND ch.status = 'valid'
+                   AND ch.validated_at >= ?7)
+     ORDER BY a.expires_at DESC LIMIT 1";
+
+/// ready → processing for an order being finalized (?1 order id): of two
+/// concurrent finalizes exactly one changes the row.
+pub(crate) const BEGIN_FINALIZE: &str =
+    "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'";
 
 // Read by position in `order_from_row`: a column added goes at the end.
 macro_rules! order_columns {
@@ -266,16 +280,39 @@ impl Store {
     /// and cached; statements run on this thread, so there is no round trip
     /// for batching rows to save). Returns the order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
-        let authorization_ids: Vec<String> = new
-            .authorizations
-            .iter()
-            .map(|a| match a {
-                OrderAuthorization::Reuse(id) => id.clone(),
-                OrderAuthorization::New(authz) => authz.id.clone(),
-            })
-            .collect();
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
+        // Reusable authorizations are looked up in the transaction that
+        // links them: no read transaction of its own per identifier (one
+        // in eight of a issuance's transactions was this lookup), and no
+        // window in which the one found could change before it is linked.
+        let mut fresh: Vec<&NewAuthorization> = Vec::with_capacity(new.authorizations.len());
+        let mut authorization_ids: Vec<String> = Vec::with_capacity(new.authorizations.len());
+        for authz in &new.authorizations {
+            let reused = match new.reuse_validated_since {
+                Some(since) => scalar::<String>(
+                    &tx,
+                    REUSABLE_AUTHORIZATION,
+                    params![
+                        new.profile,
+                        new.account_id,
+                        authz.identifier.kind,
+                        authz.identifier.value,
+                        authz.wildcard,
+                        new.expires_at,
+                        since,
+                    ],
+                )?,
+                None => None,
+            };
+            match reused {
+                Some(id) => authorization_ids.push(id),
+                None => {
+                    fresh.push(authz);
+                    authorization_ids.push(authz.id.clone());
+                }
+            }
+        }
         let inserted = exec(
             &tx,
             "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
@@ -311,14 +348,6 @@ impl Store {
                 other?;
             }
         }
-        let fresh: Vec<&NewAuthorization> = new
-            .authorizations
-            .iter()
-            .filter_map(|a| match a {
-                OrderAuthorization::New(authz) => Some(authz),
-                OrderAuthorization::Reuse(_) => None,
-            })
-            .collect();
         for authz in &fresh {
             exec(
                 &tx,
@@ -507,39 +536,6 @@ impl Store {
             ),
             params![id],
             |row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)),
-        )
-    }
-
-    /// A valid authorization of `account_id` for `identifier` (same wildcard
-    /// flag) that was validated at or after `validated_since` and stays valid
-    /// past `valid_past`: one a new order may reuse.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn reusable_authorization(
-        &self,
-        profile: &str,
-        account_id: &str,
-        identifier: &Identifier,
-        wildcard: bool,
-        validated_since: i64,
-        valid_past: i64,
-    ) -> Result<Option<String>> {
-        scalar(
-            &*self.reader().await?,
-            "SELECT a.id FROM authorizations a
-             WHERE a.profile = ?1 AND a.account_id = ?2 AND a.identifier_type = ?3 AND a.identifier_value = ?4
-               AND a.wildcard = ?5 AND a.status = 'valid' AND a.expires_at > ?6
-               AND EXISTS (SELECT 1 FROM challenges ch WHERE ch.authz_id = a.id AND ch.status = 'valid'
-                           AND ch.validated_at >= ?7)
-             ORDER BY a.expires_at DESC LIMIT 1",
-            params![
-                profile,
-                account_id,
-                identifier.kind,
-                identifier.value,
-                wildcard,
-                valid_past,
-                validated_since,
-            ],
         )
     }
 
@@ -773,11 +769,7 @@ impl Store {
     /// ready → processing, guarded: of two concurrent finalize requests
     /// exactly one gets `true` (RFC 8555 §7.4).
     pub async fn begin_finalize(&self, order_id: &str) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'",
-            params![order_id],
-        )? == 1)
+        Ok(exec(&*self.writer().await?, BEGIN_FINALIZE, params![order_id])? == 1)
     }
 
     /// processing → ready: the signer refused the CSR, the client may try

@@ -50,9 +50,10 @@ fn bad_csr(detail: impl Into<String>) -> AcmeError {
 
 impl Authority {
     /// finalize (§7.4). For the embedded CA the order goes ready → processing
-    /// → valid inside this call; the guarded ready → processing step makes
-    /// two concurrent finalizes produce exactly one certificate. A bad CSR
-    /// leaves the order ready.
+    /// → valid in the one transaction that stores the certificate; for an
+    /// outside signer it is processing while the signer works. Either way
+    /// the guarded ready → processing step makes two concurrent finalizes
+    /// produce exactly one certificate. A bad CSR leaves the order ready.
     pub async fn finalize(
         &self,
         profile: &Profile,
@@ -133,20 +134,32 @@ impl Authority {
             ..Default::default()
         };
         let audit = self.audit_context(&issued_fact).await;
-        if !self.store.begin_finalize(&order.id).await? {
-            return Err(AcmeError::new(
+        let already_finalizing = || {
+            AcmeError::new(
                 ProblemType::OrderNotReady,
                 "the order is already being finalized",
-            ));
+            )
+        };
+        // The embedded CA signs inside this request in microseconds: the
+        // order goes ready → processing → valid in the one transaction that
+        // stores the certificate, after signing, and is never seen (nor
+        // left, by a crash or an error) processing. Of two concurrent
+        // finalizes both sign but only one commits; the other certificate
+        // is dropped unseen. An outside signer takes its time and may do
+        // something that cannot be undone, so the order is processing
+        // before it is asked, and exactly one request asks.
+        let inline = profile.signer.local_ca().is_some();
+        if !inline && !self.store.begin_finalize(&order.id).await? {
+            return Err(already_finalizing());
         }
-        // From here the order is processing: if this request goes away
-        // before the outcome is recorded (the client hung up while an
-        // outside signer ran), the guard marks it invalid rather than
+        // From here the order is processing (outside signer): if this
+        // request goes away before the outcome is recorded (the client hung
+        // up while the signer ran), the guard marks it invalid rather than
         // leave it processing for ever.
         let mut guard = FinalizeGuard {
             store: self.store.clone(),
             order_id: order.id.clone(),
-            armed: true,
+            armed: !inline,
         };
         let now = self.clock.now();
         // The order's certificate profile, if the configuration still has
@@ -196,12 +209,16 @@ impl Authority {
         let issued = match issued {
             Ok(issued) => issued,
             Err(SignerError::BadCsr(detail)) => {
-                self.store.abort_finalize(&order.id).await?;
+                if !inline {
+                    self.store.abort_finalize(&order.id).await?;
+                }
                 guard.armed = false;
                 return Err(bad_csr(detail));
             }
             Err(e) => {
-                let then = if matches!(e, SignerError::Failed(_)) {
+                let then = if inline {
+                    "the order is still ready"
+                } else if matches!(e, SignerError::Failed(_)) {
                     // An outside signer failed: it may have signed
                     // something, so the order is not offered again; the
                     // client starts anew.
@@ -245,47 +262,56 @@ impl Authority {
             serial: Some(&issued.serial),
             ..issued_fact
         });
-        let stored = self
-            .store
-            .complete_order(
-                &NewCertificateRow {
-                    id: &cert_id,
-                    profile: &profile.name,
-                    order_id: &order.id,
-                    account_id: &account.id,
-                    serial: &issued.serial,
-                    chain_pem: &issued.chain_pem,
-                    key_thumbprint: csr.key_thumbprint.as_deref(),
-                    identifiers: &order.identifiers,
-                    not_before: issued.not_before,
-                    not_after: issued.not_after,
-                    now: self.clock.unix(),
-                },
-                &audit_row,
-                &outbox.jobs(),
-            )
-            .await;
+        let cert_row = NewCertificateRow {
+            id: &cert_id,
+            profile: &profile.name,
+            order_id: &order.id,
+            account_id: &account.id,
+            serial: &issued.serial,
+            chain_pem: &issued.chain_pem,
+            key_thumbprint: csr.key_thumbprint.as_deref(),
+            identifiers: &order.identifiers,
+            not_before: issued.not_before,
+            not_after: issued.not_after,
+            now: self.clock.unix(),
+        };
+        let jobs = outbox.jobs();
+        let stored = if inline {
+            self.store
+                .complete_ready_order(&cert_row, &audit_row, &jobs)
+                .await
+        } else {
+            self.store
+                .complete_order(&cert_row, &audit_row, &jobs)
+                .await
+        };
         let stored = match stored {
             Ok(stored) => stored,
             Err(e) => {
-                // Signed but not stored (e.g. an outside PKI's serial that
-                // another profile's certificate already has): the order
-                // cannot become valid; it is made invalid, not left
-                // processing.
-                let problem = acme_proxy_protocol::Problem::new(
-                    ProblemType::ServerInternal,
-                    "the certificate could not be stored; place a new order",
-                );
-                let _ = self.store.fail_order(&order.id, &problem).await;
+                if !inline {
+                    // Signed by an outside PKI but not stored (e.g. a
+                    // serial that another profile's certificate already
+                    // has): the order cannot become valid; it is made
+                    // invalid, not left processing. (Inline, the
+                    // transaction rolled back whole: the order is still
+                    // ready, and nothing signed left the process.)
+                    let problem = acme_proxy_protocol::Problem::new(
+                        ProblemType::ServerInternal,
+                        "the certificate could not be stored; place a new order",
+                    );
+                    let _ = self.store.fail_order(&order.id, &problem).await;
+                }
                 guard.armed = false;
                 return Err(AcmeError::internal(e));
             }
         };
         guard.armed = false;
         if !stored {
-            return Err(AcmeError::internal(
-                "order left processing while it was being signed",
-            ));
+            return Err(if inline {
+                already_finalizing()
+            } else {
+                AcmeError::internal("order left processing while it was being signed")
+            });
         }
         self.notifier.posted(&outbox);
         self.metrics.audited(&audit_row);

@@ -8,7 +8,7 @@ use acme_proxy_protocol::types::{Identifier, NewOrder};
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
     AccountRow, AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge,
-    NewOrderRow, OrderAuthorization, OrderRow,
+    NewOrderRow, OrderRow,
 };
 
 use super::{Authority, Profile};
@@ -163,7 +163,6 @@ impl Authority {
         let expires_at = now + profile.config.order_lifetime.as_secs() as i64;
         let now_ms = self.clock.unix_ms();
         let mut authorizations = Vec::with_capacity(identifiers.len());
-        let mut reused = 0;
         for id in &identifiers {
             // RFC 8555 §7.1.3: a wildcard's authorization is for the base
             // name, flagged `wildcard`, and only dns-01 can prove it (§8.4).
@@ -175,25 +174,6 @@ impl Authority {
                 kind: id.kind.clone(),
                 value,
             };
-            if let Some(window) = profile.config.authorization_reuse {
-                let since = now - window.as_secs() as i64;
-                if let Some(existing) = self
-                    .store
-                    .reusable_authorization(
-                        &profile.name,
-                        &account.id,
-                        &identifier,
-                        wildcard,
-                        since,
-                        expires_at,
-                    )
-                    .await?
-                {
-                    reused += 1;
-                    authorizations.push(OrderAuthorization::Reuse(existing));
-                    continue;
-                }
-            }
             let challenges = profile
                 .config
                 .challenges
@@ -207,13 +187,13 @@ impl Authority {
                     token: ids::token(),
                 })
                 .collect();
-            authorizations.push(OrderAuthorization::New(NewAuthorization {
+            authorizations.push(NewAuthorization {
                 id: ids::object_id(now_ms),
                 identifier,
                 wildcard,
                 expires_at,
                 challenges,
-            }));
+            });
         }
         let new = NewOrderRow {
             id: ids::object_id(now_ms),
@@ -225,6 +205,12 @@ impl Authority {
             expires_at,
             now,
             authorizations,
+            // An authorization still valid from within the reuse window
+            // replaces a new one (the store looks it up as it writes).
+            reuse_validated_since: profile
+                .config
+                .authorization_reuse
+                .map(|window| now - window.as_secs() as i64),
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
         };
@@ -239,6 +225,11 @@ impl Authority {
                 .with_status(409));
             }
         };
+        let reused = row
+            .authorization_ids
+            .iter()
+            .filter(|id| !new.authorizations.iter().any(|a| &a.id == *id))
+            .count();
         tracing::info!(
             event = "order.created",
             outcome = "success",
