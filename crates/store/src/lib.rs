@@ -634,16 +634,18 @@ mod tests {
                  VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1),
-                        ('pending', 'default', 'acct', 'pending', '[]', 2, 1);",
+                        ('pending', 'default', 'acct', 'pending', '[]', 2, 1),
+                        ('clash', 'default', 'acct', 'ready', '[]', 2, 1);",
         )
         .unwrap();
         drop(raw);
+        // Serials are the certificate ids, but c1 and c4 share one.
         let cert = |id: &'static str, order_id: &'static str| NewCertificateRow {
             id,
             profile: "default",
             order_id,
             account_id: "acct",
-            serial: id,
+            serial: if id == "c4" { "c1" } else { id },
             chain_pem: "PEM",
             key_thumbprint: None,
             identifiers: &[],
@@ -691,7 +693,14 @@ mod tests {
             store.order("pending").await.unwrap().unwrap().status,
             "pending"
         );
-        for (id, kept) in [("c1", true), ("c2", false), ("c3", false)] {
+        // A certificate that cannot be stored (its serial is taken): the
+        // processing step rolls back with it, the order is ready again.
+        let clash = store
+            .complete_ready_order(&cert("c4", "clash"), &audit("clash"), &[])
+            .await;
+        assert!(clash.is_err(), "{clash:?}");
+        assert_eq!(store.order("clash").await.unwrap().unwrap().status, "ready");
+        for (id, kept) in [("c1", true), ("c2", false), ("c3", false), ("c4", false)] {
             assert_eq!(store.certificate(id).await.unwrap().is_some(), kept, "{id}");
         }
         let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();

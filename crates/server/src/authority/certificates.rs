@@ -49,11 +49,12 @@ fn bad_csr(detail: impl Into<String>) -> AcmeError {
 }
 
 impl Authority {
-    /// finalize (§7.4). For the embedded CA the order goes ready → processing
-    /// → valid in the one transaction that stores the certificate; for an
-    /// outside signer it is processing while the signer works. Either way
-    /// the guarded ready → processing step makes two concurrent finalizes
-    /// produce exactly one certificate. A bad CSR leaves the order ready.
+    /// finalize (§7.4). With the embedded CA's key in memory the order goes
+    /// ready → processing → valid in the one transaction that stores the
+    /// certificate; with a token or an outside signer it is processing
+    /// while the signer works. Either way the guarded ready → processing
+    /// step makes two concurrent finalizes store exactly one certificate.
+    /// A bad CSR leaves the order ready.
     pub async fn finalize(
         &self,
         profile: &Profile,
@@ -140,15 +141,19 @@ impl Authority {
                 "the order is already being finalized",
             )
         };
-        // The embedded CA signs inside this request in microseconds: the
-        // order goes ready → processing → valid in the one transaction that
-        // stores the certificate, after signing, and is never seen (nor
-        // left, by a crash or an error) processing. Of two concurrent
-        // finalizes both sign but only one commits; the other certificate
-        // is dropped unseen. An outside signer takes its time and may do
-        // something that cannot be undone, so the order is processing
+        // The embedded CA with its key in memory signs inside this request
+        // in microseconds: the order goes ready → processing → valid in the
+        // one transaction that stores the certificate, after signing, and
+        // is never seen (nor left, by a crash or an error) processing. Of
+        // two concurrent finalizes both sign but only one commits; the
+        // other certificate never leaves the process (its serial is
+        // logged). A token or an outside signer takes its time and may
+        // keep a record of what it signed, so the order is processing
         // before it is asked, and exactly one request asks.
-        let inline = profile.signer.local_ca().is_some();
+        let inline = profile
+            .signer
+            .local_ca()
+            .is_some_and(|ca| ca.signs_in_memory());
         if !inline && !self.store.begin_finalize(&order.id).await? {
             return Err(already_finalizing());
         }
@@ -217,7 +222,7 @@ impl Authority {
             }
             Err(e) => {
                 let then = if inline {
-                    "the order is still ready"
+                    "the order was not changed"
                 } else if matches!(e, SignerError::Failed(_)) {
                     // An outside signer failed: it may have signed
                     // something, so the order is not offered again; the
@@ -307,11 +312,25 @@ impl Authority {
         };
         guard.armed = false;
         if !stored {
-            return Err(if inline {
-                already_finalizing()
-            } else {
-                AcmeError::internal("order left processing while it was being signed")
-            });
+            if !inline {
+                return Err(AcmeError::internal(
+                    "order left processing while it was being signed",
+                ));
+            }
+            // Another finalize completed the order while this one signed
+            // (or it became invalid): this certificate is dropped.
+            tracing::info!(
+                event = "certificate.discarded",
+                profile = %profile.name,
+                account = %account.id,
+                order = %order.id,
+                serial = %issued.serial,
+                "a certificate signed for an order that was no longer ready is discarded, never stored nor served"
+            );
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                "the order is no longer ready: another finalize request completed it, or it became invalid",
+            ));
         }
         self.notifier.posted(&outbox);
         self.metrics.audited(&audit_row);

@@ -173,6 +173,12 @@ impl LocalCa {
         &self.config
     }
 
+    /// Whether the key signs in this process's memory (a key file), in
+    /// microseconds, rather than through a PKCS#11 token.
+    pub fn signs_in_memory(&self) -> bool {
+        matches!(self.issuer.key(), CaKey::File(_))
+    }
+
     /// The default validity window for a certificate issued at `now`;
     /// `validity` is a certificate profile's, if it sets one.
     pub fn default_window(
