@@ -102,15 +102,7 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        if !complete_order_in(&tx, cert)? {
-            return Ok(false);
-        }
-        insert_audit_in(&tx, audit)?;
-        insert_jobs_in(&tx, notices)?;
-        tx.commit()?;
-        Ok(true)
+        self.complete(false, cert, audit, notices).await
     }
 
     /// [`Store::complete_order`] for an order that is still `ready`: the
@@ -130,11 +122,22 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
+        self.complete(true, cert, audit, notices).await
+    }
+
+    async fn complete(
+        &self,
+        from_ready: bool,
+        cert: &NewCertificateRow<'_>,
+        audit: &NewAuditRow<'_>,
+        notices: &[NewJob<'_>],
+    ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
-        if exec(&tx, crate::orders::BEGIN_FINALIZE, params![cert.order_id])? != 1
-            || !complete_order_in(&tx, cert)?
-        {
+        if from_ready && exec(&tx, crate::orders::BEGIN_FINALIZE, params![cert.order_id])? != 1 {
+            return Ok(false);
+        }
+        if !complete_order_in(&tx, cert)? {
             return Ok(false);
         }
         insert_audit_in(&tx, audit)?;
