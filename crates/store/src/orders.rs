@@ -278,13 +278,14 @@ impl Store {
     /// transaction: one single-row `INSERT` per order, new authorization,
     /// challenge and order–authorization link (each statement prepared once
     /// and cached; statements run on this thread, so there is no round trip
-    /// for batching rows to save). Returns the order as written.
+    /// for batching rows to save), with reused authorizations linked
+    /// instead of new ones when `reuse_validated_since` asks for them.
+    /// Returns the order as written.
     pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
         // Reusable authorizations are looked up in the transaction that
-        // links them: no read transaction of its own per identifier (one
-        // in eight of a issuance's transactions was this lookup), and no
+        // links them: no read transaction of its own per identifier, and no
         // window in which the one found could change before it is linked.
         let mut fresh: Vec<&NewAuthorization> = Vec::with_capacity(new.authorizations.len());
         let mut authorization_ids: Vec<String> = Vec::with_capacity(new.authorizations.len());
