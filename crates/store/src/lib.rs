@@ -492,6 +492,11 @@ mod tests {
 
     use super::*;
 
+    /// The account the tests' hand-written rows belong to.
+    const ACCOUNT: &str =
+        "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
+                 VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);";
+
     /// A store on a fresh `t.db` in `dir`, and the file's path.
     async fn open_in(dir: &Path) -> (std::path::PathBuf, Store) {
         let path = dir.join("t.db");
@@ -561,9 +566,8 @@ mod tests {
         // written in the file; sqlx runs the whole file when a store
         // opens an older database.)
         let raw = Connection::open(&path).unwrap();
-        raw.execute_batch(
-            "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
-                 VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
+        raw.execute_batch(&format!(
+            "{ACCOUNT}
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('ord', 'default', 'acct', 'valid', '[]', 2, 1),
                         ('bare', 'default', 'acct', 'pending', '[]', 2, 1);
@@ -573,8 +577,8 @@ mod tests {
              INSERT INTO order_authorizations (order_id, authz_id, position)
                  VALUES ('ord', 'az-a', 1), ('ord', 'az-b', 0);
              INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, identifiers, not_before, not_after, created_at)
-                 VALUES ('cert', 'default', 'ord', 'acct', '01', '', '[]', 1, 2, 1);",
-        )
+                 VALUES ('cert', 'default', 'ord', 'acct', '01', '', '[]', 1, 2, 1);"
+        ))
         .unwrap();
         let migration = include_str!("../migrations/sqlite/0006_order_rows.sql");
         let backfill = &migration[migration.find("UPDATE orders").unwrap()..];
@@ -629,14 +633,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (path, store) = open_in(dir.path()).await;
         let raw = Connection::open(&path).unwrap();
-        raw.execute_batch(
-            "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
-                 VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
+        raw.execute_batch(&format!(
+            "{ACCOUNT}
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1),
                         ('pending', 'default', 'acct', 'pending', '[]', 2, 1),
-                        ('clash', 'default', 'acct', 'ready', '[]', 2, 1);",
-        )
+                        ('clash', 'default', 'acct', 'ready', '[]', 2, 1);"
+        ))
         .unwrap();
         drop(raw);
         // Serials are the certificate ids, but c1 and c4 share one.

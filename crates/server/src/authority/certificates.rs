@@ -135,12 +135,6 @@ impl Authority {
             ..Default::default()
         };
         let audit = self.audit_context(&issued_fact).await;
-        let already_finalizing = || {
-            AcmeError::new(
-                ProblemType::OrderNotReady,
-                "the order is already being finalized",
-            )
-        };
         // The embedded CA with its key in memory signs inside this request
         // in microseconds: the order goes ready → processing → valid in the
         // one transaction that stores the certificate, after signing, and
@@ -155,7 +149,10 @@ impl Authority {
             .local_ca()
             .is_some_and(|ca| ca.signs_in_memory());
         if !inline && !self.store.begin_finalize(&order.id).await? {
-            return Err(already_finalizing());
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                "the order is already being finalized",
+            ));
         }
         // From here the order is processing (outside signer): if this
         // request goes away before the outcome is recorded (the client hung
