@@ -44,6 +44,10 @@ pub struct Config {
     pub max_in_flight: usize,
     #[serde(deserialize_with = "duration")]
     pub nonce_lifetime: Duration,
+    /// How long a copy of an account (with its parsed key) kept in memory
+    /// may verify requests; `0s` reads the account for every request.
+    #[serde(deserialize_with = "duration")]
+    pub account_cache_ttl: Duration,
     /// Where replay nonces are kept: `memory` (no disk write per request;
     /// a restart refuses old ones) or `database` (shared by replicas).
     pub nonce_store: NonceStore,
@@ -779,6 +783,7 @@ impl Default for Config {
             max_body_bytes: 64 * 1024,
             max_in_flight: 1024,
             nonce_lifetime: Duration::from_secs(3600),
+            account_cache_ttl: Duration::from_secs(1),
             nonce_store: NonceStore::default(),
             shutdown_grace: Duration::from_secs(10),
             validation: ValidationConfig::default(),
@@ -1363,6 +1368,15 @@ impl Config {
                 "max_in_flight must be at least 1".into(),
             ));
         }
+        // A copy older than a minute would let another process's change to
+        // an account (the admin CLI's deactivation) go unseen by reads for
+        // longer than an operator expects.
+        if self.account_cache_ttl > Duration::from_secs(60) {
+            return Err(ConfigError::Invalid(format!(
+                "account_cache_ttl is {:?}, longer than a minute; write e.g. account_cache_ttl = \"1s\" (or \"0s\" to read the account for every request)",
+                self.account_cache_ttl
+            )));
+        }
         Ok(())
     }
 
@@ -1488,6 +1502,19 @@ mod tests {
     }
 
     #[test]
+    fn an_account_cache_ttl_past_a_minute_is_refused_with_an_example() {
+        let err = Config::from_toml("account_cache_ttl = \"5m\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("account_cache_ttl") && err.contains("write e.g."),
+            "{err}"
+        );
+        let ok = Config::from_toml("account_cache_ttl = \"0s\"").unwrap();
+        assert_eq!(ok.account_cache_ttl, Duration::ZERO);
+    }
+
+    #[test]
     fn a_bad_duration_says_what_to_write() {
         let err = Config::from_toml("nonce_lifetime = \"soon\"")
             .unwrap_err()
@@ -1530,6 +1557,7 @@ mod tests {
         "max_in_flight",
         "nonce_lifetime",
         "nonce_store",
+        "account_cache_ttl",
         "shutdown_grace",
         "validation.http_port",
         "validation.tls_port",

@@ -1,9 +1,11 @@
 //! Accounts (RFC 8555 §7.1.2, §7.3).
 
-use rusqlite::{Row, params};
+use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, all, begin, col, exec, json_vec, one, scalar, to_json};
+use crate::{
+    NewJob, Result, Store, StoreError, all, begin, col, exec, json_vec, one, scalar, to_json,
+};
 
 /// An account as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +68,38 @@ fn account_from_row(row: &Row<'_>) -> Result<AccountRow> {
         created_at: col(row, 7, "created_at")?,
         eab_kid: col(row, 8, "eab_kid")?,
     })
+}
+
+/// The account a request was verified as — its id and the thumbprint of
+/// the key that signed — for a write to check, inside its own transaction,
+/// that the account is still valid with that key.
+///
+/// The front end may verify a request with a copy of the account it keeps
+/// in memory (`account_cache_ttl`); another process (the admin CLI) can
+/// deactivate, delete or rekey the account meanwhile. A write that carries
+/// the guard refuses with [`StoreError::AccountChanged`] and writes nothing
+/// then, so what a request changes is decided on the account as it is when
+/// the change is made (RFC 8555 §7.3.6: a deactivated account's requests
+/// are not accepted).
+#[derive(Clone, Copy, Debug)]
+pub struct AccountGuard<'a> {
+    pub id: &'a str,
+    pub key_thumbprint: &'a str,
+}
+
+impl AccountGuard<'_> {
+    /// Errs with [`StoreError::AccountChanged`] unless the account is valid
+    /// with the guard's key, as `conn`'s transaction sees it.
+    pub(crate) fn check_in(&self, conn: &Connection) -> Result<()> {
+        match scalar::<i64>(
+            conn,
+            "SELECT 1 FROM accounts WHERE id = ?1 AND key_thumbprint = ?2 AND status = 'valid'",
+            params![self.id, self.key_thumbprint],
+        )? {
+            Some(_) => Ok(()),
+            None => Err(StoreError::AccountChanged),
+        }
+    }
 }
 
 const ACCOUNT_BY_KEY: &str = concat!(

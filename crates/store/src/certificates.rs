@@ -5,7 +5,9 @@ use rusqlite::{Connection, Row, params};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, StoreError, all, begin, exec, one, scalar, to_json};
+use crate::{
+    AccountGuard, NewJob, Result, Store, StoreError, all, begin, exec, one, scalar, to_json,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertificateRow {
@@ -102,7 +104,7 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        self.complete(false, cert, audit, notices).await
+        self.complete(None, cert, audit, notices).await
     }
 
     /// [`Store::complete_order`] for an order that is still `ready`: the
@@ -116,25 +118,37 @@ impl Store {
     /// anywhere before the commit leaves it ready to finalize again, and an
     /// issuance costs one write transaction less than a separate
     /// [`Store::begin_finalize`] (docs/performance.md).
+    ///
+    /// Errs with [`StoreError::AccountChanged`], writing nothing, unless
+    /// `account` (the finalize request's) is still valid with its key.
     pub async fn complete_ready_order(
         &self,
         cert: &NewCertificateRow<'_>,
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
+        account: AccountGuard<'_>,
     ) -> Result<bool> {
-        self.complete(true, cert, audit, notices).await
+        self.complete(Some(account), cert, audit, notices).await
     }
 
+    /// `from_ready`: the finalize request's account, for
+    /// [`Store::complete_ready_order`]; `None` for an order already
+    /// processing.
     async fn complete(
         &self,
-        from_ready: bool,
+        from_ready: Option<AccountGuard<'_>>,
         cert: &NewCertificateRow<'_>,
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
-        if from_ready && exec(&tx, crate::orders::BEGIN_FINALIZE, params![cert.order_id])? != 1 {
+        if let Some(account) = from_ready {
+            account.check_in(&tx)?;
+        }
+        if from_ready.is_some()
+            && exec(&tx, crate::orders::BEGIN_FINALIZE, params![cert.order_id])? != 1
+        {
             return Ok(false);
         }
         if !complete_order_in(&tx, cert)? {

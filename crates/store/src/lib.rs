@@ -35,7 +35,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection as _};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
-pub use accounts::{AccountRow, KeyChangeOutcome, NewAccountRow};
+pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
 pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
@@ -65,6 +65,10 @@ pub enum StoreError {
     Closed,
     #[error("cannot start the WAL checkpointer thread: {0}")]
     Checkpointer(#[source] std::io::Error),
+    /// An [`AccountGuard`] found the account deactivated, deleted or with
+    /// another key when the write began; nothing was written.
+    #[error("the account is no longer valid with the key that signed this request")]
+    AccountChanged,
 }
 
 impl StoreError {
@@ -497,6 +501,12 @@ mod tests {
         "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
                  VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);";
 
+    /// [`ACCOUNT`] as a request signed with its key carries it.
+    const GUARD: AccountGuard<'static> = AccountGuard {
+        id: "acct",
+        key_thumbprint: "thumb",
+    };
+
     /// A store on a fresh `t.db` in `dir`, and the file's path.
     async fn open_in(dir: &Path) -> (std::path::PathBuf, Store) {
         let path = dir.join("t.db");
@@ -676,7 +686,7 @@ mod tests {
                     max_attempts: 1,
                 };
                 store
-                    .complete_ready_order(&cert(id, order), &audit(order), &[notice])
+                    .complete_ready_order(&cert(id, order), &audit(order), &[notice], GUARD)
                     .await
                     .unwrap()
             }
@@ -699,7 +709,7 @@ mod tests {
         // A certificate that cannot be stored (its serial is taken): the
         // processing step rolls back with it, the order is ready again.
         let clash = store
-            .complete_ready_order(&cert("c4", "clash"), &audit("clash"), &[])
+            .complete_ready_order(&cert("c4", "clash"), &audit("clash"), &[], GUARD)
             .await;
         assert!(clash.is_err(), "{clash:?}");
         assert_eq!(store.order("clash").await.unwrap().unwrap().status, "ready");
@@ -712,6 +722,127 @@ mod tests {
         assert_eq!(
             store.job_counts().await.unwrap().by_kind_and_status,
             [("notify".to_owned(), "queued".to_owned(), 1)]
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_guarded_write_refuses_an_account_deactivated_deleted_or_rekeyed_since_and_writes_nothing()
+     {
+        use acme_proxy_protocol::types::Identifier;
+
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(&format!(
+            "{ACCOUNT}
+             INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
+                 VALUES ('gone', 'default', 'gone-thumb', '{{}}', 'deactivated', 1);
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1);"
+        ))
+        .unwrap();
+        let order = |id: &str| NewOrderRow {
+            id: id.to_owned(),
+            profile: "default".to_owned(),
+            account_id: "acct".to_owned(),
+            identifiers: vec![Identifier {
+                kind: "dns".to_owned(),
+                value: "a.example".to_owned(),
+            }],
+            not_before: None,
+            not_after: None,
+            expires_at: 100,
+            now: 1,
+            authorizations: vec![NewAuthorization {
+                id: format!("{id}-authz"),
+                identifier: Identifier {
+                    kind: "dns".to_owned(),
+                    value: "a.example".to_owned(),
+                },
+                wildcard: false,
+                expires_at: 100,
+                challenges: vec![NewChallenge {
+                    id: format!("{id}-ch"),
+                    kind: "http-01".to_owned(),
+                    token: "token".to_owned(),
+                }],
+            }],
+            reuse_validated_since: None,
+            certificate_profile: None,
+            replaces: None,
+        };
+        let changed = |r: Result<bool>| matches!(r, Err(StoreError::AccountChanged));
+        // The account as the request was verified, and three ways it may
+        // have changed since: another key, deactivated, deleted.
+        let rekeyed = AccountGuard {
+            id: "acct",
+            key_thumbprint: "old-thumb",
+        };
+        let deactivated = AccountGuard {
+            id: "gone",
+            key_thumbprint: "gone-thumb",
+        };
+        let deleted = AccountGuard {
+            id: "nobody",
+            key_thumbprint: "thumb",
+        };
+        let cert = NewCertificateRow {
+            id: "c1",
+            profile: "default",
+            order_id: "ready",
+            account_id: "acct",
+            serial: "c1",
+            chain_pem: "PEM",
+            key_thumbprint: None,
+            identifiers: &[],
+            not_before: 1,
+            not_after: 2,
+            now: 1,
+        };
+        let audit = NewAuditRow {
+            at: 1,
+            event: "certificate.issued",
+            outcome: "success",
+            actor: "account:acct",
+            order_id: Some("ready"),
+            ..Default::default()
+        };
+        for stale in [rekeyed, deactivated, deleted] {
+            let refused = store.insert_order(&order("o-stale"), stale).await;
+            assert!(
+                matches!(refused, Err(StoreError::AccountChanged)),
+                "{refused:?}"
+            );
+        }
+        assert!(store.order("o-stale").await.unwrap().is_none());
+        assert!(matches!(
+            store.insert_order(&order("o1"), GUARD).await.unwrap(),
+            InsertOrder::Inserted(_)
+        ));
+        for stale in [rekeyed, deactivated, deleted] {
+            assert!(changed(store.bypass_challenge("o1-ch", 1, 50, stale).await));
+            assert!(changed(store.begin_finalize("ready", stale).await));
+            assert!(changed(
+                store.complete_ready_order(&cert, &audit, &[], stale).await
+            ));
+        }
+        // Nothing of the refused writes: the challenge is pending, the
+        // order ready without a certificate, nothing audited.
+        let challenge = store.challenge("o1-ch").await.unwrap().unwrap();
+        assert_eq!(challenge.status, "pending");
+        assert_eq!(store.order("o1").await.unwrap().unwrap().status, "pending");
+        assert_eq!(store.order("ready").await.unwrap().unwrap().status, "ready");
+        assert!(store.certificate("c1").await.unwrap().is_none());
+        let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();
+        assert!(audited.is_empty(), "{audited:?}");
+        // With the account as it is, the same writes go through.
+        assert!(store.bypass_challenge("o1-ch", 1, 50, GUARD).await.unwrap());
+        assert_eq!(store.order("o1").await.unwrap().unwrap().status, "ready");
+        assert!(store.begin_finalize("ready", GUARD).await.unwrap());
+        assert_eq!(
+            store.order("ready").await.unwrap().unwrap().status,
+            "processing"
         );
         store.close().await;
     }

@@ -9,7 +9,9 @@ use acme_proxy_protocol::types::Identifier;
 use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, StoreError, all, begin, col, exec, one, scalar, to_json};
+use crate::{
+    AccountGuard, NewJob, Result, Store, StoreError, all, begin, col, exec, one, scalar, to_json,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderRow {
@@ -281,9 +283,17 @@ impl Store {
     /// for batching rows to save), with reused authorizations linked
     /// instead of new ones when `reuse_validated_since` asks for them.
     /// Returns the order as written.
-    pub async fn insert_order(&self, new: &NewOrderRow) -> Result<InsertOrder> {
+    ///
+    /// Errs with [`StoreError::AccountChanged`], writing nothing, unless
+    /// `account` is still valid with its key.
+    pub async fn insert_order(
+        &self,
+        new: &NewOrderRow,
+        account: AccountGuard<'_>,
+    ) -> Result<InsertOrder> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
+        account.check_in(&tx)?;
         // Reusable authorizations are looked up in the transaction that
         // links them: no read transaction of its own per identifier, and no
         // window in which the one found could change before it is linked.
@@ -581,15 +591,19 @@ impl Store {
     /// pending → processing (as [`Store::start_challenge`]) and the job that
     /// will validate it, in one transaction: a challenge is never left
     /// processing without the work that settles it.
+    /// Errs with [`StoreError::AccountChanged`] unless `account` is still
+    /// valid with its key.
     pub async fn start_challenge_with_job(
         &self,
         challenge_id: &str,
         now: i64,
         job: &crate::NewJob<'_>,
         now_ms: i64,
+        account: AccountGuard<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
+        account.check_in(&tx)?;
         let started = exec(&tx, START_CHALLENGE, params![challenge_id, now])? == 1;
         if !started {
             return Ok(false);
@@ -666,15 +680,18 @@ impl Store {
     /// orders as [`Store::settle_challenge`] moves them: validation bypass,
     /// for tests. Guarded as [`Store::start_challenge`]: false (nothing
     /// written) if another request got there first or the authorization is
-    /// no longer pending and unexpired.
+    /// no longer pending and unexpired; [`StoreError::AccountChanged`]
+    /// unless `account` is still valid with its key.
     pub async fn bypass_challenge(
         &self,
         challenge_id: &str,
         now: i64,
         valid_until: i64,
+        account: AccountGuard<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
+        account.check_in(&tx)?;
         let authz_id: Option<String> = scalar(
             &tx,
             "UPDATE challenges SET status = 'valid', validated_at = ?2
@@ -768,9 +785,16 @@ impl Store {
     }
 
     /// ready → processing, guarded: of two concurrent finalize requests
-    /// exactly one gets `true` (RFC 8555 §7.4).
-    pub async fn begin_finalize(&self, order_id: &str) -> Result<bool> {
-        Ok(exec(&*self.writer().await?, BEGIN_FINALIZE, params![order_id])? == 1)
+    /// exactly one gets `true` (RFC 8555 §7.4). Errs with
+    /// [`StoreError::AccountChanged`] unless `account` is still valid with
+    /// its key.
+    pub async fn begin_finalize(&self, order_id: &str, account: AccountGuard<'_>) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let tx = begin(&mut conn)?;
+        account.check_in(&tx)?;
+        let begun = exec(&tx, BEGIN_FINALIZE, params![order_id])? == 1;
+        tx.commit()?;
+        Ok(begun)
     }
 
     /// processing → ready: the signer refused the CSR, the client may try

@@ -120,14 +120,18 @@ impl Store {
     /// finalize of a relayed order, in one transaction: ready → processing,
     /// the mapping row (with the CSR; no upstream order yet), and the job.
     /// False when the order was not ready (another finalize won).
+    /// Errs with [`crate::StoreError::AccountChanged`] unless `account` is
+    /// still valid with its key.
     pub async fn begin_relay(
         &self,
         row: &NewUpstreamOrder<'_>,
         job: &NewJob<'_>,
         now_ms: i64,
+        account: crate::AccountGuard<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
+        account.check_in(&tx)?;
         let started = exec(
             &tx,
             "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'",

@@ -241,7 +241,9 @@ pub async fn new_order(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
+            let req = app
+                .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
+                .await?;
             let payload: NewOrder = req.payload()?;
             let row = app
                 .authority
@@ -297,7 +299,9 @@ pub async fn finalize(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
+            let req = app
+                .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
+                .await?;
             let payload: Finalize = req.payload()?;
             let csr = URL_SAFE_NO_PAD
                 .decode(payload.csr.trim_end_matches('='))
@@ -375,7 +379,9 @@ pub async fn challenge(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
+            let req = app
+                .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
+                .await?;
             let acct = req.account()?;
             let (ch, authz) = if req.jws.is_post_as_get() {
                 app.authority.challenge(&p, acct, &id).await?

@@ -30,6 +30,10 @@ pub enum KeyMode {
     Jwk,
     /// Everything an account does: a `kid`.
     Kid,
+    /// A `kid`, for a resource whose every write carries an
+    /// [`acme_proxy_store::AccountGuard`] (newOrder, challenge, finalize):
+    /// the account may come from the authority's in-memory copy.
+    KidGuarded,
     /// revokeCert: either.
     Either,
 }
@@ -150,7 +154,7 @@ impl AppState {
         }
 
         let (key, account) = match (&jws.protected.key, mode) {
-            (KeyRef::Jwk(_), KeyMode::Kid) => {
+            (KeyRef::Jwk(_), KeyMode::Kid | KeyMode::KidGuarded) => {
                 return Err(AcmeError::malformed(
                     "this resource needs a request signed with \"kid\" (the account URL), not \"jwk\"",
                 ));
@@ -168,13 +172,14 @@ impl AppState {
                         "the \"kid\" is not an account URL of this profile",
                     )
                 })?;
-                let account = self.authority.account_for_kid(profile, id).await?;
-                let value: serde_json::Value = serde_json::from_str(&account.jwk).map_err(|e| {
-                    AcmeError::internal(format!("stored JWK of {}: {e}", account.id))
-                })?;
-                let key = Jwk::from_value(&value).map_err(|e| {
-                    AcmeError::internal(format!("stored JWK of {}: {e}", account.id))
-                })?;
+                // A copy of the account kept in memory may verify a
+                // request that changes nothing, or one whose writes check
+                // the account again in their own transaction.
+                let may_use_copy = jws.is_post_as_get() || mode == KeyMode::KidGuarded;
+                let (account, key) = self
+                    .authority
+                    .account_for_kid(profile, id, may_use_copy)
+                    .await?;
                 (key, Some(account))
             }
         };

@@ -136,6 +136,7 @@ impl Authority {
             if update.terms_of_service_agreed == Some(true) && !account.tos_agreed {
                 self.store.agree_account_tos(&account.id).await?;
             }
+            self.account_changed(&account.id);
         }
         self.store
             .account(&account.id)
@@ -156,11 +157,12 @@ impl Authority {
         let mut notice = Notice::new("account.deactivated", profile, self.clock.unix());
         notice.account = Some(account_id.to_owned());
         let outbox = self.notifier.outbox(&notice);
-        if !self
+        let deactivated = self
             .store
             .deactivate_account(account_id, &outbox.jobs())
-            .await?
-        {
+            .await?;
+        self.account_changed(account_id);
+        if !deactivated {
             return Ok(false);
         }
         self.notifier.posted(&outbox);
@@ -219,7 +221,8 @@ impl Authority {
                 &new_thumbprint,
                 &new_key.to_value().to_string(),
             )
-            .await?
+            .await
+            .inspect(|_| self.account_changed(&account.id))?
         {
             KeyChangeOutcome::Changed => {
                 self.audit(super::audit::Fact {

@@ -148,7 +148,13 @@ impl Authority {
             .signer
             .local_ca()
             .is_some_and(|ca| ca.signs_in_memory());
-        if !inline && !self.store.begin_finalize(&order.id).await? {
+        if !inline
+            && !self
+                .store
+                .begin_finalize(&order.id, super::guard(account))
+                .await
+                .map_err(|e| self.guarded_write_error(account, e))?
+        {
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
                 "the order is already being finalized",
@@ -280,7 +286,7 @@ impl Authority {
         let jobs = outbox.jobs();
         let stored = if inline {
             self.store
-                .complete_ready_order(&cert_row, &audit_row, &jobs)
+                .complete_ready_order(&cert_row, &audit_row, &jobs, super::guard(account))
                 .await
         } else {
             self.store
@@ -304,7 +310,18 @@ impl Authority {
                     let _ = self.store.fail_order(&order.id, &problem).await;
                 }
                 guard.armed = false;
-                return Err(AcmeError::internal(e));
+                if inline {
+                    tracing::info!(
+                        event = "certificate.discarded",
+                        profile = %profile.name,
+                        account = %account.id,
+                        order = %order.id,
+                        serial = %issued.serial,
+                        error = %e,
+                        "a certificate signed but not stored is discarded, never served"
+                    );
+                }
+                return Err(self.guarded_write_error(account, e));
             }
         };
         guard.armed = false;

@@ -13,6 +13,7 @@ mod ari;
 mod audit;
 mod certificates;
 mod eab;
+mod known_accounts;
 mod maintenance;
 mod nonces;
 mod operator;
@@ -24,7 +25,8 @@ mod validation;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use acme_proxy_store::{AccountRow, Store};
+use acme_proxy_protocol::Jwk;
+use acme_proxy_store::{AccountGuard, AccountRow, Store, StoreError};
 use tokio::sync::Mutex;
 
 use crate::clock::SharedClock;
@@ -112,6 +114,8 @@ pub struct Authority {
     pub metrics: Arc<Metrics>,
     /// Reverse names of client addresses, for audit rows.
     reverse: reverse::ReverseNames,
+    /// Recently used accounts with their parsed keys (`account_cache_ttl`).
+    known_accounts: known_accounts::KnownAccounts,
 }
 
 impl Authority {
@@ -141,6 +145,7 @@ impl Authority {
             base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
             nonces: nonces::Nonces::new(config.nonce_store),
+            known_accounts: known_accounts::KnownAccounts::new(config.account_cache_ttl),
             notifier,
             metrics,
         }
@@ -196,18 +201,79 @@ impl Authority {
         self.metrics.render(&self.store, nonces).await
     }
 
-    /// The account a `kid` names, which must be of this profile.
+    /// The account a `kid` names, which must be of this profile, and its
+    /// key. With `may_use_copy`, a copy of the account made less than
+    /// `account_cache_ttl` ago answers (see `known_accounts`): for a
+    /// POST-as-GET, or a request whose writes carry an [`AccountGuard`].
+    /// Otherwise the account is read, and the copy renewed.
     pub async fn account_for_kid(
         &self,
         profile: &Profile,
         account_id: &str,
-    ) -> AcmeResult<AccountRow> {
-        match self.store.account(account_id).await? {
-            Some(acct) if acct.profile == profile.name => Ok(acct),
-            _ => Err(AcmeError::new(
-                acme_proxy_protocol::ProblemType::AccountDoesNotExist,
-                "no account with this key identifier exists at this profile",
-            )),
+        may_use_copy: bool,
+    ) -> AcmeResult<(AccountRow, Jwk)> {
+        let now_ms = self.clock.unix_ms();
+        let known = match may_use_copy {
+            true => self.known_accounts.get(account_id, now_ms),
+            false => None,
+        };
+        let (account, key) = match known {
+            Some(known) => known,
+            None => {
+                let Some(account) = self.store.account(account_id).await? else {
+                    return Err(no_such_account());
+                };
+                let key = serde_json::from_str(&account.jwk)
+                    .map_err(|e| e.to_string())
+                    .and_then(|value| Jwk::from_value(&value).map_err(|e| e.to_string()))
+                    .map_err(|e| {
+                        AcmeError::internal(format!("stored JWK of {}: {e}", account.id))
+                    })?;
+                self.known_accounts.put(&account, &key, now_ms);
+                (account, key)
+            }
+        };
+        if account.profile != profile.name {
+            return Err(no_such_account());
+        }
+        Ok((account, key))
+    }
+
+    /// Forgets the in-memory copy of an account this process changed.
+    fn account_changed(&self, account_id: &str) {
+        self.known_accounts.forget(account_id);
+    }
+
+    /// The error of a write guarded by `account` ([`guard`]). When the
+    /// store found the account changed (another process deactivated,
+    /// deleted or rekeyed it since the copy that verified the request was
+    /// made), the copy is forgotten and the request refused as the changed
+    /// account's would have been (RFC 8555 §7.3.6).
+    fn guarded_write_error(&self, account: &AccountRow, e: StoreError) -> AcmeError {
+        match e {
+            StoreError::AccountChanged => {
+                self.account_changed(&account.id);
+                AcmeError::unauthorized(
+                    "the account was deactivated, deleted or given another key; it can no longer make this request (RFC 8555 §7.3.6)",
+                )
+            }
+            e => e.into(),
         }
     }
+}
+
+/// What a write made for a request signed by `account` carries, for the
+/// store to check that the account is still valid with that key.
+pub(crate) fn guard(account: &AccountRow) -> AccountGuard<'_> {
+    AccountGuard {
+        id: &account.id,
+        key_thumbprint: &account.key_thumbprint,
+    }
+}
+
+fn no_such_account() -> AcmeError {
+    AcmeError::new(
+        acme_proxy_protocol::ProblemType::AccountDoesNotExist,
+        "no account with this key identifier exists at this profile",
+    )
 }

@@ -73,6 +73,7 @@ impl Authority {
     pub async fn operator_delete_account(&self, id: &str, actor: &str) -> AcmeResult<()> {
         let account = self.account_row(id).await?;
         let outcome = self.store.delete_account(id, self.clock.unix()).await?;
+        self.account_changed(id);
         self.deleted(outcome, "account", &account.profile, Some(id), None, actor)
             .await
     }

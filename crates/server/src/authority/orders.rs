@@ -214,7 +214,12 @@ impl Authority {
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
         };
-        let row = match self.store.insert_order(&new).await? {
+        let inserted = self
+            .store
+            .insert_order(&new, super::guard(account))
+            .await
+            .map_err(|e| self.guarded_write_error(account, e))?;
+        let row = match inserted {
             InsertOrder::Inserted(row) => *row,
             // RFC 9773 §5: 409 with alreadyReplaced.
             InsertOrder::AlreadyReplaced => {
@@ -452,8 +457,9 @@ impl Authority {
             let valid_until = now + profile.config.authorization_lifetime.as_secs() as i64;
             if !self
                 .store
-                .bypass_challenge(&ch.id, now, valid_until)
-                .await?
+                .bypass_challenge(&ch.id, now, valid_until, super::guard(account))
+                .await
+                .map_err(|e| self.guarded_write_error(account, e))?
             {
                 return self.challenge(profile, account, id).await;
             }
@@ -493,8 +499,9 @@ impl Authority {
             };
             if self
                 .store
-                .start_challenge_with_job(&ch.id, now, &job, now_ms)
-                .await?
+                .start_challenge_with_job(&ch.id, now, &job, now_ms, super::guard(account))
+                .await
+                .map_err(|e| self.guarded_write_error(account, e))?
             {
                 self.queue.wake(super::VALIDATION_KIND);
                 return Ok((

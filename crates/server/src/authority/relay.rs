@@ -99,7 +99,12 @@ impl Authority {
             request_id: ctx.request_id.as_deref(),
             now: self.clock.unix(),
         };
-        if !self.store.begin_relay(&row, &job, now_ms).await? {
+        if !self
+            .store
+            .begin_relay(&row, &job, now_ms, super::guard(account))
+            .await
+            .map_err(|e| self.guarded_write_error(account, e))?
+        {
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
                 "the order is already being finalized",

@@ -850,3 +850,129 @@ async fn unknown_resources_and_wrong_methods_get_problem_documents() {
     }
     server.stop().await;
 }
+
+/// The server keeps a copy of each account that signs requests, with its
+/// parsed key (`account_cache_ttl`). Another process that changes the
+/// account — here a second store on the same database rolls its key over —
+/// cannot tell the server to forget the copy. Writes must still see the
+/// change at once: newOrder, a challenge and finalize check the account in
+/// the transaction that writes, and refuse the old key. Only a read may be
+/// answered from the copy, until it expires or a refused write drops it;
+/// without a copy (`0s`) the old key is refused everywhere at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_changed_by_another_process_is_refused_by_every_write_at_once_and_by_reads_once_its_copy_goes()
+ {
+    use acme_proxy_protocol::Jwk;
+    use acme_proxy_store::{KeyChangeOutcome, Store, StoreOptions};
+
+    for ttl in ["60s", "0s"] {
+        let data = tempfile::tempdir().unwrap();
+        let db = format!("sqlite:{}", data.path().join("acme-proxy.db").display());
+        // A top-level key, so before the tables config_text writes.
+        let toml = format!(
+            "account_cache_ttl = \"{ttl}\"\n{}",
+            TestServer::config_text(data.path(), 1, None, BYPASS)
+        );
+        let server = TestServer::start_in(data, &toml).await;
+        let dir = raw::directory(&server.directory("default")).await;
+        let mut alice = Acct::create(&dir, Key::p256()).await;
+        let account_id = alice.url.rsplit('/').next().unwrap().to_owned();
+        // A ready order, and one whose challenge is still pending.
+        let (order_url, finalize) = ready_order(&dir, &alice, "ready.example.test").await;
+        let r = alice
+            .post(
+                &dir,
+                &url(&dir, "newOrder"),
+                Some(&json!({"identifiers": [{"type": "dns", "value": "pending.example.test"}]})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", text(&r));
+        let pending_url = r.location().unwrap();
+        let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+        let authz = alice.post(&dir, &authz_url, None).await.json();
+        let challenge_url = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
+        let other = Store::open(&db, &StoreOptions::default()).await.unwrap();
+
+        let writes = [
+            (
+                "newOrder",
+                url(&dir, "newOrder"),
+                json!({"identifiers": [{"type": "dns", "value": "after.example.test"}]}),
+            ),
+            ("challenge", challenge_url, json!({})),
+            (
+                "finalize",
+                finalize,
+                json!({"csr": csr_for("ready.example.test")}),
+            ),
+        ];
+        for (what, to, payload) in &writes {
+            // The account signs a read: the server has its copy now.
+            let r = alice.post(&dir, &order_url, None).await;
+            assert_eq!(r.status, 200, "{}", text(&r));
+            // Another process rolls the key over.
+            let new = Key::p256();
+            let old = Jwk::from_value(&alice.key.jwk).unwrap();
+            let new_jwk = Jwk::from_value(&new.jwk).unwrap();
+            let outcome = other
+                .change_account_key(
+                    &account_id,
+                    "default",
+                    &old.thumbprint_b64(),
+                    &new_jwk.thumbprint_b64(),
+                    &new_jwk.to_value().to_string(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(outcome, KeyChangeOutcome::Changed);
+
+            let r = alice.post(&dir, &order_url, None).await;
+            if ttl == "0s" {
+                assert_problem(&r, 400, "malformed", "a read with the old key, no copy");
+            } else {
+                assert_eq!(r.status, 200, "the copy answers a read: {}", text(&r));
+            }
+            // The write with the old key is refused, whatever the copy says.
+            let r = alice.post(&dir, to, Some(payload)).await;
+            if ttl == "0s" {
+                assert_problem(&r, 400, "malformed", &format!("{what}, no copy"));
+            } else {
+                assert_problem(&r, 403, "unauthorized", &format!("{what} from the copy"));
+            }
+            // The refusal dropped the copy: the old key is refused for
+            // reads too now.
+            let r = alice.post(&dir, &order_url, None).await;
+            assert_problem(
+                &r,
+                400,
+                "malformed",
+                "a read with the old key after a refusal",
+            );
+            alice = Acct {
+                key: new,
+                url: alice.url,
+            };
+        }
+        other.close().await;
+        // Nothing was written: the orders are as they were, the challenge
+        // pending, no certificate, no third order.
+        let ready = alice.post(&dir, &order_url, None).await.json();
+        assert_eq!(ready["status"], "ready", "{ready}");
+        assert!(ready["certificate"].is_null(), "{ready}");
+        let pending = alice.post(&dir, &pending_url, None).await.json();
+        assert_eq!(pending["status"], "pending", "{pending}");
+        let challenge = alice.post(&dir, &writes[1].1, None).await.json();
+        assert_eq!(challenge["status"], "pending", "{challenge}");
+        let orders = alice.post(&dir, &alice.url, None).await.json()["orders"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let listed = alice.post(&dir, &orders, None).await.json();
+        assert_eq!(
+            listed["orders"].as_array().map(Vec::len),
+            Some(2),
+            "{listed}"
+        );
+        server.stop().await;
+    }
+}
