@@ -71,7 +71,16 @@ impl AcmeError {
 
 impl From<acme_proxy_store::StoreError> for AcmeError {
     fn from(e: acme_proxy_store::StoreError) -> Self {
-        Self::internal(e)
+        match e {
+            // A write's AccountGuard found the account changed: the request
+            // is refused as the account's would be now (RFC 8555 §7.3.6).
+            // The authority forgets its copy of the account where it maps
+            // this itself (`Authority::guarded_write_error`).
+            acme_proxy_store::StoreError::AccountChanged => Self::unauthorized(
+                "the account was deactivated, deleted or given another key; it can no longer make this request (RFC 8555 §7.3.6)",
+            ),
+            e => Self::internal(e),
+        }
     }
 }
 

@@ -47,8 +47,9 @@ pub use orders::{
 };
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 
-/// Errors from the store. A caller maps them to `serverInternal`; the detail
-/// is for logs only.
+/// Errors from the store. A caller maps them to `serverInternal`, the detail
+/// being for logs only — except [`StoreError::AccountChanged`], a refusal of
+/// the request.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error: {0}")]
@@ -820,15 +821,50 @@ mod tests {
             store.insert_order(&order("o1"), GUARD).await.unwrap(),
             InsertOrder::Inserted(_)
         ));
+        let job = NewJob {
+            kind: "challenge_validation",
+            key: "o1-ch",
+            payload: "{}",
+            run_at: 1,
+            deadline: None,
+            max_attempts: 1,
+        };
+        let relayed = NewUpstreamOrder {
+            order_id: "ready",
+            profile: "default",
+            account_id: "acct",
+            csr_der: b"csr",
+            client_ip: None,
+            reverse_name: None,
+            user_agent: None,
+            request_id: None,
+            now: 1,
+        };
         for stale in [rekeyed, deactivated, deleted] {
             assert!(changed(store.bypass_challenge("o1-ch", 1, 50, stale).await));
+            assert!(changed(
+                store
+                    .start_challenge_with_job("o1-ch", 1, &job, 1, stale)
+                    .await
+            ));
             assert!(changed(store.begin_finalize("ready", stale).await));
             assert!(changed(
                 store.complete_ready_order(&cert, &audit, &[], stale).await
             ));
+            assert!(changed(store.begin_relay(&relayed, &job, 1, stale).await));
         }
         // Nothing of the refused writes: the challenge is pending, the
-        // order ready without a certificate, nothing audited.
+        // order ready without a certificate or upstream mapping, no job,
+        // nothing audited.
+        assert!(store.upstream_order("ready").await.unwrap().is_none());
+        assert!(
+            store
+                .job_counts()
+                .await
+                .unwrap()
+                .by_kind_and_status
+                .is_empty()
+        );
         let challenge = store.challenge("o1-ch").await.unwrap().unwrap();
         assert_eq!(challenge.status, "pending");
         assert_eq!(store.order("o1").await.unwrap().unwrap().status, "pending");

@@ -11,7 +11,9 @@
 //!    profile;
 //! 7. the signature verifies with the algorithm taken from the key;
 //! 8. the nonce is consumed, atomically, exactly once (`badNonce`);
-//! 9. the account is still valid (§7.3.6).
+//! 9. the account is still valid (§7.3.6) — as of the authority's copy of
+//!    it, up to `account_cache_ttl` old, for a POST-as-GET or a resource
+//!    whose writes check the account again in their own transaction.
 
 use acme_proxy_protocol::{Jwk, Jws, KeyRef, ProblemType};
 use acme_proxy_store::AccountRow;
@@ -30,9 +32,11 @@ pub enum KeyMode {
     Jwk,
     /// Everything an account does: a `kid`.
     Kid,
-    /// A `kid`, for a resource whose every write carries an
-    /// [`acme_proxy_store::AccountGuard`] (newOrder, challenge, finalize):
-    /// the account may come from the authority's in-memory copy.
+    /// A `kid`, for a resource whose writes on the account's behalf carry
+    /// an [`acme_proxy_store::AccountGuard`] (newOrder, challenge,
+    /// finalize): the account may come from the authority's in-memory copy.
+    /// (Refusals still write their audit row, and reading an order may
+    /// expire it: neither depends on the account.)
     KidGuarded,
     /// revokeCert: either.
     Either,
@@ -173,8 +177,9 @@ impl AppState {
                     )
                 })?;
                 // A copy of the account kept in memory may verify a
-                // request that changes nothing, or one whose writes check
-                // the account again in their own transaction.
+                // POST-as-GET, or a request whose writes on the account's
+                // behalf check the account again in their own transaction
+                // (authority/known_accounts.rs).
                 let may_use_copy = jws.is_post_as_get() || mode == KeyMode::KidGuarded;
                 let (account, key) = self
                     .authority

@@ -127,16 +127,22 @@ impl Authority {
             }
             self.deactivate(&profile.name, &account.id, None).await?;
         } else {
-            if let Some(contact) = &update.contact {
-                let contact = check_contacts(contact)?;
-                self.store
-                    .update_account_contact(&account.id, &contact)
-                    .await?;
+            let contact = update.contact.as_deref().map(check_contacts).transpose()?;
+            let updated = async {
+                if let Some(contact) = &contact {
+                    self.store
+                        .update_account_contact(&account.id, contact)
+                        .await?;
+                }
+                if update.terms_of_service_agreed == Some(true) && !account.tos_agreed {
+                    self.store.agree_account_tos(&account.id).await?;
+                }
+                Ok::<_, acme_proxy_store::StoreError>(())
             }
-            if update.terms_of_service_agreed == Some(true) && !account.tos_agreed {
-                self.store.agree_account_tos(&account.id).await?;
-            }
+            .await;
+            // Forgotten even if only the first of the two writes committed.
             self.account_changed(&account.id);
+            updated?;
         }
         self.store
             .account(&account.id)
@@ -212,7 +218,7 @@ impl Authority {
             ));
         }
         let new_thumbprint = new_key.thumbprint_b64();
-        match self
+        let outcome = self
             .store
             .change_account_key(
                 &account.id,
@@ -221,9 +227,9 @@ impl Authority {
                 &new_thumbprint,
                 &new_key.to_value().to_string(),
             )
-            .await
-            .inspect(|_| self.account_changed(&account.id))?
-        {
+            .await;
+        self.account_changed(&account.id);
+        match outcome? {
             KeyChangeOutcome::Changed => {
                 self.audit(super::audit::Fact {
                     event: "account.key_changed",

@@ -5,14 +5,19 @@
 //!
 //! What a copy may decide is bounded three ways:
 //!
-//! - every change this process makes to an account forgets its copy at once
-//!   (a client's own deactivation or key rollover, §7.3.5–§7.3.6);
-//! - every write a request makes carries an [`AccountGuard`]: the store
-//!   checks, in the write's own transaction, that the account is still valid
-//!   with the key that signed, since another process (the admin CLI) may
-//!   have deactivated, deleted or rekeyed it;
-//! - so only a POST-as-GET of the account's own resources can be answered
-//!   from a copy another process made stale, and for at most the TTL.
+//! - every change this process makes to an account forgets its copy once
+//!   committed (a client's own deactivation, key rollover or contact
+//!   update, §7.3.2, §7.3.5, §7.3.6), and a copy read before that change
+//!   is not kept (see [`KnownAccounts::generation`]);
+//! - every write that depends on the account carries an [`AccountGuard`]:
+//!   the store checks, in the write's own transaction, that the account is
+//!   still valid with the key that signed, since another process (the
+//!   admin CLI, another replica on the same database) may have
+//!   deactivated, deleted or rekeyed it;
+//! - so a copy another process made stale answers, for at most the TTL,
+//!   only what writes nothing on the account's behalf: a POST-as-GET of its
+//!   own resources, or a refusal decided before the guarded write (the
+//!   refusal's audit row is written, as for any refusal).
 //!
 //! [`AccountGuard`]: acme_proxy_store::AccountGuard
 
@@ -30,15 +35,22 @@ const CAPACITY: usize = 10_000;
 #[derive(Debug)]
 pub(crate) struct KnownAccounts {
     ttl_ms: i64,
-    copies: Mutex<HashMap<String, Copy>>,
+    book: Mutex<Book>,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    copies: HashMap<String, Entry>,
+    /// Moves with every [`KnownAccounts::forget`].
+    generation: u64,
 }
 
 #[derive(Clone, Debug)]
-struct Copy {
+struct Entry {
     account: AccountRow,
     key: Jwk,
-    /// Unix milliseconds past which the copy is not used.
-    until_ms: i64,
+    /// Unix milliseconds when the account was read.
+    read_ms: i64,
 }
 
 impl KnownAccounts {
@@ -46,48 +58,67 @@ impl KnownAccounts {
     pub(crate) fn new(ttl: Duration) -> Self {
         Self {
             ttl_ms: ttl.as_millis().try_into().unwrap_or(i64::MAX),
-            copies: Mutex::new(HashMap::new()),
+            book: Mutex::new(Book::default()),
         }
     }
 
-    fn copies(&self) -> std::sync::MutexGuard<'_, HashMap<String, Copy>> {
-        self.copies.lock().unwrap_or_else(|p| p.into_inner())
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The copy of account `id`, if one was made less than the TTL before
+    fn fresh(&self, entry: &Entry, now_ms: i64) -> bool {
+        // A clock stepped back does not lengthen a copy's life.
+        entry.read_ms <= now_ms && now_ms - entry.read_ms < self.ttl_ms
+    }
+
+    /// The copy of account `id`, if it was read less than the TTL before
     /// `now_ms`.
     pub(crate) fn get(&self, id: &str, now_ms: i64) -> Option<(AccountRow, Jwk)> {
-        let copies = self.copies();
-        let copy = copies.get(id).filter(|c| now_ms < c.until_ms)?;
-        Some((copy.account.clone(), copy.key.clone()))
+        let book = self.book();
+        let entry = book.copies.get(id).filter(|e| self.fresh(e, now_ms))?;
+        Some((entry.account.clone(), entry.key.clone()))
     }
 
-    /// Keeps a copy of `account`, read from the store at `now_ms`.
-    pub(crate) fn put(&self, account: &AccountRow, key: &Jwk, now_ms: i64) {
+    /// To be taken before reading an account from the store and handed to
+    /// [`KnownAccounts::put`]: a change committed and forgotten while the
+    /// read was under way moves it, and the read's copy is then not kept —
+    /// it may be of the account before the change.
+    pub(crate) fn generation(&self) -> u64 {
+        self.book().generation
+    }
+
+    /// Keeps a copy of `account`, read from the store at `read_ms`, unless
+    /// an account was forgotten since `generation` was taken.
+    pub(crate) fn put(&self, account: &AccountRow, key: &Jwk, read_ms: i64, generation: u64) {
         if self.ttl_ms == 0 {
             return;
         }
-        let mut copies = self.copies();
-        if copies.len() >= CAPACITY && !copies.contains_key(&account.id) {
-            copies.retain(|_, c| now_ms < c.until_ms);
-            if copies.len() >= CAPACITY {
-                copies.clear();
+        let mut book = self.book();
+        if book.generation != generation {
+            return;
+        }
+        if book.copies.len() >= CAPACITY && !book.copies.contains_key(&account.id) {
+            book.copies.retain(|_, e| self.fresh(e, read_ms));
+            if book.copies.len() >= CAPACITY {
+                book.copies.clear();
             }
         }
-        copies.insert(
+        book.copies.insert(
             account.id.clone(),
-            Copy {
+            Entry {
                 account: account.clone(),
                 key: key.clone(),
-                until_ms: now_ms.saturating_add(self.ttl_ms),
+                read_ms,
             },
         );
     }
 
-    /// Drops the copy of account `id`: it changed, or a guarded write found
-    /// it changed.
+    /// Drops the copy of account `id`: this process changed it, or a
+    /// guarded write found it changed.
     pub(crate) fn forget(&self, id: &str) {
-        self.copies().remove(id);
+        let mut book = self.book();
+        book.generation = book.generation.wrapping_add(1);
+        book.copies.remove(id);
     }
 }
 
@@ -118,33 +149,56 @@ mod tests {
     #[test]
     fn a_copy_is_used_until_its_ttl_ends_and_never_after_it_is_forgotten() {
         let known = KnownAccounts::new(Duration::from_millis(1_000));
-        known.put(&account("a"), &key(), 10_000);
+        known.put(&account("a"), &key(), 10_000, known.generation());
         assert_eq!(known.get("a", 10_999).unwrap().0, account("a"));
         assert!(known.get("a", 11_000).is_none(), "expired at the TTL");
+        assert!(known.get("a", 9_000).is_none(), "a clock stepped back");
         assert!(known.get("b", 10_000).is_none());
-        known.put(&account("a"), &key(), 20_000);
+        known.put(&account("a"), &key(), 20_000, known.generation());
         known.forget("a");
         assert!(known.get("a", 20_001).is_none(), "forgotten");
     }
 
     #[test]
-    fn a_zero_ttl_keeps_nothing() {
-        let known = KnownAccounts::new(Duration::ZERO);
-        known.put(&account("a"), &key(), 10_000);
+    fn a_copy_read_before_a_change_was_forgotten_is_not_kept() {
+        let known = KnownAccounts::new(Duration::from_millis(1_000));
+        // A request takes the generation and reads the account; meanwhile
+        // another commits a change to an account and forgets its copy.
+        let before = known.generation();
+        known.forget("a");
+        known.put(&account("a"), &key(), 10_000, before);
         assert!(known.get("a", 10_000).is_none());
+        known.put(&account("a"), &key(), 10_000, known.generation());
+        assert!(known.get("a", 10_000).is_some());
     }
 
     #[test]
-    fn past_its_capacity_the_cache_drops_expired_copies_first() {
+    fn a_zero_ttl_keeps_nothing() {
+        let known = KnownAccounts::new(Duration::ZERO);
+        known.put(&account("a"), &key(), 10_000, known.generation());
+        assert!(known.book().copies.is_empty());
+    }
+
+    #[test]
+    fn past_its_capacity_the_cache_drops_expired_copies_first_and_else_all() {
         let known = KnownAccounts::new(Duration::from_millis(1_000));
         for i in 0..CAPACITY - 1 {
-            known.put(&account(&format!("old{i}")), &key(), 0);
+            known.put(&account(&format!("old{i}")), &key(), 0, 0);
         }
-        known.put(&account("live"), &key(), 500);
+        known.put(&account("live"), &key(), 500, 0);
         // Full: the next copy makes room by dropping the expired ones.
-        known.put(&account("new"), &key(), 1_200);
+        known.put(&account("new"), &key(), 1_200, 0);
         assert!(known.get("live", 1_200).is_some());
         assert!(known.get("new", 1_200).is_some());
-        assert_eq!(known.copies().len(), 2);
+        assert_eq!(known.book().copies.len(), 2);
+        // Full of live copies: all go for the next one.
+        for i in 0..CAPACITY - 2 {
+            known.put(&account(&format!("young{i}")), &key(), 1_300, 0);
+        }
+        assert_eq!(known.book().copies.len(), CAPACITY);
+        known.put(&account("last"), &key(), 1_300, 0);
+        assert!(known.get("young0", 1_300).is_none());
+        assert!(known.get("last", 1_300).is_some());
+        assert_eq!(known.book().copies.len(), 1);
     }
 }

@@ -213,13 +213,15 @@ impl Authority {
         may_use_copy: bool,
     ) -> AcmeResult<(AccountRow, Jwk)> {
         let now_ms = self.clock.unix_ms();
-        let known = match may_use_copy {
-            true => self.known_accounts.get(account_id, now_ms),
-            false => None,
+        let known = if may_use_copy {
+            self.known_accounts.get(account_id, now_ms)
+        } else {
+            None
         };
         let (account, key) = match known {
             Some(known) => known,
             None => {
+                let generation = self.known_accounts.generation();
                 let Some(account) = self.store.account(account_id).await? else {
                     return Err(no_such_account());
                 };
@@ -229,7 +231,7 @@ impl Authority {
                     .map_err(|e| {
                         AcmeError::internal(format!("stored JWK of {}: {e}", account.id))
                     })?;
-                self.known_accounts.put(&account, &key, now_ms);
+                self.known_accounts.put(&account, &key, now_ms, generation);
                 (account, key)
             }
         };
@@ -253,9 +255,7 @@ impl Authority {
         match e {
             StoreError::AccountChanged => {
                 self.account_changed(&account.id);
-                AcmeError::unauthorized(
-                    "the account was deactivated, deleted or given another key; it can no longer make this request (RFC 8555 §7.3.6)",
-                )
+                e.into()
             }
             e => e.into(),
         }

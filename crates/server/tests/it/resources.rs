@@ -976,3 +976,43 @@ async fn an_account_changed_by_another_process_is_refused_by_every_write_at_once
         server.stop().await;
     }
 }
+
+/// What this server changes on an account it forgets the copy of at once,
+/// however long copies live: the client's own deactivation (RFC 8555
+/// §7.3.6) refuses its very next request, a read included, and a contact
+/// update is what the next read of the account shows.
+#[tokio::test]
+async fn the_accounts_own_update_and_deactivation_are_seen_by_its_next_read_however_long_copies_live()
+ {
+    let data = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "account_cache_ttl = \"60s\"\n{}",
+        TestServer::config_text(data.path(), 1, None, BYPASS)
+    );
+    let server = TestServer::start_in(data, &toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let (order_url, _) = ready_order(&dir, &alice, "own.example.test").await;
+    // Reads that leave the server a copy of the account.
+    assert_eq!(alice.post(&dir, &alice.url, None).await.status, 200);
+    assert_eq!(alice.post(&dir, &order_url, None).await.status, 200);
+
+    let r = alice
+        .post(
+            &dir,
+            &alice.url,
+            Some(&json!({"contact": ["mailto:new@example.test"]})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let shown = alice.post(&dir, &alice.url, None).await.json();
+    assert_eq!(shown["contact"], json!(["mailto:new@example.test"]));
+
+    let r = alice
+        .post(&dir, &alice.url, Some(&json!({"status": "deactivated"})))
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let r = alice.post(&dir, &order_url, None).await;
+    assert_problem(&r, 403, "unauthorized", "a read after deactivation");
+    server.stop().await;
+}
