@@ -841,7 +841,12 @@ mod tests {
             now: 1,
         };
         for stale in [rekeyed, deactivated, deleted] {
-            assert!(changed(store.bypass_challenge("o1-ch", 1, 50, stale).await));
+            assert!(matches!(
+                store
+                    .bypass_challenge("o1-ch", "default", 1, 50, stale)
+                    .await,
+                Err(StoreError::AccountChanged)
+            ));
             assert!(changed(
                 store
                     .start_challenge_with_job("o1-ch", 1, &job, 1, stale)
@@ -873,7 +878,39 @@ mod tests {
         let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();
         assert!(audited.is_empty(), "{audited:?}");
         // With the account as it is, the same writes go through.
-        assert!(store.bypass_challenge("o1-ch", 1, 50, GUARD).await.unwrap());
+        // Not at another profile, nor for another account.
+        let other = AccountGuard {
+            id: "gone",
+            key_thumbprint: "gone-thumb",
+        };
+        raw.execute_batch("UPDATE accounts SET status = 'valid' WHERE id = 'gone'")
+            .unwrap();
+        for (profile, account) in [("other", GUARD), ("default", other)] {
+            let refused = store
+                .bypass_challenge("o1-ch", profile, 1, 50, account)
+                .await
+                .unwrap();
+            assert!(refused.is_none(), "{profile}: {refused:?}");
+        }
+        let (challenge, authz) = store
+            .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+            .await
+            .unwrap()
+            .unwrap();
+        // As the transaction left them.
+        assert_eq!(
+            (challenge.status.as_str(), challenge.validated_at),
+            ("valid", Some(1))
+        );
+        assert_eq!((authz.status.as_str(), authz.expires_at), ("valid", 50));
+        // A second trigger finds it valid: nothing to do.
+        assert!(
+            store
+                .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(store.order("o1").await.unwrap().unwrap().status, "ready");
         assert!(store.begin_finalize("ready", GUARD).await.unwrap());
         assert_eq!(

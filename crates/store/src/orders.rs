@@ -253,6 +253,24 @@ macro_rules! joined_challenge_columns {
 /// A challenge of `authz_id` just became valid: the authorization becomes
 /// valid until `valid_until`, and each pending order whose authorizations
 /// are now all valid becomes ready (RFC 8555 §7.1.6).
+fn challenge_with_authorization_in(
+    conn: &Connection,
+    id: &str,
+) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
+    one(
+        conn,
+        concat!(
+            "SELECT ",
+            authz_columns!(),
+            ", ",
+            joined_challenge_columns!(),
+            " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = ?1"
+        ),
+        params![id],
+        |row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)),
+    )
+}
+
 fn validate_authorization_in(conn: &Connection, authz_id: &str, valid_until: i64) -> Result<()> {
     let moved = exec(
         conn,
@@ -536,18 +554,7 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
-        one(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                authz_columns!(),
-                ", ",
-                joined_challenge_columns!(),
-                " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = ?1"
-            ),
-            params![id],
-            |row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)),
-        )
+        challenge_with_authorization_in(&*self.reader().await?, id)
     }
 
     /// Whether `account_id` holds a valid, unexpired authorization for
@@ -678,17 +685,22 @@ impl Store {
 
     /// pending → valid for a challenge at once, with its authorization and
     /// orders as [`Store::settle_challenge`] moves them: validation bypass,
-    /// for tests. Guarded as [`Store::start_challenge`]: false (nothing
-    /// written) if another request got there first or the authorization is
-    /// no longer pending and unexpired; [`StoreError::AccountChanged`]
-    /// unless `account` is still valid with its key.
+    /// for tests. One transaction, on the writer only, for the whole
+    /// trigger (RFC 8555 §7.5.1): the challenge must be pending, of an
+    /// authorization of `account` at `profile` that is pending and
+    /// unexpired, and `account` still valid with its key
+    /// ([`StoreError::AccountChanged`] otherwise). Returns the challenge and
+    /// its authorization as the transaction left them; `None` (nothing
+    /// written) when any condition but the account's does not hold, for
+    /// the caller to read what to answer.
     pub async fn bypass_challenge(
         &self,
         challenge_id: &str,
+        profile: &str,
         now: i64,
         valid_until: i64,
         account: AccountGuard<'_>,
-    ) -> Result<bool> {
+    ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
         account.check_in(&tx)?;
@@ -697,16 +709,18 @@ impl Store {
             "UPDATE challenges SET status = 'valid', validated_at = ?2
              WHERE id = ?1 AND status = 'pending'
                AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                           AND a.status = 'pending' AND a.expires_at > ?2)
+                           AND a.status = 'pending' AND a.expires_at > ?2
+                           AND a.account_id = ?3 AND a.profile = ?4)
              RETURNING authz_id",
-            params![challenge_id, now],
+            params![challenge_id, now, account.id, profile],
         )?;
         let Some(authz_id) = authz_id else {
-            return Ok(false);
+            return Ok(None);
         };
         validate_authorization_in(&tx, &authz_id, valid_until)?;
+        let rows = challenge_with_authorization_in(&tx, challenge_id)?;
         tx.commit()?;
-        Ok(true)
+        Ok(rows)
     }
 
     /// pending|valid → deactivated for an authorization (RFC 8555 §7.5.2);

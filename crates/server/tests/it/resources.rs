@@ -1016,3 +1016,82 @@ async fn the_accounts_own_update_and_deactivation_are_seen_by_its_next_read_howe
     assert_problem(&r, 403, "unauthorized", "a read after deactivation");
     server.stop().await;
 }
+
+/// A bypass profile's challenge trigger (RFC 8555 §7.5.1) is one write when
+/// all is as usual, and every other case is answered as without bypass:
+/// another account's challenge is refused and left pending, a repeated
+/// trigger answers the state, an unknown challenge is not found, and a
+/// deactivated authorization takes no response.
+#[tokio::test]
+async fn a_bypassed_challenge_goes_valid_for_its_own_account_only_and_a_repeat_or_a_dead_authorization_is_answered()
+ {
+    let (server, dir) = start(BYPASS).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let bob = Acct::create(&dir, Key::p256()).await;
+    let order = |name: &str| json!({"identifiers": [{"type": "dns", "value": name}]});
+    let r = alice
+        .post(
+            &dir,
+            &url(&dir, "newOrder"),
+            Some(&order("mine.example.test")),
+        )
+        .await;
+    let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+    let authz = alice.post(&dir, &authz_url, None).await.json();
+    let challenge_url = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
+
+    let r = bob.post(&dir, &challenge_url, Some(&json!({}))).await;
+    assert_problem(&r, 403, "unauthorized", "another account's challenge");
+    let r = alice.post(&dir, &challenge_url, None).await;
+    assert_eq!(r.json()["status"], "pending", "{}", text(&r));
+
+    let r = alice.post(&dir, &challenge_url, Some(&json!({}))).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.json()["status"], "valid");
+    assert!(r.json()["validated"].is_string(), "{}", text(&r));
+    assert!(
+        header(&r, "link").is_some_and(|l| l.contains(&authz_url) && l.contains("rel=\"up\"")),
+        "{:?}",
+        r.headers
+    );
+    let authz = alice.post(&dir, &authz_url, None).await.json();
+    assert_eq!(authz["status"], "valid", "{authz}");
+    let r = alice.post(&dir, &challenge_url, Some(&json!({}))).await;
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (200, Some("valid")),
+        "a repeated trigger: {}",
+        text(&r)
+    );
+
+    let unknown = format!("{}x", challenge_url);
+    let r = alice.post(&dir, &unknown, Some(&json!({}))).await;
+    assert_problem(&r, 404, "malformed", "an unknown challenge");
+
+    // An authorization deactivated by its client takes no response.
+    let r = alice
+        .post(
+            &dir,
+            &url(&dir, "newOrder"),
+            Some(&order("dead.example.test")),
+        )
+        .await;
+    let dead_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+    let dead = alice.post(&dir, &dead_url, None).await.json();
+    let dead_challenge = dead["challenges"][0]["url"].as_str().unwrap().to_owned();
+    let r = alice
+        .post(&dir, &dead_url, Some(&json!({"status": "deactivated"})))
+        .await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    let r = alice.post(&dir, &dead_challenge, Some(&json!({}))).await;
+    assert_problem(
+        &r,
+        400,
+        "malformed",
+        "a deactivated authorization's challenge",
+    );
+    assert!(text(&r).contains("deactivated"), "{}", text(&r));
+    let r = alice.post(&dir, &dead_challenge, None).await;
+    assert_eq!(r.json()["status"], "pending", "{}", text(&r));
+    server.stop().await;
+}
