@@ -250,9 +250,7 @@ macro_rules! joined_challenge_columns {
     };
 }
 
-/// A challenge of `authz_id` just became valid: the authorization becomes
-/// valid until `valid_until`, and each pending order whose authorizations
-/// are now all valid becomes ready (RFC 8555 §7.1.6).
+/// A challenge with its authorization, as `conn`'s transaction sees them.
 fn challenge_with_authorization_in(
     conn: &Connection,
     id: &str,
@@ -271,6 +269,9 @@ fn challenge_with_authorization_in(
     )
 }
 
+/// A challenge of `authz_id` just became valid: the authorization becomes
+/// valid until `valid_until`, and each pending order whose authorizations
+/// are now all valid becomes ready (RFC 8555 §7.1.6).
 fn validate_authorization_in(conn: &Connection, authz_id: &str, valid_until: i64) -> Result<()> {
     let moved = exec(
         conn,
@@ -688,11 +689,12 @@ impl Store {
     /// for tests. One transaction, on the writer only, for the whole
     /// trigger (RFC 8555 §7.5.1): the challenge must be pending, of an
     /// authorization of `account` at `profile` that is pending and
-    /// unexpired, and `account` still valid with its key
-    /// ([`StoreError::AccountChanged`] otherwise). Returns the challenge and
-    /// its authorization as the transaction left them; `None` (nothing
-    /// written) when any condition but the account's does not hold, for
-    /// the caller to read what to answer.
+    /// unexpired. Returns the challenge and its authorization as the
+    /// transaction left them; `None`, and nothing written, when any of that
+    /// does not hold, for the caller to read what to answer. When it holds,
+    /// [`StoreError::AccountChanged`] (nothing written) unless `account` is
+    /// still valid with its key — checked only then, so that every other
+    /// case is answered as it would be without the guard.
     pub async fn bypass_challenge(
         &self,
         challenge_id: &str,
@@ -703,7 +705,6 @@ impl Store {
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
-        account.check_in(&tx)?;
         let authz_id: Option<String> = scalar(
             &tx,
             "UPDATE challenges SET status = 'valid', validated_at = ?2
@@ -717,10 +718,16 @@ impl Store {
         let Some(authz_id) = authz_id else {
             return Ok(None);
         };
+        // Dropping `tx` on an error rolls the update back.
+        account.check_in(&tx)?;
         validate_authorization_in(&tx, &authz_id, valid_until)?;
-        let rows = challenge_with_authorization_in(&tx, challenge_id)?;
+        let rows = challenge_with_authorization_in(&tx, challenge_id)?.ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "challenge {challenge_id} vanished in its own update"
+            ))
+        })?;
         tx.commit()?;
-        Ok(rows)
+        Ok(Some(rows))
     }
 
     /// pending|valid → deactivated for an authorization (RFC 8555 §7.5.2);

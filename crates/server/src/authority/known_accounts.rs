@@ -9,15 +9,18 @@
 //!   committed (a client's own deactivation, key rollover or contact
 //!   update, §7.3.2, §7.3.5, §7.3.6), and a copy read before that change
 //!   is not kept (see [`KnownAccounts::generation`]);
-//! - every write that depends on the account carries an [`AccountGuard`]:
-//!   the store checks, in the write's own transaction, that the account is
-//!   still valid with the key that signed, since another process (the
-//!   admin CLI, another replica on the same database) may have
-//!   deactivated, deleted or rekeyed it;
+//! - only POST-as-GET requests and the resources whose writes carry an
+//!   [`AccountGuard`] (newOrder, challenge, finalize: `KeyMode::KidGuarded`)
+//!   are verified from a copy; the store checks, in each such write's own
+//!   transaction, that the account is still valid with the key that
+//!   signed, since another process (the admin CLI, another replica on the
+//!   same database) may have deactivated, deleted or rekeyed it. The
+//!   account's other requests read it;
 //! - so a copy another process made stale answers, for at most the TTL,
 //!   only what writes nothing on the account's behalf: a POST-as-GET of its
-//!   own resources, or a refusal decided before the guarded write (the
-//!   refusal's audit row is written, as for any refusal).
+//!   own resources, a trigger of a challenge no longer pending, or a
+//!   refusal decided before the guarded write (the refusal's audit row is
+//!   written, as for any refusal).
 //!
 //! [`AccountGuard`]: acme_proxy_store::AccountGuard
 

@@ -441,9 +441,10 @@ impl Authority {
         let valid_until = now + profile.config.authorization_lifetime.as_secs() as i64;
         if profile.config.bypass {
             // The trigger as it usually is — a pending challenge of this
-            // account's, its authorization pending — in one write
-            // transaction, without reading the challenge first; anything
-            // else is answered from the read below.
+            // account's, its authorization pending and unexpired — in one
+            // write transaction, without reading the challenge first; the
+            // store writes nothing in every other case, answered from the
+            // read below as without bypass.
             let bypassed = self
                 .store
                 .bypass_challenge(id, &profile.name, now, valid_until, super::guard(account))
@@ -469,37 +470,40 @@ impl Authority {
                 }
             )));
         }
-        // (With bypass, statuses only move forward, so a challenge the
-        // bypass above did not move is not pending with its authorization
-        // now: the checks above have answered.)
-        if !profile.config.bypass {
-            // The state change and the job that settles it commit together.
-            let payload = serde_json::json!({ "challenge": ch.id }).to_string();
-            let now_ms = self.clock.unix_ms();
-            let job = acme_proxy_store::NewJob {
-                kind: super::VALIDATION_KIND,
-                key: &ch.id,
-                payload: &payload,
-                run_at: now_ms,
-                // Past the authorization's expiry a result is useless.
-                deadline: Some(authz.expires_at * 1000),
-                max_attempts: i64::from(self.queue.config.max_attempts),
-            };
-            if self
-                .store
-                .start_challenge_with_job(&ch.id, now, &job, now_ms, super::guard(account))
-                .await
-                .map_err(|e| self.guarded_write_error(account, e))?
-            {
-                self.queue.wake(super::VALIDATION_KIND);
-                return Ok((
-                    ChallengeRow {
-                        status: "processing".to_owned(),
-                        ..ch
-                    },
-                    authz,
-                ));
-            }
+        if profile.config.bypass {
+            // Statuses only move forward, and owner, profile and expiry do
+            // not change: a challenge the bypass above did not move cannot
+            // be pending with its authorization pending and unexpired now.
+            return Err(AcmeError::internal(format!(
+                "challenge {id} is pending with a pending authorization, yet the bypass did not move it"
+            )));
+        }
+        // The state change and the job that settles it commit together.
+        let payload = serde_json::json!({ "challenge": ch.id }).to_string();
+        let now_ms = self.clock.unix_ms();
+        let job = acme_proxy_store::NewJob {
+            kind: super::VALIDATION_KIND,
+            key: &ch.id,
+            payload: &payload,
+            run_at: now_ms,
+            // Past the authorization's expiry a result is useless.
+            deadline: Some(authz.expires_at * 1000),
+            max_attempts: i64::from(self.queue.config.max_attempts),
+        };
+        if self
+            .store
+            .start_challenge_with_job(&ch.id, now, &job, now_ms, super::guard(account))
+            .await
+            .map_err(|e| self.guarded_write_error(account, e))?
+        {
+            self.queue.wake(super::VALIDATION_KIND);
+            return Ok((
+                ChallengeRow {
+                    status: "processing".to_owned(),
+                    ..ch
+                },
+                authz,
+            ));
         }
         // Another request started it first: answer with its state now.
         self.challenge(profile, account, id).await

@@ -1017,11 +1017,11 @@ async fn the_accounts_own_update_and_deactivation_are_seen_by_its_next_read_howe
     server.stop().await;
 }
 
-/// A bypass profile's challenge trigger (RFC 8555 §7.5.1) is one write when
-/// all is as usual, and every other case is answered as without bypass:
-/// another account's challenge is refused and left pending, a repeated
-/// trigger answers the state, an unknown challenge is not found, and a
-/// deactivated authorization takes no response.
+/// A bypass profile's challenge trigger (RFC 8555 §7.5.1) makes its
+/// account's pending challenge valid, with its authorization and its order,
+/// and answers the other cases: another account's challenge is refused and
+/// left pending, a repeated trigger answers the state, an unknown challenge
+/// is not found, and a deactivated authorization takes no response.
 #[tokio::test]
 async fn a_bypassed_challenge_goes_valid_for_its_own_account_only_and_a_repeat_or_a_dead_authorization_is_answered()
  {
@@ -1036,6 +1036,7 @@ async fn a_bypassed_challenge_goes_valid_for_its_own_account_only_and_a_repeat_o
             Some(&order("mine.example.test")),
         )
         .await;
+    let order_url = r.location().unwrap();
     let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
     let authz = alice.post(&dir, &authz_url, None).await.json();
     let challenge_url = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
@@ -1056,6 +1057,8 @@ async fn a_bypassed_challenge_goes_valid_for_its_own_account_only_and_a_repeat_o
     );
     let authz = alice.post(&dir, &authz_url, None).await.json();
     assert_eq!(authz["status"], "valid", "{authz}");
+    let mine = alice.post(&dir, &order_url, None).await.json();
+    assert_eq!(mine["status"], "ready", "{mine}");
     let r = alice.post(&dir, &challenge_url, Some(&json!({}))).await;
     assert_eq!(
         (r.status, r.json()["status"].as_str()),
