@@ -44,6 +44,20 @@ struct CheckedCsr {
     key_thumbprint: Option<String>,
 }
 
+/// Logs a certificate the embedded CA signed inside a finalize that could
+/// not store it: it never leaves the process, but its serial was used.
+fn discarded(profile: &Profile, account: &AccountRow, order: &OrderRow, serial: &str, why: &str) {
+    tracing::info!(
+        event = "certificate.discarded",
+        profile = %profile.name,
+        account = %account.id,
+        order = %order.id,
+        serial = %serial,
+        why,
+        "a signed certificate is discarded, never stored nor served"
+    );
+}
+
 fn bad_csr(detail: impl Into<String>) -> AcmeError {
     AcmeError::new(ProblemType::BadCsr, detail)
 }
@@ -311,15 +325,7 @@ impl Authority {
                 }
                 guard.armed = false;
                 if inline {
-                    tracing::info!(
-                        event = "certificate.discarded",
-                        profile = %profile.name,
-                        account = %account.id,
-                        order = %order.id,
-                        serial = %issued.serial,
-                        error = %e,
-                        "a certificate signed but not stored is discarded, never served"
-                    );
+                    discarded(profile, account, &order, &issued.serial, &e.to_string());
                 }
                 return Err(self.guarded_write_error(account, e));
             }
@@ -333,13 +339,12 @@ impl Authority {
             }
             // Another finalize completed the order while this one signed
             // (or it became invalid): this certificate is dropped.
-            tracing::info!(
-                event = "certificate.discarded",
-                profile = %profile.name,
-                account = %account.id,
-                order = %order.id,
-                serial = %issued.serial,
-                "a certificate signed for an order that was no longer ready is discarded, never stored nor served"
+            discarded(
+                profile,
+                account,
+                &order,
+                &issued.serial,
+                "the order was no longer ready",
             );
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
