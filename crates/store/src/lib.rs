@@ -502,6 +502,39 @@ mod tests {
         "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
                  VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);";
 
+    /// A certificate of [`ACCOUNT`]'s for `order_id`.
+    fn cert_row(
+        id: &'static str,
+        order_id: &'static str,
+        serial: &'static str,
+    ) -> NewCertificateRow<'static> {
+        NewCertificateRow {
+            id,
+            profile: "default",
+            order_id,
+            account_id: "acct",
+            serial,
+            chain_pem: "PEM",
+            key_thumbprint: None,
+            identifiers: &[],
+            not_before: 1,
+            not_after: 2,
+            now: 1,
+        }
+    }
+
+    /// The audit row of an issuance for `order_id`.
+    fn issued_row(order_id: &'static str) -> NewAuditRow<'static> {
+        NewAuditRow {
+            at: 1,
+            event: "certificate.issued",
+            outcome: "success",
+            actor: "account:acct",
+            order_id: Some(order_id),
+            ..Default::default()
+        }
+    }
+
     /// [`ACCOUNT`] as a request signed with its key carries it.
     const GUARD: AccountGuard<'static> = AccountGuard {
         id: "acct",
@@ -654,27 +687,10 @@ mod tests {
         .unwrap();
         drop(raw);
         // Serials are the certificate ids, but c1 and c4 share one.
-        let cert = |id: &'static str, order_id: &'static str| NewCertificateRow {
-            id,
-            profile: "default",
-            order_id,
-            account_id: "acct",
-            serial: if id == "c4" { "c1" } else { id },
-            chain_pem: "PEM",
-            key_thumbprint: None,
-            identifiers: &[],
-            not_before: 1,
-            not_after: 2,
-            now: 1,
+        let cert = |id: &'static str, order_id: &'static str| {
+            cert_row(id, order_id, if id == "c4" { "c1" } else { id })
         };
-        let audit = |order_id: &'static str| NewAuditRow {
-            at: 1,
-            event: "certificate.issued",
-            outcome: "success",
-            actor: "account:acct",
-            order_id: Some(order_id),
-            ..Default::default()
-        };
+        let audit = issued_row;
         let completed = |id: &'static str, order| {
             let store = store.clone();
             async move {
@@ -788,27 +804,8 @@ mod tests {
             id: "nobody",
             key_thumbprint: "thumb",
         };
-        let cert = NewCertificateRow {
-            id: "c1",
-            profile: "default",
-            order_id: "ready",
-            account_id: "acct",
-            serial: "c1",
-            chain_pem: "PEM",
-            key_thumbprint: None,
-            identifiers: &[],
-            not_before: 1,
-            not_after: 2,
-            now: 1,
-        };
-        let audit = NewAuditRow {
-            at: 1,
-            event: "certificate.issued",
-            outcome: "success",
-            actor: "account:acct",
-            order_id: Some("ready"),
-            ..Default::default()
-        };
+        let cert = cert_row("c1", "ready", "c1");
+        let audit = issued_row("ready");
         for stale in [rekeyed, deactivated, deleted] {
             let refused = store.insert_order(&order("o-stale"), stale).await;
             assert!(

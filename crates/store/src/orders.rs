@@ -599,6 +599,7 @@ impl Store {
     /// pending → processing (as [`Store::start_challenge`]) and the job that
     /// will validate it, in one transaction: a challenge is never left
     /// processing without the work that settles it.
+    ///
     /// Errs with [`StoreError::AccountChanged`] unless `account` is still
     /// valid with its key.
     pub async fn start_challenge_with_job(
