@@ -65,11 +65,13 @@ pub struct JobCounts {
 }
 
 /// Queues a job unless its (kind, key) is live; returns the new id, or no
-/// row when it was already queued.
+/// row when it was already queued. The conflict target's condition is the
+/// text of the `jobs_live_identity` index's (migration 0007), as is every
+/// lookup of a live job's: SQLite matches a partial index by its text.
 const INSERT_JOB: &str =
     "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
      VALUES (?1, ?2, ?3, 'queued', 0, ?4, ?5, ?6, ?7, ?7)
-     ON CONFLICT (kind, key) WHERE status IN ('queued', 'running', 'retiring') DO NOTHING
+     ON CONFLICT (kind, key) WHERE (status = 'queued' OR status = 'running' OR status = 'retiring') DO NOTHING
      RETURNING id";
 
 /// [`INSERT_JOB`] on the caller's connection (inside its transaction, if it
@@ -145,7 +147,7 @@ impl Store {
         }
         let live: i64 = scalar(
             &conn,
-            "SELECT id FROM jobs WHERE kind = ?1 AND key = ?2 AND status IN ('queued', 'running', 'retiring')",
+            "SELECT id FROM jobs WHERE kind = ?1 AND key = ?2 AND (status = 'queued' OR status = 'running' OR status = 'retiring')",
             params![job.kind, job.key],
         )?
         .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
@@ -326,7 +328,7 @@ impl Store {
             concat!(
                 "SELECT ",
                 job_columns!(),
-                " FROM jobs WHERE kind = ?1 AND key = ?2 AND status IN ('queued', 'running', 'retiring')"
+                " FROM jobs WHERE kind = ?1 AND key = ?2 AND (status = 'queued' OR status = 'running' OR status = 'retiring')"
             ),
             params![kind, key],
             job_from_row,

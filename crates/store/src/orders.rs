@@ -857,7 +857,7 @@ impl Store {
                  JOIN authorizations a ON a.id = ch.authz_id
                  WHERE ch.status = 'processing'
                    AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = ?2 AND j.key = ch.id
-                                   AND j.status IN ('queued', 'running', 'retiring'))
+                                   AND (j.status = 'queued' OR j.status = 'running' OR j.status = 'retiring'))
                  ORDER BY a.created_at, ch.id
                  LIMIT ?1"
             ),
