@@ -132,6 +132,12 @@ const REUSABLE_AUTHORIZATION: &str = "SELECT a.id FROM authorizations a
                    AND ch.validated_at >= ?7)
      ORDER BY a.expires_at DESC LIMIT 1";
 
+/// pending → ready for an order (?1) whose authorizations are all valid
+/// (RFC 8555 §7.1.6).
+const READY_WHEN_ALL_VALID: &str = "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'pending'
+     AND NOT EXISTS (SELECT 1 FROM order_authorizations oa JOIN authorizations a ON a.id = oa.authz_id
+                     WHERE oa.order_id = orders.id AND a.status <> 'valid')";
+
 /// ready → processing for an order being finalized (?1 order id): of two
 /// concurrent finalizes exactly one changes the row.
 pub(crate) const BEGIN_FINALIZE: &str =
@@ -279,17 +285,17 @@ fn validate_authorization_in(conn: &Connection, authz_id: &str, valid_until: i64
         params![valid_until, authz_id],
     )?;
     if moved == 1 {
-        exec(
+        // The orders first, then each by its key: as one statement, the
+        // `id IN (SELECT …)` filled a temporary b-tree on every run.
+        let order_ids: Vec<String> = all(
             conn,
-            "UPDATE orders SET status = 'ready'
-             WHERE status = 'pending'
-               AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = ?1)
-               AND NOT EXISTS (
-                   SELECT 1 FROM order_authorizations oa
-                   JOIN authorizations a ON a.id = oa.authz_id
-                   WHERE oa.order_id = orders.id AND a.status <> 'valid')",
+            "SELECT order_id FROM order_authorizations WHERE authz_id = ?1",
             params![authz_id],
+            |row| Ok(row.get(0)?),
         )?;
+        for order_id in order_ids {
+            exec(conn, READY_WHEN_ALL_VALID, params![order_id])?;
+        }
     }
     Ok(())
 }
@@ -417,13 +423,7 @@ impl Store {
         // needed only when all were reused.
         let mut status = "pending";
         if fresh.is_empty() {
-            let ready = exec(
-                &tx,
-                "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'pending'
-                   AND NOT EXISTS (SELECT 1 FROM order_authorizations oa JOIN authorizations a ON a.id = oa.authz_id
-                                   WHERE oa.order_id = orders.id AND a.status <> 'valid')",
-                params![new.id],
-            )?;
+            let ready = exec(&tx, READY_WHEN_ALL_VALID, params![new.id])?;
             if ready == 1 {
                 status = "ready";
             }
@@ -706,19 +706,30 @@ impl Store {
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
         let mut conn = self.writer().await?;
         let tx = begin(&mut conn)?;
-        let authz_id: Option<String> = scalar(
+        // Not `RETURNING authz_id`, which SQLite serves through a temporary
+        // b-tree made on every run: the row is read back by its key.
+        let moved = exec(
             &tx,
             "UPDATE challenges SET status = 'valid', validated_at = ?2
              WHERE id = ?1 AND status = 'pending'
                AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
                            AND a.status = 'pending' AND a.expires_at > ?2
-                           AND a.account_id = ?3 AND a.profile = ?4)
-             RETURNING authz_id",
+                           AND a.account_id = ?3 AND a.profile = ?4)",
             params![challenge_id, now, account.id, profile],
         )?;
-        let Some(authz_id) = authz_id else {
+        if moved == 0 {
             return Ok(None);
-        };
+        }
+        let authz_id: String = scalar(
+            &tx,
+            "SELECT authz_id FROM challenges WHERE id = ?1",
+            params![challenge_id],
+        )?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "challenge {challenge_id} vanished in its own update"
+            ))
+        })?;
         // Dropping `tx` on an error rolls the update back.
         account.check_in(&tx)?;
         validate_authorization_in(&tx, &authz_id, valid_until)?;
