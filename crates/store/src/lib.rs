@@ -605,7 +605,7 @@ mod tests {
         let wal = std::fs::metadata(dir.path().join("t.db-wal"))
             .unwrap()
             .len();
-        let frame = 24 + 4096;
+        let frame = 24 + u64::from(PAGE_SIZE);
         assert!(
             wal < WRITER_CHECKPOINT_PAGES as u64 * frame,
             "the WAL grew to {wal} bytes ({} frames)",
@@ -668,11 +668,7 @@ mod tests {
             .connect()
             .await
             .unwrap();
-        let before_7 = sqlx::migrate::Migrator {
-            migrations: std::borrow::Cow::Owned(SQLITE_MIGRATIONS.migrations[..6].to_vec()),
-            ..sqlx::migrate::Migrator::DEFAULT
-        };
-        before_7.run(&mut conn).await.unwrap();
+        SQLITE_MIGRATIONS.run_to(6, &mut conn).await.unwrap();
         conn.close().await.unwrap();
         let raw = Connection::open(&path).unwrap();
         raw.execute_batch(&format!(
@@ -701,17 +697,6 @@ mod tests {
         store.close().await;
 
         let raw = Connection::open(&path).unwrap();
-        // The file keeps the page size it was made with; a new one gets
-        // PAGE_SIZE.
-        let page_size = |conn: &Connection| -> i64 {
-            conn.query_row("PRAGMA page_size", [], |r| r.get(0))
-                .unwrap()
-        };
-        assert_eq!(page_size(&raw), 4096);
-        let fresh = tempfile::tempdir().unwrap();
-        let (new_path, new_store) = open_in(fresh.path()).await;
-        new_store.close().await;
-        assert_eq!(page_size(&Connection::open(&new_path).unwrap()), 1024);
         // Every status check and transition rule is compiled without a
         // temporary b-tree (each of these had one before the migration).
         for sql in [
@@ -818,6 +803,37 @@ mod tests {
             "UPDATE orders SET status = 'pending' WHERE id = 'ord'",
             "illegal order status transition",
         );
+    }
+
+    #[tokio::test]
+    async fn a_new_file_gets_1_kib_pages_and_an_existing_file_keeps_its_own() {
+        let page_size = |path: &Path| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .query_row("PRAGMA page_size", [], |r| r.get(0))
+                .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (new_path, store) = open_in(dir.path()).await;
+        store.close().await;
+        assert_eq!(page_size(&new_path), i64::from(PAGE_SIZE));
+
+        // A file made with SQLite's default page size keeps it when the
+        // store opens it (and migrates it).
+        let old = tempfile::tempdir().unwrap();
+        let old_path = old.path().join("t.db");
+        Connection::open(&old_path)
+            .unwrap()
+            .execute_batch("PRAGMA page_size = 4096; PRAGMA journal_mode = WAL; CREATE TABLE before_the_store (x);")
+            .unwrap();
+        let store = Store::open(
+            &format!("sqlite:{}", old_path.display()),
+            &StoreOptions::default(),
+        )
+        .await
+        .unwrap();
+        store.close().await;
+        assert_eq!(page_size(&old_path), 4096);
     }
 
     #[tokio::test]

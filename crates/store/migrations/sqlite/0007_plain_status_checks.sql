@@ -16,8 +16,11 @@
 -- Table Schema Changes") is to edit the table's text in the schema table,
 -- without copying any row. Each new CHECK accepts exactly the values the
 -- old one did, so every row that passed the old passes the new. The
--- trigger statements that follow change the schema cookie, so every
--- connection opened after this migration reads the new text.
+-- trigger statements must stay after the edits: they change the schema
+-- cookie, so connections already open (another process's) read the
+-- schema again. The connection running this migration keeps the old,
+-- equivalent checks in memory until it closes, which the store does right
+-- after migrating.
 
 PRAGMA writable_schema = ON;
 
@@ -71,6 +74,17 @@ WHEN NOT (
 )
 BEGIN
     SELECT RAISE(ABORT, 'illegal order status transition');
+END;
+
+-- Made again after the trigger above so that, as before, it runs first:
+-- an order moved to valid without its certificate keeps its own message.
+DROP TRIGGER orders_valid_needs_certificate;
+CREATE TRIGGER orders_valid_needs_certificate
+BEFORE UPDATE OF status ON orders
+WHEN NEW.status = 'valid'
+    AND NOT EXISTS (SELECT 1 FROM certificates WHERE order_id = NEW.id)
+BEGIN
+    SELECT RAISE(ABORT, 'an order cannot be valid without its certificate');
 END;
 
 -- RFC 8555 §7.1.6 authorization status rules, as in 0001.
