@@ -165,7 +165,7 @@ impl Store {
 
     pub async fn account(&self, id: &str) -> Result<Option<AccountRow>> {
         one(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 account_columns!(),

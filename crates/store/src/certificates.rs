@@ -162,7 +162,7 @@ impl Store {
 
     pub async fn certificate(&self, id: &str) -> Result<Option<CertificateRow>> {
         one(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 cert_columns!(),

@@ -449,7 +449,7 @@ impl Store {
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
         one(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 order_columns!(),
@@ -477,7 +477,7 @@ impl Store {
 
     pub async fn authorization(&self, id: &str) -> Result<Option<AuthorizationRow>> {
         one(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 authz_columns!(),
@@ -490,7 +490,7 @@ impl Store {
 
     pub async fn challenges_of(&self, authz_id: &str) -> Result<Vec<ChallengeRow>> {
         all(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 challenge_columns!(),
@@ -503,7 +503,7 @@ impl Store {
 
     pub async fn challenge(&self, id: &str) -> Result<Option<ChallengeRow>> {
         one(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 challenge_columns!(),
