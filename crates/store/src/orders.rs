@@ -522,7 +522,7 @@ impl Store {
         // Every row repeats the authorization: it is read from the first.
         let mut authz: Option<AuthorizationRow> = None;
         let challenges = all(
-            &*self.reader().await?,
+            &*self.point_reader().await?,
             concat!(
                 "SELECT ",
                 authz_columns!(),
@@ -555,7 +555,7 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
-        challenge_with_authorization_in(&*self.reader().await?, id)
+        challenge_with_authorization_in(&*self.point_reader().await?, id)
     }
 
     /// Whether `account_id` holds a valid, unexpired authorization for
