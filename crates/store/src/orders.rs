@@ -475,32 +475,6 @@ impl Store {
         )
     }
 
-    pub async fn authorization(&self, id: &str) -> Result<Option<AuthorizationRow>> {
-        one(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                authz_columns!(),
-                " FROM authorizations a WHERE a.id = ?1"
-            ),
-            params![id],
-            authz_from_row,
-        )
-    }
-
-    pub async fn challenges_of(&self, authz_id: &str) -> Result<Vec<ChallengeRow>> {
-        all(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                challenge_columns!(),
-                " FROM challenges ch WHERE ch.authz_id = ?1 ORDER BY ch.rowid"
-            ),
-            params![authz_id],
-            challenge_from_row,
-        )
-    }
-
     pub async fn challenge(&self, id: &str) -> Result<Option<ChallengeRow>> {
         one(
             &*self.point_reader().await?,
