@@ -22,6 +22,7 @@ mod jobs;
 mod nonces;
 mod orders;
 mod relay;
+mod slot;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -33,7 +34,8 @@ use rusqlite::types::FromSql;
 use rusqlite::{Connection, OpenFlags, Params, Row};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection as _};
-use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+
+use slot::{Held, Slot};
 
 pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
@@ -89,10 +91,11 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// Handle to the database. Cheap to clone.
 ///
 /// SQLite allows one writer at a time; all writes go through one connection
-/// so that concurrent requests queue in-process instead of colliding in
-/// `SQLITE_BUSY` retries. The reads by key that requests make run on that
-/// writer too ([`Store::point_reader`]); scans and listings use a few
-/// read-only connections. Every read sees the last committed state (WAL).
+/// (each connection sits in a `Slot`, slot.rs) so that concurrent requests
+/// queue in-process instead of colliding in `SQLITE_BUSY` retries. The
+/// reads by key that requests make run on that writer too
+/// ([`Store::point_reader`]); scans and listings use a few read-only
+/// connections. Every read sees the last committed state (WAL).
 ///
 /// Statements run on the calling task's thread (rusqlite), each prepared
 /// once per connection and cached. A statement on a local file takes
@@ -106,19 +109,12 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 #[derive(Clone, Debug)]
 pub struct Store {
     /// `None` once closed.
-    writer: Arc<Mutex<Option<Connection>>>,
-    readers: Arc<[Mutex<Option<Connection>>]>,
+    writer: Arc<Slot>,
+    readers: Arc<[Slot]>,
     next_reader: Arc<AtomicUsize>,
     /// Dropping the sender (with the last clone, or in [`Store::close`],
     /// which then waits for the thread) stops the checkpointer thread.
     checkpointer: Arc<std::sync::Mutex<Option<Checkpointer>>>,
-}
-
-/// A connection held for one statement or transaction.
-type Held<'a> = MappedMutexGuard<'a, Connection>;
-
-fn held(guard: MutexGuard<'_, Option<Connection>>) -> Result<Held<'_>> {
-    MutexGuard::try_map(guard, Option::as_mut).map_err(|_| StoreError::Closed)
 }
 
 /// Tuning knobs for [`Store::open`].
@@ -222,18 +218,18 @@ impl Store {
 
         let writer = open_connection(&path, false, options.busy_timeout)?;
         writer.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
-        let writer = Arc::new(Mutex::new(Some(writer)));
+        let writer = Arc::new(Slot::new(writer));
         let checkpointer = spawn_checkpointer(
             open_connection(&path, false, options.busy_timeout)?,
             Arc::clone(&writer),
         )?;
         let mut readers = Vec::new();
         for _ in 0..options.read_connections.max(1) {
-            readers.push(Mutex::new(Some(open_connection(
+            readers.push(Slot::new(open_connection(
                 &path,
                 true,
                 options.busy_timeout,
-            )?)));
+            )?));
         }
         Ok(Self {
             writer,
@@ -245,7 +241,7 @@ impl Store {
 
     /// The writer connection, once the statements queued before are done.
     async fn writer(&self) -> Result<Held<'_>> {
-        held(self.writer.lock().await)
+        self.writer.lock().await
     }
 
     /// The connection for the reads of a few rows by key that requests
@@ -276,11 +272,11 @@ impl Store {
         let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
         let n = self.readers.len();
         for i in 0..n {
-            if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
-                return held(conn);
+            if let Some(conn) = self.readers[(start + i) % n].try_lock() {
+                return conn;
             }
         }
-        held(self.readers[start % n].lock().await)
+        self.readers[start % n].lock().await
     }
 
     /// Closes every connection once its statements are done; the store
@@ -299,7 +295,7 @@ impl Store {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         for slot in self.readers.iter().chain(std::iter::once(&*self.writer)) {
-            if let Some(conn) = slot.lock().await.take() {
+            if let Some(conn) = slot.take().await {
                 let _ = conn.close();
             }
         }
@@ -307,9 +303,9 @@ impl Store {
 
     /// (connections, open, of which idle) for the writer and the readers.
     pub fn pool_stats(&self) -> [(&'static str, u32, u32); 2] {
-        let idle_readers = self.readers.iter().filter(|r| r.try_lock().is_ok()).count();
+        let idle_readers = self.readers.iter().filter(|r| r.is_idle()).count();
         [
-            ("writer", 1, u32::from(self.writer.try_lock().is_ok())),
+            ("writer", 1, u32::from(self.writer.is_idle())),
             ("reader", self.readers.len() as u32, idle_readers as u32),
         ]
     }
@@ -318,7 +314,7 @@ impl Store {
     /// turn) reads the schema version from the file.
     pub async fn ping(&self) -> Result<()> {
         for slot in std::iter::once(&*self.writer).chain(self.readers.iter()) {
-            let conn = held(slot.lock().await)?;
+            let conn = slot.lock().await?;
             scalar::<i64>(&conn, "PRAGMA schema_version", [])?;
         }
         Ok(())
@@ -362,18 +358,16 @@ fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Resu
 /// every frame already copied, and under steady writes some commit always
 /// lands while a checkpoint copies and syncs: the WAL would grow until the
 /// writer's own fallback checkpoint ([`WRITER_CHECKPOINT_PAGES`]) — a
-/// stall of up to ten milliseconds about every 0.7 s at full load. So
+/// stall of ten milliseconds or more about every half second at full
+/// load. So
 /// once the WAL holds [`CATCH_UP_PAGES`], the thread holds the store's
-/// writer (queued behind the transactions already waiting, like any
-/// writer) and checkpoints again: only the frames committed during the
+/// writer (blocking its own thread, never a runtime's, until the writer
+/// is free) and checkpoints again: only the frames committed during the
 /// first pass are left, a few dozen pages and two short syncs, and the
 /// next commit starts the WAL over. (A read transaction that outlives a
 /// checkpoint keeps the WAL from starting over; until it ends, each
 /// interval repeats the catch-up, which then has nothing to copy.)
-fn spawn_checkpointer(
-    conn: Connection,
-    writer: Arc<Mutex<Option<Connection>>>,
-) -> Result<Checkpointer> {
+fn spawn_checkpointer(conn: Connection, writer: Arc<Slot>) -> Result<Checkpointer> {
     let (running, stopped) = mpsc::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("sqlite-ckpt".into())
@@ -387,11 +381,11 @@ fn spawn_checkpointer(
                 let checkpoint = scalar::<i64>(&conn, "PRAGMA data_version", [])
                     .map(|version| seen.replace(version) != Some(version))
                     .and_then(|committed| {
-                        if committed && checkpoint_passive(&conn)? >= CATCH_UP_PAGES {
-                            let held = writer.blocking_lock();
-                            if held.is_some() {
-                                checkpoint_passive(&conn)?;
-                            }
+                        if committed
+                            && checkpoint_passive(&conn)? >= CATCH_UP_PAGES
+                            && let Ok(_held) = writer.blocking_lock()
+                        {
+                            checkpoint_passive(&conn)?;
                         }
                         Ok(())
                     });
