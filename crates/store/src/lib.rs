@@ -239,7 +239,7 @@ impl Store {
         })
     }
 
-    /// The writer connection, once the statements queued before are done.
+    /// The writer connection, once it is free (see [`Slot`]).
     async fn writer(&self) -> Result<Held<'_>> {
         self.writer.lock().await
     }
@@ -251,11 +251,11 @@ impl Store {
     /// away when it starts a read after another connection committed, so
     /// under steady writes a read-only connection read every page of its
     /// lookup again from the file (41 `pread`s per issuance, 12 since); the
-    /// writer's cache survives its own commits. Such a read takes its turn
-    /// behind the writes queued before it, tens of microseconds each (longer
-    /// behind the checkpointer's catch-up, which holds the writer through
-    /// two syncs). Scans and listings keep to the read pool
-    /// ([`Store::reader`]), so that none holds the writer.
+    /// writer's cache survives its own commits. Such a read waits while a
+    /// write holds the writer, tens of microseconds each (longer behind the
+    /// checkpointer's catch-up, which holds the writer through two syncs).
+    /// Scans and listings keep to the read pool ([`Store::reader`]), so
+    /// that none holds the writer.
     async fn point_reader(&self) -> Result<Held<'_>> {
         let conn = self.writer().await?;
         // A transaction left open (a failed ROLLBACK) would show this read
@@ -358,8 +358,8 @@ fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Resu
 /// every frame already copied, and under steady writes some commit always
 /// lands while a checkpoint copies and syncs: the WAL would grow until the
 /// writer's own fallback checkpoint ([`WRITER_CHECKPOINT_PAGES`]) — a
-/// stall of ten milliseconds or more about every half second at full
-/// load. So
+/// stall of ten milliseconds or more about once a second at full load.
+/// So
 /// once the WAL holds [`CATCH_UP_PAGES`], the thread holds the store's
 /// writer (blocking its own thread, never a runtime's, until the writer
 /// is free) and checkpoints again: only the frames committed during the

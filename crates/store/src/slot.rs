@@ -14,12 +14,22 @@
 //! A [`Slot`] is a `std` mutex that a task only ever *tries*: whoever asks
 //! while it is free takes it at once, and a task that finds it held waits,
 //! off the runtime's threads, for the holder's release to wake it (one
-//! waiter per release, which then tries again). The operator's threads
-//! (the checkpointer) may block on it instead. A `std` guard cannot be held
-//! across an `.await` in the server's `Send` futures, so the compiler keeps
-//! the promise that nothing awaits while a connection is held.
+//! waiter per release, which then tries again). So the order is not
+//! first-come: a waiter woken by a release may find the connection taken
+//! again by a task that just arrived, and waits for the next release.
+//!
+//! The store's own thread (the checkpointer) blocks on a slot instead, and
+//! must not be starved by tasks that keep taking it in turn: while it
+//! waits, tasks find the slot busy, so it gets the connection at the next
+//! release.
+//!
+//! A `std` guard is not `Send`, so the server's futures (which must be)
+//! cannot hold one across an `.await`; clippy's `await_holding_invalid_type`
+//! (clippy.toml) says the same of every future, the store's tests included.
+//! Nothing awaits while a connection is held.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use rusqlite::Connection;
@@ -28,10 +38,20 @@ use tokio::sync::Notify;
 use crate::{Result, StoreError};
 
 /// One connection (`None` once closed) and the wake-ups of its waiters.
-#[derive(Debug)]
 pub(crate) struct Slot {
     conn: Mutex<Option<Connection>>,
     freed: Notify,
+    /// A thread waits in [`Slot::blocking_lock`]: tasks keep off.
+    thread_waiting: AtomicBool,
+}
+
+/// Without looking inside: `std`'s `Debug` of a mutex takes and releases it,
+/// and a release that does not wake a waiter could leave one waiting for
+/// ever.
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot").finish_non_exhaustive()
+    }
 }
 
 /// A connection held for one statement or transaction; its drop frees the
@@ -48,6 +68,7 @@ impl Slot {
         Self {
             conn: Mutex::new(Some(conn)),
             freed: Notify::new(),
+            thread_waiting: AtomicBool::new(false),
         }
     }
 
@@ -69,8 +90,11 @@ impl Slot {
         }
     }
 
-    /// The connection if it is free now.
+    /// The connection if it is free now (and no thread is waiting for it).
     pub(crate) fn try_lock(&self) -> Option<Result<Held<'_>>> {
+        if self.thread_waiting.load(Ordering::Acquire) {
+            return None;
+        }
         match self.conn.try_lock() {
             Ok(guard) => Some(self.held(guard)),
             // A panic while held poisons the mutex; the connection is still
@@ -84,10 +108,14 @@ impl Slot {
     /// The connection, blocking this thread until it is free: for threads
     /// of the store's own, never a runtime's.
     pub(crate) fn blocking_lock(&self) -> Result<Held<'_>> {
+        self.thread_waiting.store(true, Ordering::Release);
         let guard = self
             .conn
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Tasks that found the slot busy meanwhile wait for a release: this
+        // thread's, when its `Held` drops.
+        self.thread_waiting.store(false, Ordering::Release);
         self.held(guard)
     }
 
@@ -239,32 +267,107 @@ mod tests {
         assert_eq!(turns.load(Ordering::SeqCst), (TASKS + 1) * TURNS);
     }
 
+    /// Polls a future once, with a waker that does nothing: enough to
+    /// have it queue for the slot without awaiting in the test.
+    fn poll_once<F: std::future::Future>(future: std::pin::Pin<&mut F>) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        future.poll(&mut cx).is_pending()
+    }
+
     #[tokio::test]
     async fn a_closed_slot_answers_closed_to_the_task_that_was_waiting_and_to_every_later_one() {
         let slot = slot();
-        let held = slot.lock().await.unwrap();
-        let waiting = tokio::spawn({
-            let slot = Arc::clone(&slot);
-            async move { slot.take().await.is_some() }
-        });
-        let closing_waiter = tokio::spawn({
-            let slot = Arc::clone(&slot);
-            async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                slot.lock().await.map(|_| ())
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = slot.try_lock().unwrap().unwrap();
+        let mut take = std::pin::pin!(slot.take());
+        let mut waiting = std::pin::pin!(slot.lock());
+        assert!(poll_once(take.as_mut()), "the take waits");
+        assert!(poll_once(waiting.as_mut()), "so does the later lock");
         drop(held);
         assert!(
-            waiting.await.unwrap(),
+            take.await.is_some(),
             "the first waiter took the connection out"
         );
-        assert!(matches!(
-            closing_waiter.await.unwrap(),
-            Err(StoreError::Closed)
-        ));
+        assert!(matches!(waiting.await, Err(StoreError::Closed)));
         assert!(matches!(slot.lock().await, Err(StoreError::Closed)));
         assert!(matches!(slot.blocking_lock(), Err(StoreError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_woken_by_a_release_and_dropped_before_it_tries_passes_its_turn_on() {
+        let slot = slot();
+        let held = slot.try_lock().unwrap().unwrap();
+        let mut first = Box::pin(slot.lock());
+        let mut second = Box::pin(slot.lock());
+        assert!(poll_once(first.as_mut()));
+        assert!(poll_once(second.as_mut()));
+        // The release wakes the first waiter, whose request then goes away
+        // (a client hung up): the second must not wait for ever.
+        drop(held);
+        drop(first);
+        let taken = tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("the dropped waiter's wake-up reached the next one");
+        assert!(taken.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thread_waiting_for_a_slot_gets_it_at_the_next_release_before_tasks_that_keep_trying()
+    {
+        let slot = slot();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // A holder of its own, so that this test's future holds nothing.
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn({
+            let slot = Arc::clone(&slot);
+            move || {
+                let _held = slot.blocking_lock().unwrap();
+                held_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+            }
+        });
+        held_rx.recv().unwrap();
+        let thread = std::thread::spawn({
+            let (slot, order) = (Arc::clone(&slot), Arc::clone(&order));
+            move || {
+                let _held = slot.blocking_lock().unwrap();
+                order.lock().unwrap().push("thread");
+            }
+        });
+        while !slot.thread_waiting.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Tasks trying all the time, as a busy server's requests do: any of
+        // them would take the slot the moment it is free, long before the
+        // kernel has woken the waiting thread.
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (slot, order) = (Arc::clone(&slot), Arc::clone(&order));
+                tokio::spawn(async move {
+                    loop {
+                        if let Some(held) = slot.try_lock() {
+                            let _held = held.unwrap();
+                            order.lock().unwrap().push("task");
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            for task in tasks {
+                task.await.unwrap();
+            }
+        })
+        .await
+        .expect("every task got the slot after the thread");
+        thread.join().unwrap();
+        let order = order.lock().unwrap();
+        assert_eq!(order.len(), 9);
+        assert_eq!(order[0], "thread", "{order:?}");
     }
 }
