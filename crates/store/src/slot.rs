@@ -185,6 +185,18 @@ mod tests {
 
     use super::*;
 
+    /// Waits for every task, failing with `what` if one is still waiting
+    /// after a minute.
+    async fn all_finish(tasks: Vec<tokio::task::JoinHandle<()>>, what: &str) {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            for task in tasks {
+                task.await.unwrap();
+            }
+        })
+        .await
+        .expect(what);
+    }
+
     fn slot() -> Arc<Slot> {
         Arc::new(Slot::new(Connection::open_in_memory().unwrap()))
     }
@@ -256,13 +268,7 @@ mod tests {
             }));
         }
         // A lost wake-up leaves a task waiting for ever: the timeout says so.
-        tokio::time::timeout(Duration::from_secs(60), async {
-            for task in tasks {
-                task.await.unwrap();
-            }
-        })
-        .await
-        .expect("every task got its turns");
+        all_finish(tasks, "every task got its turns").await;
         thread.join().unwrap();
         assert_eq!(turns.load(Ordering::SeqCst), (TASKS + 1) * TURNS);
     }
@@ -358,13 +364,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         release_tx.send(()).unwrap();
         holder.join().unwrap();
-        tokio::time::timeout(Duration::from_secs(10), async {
-            for task in tasks {
-                task.await.unwrap();
-            }
-        })
-        .await
-        .expect("every task got the slot after the thread");
+        all_finish(tasks, "every task got the slot after the thread").await;
         thread.join().unwrap();
         let order = order.lock().unwrap();
         assert_eq!(order.len(), 9);
