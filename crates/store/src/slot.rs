@@ -197,6 +197,26 @@ mod tests {
         .expect(what);
     }
 
+    /// Holds the slot on a thread of its own, from when this returns until
+    /// the returned sender is dropped.
+    fn held_by_a_thread(
+        slot: &Arc<Slot>,
+    ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn({
+            let slot = Arc::clone(slot);
+            move || {
+                let _held = slot.blocking_lock().unwrap();
+                held_tx.send(()).unwrap();
+                // Err once the sender is dropped: the release.
+                let _ = released.recv();
+            }
+        });
+        held_rx.recv().unwrap();
+        (release, holder)
+    }
+
     fn slot() -> Arc<Slot> {
         Arc::new(Slot::new(Connection::open_in_memory().unwrap()))
     }
@@ -204,17 +224,12 @@ mod tests {
     #[tokio::test]
     async fn a_task_waiting_for_a_slot_a_thread_holds_takes_it_when_the_thread_lets_go() {
         let slot = slot();
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let holder = std::thread::spawn({
-            let slot = Arc::clone(&slot);
-            move || {
-                let _held = slot.blocking_lock().unwrap();
-                held_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        held_rx.recv().unwrap();
+        let (release, holder) = held_by_a_thread(&slot);
         assert!(slot.try_lock().is_none(), "the thread holds it");
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(release);
+        });
         let waited = tokio::time::timeout(Duration::from_secs(10), slot.lock())
             .await
             .expect("the release wakes the waiting task");
@@ -322,17 +337,7 @@ mod tests {
         let slot = slot();
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         // A holder of its own, so that this test's future holds nothing.
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let holder = std::thread::spawn({
-            let slot = Arc::clone(&slot);
-            move || {
-                let _held = slot.blocking_lock().unwrap();
-                held_tx.send(()).unwrap();
-                release_rx.recv().unwrap();
-            }
-        });
-        held_rx.recv().unwrap();
+        let (release, holder) = held_by_a_thread(&slot);
         let thread = std::thread::spawn({
             let (slot, order) = (Arc::clone(&slot), Arc::clone(&order));
             move || {
@@ -362,7 +367,7 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        release_tx.send(()).unwrap();
+        drop(release);
         holder.join().unwrap();
         all_finish(tasks, "every task got the slot after the thread").await;
         thread.join().unwrap();
