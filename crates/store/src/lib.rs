@@ -935,24 +935,22 @@ mod tests {
                      VALUES ('a', 'default', 'acct', 'dns', 'example.org', 0, 'pending', 2, 1);",
             )
             .unwrap();
-        let (authz, _) = store
-            .authorization_with_challenges("a")
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(authz.status, "pending");
+        let authz_status = async |store: &Store| {
+            let (authz, _) = store
+                .authorization_with_challenges("a")
+                .await
+                .unwrap()
+                .unwrap();
+            authz.status
+        };
+        assert_eq!(authz_status(&store).await, "pending");
         other
             .execute(
                 "UPDATE authorizations SET status = 'deactivated' WHERE id = 'a'",
                 [],
             )
             .unwrap();
-        let (authz, _) = store
-            .authorization_with_challenges("a")
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(authz.status, "deactivated");
+        assert_eq!(authz_status(&store).await, "deactivated");
         other
             .execute(
                 "UPDATE accounts SET status = 'deactivated' WHERE id = 'acct'",
