@@ -6,7 +6,7 @@ use rusqlite::{Connection, Row, params};
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::jobs::insert_jobs_in;
 use crate::{
-    AccountGuard, NewJob, Result, Store, StoreError, all, begin, exec, one, scalar, to_json,
+    AccountGuard, NewJob, Result, Store, StoreError, all, begin, col, exec, one, scalar, to_json,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,23 +72,25 @@ macro_rules! cert_columns {
     };
 }
 
+/// A row of `cert_columns!`, read by position (a column added goes at the
+/// end); one per issuance, when the certificate is downloaded.
 fn cert_from_row(row: &Row<'_>) -> Result<CertificateRow> {
-    let identifiers: String = row.get("identifiers")?;
+    let identifiers: String = col(row, 7, "identifiers")?;
     Ok(CertificateRow {
-        id: row.get("id")?,
-        profile: row.get("profile")?,
-        order_id: row.get("order_id")?,
-        account_id: row.get("account_id")?,
-        serial: row.get("serial")?,
-        chain_pem: row.get("chain_pem")?,
-        key_thumbprint: row.get("key_thumbprint")?,
+        id: col(row, 0, "id")?,
+        profile: col(row, 1, "profile")?,
+        order_id: col(row, 2, "order_id")?,
+        account_id: col(row, 3, "account_id")?,
+        serial: col(row, 4, "serial")?,
+        chain_pem: col(row, 5, "chain_pem")?,
+        key_thumbprint: col(row, 6, "key_thumbprint")?,
         identifiers: serde_json::from_str(&identifiers)
             .map_err(|e| StoreError::Corrupt(format!("identifiers: {e}")))?,
-        not_before: row.get("not_before")?,
-        not_after: row.get("not_after")?,
-        revoked_at: row.get("revoked_at")?,
-        revocation_reason: row.get("revocation_reason")?,
-        created_at: row.get("created_at")?,
+        not_before: col(row, 8, "not_before")?,
+        not_after: col(row, 9, "not_after")?,
+        revoked_at: col(row, 10, "revoked_at")?,
+        revocation_reason: col(row, 11, "revocation_reason")?,
+        created_at: col(row, 12, "created_at")?,
     })
 }
 

@@ -151,6 +151,8 @@ macro_rules! order_columns {
      o.certificate_profile, o.replaces, o.authorization_ids"
     };
 }
+// Read by position in `authz_at` and `challenge_at`: a column added goes at
+// the end, and the count beside each reader changes with it.
 macro_rules! authz_columns {
     () => {
         "a.id, a.profile, a.account_id, a.identifier_type, a.identifier_value, \
@@ -190,71 +192,43 @@ fn order_from_row(row: &Row<'_>) -> Result<OrderRow> {
     })
 }
 
-fn authz_from_row(row: &Row<'_>) -> Result<AuthorizationRow> {
+/// An authorization whose `authz_columns!()` start at column `at`, read by
+/// position (twice per issuance: with its challenges, and with the one
+/// challenge answered).
+fn authz_at(row: &Row<'_>, at: usize) -> Result<AuthorizationRow> {
     Ok(AuthorizationRow {
-        id: row.get("id")?,
-        profile: row.get("profile")?,
-        account_id: row.get("account_id")?,
+        id: col(row, at, "id")?,
+        profile: col(row, at + 1, "profile")?,
+        account_id: col(row, at + 2, "account_id")?,
         identifier: Identifier {
-            kind: row.get("identifier_type")?,
-            value: row.get("identifier_value")?,
+            kind: col(row, at + 3, "identifier_type")?,
+            value: col(row, at + 4, "identifier_value")?,
         },
-        wildcard: row.get("wildcard")?,
-        status: row.get("status")?,
-        expires_at: row.get("expires_at")?,
-        created_at: row.get("created_at")?,
+        wildcard: col(row, at + 5, "wildcard")?,
+        status: col(row, at + 6, "status")?,
+        expires_at: col(row, at + 7, "expires_at")?,
+        created_at: col(row, at + 8, "created_at")?,
     })
 }
 
-/// The names a challenge row's columns are read under: alone, or beside an
-/// authorization's (whose `id` and `status` they would shadow).
-const CHALLENGE: [&str; 7] = [
-    "id",
-    "authz_id",
-    "type",
-    "token",
-    "status",
-    "validated_at",
-    "error",
-];
-const JOINED_CHALLENGE: [&str; 7] = [
-    "ch_id",
-    "ch_authz_id",
-    "ch_type",
-    "ch_token",
-    "ch_status",
-    "ch_validated_at",
-    "ch_error",
-];
+/// How many columns `authz_columns!()` has: where a challenge's start after it.
+const AUTHZ_COLUMNS: usize = 9;
 
-fn challenge_from_row(row: &Row<'_>) -> Result<ChallengeRow> {
-    challenge_named(row, &CHALLENGE)
-}
-
-fn joined_challenge_from_row(row: &Row<'_>) -> Result<ChallengeRow> {
-    challenge_named(row, &JOINED_CHALLENGE)
-}
-
-fn challenge_named(row: &Row<'_>, c: &[&str; 7]) -> Result<ChallengeRow> {
+/// A challenge whose `challenge_columns!()` start at column `at`.
+fn challenge_at(row: &Row<'_>, at: usize) -> Result<ChallengeRow> {
     Ok(ChallengeRow {
-        id: row.get(c[0])?,
-        authz_id: row.get(c[1])?,
-        kind: row.get(c[2])?,
-        token: row.get(c[3])?,
-        status: row.get(c[4])?,
-        validated_at: row.get(c[5])?,
-        error: problem(row.get(c[6])?)?,
+        id: col(row, at, "id")?,
+        authz_id: col(row, at + 1, "authz_id")?,
+        kind: col(row, at + 2, "type")?,
+        token: col(row, at + 3, "token")?,
+        status: col(row, at + 4, "status")?,
+        validated_at: col(row, at + 5, "validated_at")?,
+        error: problem(col(row, at + 6, "error")?)?,
     })
 }
 
-/// The challenge columns under other names, for a row that also has an
-/// authorization's.
-macro_rules! joined_challenge_columns {
-    () => {
-        "ch.id AS ch_id, ch.authz_id AS ch_authz_id, ch.type AS ch_type, ch.token AS ch_token, \
-         ch.status AS ch_status, ch.validated_at AS ch_validated_at, ch.error AS ch_error"
-    };
-}
+/// How many columns `challenge_columns!()` has.
+const CHALLENGE_COLUMNS: usize = 7;
 
 /// A challenge with its authorization, as `conn`'s transaction sees them.
 fn challenge_with_authorization_in(
@@ -267,11 +241,11 @@ fn challenge_with_authorization_in(
             "SELECT ",
             authz_columns!(),
             ", ",
-            joined_challenge_columns!(),
+            challenge_columns!(),
             " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = ?1"
         ),
         params![id],
-        |row| Ok((joined_challenge_from_row(row)?, authz_from_row(row)?)),
+        |row| Ok((challenge_at(row, AUTHZ_COLUMNS)?, authz_at(row, 0)?)),
     )
 }
 
@@ -484,7 +458,7 @@ impl Store {
                 " FROM challenges ch WHERE ch.id = ?1"
             ),
             params![id],
-            challenge_from_row,
+            |row| challenge_at(row, 0),
         )
     }
 
@@ -501,18 +475,18 @@ impl Store {
                 "SELECT ",
                 authz_columns!(),
                 ", ",
-                joined_challenge_columns!(),
+                challenge_columns!(),
                 " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
                   WHERE a.id = ?1 ORDER BY ch.rowid"
             ),
             params![id],
             |row| {
                 if authz.is_none() {
-                    authz = Some(authz_from_row(row)?);
+                    authz = Some(authz_at(row, 0)?);
                 }
                 // LEFT JOIN: an authorization without challenges is one row of NULLs.
-                if row.get::<_, Option<String>>("ch_id")?.is_some() {
-                    Ok(Some(joined_challenge_from_row(row)?))
+                if col::<Option<String>>(row, AUTHZ_COLUMNS, "id")?.is_some() {
+                    Ok(Some(challenge_at(row, AUTHZ_COLUMNS)?))
                 } else {
                     Ok(None)
                 }
@@ -848,31 +822,9 @@ impl Store {
             ),
             params![limit, job_kind],
             |row| {
-                // The column lists share "id" and "status": read the
-                // challenge's by position-aware names.
                 Ok(ProcessingChallenge {
-                    challenge: ChallengeRow {
-                        id: row.get(0)?,
-                        authz_id: row.get(1)?,
-                        kind: row.get(2)?,
-                        token: row.get(3)?,
-                        status: row.get(4)?,
-                        validated_at: row.get(5)?,
-                        error: problem(row.get(6)?)?,
-                    },
-                    authorization: AuthorizationRow {
-                        id: row.get(7)?,
-                        profile: row.get(8)?,
-                        account_id: row.get(9)?,
-                        identifier: Identifier {
-                            kind: row.get(10)?,
-                            value: row.get(11)?,
-                        },
-                        wildcard: row.get(12)?,
-                        status: row.get(13)?,
-                        expires_at: row.get(14)?,
-                        created_at: row.get(15)?,
-                    },
+                    challenge: challenge_at(row, 0)?,
+                    authorization: authz_at(row, CHALLENGE_COLUMNS)?,
                 })
             },
         )
