@@ -71,6 +71,12 @@ struct Args {
     /// Give up an issuance after this long.
     #[arg(long, default_value = "60")]
     timeout_secs: u64,
+    /// Give up the whole run, with exit status 3 and no figures, when no
+    /// issuance has finished (issued or failed) for this long: a server
+    /// that has deadlocked (Pebble 2.4 can) is found in seconds, not after
+    /// `--timeout-secs`. Off unless given.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    stall_secs: Option<u64>,
     /// One JSON line instead of text.
     #[arg(long)]
     json: bool,
@@ -97,6 +103,30 @@ enum Challenge {
 
 /// Requests the server shed (503 with `Retry-After`) and that were sent again.
 static SHED: AtomicU64 = AtomicU64::new(0);
+
+/// The exit status of a run given up by `--stall-secs`.
+const STALLED: i32 = 3;
+
+/// Ends the process with [`STALLED`] once `finished` has not moved for
+/// `stall`, checking ten times per period.
+fn watch_for_stall(finished: Arc<AtomicU64>, stall: Duration) {
+    tokio::spawn(async move {
+        let mut seen = finished.load(Ordering::Relaxed);
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(stall / 10).await;
+            let now = finished.load(Ordering::Relaxed);
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+            } else if since.elapsed() >= stall {
+                eprintln!(
+                    "acme-loadgen: no issuance finished within {stall:?} ({now} so far): the server stalled"
+                );
+                std::process::exit(STALLED);
+            }
+        }
+    });
+}
 
 /// The HTTP client: hyper with `TCP_NODELAY`, https through rustls trusting
 /// `--ca-file`, and 503 + `Retry-After` retried.
@@ -386,6 +416,12 @@ async fn main() -> anyhow::Result<()> {
     if args.concurrency == 0 || args.orders == 0 || args.names_per_order == 0 {
         bail!("--orders, --concurrency and --names-per-order must be at least 1");
     }
+    // Counts issued and failed issuances; watched from the start, so that
+    // a server that stalls on the directory or the account is found too.
+    let finished = Arc::new(AtomicU64::new(0));
+    if let Some(secs) = args.stall_secs {
+        watch_for_stall(Arc::clone(&finished), Duration::from_secs(secs));
+    }
     let client = Client::new(args.ca_file.as_ref())?;
     let board: Board = Arc::default();
     if args.challenge == Challenge::Http01 {
@@ -402,7 +438,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, board, key, shared, next, latencies, errors) = (
+        let (client, board, key, shared, next, latencies, errors, finished) = (
             client.clone(),
             Arc::clone(&board),
             Arc::clone(&key),
@@ -410,6 +446,7 @@ async fn main() -> anyhow::Result<()> {
             Arc::clone(&next),
             Arc::clone(&latencies),
             Arc::clone(&errors),
+            Arc::clone(&finished),
         );
         let directory = args.directory.clone();
         let (orders, per, domain, challenge, timeout, poll) = (
@@ -447,6 +484,7 @@ async fn main() -> anyhow::Result<()> {
                         .unwrap_or_else(|p| p.into_inner())
                         .push(format!("{e:#}")),
                 }
+                finished.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
