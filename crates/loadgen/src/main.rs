@@ -416,18 +416,19 @@ async fn main() -> anyhow::Result<()> {
     if args.concurrency == 0 || args.orders == 0 || args.names_per_order == 0 {
         bail!("--orders, --concurrency and --names-per-order must be at least 1");
     }
-    // Counts issued and failed issuances; watched from the start, so that
-    // a server that stalls on the directory or the account is found too.
-    let finished = Arc::new(AtomicU64::new(0));
-    if let Some(secs) = args.stall_secs {
-        watch_for_stall(Arc::clone(&finished), Duration::from_secs(secs));
-    }
     let client = Client::new(args.ca_file.as_ref())?;
     let board: Board = Arc::default();
     if args.challenge == Challenge::Http01 {
         serve_http01(args.http_port, Arc::clone(&board)).await?;
     }
     let key = Arc::new(CsrKey::new(args.key)?);
+    // Counts issued and failed issuances; watched from the first request
+    // (after the local set-up, which may generate an RSA key), so that a
+    // server that stalls on the directory or the account is found too.
+    let finished = Arc::new(AtomicU64::new(0));
+    if let Some(secs) = args.stall_secs {
+        watch_for_stall(Arc::clone(&finished), Duration::from_secs(secs));
+    }
     let shared = match args.accounts {
         Accounts::One => Some(new_account(&client, &args.directory).await?.0),
         Accounts::PerOrder => None,

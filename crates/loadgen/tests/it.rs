@@ -40,7 +40,8 @@ fn a_run_against_a_server_that_stops_answering_ends_with_status_3_after_the_stal
         .stderr(Stdio::piped())
         .spawn()
         .expect("start acme-loadgen");
-    // Without the watchdog the run would wait for its 60 s issuance timeout.
+    // Without the watchdog the run would hang: the directory request has no
+    // timeout of its own.
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {
             break status;
