@@ -311,6 +311,23 @@ impl Pebble {
         if !require_program("pebble") {
             return None;
         }
+        // The ports were free a moment ago; another process can take one
+        // before Pebble binds it, and then Pebble exits saying so: start
+        // again on other ports.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_start(pki, &opts) {
+                Ok(pebble) => return Some(pebble),
+                Err(log) if attempt < 5 && log.contains("address already in use") => continue,
+                Err(log) => panic!("{log}"),
+            }
+        }
+    }
+
+    /// One start on fresh ports: Pebble listening on both, or why not
+    /// (with its log).
+    fn try_start(pki: &TestPki, opts: &PebbleOptions) -> Result<Pebble, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (cert, key) = pki.server_cert(&["127.0.0.1", "localhost"]);
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -359,28 +376,31 @@ impl Pebble {
             child: ChildGuard(child),
             dir,
         };
-        pebble.wait_listening(addr);
-        pebble.wait_listening(management);
-        Some(pebble)
+        pebble.wait_listening(addr)?;
+        pebble.wait_listening(management)?;
+        Ok(pebble)
     }
 
-    /// Like `wait_for_tcp`, but fails at once with Pebble's log when it has
-    /// exited (a bad configuration, a port taken).
-    fn wait_listening(&mut self, addr: SocketAddr) {
+    /// Like `wait_for_tcp`, but gives up at once with Pebble's log when it
+    /// has exited (a bad configuration, a port taken).
+    fn wait_listening(&mut self, addr: SocketAddr) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.0.try_wait() {
-                panic!("pebble exited ({status}) before listening:\n{}", self.log());
+                return Err(format!(
+                    "pebble exited ({status}) before listening:\n{}",
+                    self.log()
+                ));
             }
             if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!(
+        Err(format!(
             "pebble did not listen on {addr} within 20s:\n{}",
             self.log()
-        );
+        ))
     }
 
     /// Pebble's own directory URL (the relay normally goes through a
