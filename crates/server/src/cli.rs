@@ -171,7 +171,7 @@ pub enum UpstreamCommand {
 
 pub async fn upstream(config: &Config, command: UpstreamCommand) -> anyhow::Result<()> {
     // `upstream register` may be the first command run on a new machine.
-    std::fs::create_dir_all(&config.data_dir)
+    crate::private::create_dir(&config.data_dir)
         .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
     let store = open_store(config).await?;
     let mut out = std::io::stdout().lock();

@@ -53,6 +53,7 @@ pub struct Config {
     pub nonce_store: NonceStore,
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    pub connections: ConnectionsConfig,
     pub validation: ValidationConfig,
     pub jobs: JobsConfig,
     pub notify: NotifyConfig,
@@ -133,6 +134,54 @@ impl Default for AuditConfig {
             retention: None,
             reverse_names: true,
             reverse_name_timeout: Duration::from_millis(300),
+        }
+    }
+}
+
+/// What one client can hold of a listener (ACME, plain or TLS, and
+/// metrics): connections, and the time it may take to send a request.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionsConfig {
+    /// Connections open at once on one listener; past it, new ones are
+    /// closed as soon as they are accepted.
+    pub max_open: usize,
+    /// Connections open at once from one client address (not counted for
+    /// the addresses of `trusted_proxies`, which carry many clients).
+    pub max_open_per_client: usize,
+    /// Time to send a whole request head, from the connection's start or
+    /// the end of the previous request (HTTP/1.1's keep-alive idle time).
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Time to send a whole request body, once the head has arrived; the
+    /// body is read before the request takes one of `max_in_flight`.
+    #[serde(deserialize_with = "duration")]
+    pub body_read_timeout: Duration,
+    /// A connection with no request in progress for this long is closed
+    /// (HTTP/2 with a GOAWAY).
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// HTTP/2: how often an idle connection is pinged, and how long the
+    /// answer may take before the connection is closed.
+    #[serde(deserialize_with = "duration")]
+    pub h2_keep_alive_interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub h2_keep_alive_timeout: Duration,
+    /// HTTP/2: requests one connection may have open at once.
+    pub h2_max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionsConfig {
+    fn default() -> Self {
+        Self {
+            max_open: 4096,
+            max_open_per_client: 256,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            h2_keep_alive_interval: Duration::from_secs(20),
+            h2_keep_alive_timeout: Duration::from_secs(20),
+            h2_max_concurrent_streams: 64,
         }
     }
 }
@@ -375,7 +424,43 @@ pub struct ValidationConfig {
     /// DNS servers (`ip:port`) used to resolve identifiers; empty means the
     /// system's resolver configuration.
     pub dns_resolvers: Vec<SocketAddr>,
+    /// The resolver configuration read when `dns_resolvers` is empty; only
+    /// its name servers and options are used (never `search`/`domain`).
+    pub resolv_conf: PathBuf,
+    /// Addresses validation never connects to (resolved addresses, every
+    /// redirect hop, `ip` identifiers): by default loopback, link-local
+    /// (cloud metadata included), unspecified, multicast and broadcast.
+    #[serde(deserialize_with = "addresses_or_networks")]
+    pub deny_networks: Vec<ipnet::IpNet>,
+    /// Exceptions to `deny_networks`.
+    #[serde(deserialize_with = "addresses_or_networks")]
+    pub allow_networks: Vec<ipnet::IpNet>,
+    /// At finalize, CAA is looked up again for a name validated longer ago
+    /// than this (profiles with `caa = true`).
+    #[serde(deserialize_with = "duration")]
+    pub caa_recheck_after: Duration,
 }
+
+/// What `validation.deny_networks` holds unless set: the addresses a
+/// validator must never be turned against. Private ranges are not in it:
+/// internal hosts are what an internal CA validates.
+pub const DEFAULT_DENY_NETWORKS: &[&str] = &[
+    // "This network" and the unspecified addresses (RFC 1122 §3.2.1.3, RFC 4291 §2.5.2).
+    "0.0.0.0/8",
+    "::/128",
+    // Loopback (RFC 1122, RFC 4291 §2.5.3).
+    "127.0.0.0/8",
+    "::1/128",
+    // Link-local (RFC 3927, RFC 4291), where cloud metadata services
+    // answer (169.254.169.254; fd00:ec2::254 on AWS over IPv6).
+    "169.254.0.0/16",
+    "fe80::/10",
+    "fd00:ec2::254/128",
+    // Multicast and the limited broadcast address.
+    "224.0.0.0/4",
+    "ff00::/8",
+    "255.255.255.255/32",
+];
 
 /// One ACME endpoint.
 #[derive(Clone, Debug, Deserialize)]
@@ -786,6 +871,7 @@ impl Default for Config {
             account_cache_ttl: Duration::from_secs(1),
             nonce_store: NonceStore::default(),
             shutdown_grace: Duration::from_secs(10),
+            connections: ConnectionsConfig::default(),
             validation: ValidationConfig::default(),
             jobs: JobsConfig::default(),
             notify: NotifyConfig::default(),
@@ -803,6 +889,13 @@ impl Default for ValidationConfig {
             tls_port: 443,
             timeout: Duration::from_secs(10),
             dns_resolvers: Vec::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            deny_networks: DEFAULT_DENY_NETWORKS
+                .iter()
+                .filter_map(|n| n.parse().ok())
+                .collect(),
+            allow_networks: Vec::new(),
+            caa_recheck_after: Duration::from_secs(8 * 3600),
         }
     }
 }
@@ -1368,6 +1461,26 @@ impl Config {
                 "max_in_flight must be at least 1".into(),
             ));
         }
+        let c = &self.connections;
+        if c.max_open == 0 || c.max_open_per_client == 0 || c.h2_max_concurrent_streams == 0 {
+            return Err(ConfigError::Invalid(
+                "connections.max_open, connections.max_open_per_client and connections.h2_max_concurrent_streams must be at least 1; write e.g. max_open_per_client = 64".into(),
+            ));
+        }
+        for (key, value) in [
+            ("header_read_timeout", c.header_read_timeout),
+            ("body_read_timeout", c.body_read_timeout),
+            ("idle_timeout", c.idle_timeout),
+            ("h2_keep_alive_interval", c.h2_keep_alive_interval),
+            ("h2_keep_alive_timeout", c.h2_keep_alive_timeout),
+        ] {
+            at_least(
+                &format!("connections.{key}"),
+                value,
+                Duration::from_millis(100),
+                "10s",
+            )?;
+        }
         // A copy older than a minute would let another process's change to
         // an account (the admin CLI's deactivation) go unseen by reads for
         // longer than an operator expects.
@@ -1559,10 +1672,22 @@ mod tests {
         "nonce_store",
         "account_cache_ttl",
         "shutdown_grace",
+        "connections.max_open",
+        "connections.max_open_per_client",
+        "connections.header_read_timeout",
+        "connections.body_read_timeout",
+        "connections.idle_timeout",
+        "connections.h2_keep_alive_interval",
+        "connections.h2_keep_alive_timeout",
+        "connections.h2_max_concurrent_streams",
         "validation.http_port",
         "validation.tls_port",
         "validation.timeout",
         "validation.dns_resolvers",
+        "validation.resolv_conf",
+        "validation.deny_networks",
+        "validation.allow_networks",
+        "validation.caa_recheck_after",
         "jobs.concurrency",
         "jobs.poll_interval",
         "jobs.lease",

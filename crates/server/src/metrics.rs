@@ -45,6 +45,11 @@ pub struct Metrics {
     /// Relay requests to upstream CAs by profile and class (2xx, 4xx, 5xx,
     /// transport, timeout).
     pub upstream_requests: Family<Labels, Counter>,
+    /// Open connections by listener (`acme`, `metrics`).
+    pub connections_open: Family<Labels, Gauge>,
+    /// Connections closed at accept by listener and the bound that refused
+    /// them (`max_open`, `max_open_per_client`).
+    pub connections_refused: Family<Labels, Counter>,
     /// Refreshed at each scrape from the database.
     pub job_depth: Family<Labels, Gauge>,
     pub db_connections: Family<Labels, Gauge>,
@@ -65,6 +70,8 @@ impl Metrics {
             validations: Family::default(),
             validation_seconds: Family::new_with_constructor(seconds_histogram),
             upstream_requests: Family::default(),
+            connections_open: Family::default(),
+            connections_refused: Family::default(),
             job_depth: Family::default(),
             db_connections: Family::default(),
             nonces: Gauge::default(),
@@ -109,6 +116,16 @@ impl Metrics {
             "upstream_requests",
             "Relay requests to upstream CAs by profile and class",
             m.upstream_requests.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Open connections by listener",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed as soon as accepted, by listener and the bound that refused them",
+            m.connections_refused.clone(),
         );
         r.register(
             "jobs",

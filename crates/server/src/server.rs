@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use acme_proxy_store::{Store, StoreOptions};
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -199,6 +198,7 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     // Bound before anything needs the public URL (account URLs in CAA
     // accounturi checks); requests wait until the router is served below.
     create_private_dir(&config.data_dir)?;
+    refuse_open_secrets(&config)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
@@ -274,15 +274,17 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         Arc::clone(&authority),
         base_url.clone(),
         config.max_body_bytes,
+        config.connections.body_read_timeout,
         config.max_in_flight,
         board,
         api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
     ));
-    let (shutdown, mut stop) = watch::channel(false);
+    let (shutdown, stop) = watch::channel(false);
     let stop_metrics = stop.clone();
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
     let router = api::router(app);
-    let http = match &terminator {
+    let exempt = config.trusted_proxies.clone();
+    let tls = match &terminator {
         Some(terminator) => {
             // Registered now: a SIGHUP from here on reloads, never kills.
             let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -291,35 +293,38 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
                 terminator.server_config().map_err(anyhow::Error::msg)?,
             );
             tokio::spawn(Arc::clone(terminator).watch(Some(hangup), stop.clone()));
-            tokio::spawn(crate::tls::serve(
-                listener,
+            Some(crate::listener::Tls {
                 acceptor,
-                terminator.handshake_timeout,
-                router,
-                stop,
-            ))
+                handshake_timeout: terminator.handshake_timeout,
+            })
         }
-        None => tokio::spawn(async move {
-            // Nagle's algorithm costs ~40 ms per small response on loopback
-            // (the TLS listener sets it per connection too).
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let graceful = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            let service = router.into_make_service_with_connect_info::<SocketAddr>();
-            if let Err(e) = axum::serve(listener, service)
-                .with_graceful_shutdown(graceful)
-                .await
-            {
-                tracing::error!(event = "server.serve", outcome = "failure", error = %e, "the HTTP server failed");
-            }
-        }),
+        None => None,
     };
+    let settings = crate::listener::Listener {
+        name: "acme",
+        tls,
+        limits: config.connections.clone(),
+        exempt: exempt.clone(),
+        metrics: Arc::clone(&authority.metrics),
+    };
+    let http = tokio::spawn(crate::listener::serve(listener, settings, router, stop));
 
     let metrics_addr = match config.metrics.listen {
-        Some(at) => Some(serve_metrics(at, Arc::clone(&authority), stop_metrics).await?),
+        Some(at) => Some(
+            serve_metrics(
+                at,
+                Arc::clone(&authority),
+                crate::listener::Listener {
+                    name: "metrics",
+                    tls: None,
+                    limits: config.connections.clone(),
+                    exempt,
+                    metrics: Arc::clone(&authority.metrics),
+                },
+                stop_metrics,
+            )
+            .await?,
+        ),
         None => None,
     };
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
@@ -341,7 +346,8 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
 async fn serve_metrics(
     at: SocketAddr,
     authority: Arc<Authority>,
-    mut stop: watch::Receiver<bool>,
+    settings: crate::listener::Listener,
+    stop: watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(at)
         .await
@@ -362,29 +368,26 @@ async fn serve_metrics(
             }
         }),
     );
-    tokio::spawn(async move {
-        let graceful = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(graceful)
-            .await
-        {
-            tracing::error!(event = "metrics.serve", outcome = "failure", error = %e, "the metrics listener failed");
-        }
-    });
+    tokio::spawn(crate::listener::serve(listener, settings, router, stop));
     tracing::info!(event = "metrics.started", outcome = "success", %addr, "serving /metrics");
     Ok(addr)
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating the data directory {}", dir.display()))?;
-    }
-    Ok(())
+    crate::private::create_dir(dir)
+        .with_context(|| format!("creating the data directory {}", dir.display()))
+}
+
+/// Refuses to serve from a data directory whose secrets others can read.
+fn refuse_open_secrets(config: &Config) -> anyhow::Result<()> {
+    let relay_keys: Vec<std::path::PathBuf> = config
+        .profiles
+        .iter()
+        .filter_map(|(name, p)| match &p.signer {
+            SignerConfig::Relay(r) => Some(r.account_key_path(&config.data_dir, name)),
+            _ => None,
+        })
+        .collect();
+    crate::private::refuse_open(&config.data_dir, &config.database_url(), &relay_keys)
+        .map_err(anyhow::Error::msg)
 }

@@ -1,21 +1,17 @@
 //! TLS termination on the ACME listener (rustls on ring): the operator's
 //! certificate and key files, re-read when they change or on SIGHUP, or a
 //! self-signed certificate for the public URL's host; HTTP/2 and HTTP/1.1
-//! by ALPN; a bounded handshake; graceful shutdown of open connections.
+//! by ALPN. The connections themselves (the bounded handshake included)
+//! are served by `listener`.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use axum::Router;
-use axum::extract::ConnectInfo;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::TlsConfig;
@@ -102,7 +98,7 @@ impl Terminator {
     ) {
         loop {
             let why = tokio::select! {
-                () = stopped(&mut stop) => return,
+                () = crate::listener::stopped(&mut stop) => return,
                 _ = tokio::time::sleep(self.reload_interval) => {
                     if !self.changed() {
                         continue;
@@ -180,8 +176,6 @@ fn self_signed(
     base_url: &str,
     now: time::OffsetDateTime,
 ) -> Result<(PathBuf, PathBuf), String> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let host = base_url
         .parse::<http::Uri>()
         .ok()
@@ -203,11 +197,7 @@ fn self_signed(
     if cert_path.is_file() && key_path.is_file() {
         return Ok((cert_path, key_path));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    crate::private::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .map_err(|e| format!("generating the TLS key: {e}"))?;
     let mut params = rcgen::CertificateParams::new(vec![host.clone()])
@@ -222,94 +212,10 @@ fn self_signed(
         .self_signed(&key)
         .map_err(|e| format!("self-signing the TLS certificate: {e}"))?;
     // The key first, 0600 from its creation.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&key_path)
-        .map_err(|e| format!("creating {}: {e}", key_path.display()))?;
-    f.write_all(key.serialize_pem().as_bytes())
-        .and_then(|()| f.sync_all())
+    crate::private::write(&key_path, key.serialize_pem().as_bytes())
         .map_err(|e| format!("writing {}: {e}", key_path.display()))?;
-    std::fs::write(&cert_path, cert.pem())
+    crate::private::write(&cert_path, cert.pem().as_bytes())
         .map_err(|e| format!("writing {}: {e}", cert_path.display()))?;
     tracing::info!(event = "tls.self_signed", outcome = "success", host = %host, cert = %cert_path.display(), "generated a self-signed TLS certificate");
     Ok((cert_path, key_path))
-}
-
-/// Serves `router` over TLS until `stop`, then lets open connections finish
-/// their requests (up to the caller's grace). Each connection gets the
-/// peer's address as `ConnectInfo`, like the plain listener's. The
-/// acceptor is built by the caller, so a TLS setup error stops start-up.
-pub async fn serve(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    handshake: Duration,
-    router: Router,
-    mut stop: watch::Receiver<bool>,
-) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // A connection that sends no request head holds nothing for longer
-    // than a handshake may take.
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(handshake);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = stopped(&mut stop) => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, typically: pause, don't spin.
-                    tracing::warn!(event = "tls.accept", outcome = "failure", error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let builder = builder.clone();
-        let mut stopping = stop.clone();
-        // Taken before the handshake (the graceful shutdown is consumed
-        // below), but a handshake still under way at stop is abandoned.
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            // A peer that never finishes its handshake holds nothing for
-            // longer than this, nor past a stop.
-            let tls = tokio::select! {
-                () = stopped(&mut stopping) => return,
-                done = tokio::time::timeout(handshake, acceptor.accept(tcp)) => match done {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        tracing::debug!(event = "tls.handshake", outcome = "failure", %peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(event = "tls.handshake", outcome = "timeout", %peer, "TLS handshake timed out");
-                        return;
-                    }
-                },
-            };
-            let service = hyper::service::service_fn(move |mut req: http::Request<_>| {
-                req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
-                let mut router = router.clone();
-                async move { tower::Service::call(&mut router, req.map(axum::body::Body::new)).await }
-            });
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(event = "tls.connection", outcome = "failure", %peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    graceful.shutdown().await;
-}
-
-/// Resolves once `stop` is set (the watch guard is not held across awaits).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }

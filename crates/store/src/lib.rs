@@ -24,7 +24,7 @@ mod orders;
 mod relay;
 mod slot;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
@@ -66,6 +66,8 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("the store is closed")]
     Closed,
+    #[error("cannot make the database file {0} private: {1}")]
+    Io(PathBuf, #[source] std::io::Error),
     #[error("cannot start the WAL checkpointer thread: {0}")]
     Checkpointer(#[source] std::io::Error),
     /// An [`AccountGuard`] found the account deactivated, deleted or with
@@ -216,6 +218,9 @@ impl Store {
         let mut conn = migrate.connect().await?;
         SQLITE_MIGRATIONS.run(&mut conn).await?;
         conn.close().await?;
+        // Before the connections that write rows open: the WAL and shared
+        // memory files they create take the database file's mode.
+        restrict_to_owner(&path)?;
 
         let writer = open_connection(&path, false, options.busy_timeout)?;
         writer.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
@@ -324,6 +329,27 @@ impl Store {
 
 /// One connection to the database file, tuned as every connection must be
 /// (these settings are per connection in SQLite).
+/// Makes the database file, and its WAL and shared-memory files if they
+/// are there, readable by the owner only: the file holds the EAB MAC keys.
+/// SQLite creates it 0644 less the umask (and resets an empty file it is
+/// handed to that), and gives the WAL and shared-memory files it creates
+/// later the database file's mode. Done once the schema is in, before any
+/// row is written.
+fn restrict_to_owner(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{}{suffix}", path.display()));
+        let Ok(meta) = std::fs::metadata(&file) else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| StoreError::Io(file.clone(), e))?;
+        }
+    }
+    Ok(())
+}
+
 fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -594,6 +620,20 @@ mod tests {
         let url = format!("sqlite:{}", path.display());
         let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
         (path, store)
+    }
+
+    #[tokio::test]
+    async fn the_database_its_wal_and_its_shared_memory_file_are_readable_by_the_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        store.insert_nonce("n", 10).await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let file = PathBuf::from(format!("{}{suffix}", path.display()));
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", file.display());
+        }
+        store.close().await;
     }
 
     #[tokio::test]

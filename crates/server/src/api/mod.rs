@@ -36,6 +36,8 @@ pub struct AppState {
     /// `public_url`, without a trailing slash.
     pub base_url: String,
     pub max_body: usize,
+    /// Time a request body may take to arrive (`connections.body_read_timeout`).
+    pub body_read_timeout: std::time::Duration,
     admission: Arc<Semaphore>,
     /// Key authorizations the relay publishes for upstream http-01.
     pub board: Arc<ChallengeBoard>,
@@ -50,6 +52,7 @@ impl AppState {
         authority: Arc<Authority>,
         base_url: String,
         max_body: usize,
+        body_read_timeout: std::time::Duration,
         max_in_flight: usize,
         board: Arc<ChallengeBoard>,
         forwarding: forwarded::Forwarding,
@@ -58,6 +61,7 @@ impl AppState {
             authority,
             base_url,
             max_body,
+            body_read_timeout,
             admission: Arc::new(Semaphore::new(max_in_flight)),
             board,
             forwarding,
@@ -114,7 +118,8 @@ pub fn router(app: App) -> Router {
             get(handlers::renewal_info),
         )
         .layer(from_fn_with_state(Arc::clone(&app), acme_headers))
-        .layer(from_fn_with_state(Arc::clone(&app), admission));
+        .layer(from_fn_with_state(Arc::clone(&app), admission))
+        .layer(from_fn_with_state(Arc::clone(&app), read_body));
     Router::new()
         .merge(acme)
         .route("/health", get(handlers::health))
@@ -126,6 +131,62 @@ pub fn router(app: App) -> Router {
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(from_fn_with_state(Arc::clone(&app), request_context))
         .with_state(app)
+}
+
+/// Reads a POST's body, at most `max_body` octets within
+/// `body_read_timeout`, before the request is admitted: a client that
+/// trickles its body holds its connection (bounded by the listener), never
+/// one of the `max_in_flight` slots the server's work needs.
+async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        AcmeError::malformed(format!(
+            "the request body is larger than {} octets",
+            app.max_body
+        ))
+        .with_status(413)
+    };
+    let refused = if declared.is_some_and(|n| n > app.max_body as u64) {
+        too_large()
+    } else {
+        match tokio::time::timeout(
+            app.body_read_timeout,
+            axum::body::to_bytes(body, app.max_body),
+        )
+        .await
+        {
+            Ok(Ok(bytes)) => {
+                return next
+                    .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                    .await;
+            }
+            Ok(Err(e))
+                if std::error::Error::source(&e)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) =>
+            {
+                too_large()
+            }
+            // The client went away mid-body: nobody reads the answer.
+            Ok(Err(_)) => AcmeError::malformed("the request body could not be read"),
+            Err(_) => AcmeError::malformed(format!(
+                "the request body did not arrive within {:?}",
+                app.body_read_timeout
+            ))
+            .with_status(408),
+        }
+    };
+    // Answered like any ACME error, with a fresh nonce (§6.5). The body
+    // left unread, hyper closes an HTTP/1.1 connection after the answer.
+    let response = reply::problem_response(refused);
+    decorate(&app, parts.uri.path(), true, response).await
 }
 
 /// Sheds load instead of queueing without bound: past `max_in_flight`
@@ -152,13 +213,22 @@ async fn admission(State(app): State<App>, req: Request, next: Next) -> Response
 async fn acme_headers(State(app): State<App>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
     let wants_nonce = req.method() == Method::POST || path.ends_with("/new-nonce");
-    let profile = path
+    let response = next.run(req).await;
+    decorate(&app, &path, wants_nonce, response).await
+}
+
+/// Adds [`acme_headers`]' headers to `response`, an answer to `path`.
+async fn decorate(
+    app: &AppState,
+    path: &str,
+    wants_nonce: bool,
+    mut response: Response,
+) -> Response {
+    let Some(profile) = path
         .strip_prefix("/profile/")
         .and_then(|rest| rest.split('/').next())
         .filter(|name| app.authority.profile(name).is_some())
-        .map(str::to_owned);
-    let mut response = next.run(req).await;
-    let Some(profile) = profile else {
+    else {
         return response;
     };
     if wants_nonce && !response.headers().contains_key("replay-nonce") {
@@ -176,7 +246,7 @@ async fn acme_headers(State(app): State<App>, req: Request, next: Next) -> Respo
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-    let index = format!("<{}>;rel=\"index\"", app.urls(&profile).directory());
+    let index = format!("<{}>;rel=\"index\"", app.urls(profile).directory());
     if let Ok(v) = HeaderValue::from_str(&index) {
         response.headers_mut().append(header::LINK, v);
     }

@@ -129,6 +129,12 @@ impl Authority {
                 ),
             ));
         }
+        self.recheck_authorizations(
+            profile,
+            &self.account_url(&profile.name, &account.id),
+            &order,
+        )
+        .await?;
         let csr = check_csr(csr_der, &order.identifiers, &account.key_thumbprint)?;
         if let Some(relay) = profile.signer.relay() {
             return self

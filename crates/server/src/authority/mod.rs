@@ -18,6 +18,7 @@ mod maintenance;
 mod nonces;
 mod operator;
 mod orders;
+mod recheck;
 mod relay;
 mod reverse;
 mod validation;

@@ -101,9 +101,11 @@ impl Authority {
         let mut identifiers: Vec<Identifier> = Vec::with_capacity(req.identifiers.len());
         let mut faults: Vec<Subproblem> = Vec::new();
         for id in &req.identifiers {
-            match check_identifier(profile, id).and_then(|normal| match certificate_profile {
-                Some((name, cp)) => allowed_by(name, cp, normal),
-                None => Ok(normal),
+            match check_identifier(profile, &self.validators.egress, id).and_then(|normal| {
+                match certificate_profile {
+                    Some((name, cp)) => allowed_by(name, cp, normal),
+                    None => Ok(normal),
+                }
             }) {
                 Ok(normal) => {
                     if !identifiers.contains(&normal) {
@@ -585,6 +587,7 @@ fn allowed_by(
 /// Syntax and policy for one identifier; returns it normalised.
 fn check_identifier(
     profile: &Profile,
+    egress: &crate::validation::Egress,
     id: &Identifier,
 ) -> Result<Identifier, (ProblemType, String)> {
     match id.kind.as_str() {
@@ -640,6 +643,16 @@ fn check_identifier(
                     ProblemType::RejectedIdentifier,
                     format!(
                         "{ip}: an IP address is proven by http-01 or tls-alpn-01, which this profile does not offer"
+                    ),
+                ));
+            }
+            // Refused here rather than at validation: no certificate for an
+            // address validation would never be allowed to reach.
+            if let Some(net) = egress.refusal(ip) {
+                return Err((
+                    ProblemType::RejectedIdentifier,
+                    format!(
+                        "{ip}: this server does not validate addresses in {net} (validation.deny_networks)"
                     ),
                 ));
             }

@@ -8,8 +8,6 @@
 //! number.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -369,7 +367,7 @@ fn generate(
     key_path: &Path,
     now: OffsetDateTime,
 ) -> Result<(), SignerError> {
-    fs::create_dir_all(dir)
+    crate::private::create_dir(dir)
         .map_err(|e| SignerError::Internal(format!("creating {}: {e}", dir.display())))?;
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .map_err(internal("generating the CA key"))?;
@@ -392,17 +390,12 @@ fn generate(
     let cert = params
         .self_signed(&key)
         .map_err(internal("self-signing the CA"))?;
-    // The key first, created 0600 and never world-readable even briefly.
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(key_path)
-        .map_err(|e| SignerError::Internal(format!("creating {}: {e}", key_path.display())))?;
-    f.write_all(key.serialize_pem().as_bytes())
-        .and_then(|()| f.sync_all())
+    // The key first, created 0600 and never world-readable even briefly;
+    // the certificate is public, but everything in the data directory is
+    // kept private alike.
+    crate::private::write_new(key_path, key.serialize_pem().as_bytes())
         .map_err(|e| SignerError::Internal(format!("writing {}: {e}", key_path.display())))?;
-    fs::write(cert_path, cert.pem())
+    crate::private::write(cert_path, cert.pem().as_bytes())
         .map_err(|e| SignerError::Internal(format!("writing {}: {e}", cert_path.display())))?;
     tracing::info!(
         event = "ca.generated",

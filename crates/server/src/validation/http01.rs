@@ -3,11 +3,15 @@
 //! compare the body with the key authorization.
 //!
 //! Redirects are followed (§8.3 "SHOULD follow redirects") at most
-//! [`MAX_REDIRECTS`] times, only to `http` or `https` on ports 80 and 443
-//! (and the configured http-01 port, which tests move off 80), so a
-//! redirect cannot be used to probe arbitrary internal services (§10.2).
-//! The response body is capped at [`MAX_BODY`] octets and the whole
-//! validation runs under the configured timeout.
+//! [`MAX_REDIRECTS`] times, only to names (never to an address literal),
+//! over `http` or `https` on ports 80 and 443 (and the configured http-01
+//! port, which tests move off 80); every address connected to, first hop
+//! or redirect, passes `validation.deny_networks` first. So neither the
+//! identifier nor a redirect can turn validation against the server's own
+//! loopback services or a metadata endpoint (§10.2), and what answers is
+//! never relayed to the client beyond its status and length. The response
+//! body is capped at [`MAX_BODY`] octets and the whole validation runs
+//! under the configured timeout.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -74,19 +78,35 @@ pub async fn validate(v: &Validators, t: &ValidationTarget) -> Result<(), Valida
         port: v.http_port,
         path_and_query: format!("/.well-known/acme-challenge/{}", t.token),
     };
+    // How the current target was reached, for the detail of a failure.
+    let mut via: Option<String> = None;
     for hop in 0..=MAX_REDIRECTS {
-        let (status, location, body) = fetch(v, &target).await?;
-        if status.is_redirection() {
-            if hop == MAX_REDIRECTS {
-                return Err(unauthorized(format!(
-                    "too many redirects: more than {MAX_REDIRECTS} while fetching {}",
-                    target.url()
-                )));
+        let (status, location, body) = fetch(v, &target).await.map_err(|mut e| {
+            if let Some(via) = &via {
+                e.detail = format!("{via}: {}", e.detail);
             }
-            let location = location.ok_or_else(|| {
-                unauthorized(format!("{} redirected without a Location", target.url()))
-            })?;
-            target = follow(v.http_port, &target, &location)?;
+            e
+        })?;
+        if status.is_redirection() {
+            let redirected = |why: String| {
+                unauthorized(format!(
+                    "{} answered HTTP {} with a redirect that is not followed: {why}",
+                    target.url(),
+                    status.as_u16()
+                ))
+            };
+            if hop == MAX_REDIRECTS {
+                return Err(redirected(format!("more than {MAX_REDIRECTS} redirects")));
+            }
+            let location = location.ok_or_else(|| redirected("it has no Location".to_owned()))?;
+            let next = follow(v.http_port, &target, &location).map_err(redirected)?;
+            via = Some(format!(
+                "{} answered HTTP {} redirecting to {}",
+                target.url(),
+                status.as_u16(),
+                next.url()
+            ));
+            target = next;
             continue;
         }
         if status != StatusCode::OK {
@@ -102,12 +122,14 @@ pub async fn validate(v: &Validators, t: &ValidationTarget) -> Result<(), Valida
         if got.len() == want.len() && bool::from(got.ct_eq(want)) {
             return Ok(());
         }
-        let shown = String::from_utf8_lossy(&got[..got.len().min(100)]).into_owned();
+        // Only the length: whatever answered (after a redirect, perhaps an
+        // internal service) must not have its words relayed to the client.
         return Err(ValidationError::new(
             ProblemType::IncorrectResponse,
             format!(
-                "{} answered {shown:?}, which is not the key authorization expected for token {}",
+                "{} answered HTTP 200 with {} octets that are not the key authorization expected for token {}",
                 target.url(),
+                got.len(),
                 t.token
             ),
         ));
@@ -127,8 +149,11 @@ fn trim_trailing_ws(b: &[u8]) -> &[u8] {
     &b[..end]
 }
 
-/// Resolves the next hop of a redirect, enforcing the scheme and port rules.
-fn follow(http_port: u16, from: &Target, location: &str) -> Result<Target, ValidationError> {
+/// Resolves the next hop of a redirect, enforcing the scheme, host and
+/// port rules; the error says why the hop is refused. Where the new host's
+/// addresses may be reached is decided when it is fetched
+/// ([`Validators::reachable`]), before connecting.
+fn follow(http_port: u16, from: &Target, location: &str) -> Result<Target, String> {
     if location.starts_with('/') && !location.starts_with("//") {
         return Ok(Target {
             path_and_query: location.to_owned(),
@@ -137,28 +162,34 @@ fn follow(http_port: u16, from: &Target, location: &str) -> Result<Target, Valid
     }
     let uri: Uri = location
         .parse()
-        .map_err(|_| unauthorized(format!("redirect to an unparsable Location {location:?}")))?;
+        .map_err(|_| format!("the Location {location:?} does not parse"))?;
     let https = match uri.scheme_str() {
         Some("http") => false,
         Some("https") => true,
         _ => {
-            return Err(unauthorized(format!(
-                "redirect to {location:?}: only http and https URLs are followed"
-            )));
+            return Err(format!(
+                "{location:?}: only http and https URLs are followed"
+            ));
         }
     };
     let host = uri
         .host()
-        .ok_or_else(|| unauthorized(format!("redirect to {location:?} has no host")))?
+        .ok_or_else(|| format!("{location:?} has no host"))?
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_owned();
+    // As Boulder does: a name can be looked up and judged by its
+    // addresses, and a client that controls its name has no need to send
+    // us to an address literal.
+    if host.parse::<IpAddr>().is_ok() {
+        return Err(format!(
+            "{location:?}: redirects to an IP address are not followed, only to names"
+        ));
+    }
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let allowed = port == 80 || port == 443 || (!https && port == http_port);
     if !allowed {
-        return Err(unauthorized(format!(
-            "redirect to {location:?}: only ports 80 and 443 are followed"
-        )));
+        return Err(format!("{location:?}: only ports 80 and 443 are followed"));
     }
     Ok(Target {
         https,
@@ -174,7 +205,7 @@ async fn fetch(
     v: &Validators,
     target: &Target,
 ) -> Result<(StatusCode, Option<String>, Bytes), ValidationError> {
-    let addrs = v.resolve(&target.host).await?;
+    let addrs = v.reachable(&target.host).await?;
     let mut last_err = String::new();
     let mut stream = None;
     for ip in addrs {
@@ -396,6 +427,20 @@ mod tests {
         assert!(follow(5002, &from(), "ftp://b.example.test/").is_err());
         assert!(follow(5002, &from(), "https://b.example.test:5002/").is_err());
         assert!(follow(5002, &from(), "http://b.example.test:5002/").is_ok());
+    }
+
+    #[test]
+    fn a_redirect_to_an_address_literal_is_refused_whatever_the_address() {
+        for location in [
+            "http://127.0.0.2/x",
+            "http://169.254.169.254/latest/meta-data/",
+            "https://[::1]/",
+            "http://10.1.2.3/",
+            "http://[::ffff:127.0.0.1]/",
+        ] {
+            let e = follow(5002, &from(), location).unwrap_err();
+            assert!(e.contains("IP address"), "{location}: {e}");
+        }
     }
 
     #[test]

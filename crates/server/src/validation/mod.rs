@@ -48,13 +48,42 @@ pub struct ValidationTarget {
     pub key_authorization: String,
 }
 
+/// Where validation may connect (RFC 8555 §10.2: the validation client
+/// must not become a way to reach what the requester cannot): an address
+/// in `deny` and not in `allow` is never connected to.
+#[derive(Debug, Clone, Default)]
+pub struct Egress {
+    deny: Vec<ipnet::IpNet>,
+    allow: Vec<ipnet::IpNet>,
+}
+
+impl Egress {
+    pub fn new(deny: Vec<ipnet::IpNet>, allow: Vec<ipnet::IpNet>) -> Self {
+        Self { deny, allow }
+    }
+
+    /// The network of `deny_networks` that refuses `ip`, if one does. An
+    /// IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is judged as the
+    /// IPv4 address it reaches.
+    pub fn refusal(&self, ip: IpAddr) -> Option<ipnet::IpNet> {
+        let ip = ip.to_canonical();
+        if self.allow.iter().any(|n| n.contains(&ip)) {
+            return None;
+        }
+        self.deny.iter().find(|n| n.contains(&ip)).copied()
+    }
+}
+
 /// Shared validation machinery: the resolver and the http-01 client settings.
 #[derive(Clone)]
 pub struct Validators {
     pub(crate) resolver: Arc<TokioResolver>,
+    pub egress: Egress,
     pub http_port: u16,
     pub tls_port: u16,
     pub timeout: Duration,
+    /// How long a CAA lookup made at validation is relied on at finalize.
+    pub caa_recheck_after: Duration,
     tls: Arc<rustls::ClientConfig>,
     tls_alpn: Arc<rustls::ClientConfig>,
 }
@@ -72,8 +101,20 @@ impl Validators {
     pub fn new(config: &ValidationConfig) -> Result<Self, String> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if config.dns_resolvers.is_empty() {
-            TokioResolver::builder(provider)
-                .map_err(|e| format!("reading the system resolver configuration: {e}"))?
+            let path = &config.resolv_conf;
+            let text = std::fs::read(path)
+                .map_err(|e| format!("reading validation.resolv_conf {}: {e}", path.display()))?;
+            let (system, options) = hickory_resolver::system_conf::parse_resolv_conf(text)
+                .map_err(|e| format!("reading validation.resolv_conf {}: {e}", path.display()))?;
+            // The name servers only: a search list or a domain would make a
+            // short name mean something the requester did not ask for.
+            let (_, _, servers) = system.into_parts();
+            let mut builder = TokioResolver::builder_with_config(
+                ResolverConfig::from_parts(None, Vec::new(), servers),
+                provider,
+            );
+            *builder.options_mut() = options;
+            builder
         } else {
             let mut rc = ResolverConfig::default();
             for server in &config.dns_resolvers {
@@ -98,6 +139,7 @@ impl Validators {
             .map_err(|e| format!("building the DNS resolver: {e}"))?;
         Ok(Self {
             resolver: Arc::new(resolver),
+            egress: Egress::new(config.deny_networks.clone(), config.allow_networks.clone()),
             http_port: config.http_port,
             tls_port: config.tls_port,
             tls_alpn: Arc::new(
@@ -105,6 +147,7 @@ impl Validators {
                     .map_err(|e| format!("building the TLS client: {e}"))?,
             ),
             timeout: config.timeout,
+            caa_recheck_after: config.caa_recheck_after,
             tls: Arc::new(
                 http01::danger_unverified_tls_config(b"http/1.1")
                     .map_err(|e| format!("building the TLS client: {e}"))?,
@@ -114,11 +157,18 @@ impl Validators {
 
     /// Resolves a name to addresses, IPv6 first then IPv4 (as Boulder does),
     /// mapping failures to the `dns` problem.
-    pub async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, ValidationError> {
+    async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, ValidationError> {
         if let Ok(ip) = name.parse::<IpAddr>() {
             return Ok(vec![ip]);
         }
-        let lookup = self.resolver.lookup_ip(name).await.map_err(|e| {
+        // Always the absolute name: never completed with a search list,
+        // whatever the resolver configuration says about ndots.
+        let absolute = if name.ends_with('.') {
+            name.to_owned()
+        } else {
+            format!("{name}.")
+        };
+        let lookup = self.resolver.lookup_ip(absolute).await.map_err(|e| {
             ValidationError::new(
                 ProblemType::Dns,
                 format!("DNS lookup of {name} failed: {e}"),
@@ -133,6 +183,34 @@ impl Validators {
         }
         addrs.sort_by_key(|a| a.is_ipv4());
         Ok(addrs)
+    }
+
+    /// The addresses of `name` that validation may connect to, IPv6 first;
+    /// a `connection` problem naming the refused addresses and why when
+    /// there is none.
+    pub async fn reachable(&self, name: &str) -> Result<Vec<IpAddr>, ValidationError> {
+        let addrs = self.resolve(name).await?;
+        let mut refused = Vec::new();
+        let allowed: Vec<IpAddr> = addrs
+            .into_iter()
+            .filter(|ip| match self.egress.refusal(*ip) {
+                Some(net) => {
+                    refused.push(format!("{ip} (in {net})"));
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        if allowed.is_empty() {
+            return Err(ValidationError::new(
+                ProblemType::Connection,
+                format!(
+                    "validation does not connect to {name} at {}: validation.deny_networks refuses it",
+                    refused.join(", ")
+                ),
+            ));
+        }
+        Ok(allowed)
     }
 
     /// Validates one challenge of type `kind`.

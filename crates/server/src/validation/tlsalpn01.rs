@@ -62,7 +62,7 @@ pub async fn validate(v: &Validators, t: &ValidationTarget) -> Result<(), Valida
             format!("{sni:?} cannot be sent as SNI"),
         )
     })?;
-    let addrs = v.resolve(&t.identifier).await?;
+    let addrs = v.reachable(&t.identifier).await?;
     let mut last = String::new();
     let mut stream = None;
     for ip in addrs {

@@ -20,7 +20,7 @@ fn json(out: &CliOutput) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_commands_need_yes() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let responder = Responder::start().await;
     let toml = TestServer::config_text(
         dir.path(),

@@ -246,7 +246,7 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
     let Some(certbot) = harness::certbot5() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     // Retry-After 1 s, so that certbot asks again on its next run.
     let toml = TestServer::config_text(
         dir.path(),
@@ -257,7 +257,7 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
     let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;
     let directory = server.directory("default");
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let port = free_port();
     let ran = run(

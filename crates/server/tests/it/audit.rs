@@ -17,7 +17,7 @@ fn cli(config: &std::path::Path, args: &[&str]) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_list_shows_an_issuance_a_refused_csr_and_a_revocation_with_actor_client_and_reason()
 {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(
         dir.path(),
         harness::free_port(),
@@ -153,7 +153,7 @@ async fn the_clients_reverse_name_is_audited_when_its_dns_has_one() {
     ) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     // A generous bound: this test is about the name, not the bound.
     let toml = with_resolver(
         dir.path(),
@@ -183,7 +183,7 @@ async fn the_clients_reverse_name_is_audited_when_its_dns_has_one() {
 async fn a_dns_server_that_never_answers_delays_an_audited_request_by_the_bound_only() {
     // Takes every query and answers none.
     let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = with_resolver(
         dir.path(),
         black_hole.local_addr().expect("addr"),
@@ -214,7 +214,7 @@ async fn a_dns_server_that_never_answers_delays_an_audited_request_by_the_bound_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_past_the_audit_retention_are_swept_and_newer_ones_kept() {
     use acme_proxy::clock::Clock;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(
         dir.path(),
         harness::free_port(),

@@ -236,7 +236,7 @@ async fn a_valid_authorization_is_reused_by_the_same_account_only_when_enabled()
 /// A tls-alpn-01 responder (RFC 8737 §3): answers handshakes that offer
 /// `acme-tls/1` with whatever certificate the test put in its slot.
 #[derive(Debug, Default)]
-struct AlpnSlot(std::sync::Mutex<Option<std::sync::Arc<rustls::sign::CertifiedKey>>>);
+pub(crate) struct AlpnSlot(std::sync::Mutex<Option<std::sync::Arc<rustls::sign::CertifiedKey>>>);
 
 impl rustls::server::ResolvesServerCert for AlpnSlot {
     fn resolve(
@@ -250,7 +250,7 @@ impl rustls::server::ResolvesServerCert for AlpnSlot {
 impl AlpnSlot {
     /// Presents a self-signed certificate for `name` with the
     /// acmeIdentifier extension over SHA-256(`digest_of`).
-    fn present(&self, name: &str, digest_of: &str) {
+    pub(crate) fn present(&self, name: &str, digest_of: &str) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
         let digest = ring::digest::digest(&ring::digest::SHA256, digest_of.as_bytes());
@@ -267,7 +267,7 @@ impl AlpnSlot {
     }
 }
 
-async fn tls_alpn_responder() -> (u16, std::sync::Arc<AlpnSlot>) {
+pub(crate) async fn tls_alpn_responder() -> (u16, std::sync::Arc<AlpnSlot>) {
     let slot = std::sync::Arc::new(AlpnSlot::default());
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
@@ -607,9 +607,9 @@ async fn an_unknown_critical_caa_property_in_a_real_zone_forbids_issuance() {
         return;
     };
     let responder = Responder::start().await;
-    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir_tmp = crate::harness::tempdir();
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {}\ntimeout = \"5s\"\ndns_resolvers = [\"{}\"]\n[profiles.default]\ncaa = true\ncaa_identities = [\"ca.example.test\"]\n",
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {}\ntimeout = \"5s\"\nallow_networks = [\"127.0.0.1\"]\ndns_resolvers = [\"{}\"]\n[profiles.default]\ncaa = true\ncaa_identities = [\"ca.example.test\"]\n",
         dir_tmp.path().display(),
         responder.port,
         bind.addr

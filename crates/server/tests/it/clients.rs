@@ -40,7 +40,7 @@ pub(crate) struct Ran {
     status: Option<ExitStatus>,
     stdout: String,
     stderr: String,
-    elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 impl Ran {
@@ -151,7 +151,7 @@ impl Proxy {
     /// whose names resolve through `dns` (`extra` appended to it), then runs
     /// `acme-proxy serve`.
     fn start(dns: &Dns, http_port: u16, extra: &str) -> Proxy {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::harness::tempdir();
         let data_dir = dir.path().join("data");
         // A client's standalone server may be slower to answer than the
         // in-process responder: give validation more room.
@@ -369,7 +369,7 @@ async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
     }
     let port = harness::free_port();
     let proxy = Proxy::start(&dns, port, "");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "certbot.example.test";
 
@@ -472,7 +472,7 @@ async fn certbot_obtains_a_certificate_over_https_trusting_the_servers_self_sign
     // What `serve` printed to trust: the self-signed certificate it made.
     let tls_cert = proxy.data_dir.join("tls").join("self-signed-127.0.0.1.pem");
     assert!(tls_cert.is_file(), "{}", tls_cert.display());
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "https.example.test";
     let args = certbot_certonly_standalone(&d, &proxy.directory, port, name);
@@ -504,7 +504,7 @@ async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
     }
     let port = harness::free_port();
     let proxy = Proxy::start(&dns, port, "");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "lego.example.test";
 
@@ -585,7 +585,7 @@ async fn lego_obtains_a_certificate_over_dns_01_with_its_exec_provider_writing_t
     }
     // No http-01 here: the port is never used.
     let proxy = Proxy::start(&dns, 1, DNS_PROFILE);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "lego-dns.example.test";
 
@@ -650,7 +650,7 @@ async fn certbot_obtains_a_wildcard_and_its_base_name_over_dns_01_with_manual_ho
     }
     // No http-01 here: the port is never used.
     let proxy = Proxy::start(&dns, 1, DNS_PROFILE);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let wildcard = "*.certbot-wild.example.test";
     let base = "certbot-wild.example.test";
@@ -733,7 +733,7 @@ async fn lego_obtains_a_certificate_over_tls_alpn_01_with_its_own_tls_server() {
         1,
         &format!("tls_port = {port}\n[profiles.default]\nchallenges = [\"tls-alpn-01\"]\n"),
     );
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "lego-tls.example.test";
     let args: Vec<String> = [

@@ -41,7 +41,7 @@ impl LegacyPki {
         if !harness::require_program("openssl") {
             return None;
         }
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::harness::tempdir();
         let d = dir.path();
         let script = d.join("sign.sh");
         std::fs::write(&script, include_str!("fixtures/openssl_signer.sh")).expect("script");
@@ -157,7 +157,7 @@ async fn certbot_and_lego_issue_through_a_custom_signer_that_signs_with_openssl(
     let certbot = harness::require_program("certbot");
     let server = TestServer::start(free_port(), None, &pki.profile("10s")).await;
     let directory = server.directory("legacy");
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     if certbot {
         let d = home.path().join("certbot");
         let args = certbot_certonly_standalone(&d, &directory, free_port(), "cb.legacy.test");
@@ -259,7 +259,7 @@ async fn a_refusal_a_hang_a_failure_and_a_chain_for_the_wrong_key_each_end_as_do
     let Some(pki) = LegacyPki::new() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(dir.path(), free_port(), None, &pki.profile("2s"));
     let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;

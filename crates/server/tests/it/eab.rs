@@ -55,7 +55,7 @@ async fn new_account(dir: &Value, key: &Key, payload: &Value) -> raw::Resp {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_binding_that_is_missing_forged_for_another_url_or_another_key_or_revoked_is_refused()
  {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(dir.path(), free_port(), None, REQUIRED);
     let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;
@@ -174,7 +174,7 @@ async fn a_required_binding_that_is_missing_forged_for_another_url_or_another_ke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credential_limited_to_a_glob_registers_through_instant_acme_and_cannot_order_other_names()
  {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(
         dir.path(),
         free_port(),
@@ -252,13 +252,13 @@ async fn lego_and_certbot_register_with_an_eab_credential_and_obtain_certificate
     if !lego && !certbot {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(dir.path(), free_port(), None, REQUIRED);
     let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;
     let directory = server.directory("default");
     let (kid, hmac) = mint(&config, &["--label", "fleet"]);
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
 
     if lego {
         let d = home.path().join("lego");

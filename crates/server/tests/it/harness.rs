@@ -16,6 +16,16 @@ use acme_proxy::server::Running;
 use axum::extract::{Path as AxPath, State};
 use axum::routing::get;
 
+/// A temporary directory only its owner can enter (0700), as the server
+/// wants its data directory: tempfile makes them 0777 less the umask.
+pub fn tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .expect("tempdir")
+}
+
 /// A TCP port that was free a moment ago (and whose UDP twin was too).
 pub fn free_port() -> u16 {
     loop {
@@ -117,14 +127,20 @@ pub struct Dns {
 
 impl Dns {
     pub fn start() -> Option<Dns> {
+        Self::start_at(std::net::Ipv4Addr::LOCALHOST, free_port())
+    }
+
+    /// Listens for DNS on `ip:port` (port 53 on an address of its own, for
+    /// a resolver configuration file, which cannot name a port: that needs
+    /// root, which the suite has).
+    pub fn start_at(ip: std::net::Ipv4Addr, port: u16) -> Option<Dns> {
         if !require_program("pebble-challtestsrv") {
             return None;
         }
-        let port = free_port();
         let mgmt = free_port();
         let child = Command::new("pebble-challtestsrv")
             .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
-            .args(["-dns01", &format!("127.0.0.1:{port}")])
+            .args(["-dns01", &format!("{ip}:{port}")])
             .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
             .args(["-management", &format!("127.0.0.1:{mgmt}")])
             .stdout(Stdio::null())
@@ -135,12 +151,9 @@ impl Dns {
         let management = SocketAddr::from(([127, 0, 0, 1], mgmt));
         wait_for_tcp(management, Duration::from_secs(10));
         // The DNS listener also serves TCP.
-        wait_for_tcp(
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            Duration::from_secs(10),
-        );
+        wait_for_tcp(SocketAddr::from((ip, port)), Duration::from_secs(10));
         Some(Dns {
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            addr: SocketAddr::from((ip, port)),
             management,
             _child: guard,
         })
@@ -163,6 +176,33 @@ impl Dns {
             "challtestsrv /{endpoint}: {}",
             String::from_utf8_lossy(&r.body)
         );
+    }
+
+    /// The DNS questions received for `host` (written without the trailing
+    /// dot, as challtestsrv keys its history), as challtestsrv recorded them.
+    pub async fn questions_for(&self, host: &str) -> Vec<serde_json::Value> {
+        let r = crate::raw::request(
+            "POST",
+            &format!("http://{}/dns-request-history", self.management),
+            Some("application/json"),
+            serde_json::json!({ "host": host }).to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        match serde_json::from_slice(&r.body).expect("JSON") {
+            serde_json::Value::Array(questions) => questions,
+            serde_json::Value::Null => Vec::new(),
+            other => panic!("dns-request-history: {other}"),
+        }
+    }
+
+    /// Makes `host` resolve to `ip` (IPv4).
+    pub async fn add_a(&self, host: &str, ip: &str) {
+        self.manage(
+            "add-a",
+            serde_json::json!({"host": host, "addresses": [ip]}),
+        )
+        .await;
     }
 
     /// Adds a TXT record (several for one name accumulate).
@@ -257,7 +297,7 @@ impl Bind {
         if !require_program("named") {
             return None;
         }
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = tempdir();
         let d = dir.path().display().to_string();
         let port = free_port();
         std::fs::write(
@@ -303,36 +343,50 @@ pub fn tsig_secret() -> String {
 }
 
 /// An http-01 responder: serves `/.well-known/acme-challenge/{token}` from a
-/// map the test fills. It can be told to hang the next requests (hold the
-/// connection without answering), and counts the requests it got.
+/// map the test fills, or redirects a token elsewhere. It can be told to
+/// hang the next requests (hold the connection without answering), and
+/// counts the requests it got.
 #[derive(Clone)]
 pub struct Responder {
     pub port: u16,
     tokens: Arc<Mutex<HashMap<String, String>>>,
+    redirects: Arc<Mutex<HashMap<String, String>>>,
     hang_next: Arc<std::sync::atomic::AtomicUsize>,
     hits: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Responder {
     pub async fn start() -> Responder {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        type St = (
-            Arc<Mutex<HashMap<String, String>>>,
-            Arc<AtomicUsize>,
-            Arc<AtomicUsize>,
-        );
-        let tokens: Arc<Mutex<HashMap<String, String>>> = Arc::default();
-        let hang_next: Arc<AtomicUsize> = Arc::default();
-        let hits: Arc<AtomicUsize> = Arc::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
+        Self::serve(listener)
+    }
+
+    /// A responder on `ip` at `port` (another loopback address beside the
+    /// first responder's, on its port).
+    pub async fn start_at(ip: std::net::IpAddr, port: u16) -> Responder {
+        let listener = tokio::net::TcpListener::bind((ip, port))
+            .await
+            .unwrap_or_else(|e| panic!("bind {ip}:{port}: {e}"));
+        Self::serve(listener)
+    }
+
+    fn serve(listener: tokio::net::TcpListener) -> Responder {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        type Map = Arc<Mutex<HashMap<String, String>>>;
+        type St = (Map, Map, Arc<AtomicUsize>, Arc<AtomicUsize>);
+        let tokens: Map = Arc::default();
+        let redirects: Map = Arc::default();
+        let hang_next: Arc<AtomicUsize> = Arc::default();
+        let hits: Arc<AtomicUsize> = Arc::default();
         let port = listener.local_addr().expect("addr").port();
         let app = axum::Router::new()
             .route(
                 "/.well-known/acme-challenge/{token}",
                 get(
-                    |State((t, hang, hits)): State<St>, AxPath(token): AxPath<String>| async move {
+                    |State((t, redirects, hang, hits)): State<St>,
+                     AxPath(token): AxPath<String>| async move {
                         hits.fetch_add(1, Ordering::SeqCst);
                         if hang
                             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -341,15 +395,24 @@ impl Responder {
                             // Hold the connection like a host that never answers.
                             tokio::time::sleep(Duration::from_secs(3600)).await;
                         }
+                        let mut headers = http::HeaderMap::new();
+                        if let Some(to) = redirects.lock().expect("lock").get(&token) {
+                            headers.insert(
+                                http::header::LOCATION,
+                                to.parse().expect("a Location value"),
+                            );
+                            return (http::StatusCode::FOUND, headers, String::new());
+                        }
                         match t.lock().expect("lock").get(&token) {
-                            Some(v) => (http::StatusCode::OK, v.clone()),
-                            None => (http::StatusCode::NOT_FOUND, String::new()),
+                            Some(v) => (http::StatusCode::OK, headers, v.clone()),
+                            None => (http::StatusCode::NOT_FOUND, headers, String::new()),
                         }
                     },
                 ),
             )
             .with_state((
                 Arc::clone(&tokens),
+                Arc::clone(&redirects),
                 Arc::clone(&hang_next),
                 Arc::clone(&hits),
             ));
@@ -359,9 +422,18 @@ impl Responder {
         Responder {
             port,
             tokens,
+            redirects,
             hang_next,
             hits,
         }
+    }
+
+    /// Answers `token` with a 302 to `location`.
+    pub fn redirect(&self, token: &str, location: &str) {
+        self.redirects
+            .lock()
+            .expect("lock")
+            .insert(token.to_owned(), location.to_owned());
     }
 
     /// The next `n` requests hang instead of answering.
@@ -393,7 +465,7 @@ impl TestServer {
     /// Starts a server whose http-01 validation goes to `http_port` and
     /// resolves names through `dns`; `extra` is appended to the config.
     pub async fn start(http_port: u16, dns: Option<&Dns>, extra: &str) -> TestServer {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = tempdir();
         let toml = Self::config_text(dir.path(), http_port, dns, extra);
         Self::start_in(dir, &toml).await
     }
@@ -401,7 +473,7 @@ impl TestServer {
     /// Starts a server from complete configuration text; `{data_dir}` in it
     /// is replaced by a fresh temporary directory.
     pub async fn start_with_toml(toml: &str) -> TestServer {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = tempdir();
         let toml = toml.replace("{data_dir}", &dir.path().display().to_string());
         Self::start_in(dir, &toml).await
     }
@@ -427,7 +499,7 @@ impl TestServer {
             "[profiles.default]\n".to_owned()
         };
         format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n{resolvers}\n\n{profiles}{extra}\n",
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n# The test responders listen on loopback, refused by default.\nallow_networks = [\"127.0.0.1\"]\n{resolvers}\n\n{profiles}{extra}\n",
             data_dir.display()
         )
     }
@@ -460,10 +532,41 @@ pub fn binary() -> &'static str {
 /// operator commands run beside a test's server; returns the directory
 /// (keep it alive) and the file.
 pub fn config_file(toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let etc = tempfile::tempdir().expect("tempdir");
+    let etc = tempdir();
     let path = etc.path().join("acme-proxy.toml");
     std::fs::write(&path, toml).expect("write the configuration");
     (etc, path)
+}
+
+/// A command that runs the `acme-proxy` binary under `umask 022` (through
+/// `sh`, which sets it and then replaces itself with the binary); add the
+/// arguments.
+pub fn under_umask_022() -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "umask 022 && exec \"$0\" \"$@\"", binary()]);
+    cmd
+}
+
+/// Every file and directory under `root` whose mode is not 0600 (files)
+/// or 0700 (directories), with its mode; `root` itself included.
+pub fn not_private(root: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = Vec::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path).expect("stat");
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("read_dir") {
+                todo.push(entry.expect("entry").path());
+            }
+        }
+        let want = if meta.is_dir() { 0o700 } else { 0o600 };
+        if mode != want {
+            found.push((path, mode));
+        }
+    }
+    found
 }
 
 /// What one run of an operator command printed, and its exit code.
@@ -495,10 +598,12 @@ pub fn run_cli(config: &Path, args: &[&str], env: &[(&str, &str)]) -> CliOutput 
 
 /// Starts the `acme-proxy` binary with `args` in `cwd`, with extra
 /// environment, and waits until it prints its directory URL. Returns the
-/// guard and that URL. Its log (stderr) goes to `cwd/acme-proxy.log`.
+/// guard and that URL. Its log (stderr) goes to `cwd/acme-proxy.log`. It
+/// runs under `umask 022`, the usual default, so that the modes of the
+/// files it makes are its own choice, not the test runner's umask.
 pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (ChildGuard, String) {
     use std::io::{BufRead, BufReader};
-    let mut cmd = Command::new(binary());
+    let mut cmd = under_umask_022();
     cmd.args(args)
         .current_dir(cwd)
         .env_remove("ACME_PROXY_CONFIG")
@@ -520,7 +625,12 @@ pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (Child
     });
     let url = rx
         .recv_timeout(Duration::from_secs(30))
-        .expect("acme-proxy printed its directory URL");
+        .unwrap_or_else(|e| {
+            panic!(
+                "acme-proxy printed no directory URL ({e}); its log:\n{}",
+                std::fs::read_to_string(cwd.join("acme-proxy.log")).unwrap_or_default()
+            )
+        });
     (guard, url)
 }
 

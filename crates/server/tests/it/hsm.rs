@@ -29,7 +29,7 @@ impl Token {
         if !harness::require_program("softhsm2-util") || !harness::require_program("pkcs11-tool") {
             return None;
         }
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::harness::tempdir();
         std::fs::create_dir(dir.path().join("tokens")).expect("token dir");
         std::fs::write(
             dir.path().join("softhsm2.conf"),
@@ -149,7 +149,7 @@ fn intermediate_for(spki: &[u8]) -> (String, String) {
 
 fn config(dir: &Path, token: &Token, ca_pem: &Path, chain: &Path, http_port: u16) -> PathBuf {
     let text = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\n\
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\nallow_networks = [\"127.0.0.1\"]\n\
          [profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"local_ca\"\n\
          ca_cert = \"{}\"\nchain = \"{}\"\n[profiles.default.signer.pkcs11]\nmodule = \"{MODULE}\"\n\
          token_label = \"acme-ca\"\nkey_label = \"ca-key\"\npin_file = \"{}\"\n",
@@ -169,7 +169,7 @@ async fn the_embedded_ca_signs_with_a_key_that_exists_only_in_a_softhsm2_token()
         return;
     };
     let (ca_pem, root_pem) = intermediate_for(&token.public_key());
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
     std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
     let responder = Responder::start().await;
@@ -219,7 +219,7 @@ async fn a_ca_certificate_whose_key_is_not_the_tokens_stops_start_up() {
     // A CA certificate for some other key.
     let other = KeyPair::generate().expect("key");
     let (ca_pem, root_pem) = intermediate_for(&other.subject_public_key_info());
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
     std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
     let config = config(

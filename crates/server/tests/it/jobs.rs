@@ -221,7 +221,7 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
  {
     const JOBS: usize = 2000;
     const KIND: &str = "test.exclusive";
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let store_a = open_store(dir.path()).await;
     let store_b = open_store(dir.path()).await;
     let live: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -313,7 +313,7 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
 
 #[tokio::test]
 async fn retries_back_off_within_bounds_and_exhausted_attempts_abandon_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let clock = manual_clock();
     let handler = Scripted::new(KIND);
     handler.script(
@@ -399,7 +399,7 @@ async fn retries_back_off_within_bounds_and_exhausted_attempts_abandon_exactly_o
 
 #[tokio::test]
 async fn a_deadline_that_passes_while_a_job_waits_for_its_retry_abandons_it_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let clock = manual_clock();
     let handler = Scripted::new(KIND);
     handler.script("k", [Outcome::Retry("not yet".into())]);
@@ -455,7 +455,7 @@ async fn a_deadline_that_passes_while_a_job_waits_for_its_retry_abandons_it_exac
 
 #[tokio::test]
 async fn a_failed_outcome_abandons_exactly_once_and_done_never_does() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let clock = manual_clock();
     let handler = Scripted::new(KIND);
     let later = clock.now() + Duration::from_secs(3600);
@@ -573,7 +573,7 @@ impl JobHandler for Unruly {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_panicking_handler_and_one_that_hangs_past_its_budget_are_retried_while_other_jobs_run() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let handler = Arc::new(Unruly {
         calls: Mutex::default(),
         abandons: Mutex::default(),
@@ -678,7 +678,7 @@ async fn a_panicking_handler_and_one_that_hangs_past_its_budget_are_retried_whil
 #[tokio::test]
 async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_can_be_queued_again()
 {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let clock = manual_clock();
     let handler = Scripted::new(KIND);
     let (queue, runner) = runner_with(
@@ -736,7 +736,7 @@ async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_c
 
 #[tokio::test]
 async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let store = open_store(dir.path()).await;
     let t = 1_700_000_000_000_i64;
     let queued = store
@@ -822,7 +822,7 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
 #[tokio::test]
 async fn a_registry_refuses_two_handlers_for_one_kind_and_a_runner_never_claims_a_kind_it_has_no_handler_for()
  {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let clock = manual_clock();
     let accepted = Scripted::new(KIND);
     let refused = Scripted::new(KIND);
@@ -973,7 +973,7 @@ async fn shut_down_during_an_attempt(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_releases_the_leases_it_holds() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let (queue, id, handler) =
         shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
     let row = job(&queue, id).await;
@@ -989,7 +989,7 @@ async fn graceful_shutdown_releases_the_leases_it_holds() {
 async fn graceful_shutdown_stops_the_attempts_whose_leases_it_gives_back() {
     // A released job may be claimed at once by another runner; an attempt
     // left running here would then overlap with the new one.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let (queue, id, handler) =
         shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
     assert_eq!(job(&queue, id).await.status, "queued");

@@ -11,8 +11,10 @@ mod challenges;
 mod client;
 mod clients;
 mod concurrency;
+mod connections;
 mod custom;
 mod eab;
+mod egress;
 mod flow;
 mod harness;
 #[cfg(feature = "pkcs11")]
@@ -24,6 +26,7 @@ mod notify;
 mod operations;
 mod profiles;
 mod raw;
+mod recheck;
 mod recovery;
 mod relay;
 mod resources;

@@ -94,7 +94,7 @@ async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_au
     }
     let port = harness::free_port();
     let extra = "[metrics]\nlisten = \"127.0.0.1:0\"\n";
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(dir.path(), port, Some(&dns), extra);
     let server = TestServer::start_in(dir, &toml).await;
     let metrics_url = format!(
@@ -105,7 +105,7 @@ async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_au
     let (status, _, _) = reqwest_get(&format!("{}/metrics", server.base())).await;
     assert_eq!(status, 404);
 
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let args = clients::lego_http_run(
         &server.directory("default"),
@@ -199,7 +199,7 @@ async fn the_grafana_dashboard_queries_only_metrics_the_exporter_serves() {
     // A fresh server exports every family (gauges and families even with no
     // samples are declared).
     let extra = "[metrics]\nlisten = \"127.0.0.1:0\"\n";
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(dir.path(), harness::free_port(), None, extra);
     let server = TestServer::start_in(dir, &toml).await;
     let url = format!(

@@ -191,7 +191,7 @@ async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_aud
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_template_stops_start_up_with_its_name_and_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let templates = dir.path().join("templates");
     std::fs::create_dir(&templates).expect("dir");
     std::fs::write(
@@ -310,7 +310,7 @@ fn script(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_gets_the_notice_on_stdin_in_a_cleared_environment_and_exit_75_is_retried() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let out = dir.path().join("notice.json");
     let tries = dir.path().join("tries");
     // Fails "later" (75) on its first run, then records its input and env.
@@ -356,7 +356,7 @@ async fn a_script_gets_the_notice_on_stdin_in_a_cleared_environment_and_exit_75_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_script_is_not_retried_and_its_first_error_line_is_audited() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let prog = script(
         dir.path(),
         "notify",
@@ -439,7 +439,7 @@ impl SmtpSink {
         if !harness::require_python_module("aiosmtpd") {
             return None;
         }
-        let out = tempfile::tempdir().expect("tempdir");
+        let out = crate::harness::tempdir();
         let script = out.path().join("smtp_sink.py");
         std::fs::write(&script, include_str!("fixtures/smtp_sink.py")).expect("script");
         let port = harness::free_port();
@@ -624,7 +624,7 @@ async fn an_smtp_server_whose_certificate_is_not_trusted_gets_nothing_and_the_ma
 
 #[test]
 fn an_email_sender_that_is_not_an_address_stops_start_up_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(
         dir.path(),
         harness::free_port(),

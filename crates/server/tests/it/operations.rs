@@ -3,8 +3,7 @@
 //! configuration mistakes at start-up, JSON logs and graceful shutdown.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,7 +50,7 @@ async fn issue_one(server: &TestServer, name: &str) -> String {
 
 #[tokio::test]
 async fn an_operator_intermediate_signs_leaves_with_its_chain_and_configured_extensions() {
-    let work = tempfile::tempdir().unwrap();
+    let work = crate::harness::tempdir();
     // Root → intermediate, made the way an operator's PKI would hand them over.
     let root_key = rcgen::KeyPair::generate().unwrap();
     let mut root = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -145,7 +144,7 @@ async fn an_operator_intermediate_signs_leaves_with_its_chain_and_configured_ext
 
 #[tokio::test]
 async fn a_ca_key_that_does_not_match_its_certificate_stops_start_up() {
-    let work = tempfile::tempdir().unwrap();
+    let work = crate::harness::tempdir();
     let key = rcgen::KeyPair::generate().unwrap();
     let other = rcgen::KeyPair::generate().unwrap();
     let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -288,35 +287,38 @@ async fn http_01_follows_redirects_only_to_allowed_ports_and_not_forever() {
 
 #[tokio::test]
 async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
-    let server = TestServer::start_with_toml(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{data_dir}\"\nmax_in_flight = 1\n[profiles.default]\nbypass = true\n",
-    )
+    // The only slot is held by a finalize whose signer takes its time: an
+    // operator's program that sleeps (a request still arriving holds no
+    // slot: its body is read before admission).
+    let files = crate::harness::tempdir();
+    let script = files.path().join("slow.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat >/dev/null\nsleep 3\nexit 1\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_pem = files.path().join("ca.pem");
+    std::fs::write(&ca_pem, ca.self_signed(&ca_key).unwrap().pem()).unwrap();
+    let server = TestServer::start_with_toml(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\nmax_in_flight = 1\n[profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"custom\"\ncommand = \"{}\"\nca_cert = \"{}\"\n",
+        script.display(),
+        ca_pem.display()
+    ))
     .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let (_, finalize) = ready_order(&dir, &acct, "slow.example.test").await;
+    let nonce = raw::nonce(&dir).await;
+    let protected = json!({"alg": "ES256", "kid": acct.url, "nonce": nonce, "url": finalize});
+    let body = acct.key.sign(
+        &protected,
+        Some(&json!({"csr": csr_for("slow.example.test")})),
+    );
+    let slow = tokio::spawn(async move { raw::post(&finalize, &body).await });
     let new_order = format!("{}/profile/default/new-order", server.base());
-    let addr = server.running().addr;
-    // Hold the only slot: a POST whose body never finishes arriving.
-    let mut slow = TcpStream::connect(addr).unwrap();
-    write!(
-        slow,
-        "POST /profile/default/new-order HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/jose+json\r\nContent-Length: 100\r\n\r\n{{"
-    )
-    .unwrap();
-    slow.flush().unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let r = raw::request(
-        "POST",
-        &new_order,
-        Some("application/jose+json"),
-        b"{}".to_vec(),
-    )
-    .await;
-    assert_eq!(r.status, 503);
-    assert_eq!(r.problem(), "serverInternal");
-    assert_eq!(r.headers.get("retry-after").unwrap(), "1");
-    drop(slow);
-    // The slot is free again once the slow request is gone.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    // Shed as soon as the finalize holds the slot.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let shed = loop {
         let r = raw::request(
             "POST",
             &new_order,
@@ -324,13 +326,25 @@ async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
             b"{}".to_vec(),
         )
         .await;
-        if r.status != 503 {
-            assert_eq!(r.status, 400, "an ordinary refusal once admitted");
-            break;
+        if r.status == 503 {
+            break r;
         }
-        assert!(Instant::now() < deadline, "the slot was never released");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        assert!(Instant::now() < deadline, "never shed: {}", r.status);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(shed.problem(), "serverInternal");
+    assert_eq!(shed.headers.get("retry-after").unwrap(), "1");
+    assert!(!slow.is_finished(), "the finalize still holds the slot");
+    // The slot is free again once the finalize is answered.
+    assert_eq!(slow.await.unwrap().status, 500);
+    let r = raw::request(
+        "POST",
+        &new_order,
+        Some("application/jose+json"),
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 400, "an ordinary refusal once admitted");
     let (status, _, body) = crate::flow::reqwest_get(&format!("{}/health", server.base())).await;
     assert_eq!(
         (status, String::from_utf8(body).unwrap().as_str()),
@@ -341,7 +355,7 @@ async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
 
 #[test]
 fn an_unknown_configuration_key_stops_start_up_and_names_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let file = dir.path().join("acme-proxy.toml");
     std::fs::write(
         &file,
@@ -377,7 +391,7 @@ fn an_unknown_configuration_key_stops_start_up_and_names_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly() {
-    let cwd = tempfile::tempdir().unwrap();
+    let cwd = crate::harness::tempdir();
     let (mut server, directory) = spawn_binary(
         cwd.path(),
         &["serve"],
@@ -435,7 +449,7 @@ async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly(
 
 #[test]
 fn config_check_loads_like_serve_prints_the_effective_profiles_and_refuses_what_serve_would() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::harness::tempdir();
     let check = |toml: &str| {
         let path = dir.path().join("acme-proxy.toml");
         std::fs::write(&path, toml).unwrap();

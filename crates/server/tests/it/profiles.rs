@@ -173,7 +173,7 @@ async fn certbot_5_with_required_profile_shortlived_gets_a_short_lived_certifica
         return;
     };
     let server = TestServer::start(free_port(), None, PROFILES).await;
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let mut args = certbot_certonly_standalone(
         &d,

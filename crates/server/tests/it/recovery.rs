@@ -76,7 +76,7 @@ fn config_file(
     std::fs::write(
         &file,
         format!(
-            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\ndns_resolvers = [\"{}\"]\n# Minutes: the attempt budget must not be what bounds recovery.\ntimeout = \"5m\"\n[jobs]\nlease = \"{lease}\"\npoll_interval = \"200ms\"\n[profiles.default]\n",
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\nallow_networks = [\"127.0.0.1\"]\ndns_resolvers = [\"{}\"]\n# Minutes: the attempt budget must not be what bounds recovery.\ntimeout = \"5m\"\n[jobs]\nlease = \"{lease}\"\npoll_interval = \"200ms\"\n[profiles.default]\n",
             dir.join("data").display(),
             dns.addr
         ),
@@ -103,7 +103,7 @@ async fn a_validation_in_flight_when_the_process_is_sigkilled_resumes_within_sec
  {
     let Some(dns) = Dns::start() else { return };
     let responder = Responder::start().await;
-    let work = tempfile::tempdir().unwrap();
+    let work = crate::harness::tempdir();
     let port = free_port();
     let config = config_file(work.path(), port, responder.port, &dns, "2s");
     let (mut first, directory) = spawn_binary(
@@ -200,7 +200,7 @@ async fn recover_requeues_a_processing_challenge_whose_job_was_lost_without_dupl
 async fn operators_list_show_retry_and_cancel_jobs_and_a_running_job_is_cancelled() {
     let Some(dns) = Dns::start() else { return };
     let responder = Responder::start().await;
-    let work = tempfile::tempdir().unwrap();
+    let work = crate::harness::tempdir();
     let config = config_file(work.path(), free_port(), responder.port, &dns, "1s");
     let (server, directory): (ChildGuard, String) = spawn_binary(
         work.path(),

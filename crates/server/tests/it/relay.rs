@@ -94,7 +94,7 @@ fn server_toml(data_dir: &Path, http_port: u16, dns: Option<&Dns>, profiles: &st
 /// does once with `acme-proxy upstream register`.
 async fn register_upstream_accounts(toml: &str) {
     let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    std::fs::create_dir_all(&config.data_dir).expect("data dir");
+    acme_proxy::private::create_dir(&config.data_dir).expect("data dir");
     let store = Store::open(&config.database_url(), &StoreOptions::default())
         .await
         .expect("open the database");
@@ -298,7 +298,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     // Clients prove control to us for real (http-01 to their standalone
     // servers); the relay's upstream trusts its account (bypass).
     let port = harness::free_port();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = relay_profile("default", &pebble.directory_url(), &pki, "bypass", "", "")
         .replace(
             "challenges = [\"http-01\", \"dns-01\"]",
@@ -309,7 +309,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     let server = start_relay(dir, &toml).await;
     let directory = server.directory("default");
 
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let name = "relay-certbot.example.test";
     let mut args = clients::certbot_common(&d, &directory);
@@ -333,7 +333,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
         leaf.issuer_text
     );
 
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let name = "relay-lego.example.test";
     let args = clients::lego_http_run(&directory, &d, port, name);
@@ -372,7 +372,7 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
     ) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = relay_profile(
         "default",
         &pebble.directory_url(),
@@ -479,7 +479,7 @@ async fn dns01_strategy_publishes_through_tsig_signed_updates_to_bind_and_obtain
     ) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let secret_file = dir.path().join("tsig.secret");
     std::fs::write(&secret_file, format!("{secret}\n")).expect("secret file");
     let profiles = dns01_profile(
@@ -568,7 +568,7 @@ async fn dns01_cleanup_removes_only_the_value_this_attempt_added() {
     // Someone else's value already in the RRset (another order, another
     // tool) must survive our cleanup.
     let record = "_acme-challenge.shared.example.test.";
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let secret_file = dir.path().join("tsig.secret");
     std::fs::write(&secret_file, &secret).expect("secret file");
     let status = std::process::Command::new("nsupdate")
@@ -598,7 +598,7 @@ async fn dns01_cleanup_removes_only_the_value_this_attempt_added() {
         &secret_file,
     );
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
-    let dir2 = tempfile::tempdir().expect("tempdir");
+    let dir2 = crate::harness::tempdir();
     let toml = toml.replace(
         &format!("data_dir = \"{}\"", dir.path().display()),
         &format!("data_dir = \"{}\"", dir2.path().display()),
@@ -630,7 +630,7 @@ async fn two_relay_profiles_to_two_pebbles_in_one_process_both_issue() {
     else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = format!(
         "{}\n{}",
         relay_profile(
@@ -670,7 +670,7 @@ async fn two_relay_profiles_to_two_pebbles_in_one_process_both_issue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_profile_without_an_upstream_account_stops_start_up_saying_what_to_run() {
     let pki = TestPki::new();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = relay_profile(
         "edge",
         "https://127.0.0.1:9/dir",
@@ -697,13 +697,13 @@ async fn upstream_register_creates_an_owner_only_key_once_and_show_and_orders_re
     let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = bypass_profile(&pebble.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let config_path = dir.path().join("acme-proxy.toml");
     std::fs::write(&config_path, &toml).expect("config");
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(harness::binary())
+        let out = harness::under_umask_022()
             .args(args)
             .arg("--config")
             .arg(&config_path)
@@ -733,6 +733,12 @@ async fn upstream_register_creates_an_owner_only_key_once_and_show_and_orders_re
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "the key file must be owner-only");
+    // Under umask 022 too, what register made is private: the key's
+    // directory and the database (its WAL and shared memory, removed when
+    // the command closed it, are checked while a server runs elsewhere).
+    let mut made = harness::not_private(&dir.path().join("upstream"));
+    made.extend(harness::not_private(&dir.path().join("acme-proxy.db")));
+    assert_eq!(made, vec![]);
     let (ok, shown, err) = cli(&["upstream", "show", "--json"]);
     assert!(ok, "{err}");
     let shown: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
@@ -781,7 +787,7 @@ async fn revoking_a_relayed_certificate_revokes_it_upstream_too() {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let server = start_relay(dir, &toml).await;
@@ -810,7 +816,7 @@ async fn revoking_a_relayed_certificate_revokes_it_upstream_too() {
 /// timeout, a long attempt budget (so a hang that cost the budget would
 /// show).
 async fn fault_server(pki: &TestPki, proxy: &FaultProxy) -> TestServer {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = bypass_profile(&proxy.directory_url(), pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     start_relay(dir, &toml).await
@@ -891,7 +897,7 @@ async fn the_server_boots_and_takes_orders_while_the_upstream_answers_503() {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     register_upstream_accounts(&toml).await;
@@ -980,7 +986,7 @@ async fn an_upstream_authorization_turned_invalid_ends_the_order_invalid_with_th
     ) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = relay_profile(
         "default",
         &pebble.directory_url(),
@@ -1057,7 +1063,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
     };
     // The proxy only counts: every upstream finalize passes through it.
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let data = dir.path().join("data");
     let port = harness::free_port();
     // Few relays at once and a slow poll, so that kills land mid-flight.
@@ -1235,7 +1241,7 @@ async fn upstream_register_with_external_account_binding_reads_the_key_from_a_fi
     ) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = bypass_profile(&pebble.directory_url(), &pki, "");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let config_path = dir.path().join("acme-proxy.toml");
@@ -1318,7 +1324,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let data = tempfile::tempdir().expect("tempdir");
+    let data = crate::harness::tempdir();
     let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     // One address for all three starts: the client's URLs must stay valid.
     let listen = format!("listen = \"127.0.0.1:{}\"", harness::free_port());
@@ -1329,7 +1335,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
     // The upstream is down while the client finalizes: the order is left
     // processing with its job.
     proxy.set_always(Match::Any, Some(Fault::Unavailable503));
-    let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
     let account = client::account(&server.directory("default")).await;
     let mut order = ready_order(&account, &["unmounted.example.test"]).await;
     order.finalize().await.expect("finalize");
@@ -1347,7 +1353,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
         "[profiles.other]\n",
     )
     .replace("listen = \"127.0.0.1:0\"", &listen);
-    let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &unmounted).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &unmounted).await;
     let store = server.running().authority.store.clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let job = loop {
@@ -1378,7 +1384,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
 
     // Mounted again and the upstream back: the same order completes.
     proxy.set_always(Match::Any, None);
-    let server = TestServer::start_in(tempfile::tempdir().expect("tempdir"), &toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let order = account.order(order_url.clone()).await.expect("poll");
@@ -1401,7 +1407,7 @@ async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_pro
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = bypass_profile(&proxy.directory_url(), &pki, "max_attempts = 3");
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
     let server = start_relay(dir, &toml).await;
@@ -1435,7 +1441,7 @@ async fn relayed_issuance_and_an_abandoned_relay_are_notified() {
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let receiver = harness::Receiver::start_on(0).await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = format!(
         "{}\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\nevents = [\"certificate.issued\", \"relay.abandoned\"]\n",
         bypass_profile(&proxy.directory_url(), &pki, ""),
@@ -1547,7 +1553,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let port = harness::free_port();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     // "default": the embedded CA, validating for real; "edge": a relay.
     let profiles = format!(
         "[profiles.default]\n\n{}\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
@@ -1565,7 +1571,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
     let server = start_relay(dir, &toml).await;
 
     // certbot obtains, then revokes (keyCompromise), on "default".
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let name = "audited-certbot.example.test";
     let args = clients::certbot_certonly_standalone(&d, &server.directory("default"), port, name);
@@ -1737,7 +1743,7 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
         key.display()
     ))
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let profiles = format!(
         "{}\n\
          [profiles.edge.certificate_profiles.classic]\ndescription = \"the upstream's default\"\n\

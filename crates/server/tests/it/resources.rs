@@ -866,7 +866,7 @@ async fn an_account_changed_by_another_process_is_refused_by_every_write_at_once
     use acme_proxy_store::{KeyChangeOutcome, Store, StoreOptions};
 
     for ttl in ["60s", "0s"] {
-        let data = tempfile::tempdir().unwrap();
+        let data = crate::harness::tempdir();
         let db = format!("sqlite:{}", data.path().join("acme-proxy.db").display());
         // A top-level key, so before the tables config_text writes.
         let toml = format!(
@@ -984,7 +984,7 @@ async fn an_account_changed_by_another_process_is_refused_by_every_write_at_once
 #[tokio::test]
 async fn the_accounts_own_update_and_deactivation_are_seen_by_its_next_read_however_long_copies_live()
  {
-    let data = tempfile::tempdir().unwrap();
+    let data = crate::harness::tempdir();
     let toml = format!(
         "account_cache_ttl = \"60s\"\n{}",
         TestServer::config_text(data.path(), 1, None, BYPASS)

@@ -20,7 +20,7 @@ use crate::upstream::TestPki;
 
 /// A TLS connection to `addr` trusting `tls`, offering `alpn`; returns the
 /// stream (for a request) and the serial of the certificate it was shown.
-async fn connect(
+pub(crate) async fn connect(
     tls: &Arc<rustls::ClientConfig>,
     addr: SocketAddr,
     alpn: &[&[u8]],
@@ -54,7 +54,7 @@ fn leaf_serial(path: &Path) -> Vec<u8> {
 
 /// GET `path` over an established connection, h2 or HTTP/1.1 by what ALPN
 /// chose; returns the status and the HTTP version the server answered in.
-async fn get(
+pub(crate) async fn get(
     stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     path: &str,
 ) -> (u16, http::Version) {
@@ -111,10 +111,10 @@ fn replace_files(pki: &TestPki, cert: &Path, key: &Path) -> Vec<u8> {
 async fn the_tls_listener_speaks_h2_and_http11_and_serves_a_changed_certificate_to_new_connections()
 {
     let pki = TestPki::new();
-    let files = tempfile::tempdir().expect("tempdir");
+    let files = crate::harness::tempdir();
     let (cert, key) = (files.path().join("tls.pem"), files.path().join("tls.key"));
     let first = replace_files(&pki, &cert, &key);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = tls_server_text(dir.path(), &cert, &key, "reload_interval = \"1s\"\n");
     let server = TestServer::start_in(dir, &toml).await;
     assert!(
@@ -164,7 +164,7 @@ async fn a_peer_that_never_finishes_its_handshake_is_disconnected_at_the_bound()
     use tokio::io::AsyncReadExt;
     let pki = TestPki::new();
     let (cert, key) = pki.server_cert(&["127.0.0.1"]);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = tls_server_text(dir.path(), &cert, &key, "handshake_timeout = \"500ms\"\n");
     let server = TestServer::start_in(dir, &toml).await;
     let mut tcp = tokio::net::TcpStream::connect(server.running().addr)
@@ -189,7 +189,7 @@ async fn a_key_that_is_not_the_certificates_stops_start_up() {
     let pki = TestPki::new();
     let (cert, _) = pki.server_cert(&["127.0.0.1"]);
     let (_, other_key) = pki.server_cert(&["127.0.0.1"]);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = tls_server_text(dir.path(), &cert, &other_key, "");
     let config = acme_proxy::config::Config::from_toml(&toml).expect("parses");
     let err = acme_proxy::server::start(config, Arc::new(acme_proxy::clock::SystemClock))
@@ -201,10 +201,10 @@ async fn a_key_that_is_not_the_certificates_stops_start_up() {
 #[test]
 fn sighup_makes_the_server_read_its_certificate_files_again() {
     let pki = TestPki::new();
-    let files = tempfile::tempdir().expect("tempdir");
+    let files = crate::harness::tempdir();
     let (cert, key) = (files.path().join("tls.pem"), files.path().join("tls.key"));
     let first = replace_files(&pki, &cert, &key);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     // Files are not polled within the test: only SIGHUP can reload.
     let text = tls_server_text(
         &dir.path().join("data"),
@@ -322,7 +322,7 @@ async fn audited_address_through_a_proxy(trusted: &str) -> String {
         .await
         .expect("bind");
     let proxy_addr = listener.local_addr().expect("addr");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = format!(
         "public_url = \"http://{proxy_addr}\"\ntrusted_proxies = [\"{trusted}\"]\n{}",
         TestServer::config_text(dir.path(), harness::free_port(), None, "")

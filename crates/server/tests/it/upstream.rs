@@ -67,7 +67,7 @@ pub struct TestPki {
 impl TestPki {
     /// Makes the CA and writes its certificate to a temporary directory.
     pub fn new() -> TestPki {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::harness::tempdir();
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
         params
@@ -328,7 +328,7 @@ impl Pebble {
     /// One start on fresh ports: Pebble listening on both, or why not
     /// (with its log).
     fn try_start(pki: &TestPki, opts: &PebbleOptions) -> Result<Pebble, String> {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::harness::tempdir();
         let (cert, key) = pki.server_cert(&["127.0.0.1", "localhost"]);
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let management = SocketAddr::from(([127, 0, 0, 1], free_port()));

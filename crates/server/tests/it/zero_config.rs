@@ -10,13 +10,13 @@
 use std::os::unix::fs::PermissionsExt;
 
 use crate::client;
-use crate::harness::{Dns, Responder, spawn_binary};
+use crate::harness::{Dns, Responder, not_private, spawn_binary, under_umask_022};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_without_configuration_answers_a_full_issuance() {
     let Some(dns) = Dns::start() else { return };
     let responder = Responder::start().await;
-    let cwd = tempfile::tempdir().unwrap();
+    let cwd = crate::harness::tempdir();
     assert_eq!(
         std::fs::read_dir(cwd.path()).unwrap().count(),
         0,
@@ -34,6 +34,11 @@ async fn serve_without_configuration_answers_a_full_issuance() {
             (
                 "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
                 format!("[\"{}\"]", dns.addr),
+            ),
+            // The responder listens on loopback, refused by default.
+            (
+                "ACME_PROXY_VALIDATION__ALLOW_NETWORKS",
+                "[\"127.0.0.1\"]".to_owned(),
             ),
         ],
     );
@@ -78,4 +83,60 @@ async fn serve_without_configuration_answers_a_full_issuance() {
     let leaf = leaf.parse_x509().unwrap();
     leaf.verify_signature(Some(ca.public_key()))
         .expect("issued by the self-generated CA");
+}
+
+/// The data directory holds the database (with EAB MAC keys) and the CA
+/// key: under `umask 022` every file of it is still 0600 and every
+/// directory 0700, and a database opened to others by hand stops the next
+/// start with the `chmod` that closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_keeps_every_file_of_its_data_directory_private_and_refuses_to_start_on_an_open_database()
+ {
+    let Some(dns) = Dns::start() else { return };
+    let responder = Responder::start().await;
+    let cwd = crate::harness::tempdir();
+    let env = [
+        ("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned()),
+        (
+            "ACME_PROXY_VALIDATION__HTTP_PORT",
+            responder.port.to_string(),
+        ),
+        (
+            "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
+            format!("[\"{}\"]", dns.addr),
+        ),
+        // The responder listens on loopback, refused by default.
+        (
+            "ACME_PROXY_VALIDATION__ALLOW_NETWORKS",
+            "[\"127.0.0.1\"]".to_owned(),
+        ),
+    ];
+    let (server, directory) = spawn_binary(cwd.path(), &["serve"], &env);
+    let account = client::account(&directory).await;
+    client::issue(&account, &responder, &["private.example.test"]).await;
+    let data = cwd.path().join("acme-proxy-data");
+    let db = data.join("acme-proxy.db");
+    assert!(
+        std::path::PathBuf::from(format!("{}-wal", db.display())).exists(),
+        "the WAL is there to be checked"
+    );
+    assert_eq!(not_private(&data), vec![]);
+    drop(server);
+
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = under_umask_022()
+        .arg("serve")
+        .current_dir(cwd.path())
+        .env_remove("ACME_PROXY_CONFIG")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // The data directory is relative (the default), and so is the path.
+    assert!(
+        stderr.contains("run: chmod 600 'acme-proxy-data/acme-proxy.db'"),
+        "{stderr}"
+    );
 }

@@ -639,27 +639,14 @@ fn read_key(path: &Path) -> Result<rustls::pki_types::PrivatePkcs8KeyDer<'static
 /// Writes a new PKCS#8 key PEM readable by the owner only (0600), in a
 /// directory only the owner can enter.
 fn write_key(path: &Path, pkcs8: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
-        && !dir.exists()
     {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        crate::private::create_dir(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
     let text = pem::encode(&pem::Pem::new("PRIVATE KEY", pkcs8.to_vec()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("creating {}: {e}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .map_err(|e| format!("writing {}: {e}", path.display()))
+    crate::private::write_new(path, text.as_bytes())
+        .map_err(|e| format!("creating {}: {e}", path.display()))
 }
 
 /// External account binding credentials for registration (RFC 8555 §7.3.4).

@@ -1,0 +1,332 @@
+//! Every listener's connections (the ACME listener, plain or TLS, and the
+//! metrics listener), served by hyper-util's HTTP/1.1-or-HTTP/2 server with
+//! tokio's timer, within bounds that one client cannot stretch:
+//!
+//! - connections open at once, in total and per client address (the
+//!   addresses of trusted proxies excepted), refused at accept past either;
+//! - a TLS handshake within `tls.handshake_timeout`;
+//! - an HTTP/1.1 request head within `header_read_timeout` of the
+//!   connection's start or of the previous request's end (hyper's own
+//!   timer, which is therefore also the keep-alive idle limit);
+//! - no request in progress for `idle_timeout`: the connection is closed
+//!   gracefully (HTTP/2: GOAWAY), and not waited for past [`CLOSE_GRACE`];
+//! - HTTP/2 keep-alive pings, and a cap on concurrent streams.
+//!
+//! The request body's own deadline is the front end's (`api::read_body`),
+//! which reads it before the request takes an admission slot.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::ConnectionsConfig;
+use crate::metrics::Metrics;
+
+/// How long a connection being closed (idle, or the server stopping) may
+/// take to finish what it was doing before it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// TLS on a listener: the acceptor and the handshake's deadline.
+#[derive(Clone)]
+pub struct Tls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub handshake_timeout: Duration,
+}
+
+/// One listener's settings.
+#[derive(Clone)]
+pub struct Listener {
+    /// The listener's name in logs and metrics (`acme`, `metrics`).
+    pub name: &'static str,
+    pub tls: Option<Tls>,
+    pub limits: ConnectionsConfig,
+    /// Peers not limited per address (trusted reverse proxies).
+    pub exempt: Vec<ipnet::IpNet>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Connections open now: in total (watched, so that a stop can wait for
+/// zero) and per client address.
+#[derive(Debug)]
+struct Open {
+    total: watch::Sender<usize>,
+    per_client: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One admitted connection; dropping it gives its place back.
+struct Admitted {
+    open: Arc<Open>,
+    /// The address counted, unless exempt.
+    client: Option<IpAddr>,
+    listener: &'static str,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(ip) = self.client {
+            let mut per = self
+                .open
+                .per_client
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = per.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    per.remove(&ip);
+                }
+            }
+        }
+        self.open.total.send_modify(|n| *n = n.saturating_sub(1));
+        self.metrics
+            .connections_open
+            .get_or_create(&vec![("listener", self.listener.to_owned())])
+            .dec();
+    }
+}
+
+impl Open {
+    /// Counts a new connection from `peer`, or says which bound refuses it.
+    fn admit(self: &Arc<Self>, peer: IpAddr, l: &Listener) -> Result<Admitted, &'static str> {
+        let exempt = l.exempt.iter().any(|n| n.contains(&peer.to_canonical()));
+        let client = if exempt {
+            None
+        } else {
+            let mut per = self.per_client.lock().unwrap_or_else(|p| p.into_inner());
+            let n = per.entry(peer).or_insert(0);
+            if *n >= l.limits.max_open_per_client {
+                return Err("max_open_per_client");
+            }
+            *n += 1;
+            Some(peer)
+        };
+        let mut admitted = false;
+        self.total.send_if_modified(|n| {
+            admitted = *n < l.limits.max_open;
+            if admitted {
+                *n += 1;
+            }
+            admitted
+        });
+        if !admitted {
+            // Give back the per-client place taken above.
+            if let Some(ip) = client {
+                let mut per = self.per_client.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(n) = per.get_mut(&ip) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        per.remove(&ip);
+                    }
+                }
+            }
+            return Err("max_open");
+        }
+        l.metrics
+            .connections_open
+            .get_or_create(&vec![("listener", l.name.to_owned())])
+            .inc();
+        Ok(Admitted {
+            open: Arc::clone(self),
+            client,
+            listener: l.name,
+            metrics: Arc::clone(&l.metrics),
+        })
+    }
+}
+
+/// Serves `router` on `listener` until `stop`, then lets open connections
+/// finish their requests (the caller bounds how long it waits). Each request
+/// carries the peer's address as `ConnectInfo`.
+pub async fn serve(
+    listener: TcpListener,
+    settings: Listener,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    let settings = Arc::new(settings);
+    let open = Arc::new(Open {
+        total: watch::Sender::new(0),
+        per_client: Mutex::new(HashMap::new()),
+    });
+    let builder = builder(&settings.limits);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, typically: pause, don't spin.
+                    tracing::warn!(event = "http.accept", outcome = "failure", listener = settings.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let admitted = match open.admit(peer.ip(), &settings) {
+            Ok(admitted) => admitted,
+            Err(bound) => {
+                // Closed at once (dropped): a client over its share gets
+                // no slot to hold. Counted, not logged line by line, as a
+                // flood would flood the log too.
+                settings
+                    .metrics
+                    .connections_refused
+                    .get_or_create(&vec![
+                        ("listener", settings.name.to_owned()),
+                        ("bound", bound.to_owned()),
+                    ])
+                    .inc();
+                tracing::debug!(event = "http.connection", outcome = "refused", listener = settings.name, %peer, bound, "connection refused");
+                continue;
+            }
+        };
+        // Nagle's algorithm costs ~40 ms per small response on loopback.
+        let _ = tcp.set_nodelay(true);
+        let settings = Arc::clone(&settings);
+        let router = router.clone();
+        let builder = builder.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _admitted = admitted;
+            match settings.tls.clone() {
+                None => connection(tcp, peer, &settings, &builder, router, stop).await,
+                Some(tls) => {
+                    let mut stopping = stop.clone();
+                    // A peer that never finishes its handshake holds its
+                    // place no longer than this, nor past a stop.
+                    let accepted = tokio::select! {
+                        () = stopped(&mut stopping) => return,
+                        done = tokio::time::timeout(tls.handshake_timeout, tls.acceptor.accept(tcp)) => done,
+                    };
+                    match accepted {
+                        Ok(Ok(stream)) => {
+                            connection(stream, peer, &settings, &builder, router, stop).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(event = "tls.handshake", outcome = "failure", %peer, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(event = "tls.handshake", outcome = "timeout", %peer, "TLS handshake timed out");
+                        }
+                    }
+                }
+            }
+        });
+    }
+    // Stopped: no new connection; wait for the open ones to close.
+    let mut total = open.total.subscribe();
+    let _ = total.wait_for(|n| *n == 0).await;
+}
+
+/// hyper-util's server with the configured limits and tokio's timer (a
+/// builder without a timer silently ignores every timeout).
+fn builder(limits: &ConnectionsConfig) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_keep_alive_interval)
+        .keep_alive_timeout(limits.h2_keep_alive_timeout)
+        .max_concurrent_streams(limits.h2_max_concurrent_streams);
+    builder
+}
+
+/// Serves one connection until it ends, is idle for `idle_timeout`, or the
+/// server stops; the last two close it gracefully, within [`CLOSE_GRACE`].
+async fn connection<IO>(
+    io: IO,
+    peer: SocketAddr,
+    settings: &Listener,
+    builder: &Builder<TokioExecutor>,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // Requests in progress on this connection.
+    let busy = Arc::new(watch::Sender::new(0usize));
+    let mut idle = busy.subscribe();
+    let service = hyper::service::service_fn({
+        let busy = Arc::clone(&busy);
+        move |mut req: http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
+            let mut router = router.clone();
+            let busy = Busy::start(&busy);
+            async move {
+                let response =
+                    tower::Service::call(&mut router, req.map(axum::body::Body::new)).await;
+                drop(busy);
+                response
+            }
+        }
+    });
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let why = tokio::select! {
+        done = conn.as_mut() => {
+            if let Err(e) = done {
+                tracing::debug!(event = "http.connection", outcome = "failure", listener = settings.name, %peer, error = %e, "connection ended with an error");
+            }
+            return;
+        }
+        () = idle_for(&mut idle, settings.limits.idle_timeout) => "idle",
+        () = stopped(&mut stop) => "stop",
+    };
+    conn.as_mut().graceful_shutdown();
+    if tokio::time::timeout(CLOSE_GRACE, conn).await.is_err() {
+        tracing::debug!(event = "http.connection", outcome = "timeout", listener = settings.name, %peer, why, "connection dropped: it did not close in time");
+    }
+}
+
+/// A request in progress, counted until dropped.
+struct Busy(Arc<watch::Sender<usize>>);
+
+impl Busy {
+    fn start(busy: &Arc<watch::Sender<usize>>) -> Self {
+        busy.send_modify(|n| *n += 1);
+        Self(Arc::clone(busy))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Resolves once no request has been in progress for `timeout`.
+async fn idle_for(busy: &mut watch::Receiver<usize>, timeout: Duration) {
+    loop {
+        if busy.wait_for(|n| *n == 0).await.is_err() {
+            // The connection is gone; its own future ends the select.
+            return std::future::pending().await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(timeout) => return,
+            changed = busy.changed() => {
+                if changed.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once `stop` is set (the watch guard is not held across awaits).
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,389 @@
+//! What one client can hold of a listener, with real sockets: request heads
+//! and bodies trickled a byte at a time (slowloris) hold connections,
+//! never the `max_in_flight` slots everyone's requests need; heads, bodies
+//! and idle connections have deadlines; and connections are capped per
+//! client address. Over plain HTTP/1.1, over TLS, and over HTTP/2.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::clients::{lego_http_run, run_with_env};
+use crate::harness::{self, Dns, TestServer};
+use crate::raw;
+use crate::tls::{connect, get};
+use crate::upstream::TestPki;
+
+/// The request slots of the servers below: as many stallers of each kind.
+const SLOTS: usize = 4;
+
+/// A request head cut short: the blank line that ends it never comes.
+const PARTIAL_HEAD: &[u8] = b"POST /profile/default/new-account HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/jose+json\r\n";
+
+/// A whole head announcing 1000 octets of body, and the first of them.
+const STALLED_BODY: &[u8] = b"POST /profile/default/new-account HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/jose+json\r\nContent-Length: 1000\r\n\r\n{";
+
+/// `max_in_flight = SLOTS` and `connections` settings prepended / appended
+/// to a test server's configuration.
+fn bounded(toml: String, connections: &str) -> String {
+    format!("max_in_flight = {SLOTS}\n{toml}\n[connections]\n{connections}\n")
+}
+
+/// Sends `bytes` on a new connection to `addr` and keeps it open.
+async fn stall(addr: SocketAddr, bytes: &[u8]) -> tokio::net::TcpStream {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(bytes).await.unwrap();
+    tcp
+}
+
+/// HEAD newNonce at `directory`'s server, plain HTTP: its status and how
+/// long it took.
+async fn new_nonce(directory: &str) -> (u16, Duration) {
+    let url = directory.replace("/directory", "/new-nonce");
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        raw::request("HEAD", &url, None, Vec::new()),
+    )
+    .await
+    .expect("newNonce answered");
+    (r.status, started.elapsed())
+}
+
+/// Reads until the peer closes (or errors); returns what was read and how
+/// long it took, failing past `within`.
+async fn until_closed<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    within: Duration,
+) -> (String, Duration) {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => panic!(
+                "still open after {within:?}; read so far: {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_heads_and_bodies_take_no_request_slot_so_new_nonce_and_lego_are_served_at_once() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("lego") {
+        return;
+    }
+    let port = harness::free_port();
+    let dir = crate::harness::tempdir();
+    // Deadlines far beyond the test: the stallers stay for all of it.
+    let toml = bounded(
+        TestServer::config_text(dir.path(), port, Some(&dns), ""),
+        "header_read_timeout = \"5m\"\nbody_read_timeout = \"5m\"",
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let addr = server.running().addr;
+    let mut stallers = Vec::new();
+    for _ in 0..SLOTS {
+        stallers.push(stall(addr, STALLED_BODY).await);
+        stallers.push(stall(addr, PARTIAL_HEAD).await);
+    }
+    // Let the server take in every staller's bytes first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let directory = server.directory("default");
+    let (status, took) = new_nonce(&directory).await;
+    assert_eq!(
+        status,
+        200,
+        "newNonce with {} stallers open",
+        stallers.len()
+    );
+    assert!(took < Duration::from_secs(2), "newNonce took {took:?}");
+
+    let home = crate::harness::tempdir();
+    let ran = run_with_env(
+        "lego",
+        lego_http_run(&directory, home.path(), port, "busy.example.test"),
+        Vec::new(),
+        home.path().to_path_buf(),
+    )
+    .await;
+    assert!(ran.success(), "lego failed\n{}", ran.report());
+    assert!(ran.elapsed < Duration::from_secs(20), "{:?}", ran.elapsed);
+    // The stallers were there all along.
+    for s in &stallers {
+        let mut probe = [0u8; 1];
+        assert!(
+            matches!(s.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a staller was answered or closed"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_trickling_and_idle_connections_are_closed_at_their_deadlines() {
+    let dir = crate::harness::tempdir();
+    let toml = bounded(
+        TestServer::config_text(dir.path(), 1, None, ""),
+        "header_read_timeout = \"1s\"\nbody_read_timeout = \"1s\"\nidle_timeout = \"2s\"",
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let addr = server.running().addr;
+    let limit = Duration::from_secs(6);
+
+    // Nothing sent: closed once the head is late.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (_, took) = until_closed(&mut silent, limit).await;
+    assert!(took >= Duration::from_millis(800), "closed after {took:?}");
+
+    // A head cut short: closed as well.
+    let mut partial = stall(addr, PARTIAL_HEAD).await;
+    until_closed(&mut partial, limit).await;
+
+    // A body that stops: answered 408, as an ACME error with a nonce, and
+    // closed.
+    let mut body = stall(addr, STALLED_BODY).await;
+    let (answer, took) = until_closed(&mut body, limit).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("replay-nonce:"),
+        "{answer}"
+    );
+    assert!(answer.contains("did not arrive within"), "{answer}");
+    assert!(
+        took >= Duration::from_millis(800),
+        "answered after {took:?}"
+    );
+
+    // A kept-alive connection, once its request is answered, is idle.
+    let mut kept = tokio::net::TcpStream::connect(addr).await.unwrap();
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let (answer, _) = until_closed(&mut kept, limit).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // HTTP/2 (prior knowledge) after one request: closed by the idle bound.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let resp = sender
+        .send_request(
+            http::Request::get(format!("http://{addr}/health"))
+                .body(Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let started = Instant::now();
+    tokio::time::timeout(limit, conn)
+        .await
+        .expect("the idle HTTP/2 connection was closed")
+        .unwrap()
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_address_holds_at_most_its_share_of_connections() {
+    let dir = crate::harness::tempdir();
+    let toml = bounded(
+        TestServer::config_text(dir.path(), 1, None, ""),
+        "max_open_per_client = 3\nheader_read_timeout = \"5m\"",
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let addr = server.running().addr;
+    // Another loopback address stands for another host.
+    let from = |last: u8| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+                0,
+            ))
+            .unwrap();
+        socket.connect(addr).await.unwrap()
+    };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = from(2).await;
+        c.write_all(PARTIAL_HEAD).await.unwrap();
+        held.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The fourth from that address is closed at once, unanswered.
+    let mut fourth = from(2).await;
+    let (answer, took) = until_closed(&mut fourth, Duration::from_secs(3)).await;
+    assert_eq!(answer, "");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Another address is served.
+    let mut other = from(3).await;
+    other
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (answer, _) = until_closed(&mut other, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // One of the three closing gives the address its place back.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = from(2).await;
+        again
+            .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let (answer, _) = until_closed(&mut again, Duration::from_secs(3)).await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the place was never given back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
+
+/// A request body that sends one octet and then nothing, for ever.
+struct Trickle(bool);
+
+impl hyper::body::Body for Trickle {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.0 {
+            return Poll::Pending;
+        }
+        self.0 = true;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"{")))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_and_http2_stalled_streams_take_no_request_slot_either() {
+    let Some(dns) = Dns::start() else { return };
+    if !harness::require_program("lego") {
+        return;
+    }
+    let pki = TestPki::new();
+    let (cert, key) = pki.server_cert(&["127.0.0.1"]);
+    let port = harness::free_port();
+    let dir = crate::harness::tempdir();
+    let toml = format!(
+        "{}\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        bounded(
+            TestServer::config_text(dir.path(), port, Some(&dns), ""),
+            "header_read_timeout = \"5m\"\nbody_read_timeout = \"5m\"",
+        ),
+        cert.display(),
+        key.display()
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let addr = server.running().addr;
+    let tls = pki.rustls_client_config();
+
+    // HTTP/2 streams whose bodies stop after one octet, on two connections.
+    let mut h2 = Vec::new();
+    for _ in 0..2 {
+        let (stream, _) = connect(&tls, addr, &[b"h2"]).await;
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        h2.push(tokio::spawn(conn));
+        for _ in 0..SLOTS {
+            let mut sender = sender.clone();
+            let url = format!(
+                "https://127.0.0.1:{}/profile/default/new-account",
+                addr.port()
+            );
+            h2.push(tokio::spawn(async move {
+                let req = http::Request::post(url)
+                    .header("content-type", "application/jose+json")
+                    .body(Trickle(false))
+                    .unwrap();
+                let _ = sender.send_request(req).await;
+                Ok(())
+            }));
+        }
+    }
+    // HTTP/1.1 over TLS: heads cut short and bodies that stop.
+    let mut h1 = Vec::new();
+    for bytes in [PARTIAL_HEAD, STALLED_BODY] {
+        for _ in 0..SLOTS {
+            let (mut stream, _) = connect(&tls, addr, &[b"http/1.1"]).await;
+            stream.write_all(bytes).await.unwrap();
+            stream.flush().await.unwrap();
+            h1.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // newNonce over TLS, both protocols, answered at once.
+    for alpn in [&b"h2"[..], &b"http/1.1"[..]] {
+        let (stream, _) = connect(&tls, addr, &[alpn]).await;
+        let started = Instant::now();
+        let (status, _) = get(stream, "/profile/default/new-nonce").await;
+        assert_eq!(status, 204, "{}", String::from_utf8_lossy(alpn));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    // And a whole issuance by lego over https.
+    let home = crate::harness::tempdir();
+    let ran = run_with_env(
+        "lego",
+        lego_http_run(
+            &server.directory("default"),
+            home.path(),
+            port,
+            "tls-busy.example.test",
+        ),
+        vec![(
+            "LEGO_CA_CERTIFICATES".to_owned(),
+            pki.ca_pem_path().display().to_string(),
+        )],
+        home.path().to_path_buf(),
+    )
+    .await;
+    assert!(ran.success(), "lego failed\n{}", ran.report());
+    for task in &h2 {
+        assert!(
+            !task.is_finished(),
+            "an HTTP/2 staller was answered or closed"
+        );
+    }
+    drop(h1);
+    server.stop().await;
+}
