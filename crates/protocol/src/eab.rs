@@ -5,8 +5,6 @@
 //! This module parses the binding and checks the MAC; which credentials
 //! exist, and what a profile requires, is the server's business.
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Map, Value};
 
 use crate::jwk::Jwk;
@@ -107,13 +105,13 @@ fn member<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a str
 }
 
 fn decode(s: &str, name: &'static str) -> Result<Vec<u8>, EabError> {
-    URL_SAFE_NO_PAD
-        .decode(s)
-        .map_err(|_| EabError::NotBase64(name))
+    crate::base64url::decode(s).map_err(|_| EabError::NotBase64(name))
 }
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use serde_json::json;
 
     use super::*;
@@ -163,6 +161,33 @@ mod tests {
         forged["protected"] = json!(b64(h.to_string().as_bytes()));
         assert!(Eab::parse(&v).unwrap().verify(b"k"));
         assert!(!Eab::parse(&forged).unwrap().verify(b"k"));
+    }
+
+    #[test]
+    fn a_binding_member_with_trailing_padding_is_refused_even_if_its_mac_is_right() {
+        // RFC 8555 §6.1: values with trailing '=' MUST be rejected. The
+        // MAC is over the members as sent, so a padded member is MACed too.
+        let key = b"k";
+        let good = binding(header(), &jwk(), key);
+        assert!(Eab::parse(&good).unwrap().verify(key));
+        for member in ["protected", "payload", "signature"] {
+            let mut padded = good.clone();
+            padded[member] = json!(format!("{}=", good[member].as_str().unwrap()));
+            if member != "signature" {
+                let (p, b) = (
+                    padded["protected"].as_str().unwrap(),
+                    padded["payload"].as_str().unwrap(),
+                );
+                let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+                let tag = ring::hmac::sign(&k, format!("{p}.{b}").as_bytes());
+                padded["signature"] = json!(b64(tag.as_ref()));
+            }
+            assert_eq!(
+                Eab::parse(&padded).unwrap_err(),
+                EabError::NotBase64(member),
+                "{member}"
+            );
+        }
     }
 
     #[test]

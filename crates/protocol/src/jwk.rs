@@ -12,7 +12,8 @@ use ring::signature::{self, UnparsedPublicKey};
 use serde_json::{Map, Value};
 
 /// Why a JWK was refused. Every variant is a `badPublicKey` (RFC 8555 §6.7)
-/// except where the front end decides otherwise.
+/// except where the caller decides otherwise (a JWS header's key with a
+/// badly encoded member is `malformed`, see `JwsError::problem_type`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JwkError {
     #[error("the JWK is not a JSON object")]
@@ -312,9 +313,7 @@ fn str_member<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a
 
 fn b64_member(obj: &Map<String, Value>, name: &'static str) -> Result<Vec<u8>, JwkError> {
     let s = str_member(obj, name)?;
-    URL_SAFE_NO_PAD
-        .decode(s)
-        .map_err(|_| JwkError::BadBase64(name))
+    crate::base64url::decode(s).map_err(|_| JwkError::BadBase64(name))
 }
 
 #[cfg(test)]

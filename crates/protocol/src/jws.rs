@@ -6,8 +6,6 @@
 //! with the algorithm taken from the key. Nonces, `url` and account lookup
 //! need the server's state and are checked by the front end.
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Map, Value};
 
 use crate::jwk::{Algorithm, Jwk, JwkError};
@@ -44,7 +42,9 @@ pub enum JwsError {
     NeitherJwkNorKid,
     #[error("algorithm {0:?} is not supported; use one of ES256, ES384, RS256, EdDSA")]
     UnsupportedAlgorithm(String),
-    #[error("the header says {header:?} but the key signs with {key}")]
+    #[error(
+        "the header's alg is {header:?} but the key is not one for it: it signs with {key} (RFC 8555 §6.2)"
+    )]
     AlgorithmMismatch { header: String, key: &'static str },
     #[error("bad public key: {0}")]
     BadKey(#[from] JwkError),
@@ -58,10 +58,17 @@ impl JwsError {
     /// The RFC 8555 §6.7 problem type for this failure.
     pub fn problem_type(&self) -> ProblemType {
         match self {
-            Self::UnsupportedAlgorithm(_) | Self::AlgorithmMismatch { .. } => {
-                ProblemType::BadSignatureAlgorithm
-            }
-            Self::BadKey(_) => ProblemType::BadPublicKey,
+            Self::UnsupportedAlgorithm(_) => ProblemType::BadSignatureAlgorithm,
+            // An improperly encoded member is a fault of the request's
+            // encoding (RFC 8555 §6.1), like one in the JWS's own parts,
+            // not a key we decline.
+            Self::BadKey(JwkError::BadBase64(_)) => ProblemType::Malformed,
+            // RFC 8555 §6.2: "If the server supports the signature algorithm
+            // "alg" but either does not support or chooses to reject the
+            // public key", it is badPublicKey — e.g. "alg" is "ES256" but
+            // the key is not a P-256 key. badSignatureAlgorithm is only for
+            // an "alg" we do not support at all.
+            Self::BadKey(_) | Self::AlgorithmMismatch { .. } => ProblemType::BadPublicKey,
             _ => ProblemType::Malformed,
         }
     }
@@ -236,14 +243,14 @@ fn str_member<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a
 }
 
 fn decode(s: &str, name: &'static str) -> Result<Vec<u8>, JwsError> {
-    URL_SAFE_NO_PAD
-        .decode(s)
-        .map_err(|_| JwsError::BadBase64(name))
+    crate::base64url::decode(s).map_err(|_| JwsError::BadBase64(name))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
     use serde_json::json;
 
@@ -280,17 +287,98 @@ mod tests {
         jws.verify(&jwk).unwrap();
     }
 
+    fn p384_jwk() -> Jwk {
+        let rng = ring::rand::SystemRandom::new();
+        let alg = &ring::signature::ECDSA_P384_SHA384_FIXED_SIGNING;
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap();
+        Jwk::from_ec_point(crate::jwk::EcCurve::P384, pair.public_key().as_ref()).unwrap()
+    }
+
     #[test]
-    fn a_header_alg_that_differs_from_the_key_is_refused_even_if_supported() {
+    fn a_supported_alg_with_a_key_of_another_kind_or_curve_is_a_bad_public_key() {
+        // RFC 8555 §6.2: the algorithm is supported, the key is not one for
+        // it. The header's key is what verify is given, whatever it is.
+        let (pair, p256) = p256();
+        let p384 = p384_jwk();
+        for (alg, key) in [("ES256", &p384), ("ES384", &p256), ("RS256", &p256)] {
+            let body = sign(
+                &pair,
+                json!({"alg": alg, "jwk": key.to_value(), "nonce": "abc", "url": "u"}),
+                b"{}",
+            );
+            let jws = Jws::parse(&body).unwrap();
+            let err = jws.verify(key).unwrap_err();
+            assert!(
+                matches!(err, JwsError::AlgorithmMismatch { .. }),
+                "{alg}: {err:?}"
+            );
+            assert_eq!(err.problem_type(), ProblemType::BadPublicKey, "{alg}");
+        }
+    }
+
+    #[test]
+    fn an_unsupported_alg_stays_a_bad_signature_algorithm() {
         let (pair, jwk) = p256();
+        for alg in ["HS256", "none", "PS256", "ES512"] {
+            let body = sign(
+                &pair,
+                json!({"alg": alg, "jwk": jwk.to_value(), "nonce": "abc", "url": "u"}),
+                b"{}",
+            );
+            let err = Jws::parse(&body).unwrap_err();
+            assert_eq!(err, JwsError::UnsupportedAlgorithm(alg.into()));
+            assert_eq!(err.problem_type(), ProblemType::BadSignatureAlgorithm);
+        }
+    }
+
+    #[test]
+    fn a_protected_header_payload_or_signature_with_trailing_padding_is_malformed() {
+        // RFC 8555 §6.1: values with trailing '=' MUST be rejected.
+        let (pair, jwk) = p256();
+        // A header and payload whose encodings are not a multiple of four
+        // characters, so that padding them is what a standard encoder does.
+        let mut header = json!({"alg": "ES256", "jwk": jwk.to_value(), "nonce": "abc", "url": "u"});
+        while URL_SAFE_NO_PAD
+            .encode(header.to_string())
+            .len()
+            .is_multiple_of(4)
+        {
+            header["url"] = json!(format!("{}u", header["url"].as_str().unwrap()));
+        }
+        let good: Value = serde_json::from_slice(&sign(&pair, header, b"{}")).unwrap();
+        assert!(Jws::parse(good.to_string().as_bytes()).is_ok());
+        for (member, name) in [
+            ("protected", "protected"),
+            ("payload", "payload"),
+            ("signature", "signature"),
+        ] {
+            for pad in ["=", "=="] {
+                let mut padded = good.clone();
+                padded[member] = json!(format!("{}{pad}", good[member].as_str().unwrap()));
+                let err = Jws::parse(padded.to_string().as_bytes()).unwrap_err();
+                assert_eq!(err, JwsError::BadBase64(name), "{member}{pad}");
+                assert_eq!(err.problem_type(), ProblemType::Malformed);
+            }
+        }
+        // Nor in the jwk's members.
+        let mut jwk_value = jwk.to_value();
+        jwk_value["x"] = json!(format!("{}=", jwk_value["x"].as_str().unwrap()));
         let body = sign(
             &pair,
-            json!({"alg": "RS256", "jwk": jwk.to_value(), "nonce": "abc", "url": "u"}),
+            json!({"alg": "ES256", "jwk": jwk_value, "nonce": "abc", "url": "u"}),
             b"{}",
         );
-        let jws = Jws::parse(&body).unwrap();
-        let err = jws.verify(&jwk).unwrap_err();
-        assert_eq!(err.problem_type(), ProblemType::BadSignatureAlgorithm);
+        let err = Jws::parse(&body).unwrap_err();
+        assert_eq!(err, JwsError::BadKey(JwkError::BadBase64("x")));
+        assert_eq!(err.problem_type(), ProblemType::Malformed);
+        // The standard alphabet's '+' and '/' are not base64url either.
+        let mut standard = good.clone();
+        standard["signature"] = json!(format!("+{}", &good["signature"].as_str().unwrap()[1..]));
+        assert_eq!(
+            Jws::parse(standard.to_string().as_bytes()).unwrap_err(),
+            JwsError::BadBase64("signature")
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! Architecture Invariant: no IO, no clock, no async runtime. Everything here
 //! is a pure function of its input, so it is fast to test and to fuzz.
 
+pub mod base64url;
 pub mod eab;
 pub mod jwk;
 pub mod jws;

@@ -4,6 +4,8 @@
 //! Only syntax lives here. Policy (which names a profile may issue for) is
 //! the authority's.
 
+use idna::uts46::{AsciiDenyList, DnsLength, Hyphens, Uts46};
+
 /// Why a DNS identifier's value was refused (a `rejectedIdentifier` or
 /// `malformed` problem in RFC 8555 terms, chosen by the caller).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,6 +24,10 @@ pub enum NameError {
     BadCharacter(String),
     #[error("the label {0:?} starts or ends with a hyphen")]
     EdgeHyphen(String),
+    #[error(
+        "the label {0:?} starts with the ACE prefix \"xn--\" but is not the punycode of a valid U-label (RFC 5890 §2.3.2.1, RFC 8555 §7.1.4)"
+    )]
+    BadALabel(String),
     #[error("the name has a single label; a fully qualified name is required")]
     SingleLabel,
     #[error("the name looks like an IP address; use an \"ip\" identifier (RFC 8738) instead")]
@@ -83,6 +89,36 @@ impl DnsName {
     }
 }
 
+/// The ASCII-Compatible Encoding prefix of an A-label (RFC 5890 §2.3.1).
+const ACE_PREFIX: &str = "xn--";
+
+/// True when `label` (lowercase, LDH, starting with [`ACE_PREFIX`]) is an
+/// A-label: RFC 8555 §7.1.4 says "Servers MUST verify any identifier values
+/// that begin with the ASCII-Compatible Encoding prefix "xn--" as defined in
+/// [RFC5890] are properly encoded". So the rest must be valid punycode
+/// (RFC 3492) that decodes to a valid U-label — NFC, not mapped or
+/// disallowed, no hyphens in the third and fourth positions or at either
+/// end (RFC 5891 §4.2.3.1), checked by the `idna` crate's UTS #46
+/// processing with the STD3 rules — and that U-label must encode back to
+/// exactly `label` (the round trip of RFC 5890 §2.3.2.1), so that one name
+/// has one spelling.
+fn is_a_label(label: &str) -> bool {
+    let uts46 = Uts46::new();
+    let (unicode, decoded) =
+        uts46.to_unicode(label.as_bytes(), AsciiDenyList::STD3, Hyphens::Check);
+    if decoded.is_err() || unicode.is_ascii() {
+        return false;
+    }
+    uts46
+        .to_ascii(
+            unicode.as_bytes(),
+            AsciiDenyList::STD3,
+            Hyphens::Check,
+            DnsLength::Ignore,
+        )
+        .is_ok_and(|back| back == label)
+}
+
 /// Checks and normalises (to lowercase; DNS is case-insensitive) a DNS
 /// identifier value.
 pub fn check_dns_name(value: &str) -> Result<DnsName, NameError> {
@@ -119,6 +155,9 @@ pub fn check_dns_name(value: &str) -> Result<DnsName, NameError> {
         }
         if label.starts_with('-') || label.ends_with('-') {
             return Err(NameError::EdgeHyphen((*label).to_owned()));
+        }
+        if label.starts_with(ACE_PREFIX) && !is_a_label(label) {
+            return Err(NameError::BadALabel((*label).to_owned()));
         }
     }
     if labels.len() < 2 {
@@ -167,6 +206,56 @@ mod tests {
         assert!(!glob_matches("exact.test", "exact.tests"));
         assert!(!glob_matches("a*b*c", "aXbXd"));
         assert!(glob_matches("a*b*c", "aXbXbXc"));
+    }
+
+    #[test]
+    fn labels_with_the_ace_prefix_must_be_punycode_of_a_valid_u_label() {
+        // Valid A-labels, in any case, anywhere in the name.
+        check("xn--mnchen-3ya.example", Ok("xn--mnchen-3ya.example"));
+        check("XN--BCHER-KVA.example", Ok("xn--bcher-kva.example"));
+        check("www.xn--d1acufc.xn--p1ai", Ok("www.xn--d1acufc.xn--p1ai"));
+        check("*.xn--55qx5d.example", Ok("*.xn--55qx5d.example"));
+        check("xn--zca.example", Ok("xn--zca.example"));
+        let bad = |label: &str| {
+            check(
+                &format!("{label}.example"),
+                Err(NameError::BadALabel(label.to_lowercase())),
+            );
+            check(
+                &format!("www.{label}.example"),
+                Err(NameError::BadALabel(label.to_lowercase())),
+            );
+        };
+        // Not punycode at all: a digit where a delta must end, an overflow.
+        bad("xn--0");
+        bad("xn--99999999999");
+        bad("xn--bcher-kva0");
+        bad("xn--ab--c");
+        // Punycode of something that is not a valid U-label: a C1 control
+        // character, an upper-case letter (which UTS #46 maps, so it is
+        // never in a U-label), a U-label with "--" in the third and fourth
+        // positions.
+        bad("xn--a");
+        bad("xn--ber-via");
+        bad(&format!(
+            "xn--{}",
+            idna::punycode::encode_str("ab--ü").unwrap()
+        ));
+        // The prefix alone is caught earlier: it ends with a hyphen.
+        check("xn--.example", Err(NameError::EdgeHyphen("xn--".into())));
+        // Labels without the prefix are left alone, "--" or not.
+        check("ab--cd.example", Ok("ab--cd.example"));
+    }
+
+    #[test]
+    fn an_a_label_is_one_that_decodes_and_encodes_back_to_itself() {
+        for good in ["xn--bcher-kva", "xn--fiqs8s", "xn--tda"] {
+            assert!(is_a_label(good), "{good}");
+        }
+        // Punycode whose decoding is ASCII only is no A-label ("abc").
+        assert!(!is_a_label("xn--abc-"));
+        // The empty punycode string.
+        assert!(!is_a_label("xn--"));
     }
 
     #[test]

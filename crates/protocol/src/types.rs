@@ -203,11 +203,9 @@ impl CertId {
     /// Parses `AKI.serial`; None unless both halves are non-empty unpadded
     /// base64url.
     pub fn parse(s: &str) -> Option<Self> {
-        use base64::Engine;
         let (aki, serial) = s.split_once('.')?;
         let decode = |part: &str| {
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(part)
+            crate::base64url::decode(part)
                 .ok()
                 .filter(|b| !b.is_empty())
         };

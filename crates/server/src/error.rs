@@ -55,6 +55,16 @@ impl AcmeError {
         Self::new(ProblemType::Unauthorized, detail)
     }
 
+    /// A request signed by an account that is no longer valid. RFC 8555
+    /// §7.3.6: "If a server receives a POST or POST-as-GET from a
+    /// deactivated account, it MUST return an error response with status
+    /// code 401 (Unauthorized) and type
+    /// "urn:ietf:params:acme:error:unauthorized"" (the type's default is
+    /// 403, for the other refusals).
+    pub fn deactivated_account(detail: impl Into<String>) -> Self {
+        Self::unauthorized(detail).with_status(401)
+    }
+
     pub fn not_found(what: &str) -> Self {
         Self::new(ProblemType::Malformed, format!("no such {what}")).with_status(404)
     }
@@ -73,10 +83,13 @@ impl From<acme_proxy_store::StoreError> for AcmeError {
     fn from(e: acme_proxy_store::StoreError) -> Self {
         match e {
             // A write's AccountGuard found the account changed: the request
-            // is refused as the account's would be now (RFC 8555 §7.3.6).
-            // The authority forgets its copy of the account where it maps
-            // this itself (`Authority::guarded_write_error`).
-            acme_proxy_store::StoreError::AccountChanged => Self::unauthorized(
+            // is refused as the account's would be now (RFC 8555 §7.3.6),
+            // with the 401 of a deactivated account's request whether the
+            // account was deactivated, deleted or rekeyed: the store does
+            // not say which, and for all three the signer is no longer
+            // authorized. The authority forgets its copy of the account
+            // where it maps this itself (`Authority::guarded_write_error`).
+            acme_proxy_store::StoreError::AccountChanged => Self::deactivated_account(
                 "the account was deactivated, deleted or given another key; it can no longer make this request (RFC 8555 §7.3.6)",
             ),
             e => Self::internal(e),

@@ -5,12 +5,11 @@ use acme_proxy_protocol::types::{
     AccountUpdate, Directory, DirectoryMeta, Finalize, KeyChange, NewAccount, NewOrder, OrdersList,
     RenewalInfo, Revocation, SuggestedWindow,
 };
-use acme_proxy_protocol::{Jws, KeyRef};
+use acme_proxy_protocol::{Jws, KeyRef, base64url};
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, StatusCode, Uri};
 
 use super::reply::{Reply, respond};
@@ -20,7 +19,7 @@ use crate::authority::RevocationSigner;
 use crate::error::{AcmeError, AcmeResult};
 
 /// Orders listed per page of an account's orders list (§7.1.2.1).
-const ORDERS_PER_PAGE: i64 = 100;
+const ORDERS_PER_PAGE: u32 = 100;
 /// Seconds a client is asked to wait before polling again.
 const RETRY_AFTER: u64 = 1;
 
@@ -133,14 +132,56 @@ pub async fn account(
 
 #[derive(Debug, serde::Deserialize)]
 pub struct PageQuery {
-    #[serde(default)]
-    page: i64,
+    /// Kept as text and read by [`orders_page`], so that no number is too
+    /// large for the query extractor.
+    page: Option<String>,
+}
+
+/// One page of an account's orders list, as `?page=N` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OrdersPage {
+    number: u64,
+    /// Orders before the page; None for a page past any list this server
+    /// can hold (its offset does not fit the store's integers): empty.
+    offset: Option<i64>,
+}
+
+/// Reads `?page=` (§7.1.2.1 leaves the paging URLs to the server; ours are
+/// `…/orders?page=N`, from 0). Whatever the number, the arithmetic is
+/// checked: a page too far for an offset, even one past `u64`, is a page
+/// past the end of the list, answered empty without a `next` link, as any
+/// page past the end is. Anything but decimal digits is `malformed`.
+fn orders_page(page: Option<&str>) -> AcmeResult<OrdersPage> {
+    let Some(text) = page else {
+        return Ok(OrdersPage {
+            number: 0,
+            offset: Some(0),
+        });
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(AcmeError::malformed(
+            "?page= takes a page number (0, 1, 2, …), as the orders list's Link rel=\"next\" gives it",
+        ));
+    }
+    // Digits only: parsing fails only when the number exceeds u64.
+    let Ok(number) = text.parse::<u64>() else {
+        return Ok(OrdersPage {
+            number: u64::MAX,
+            offset: None,
+        });
+    };
+    let offset = number
+        .checked_mul(u64::from(ORDERS_PER_PAGE))
+        .and_then(|o| i64::try_from(o).ok())
+        // The store reads one more than a page, to know if a next exists.
+        .filter(|o| o.checked_add(i64::from(ORDERS_PER_PAGE) + 1).is_some());
+    Ok(OrdersPage { number, offset })
 }
 
 pub async fn account_orders(
     State(app): State<App>,
     Path((profile, id)): Path<(String, String)>,
-    Query(q): Query<PageQuery>,
+    query: Result<Query<PageQuery>, QueryRejection>,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -156,22 +197,30 @@ pub async fn account_orders(
                     "only the account itself may list its orders",
                 ));
             }
-            let page = q.page.max(0);
-            let ids = app
-                .authority
-                .account_orders(acct, page, ORDERS_PER_PAGE + 1)
-                .await?;
+            let Query(q) = query.map_err(|e| {
+                AcmeError::malformed(format!("the query string is not understood: {e}"))
+            })?;
+            let page = orders_page(q.page.as_deref())?;
+            let per_page = i64::from(ORDERS_PER_PAGE);
+            let ids = match page.offset {
+                Some(offset) => {
+                    app.authority
+                        .account_orders(acct, offset, per_page + 1)
+                        .await?
+                }
+                None => Vec::new(),
+            };
             let urls = app.urls(&p.name);
-            let more = ids.len() as i64 > ORDERS_PER_PAGE;
+            let more = ids.len() > ORDERS_PER_PAGE as usize;
             let orders = ids
                 .iter()
                 .take(ORDERS_PER_PAGE as usize)
                 .map(|o| urls.order(o))
                 .collect();
             let mut reply = Reply::json(200, &OrdersList { orders });
-            if more {
+            if more && let Some(next) = page.number.checked_add(1) {
                 reply = reply.link(
-                    &format!("{}?page={}", urls.account_orders(&acct.id), page + 1),
+                    &format!("{}?page={next}", urls.account_orders(&acct.id)),
                     "next",
                 );
             }
@@ -303,14 +352,15 @@ pub async fn finalize(
                 .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
                 .await?;
             let payload: Finalize = req.payload()?;
-            let csr = URL_SAFE_NO_PAD
-                .decode(payload.csr.trim_end_matches('='))
-                .map_err(|_| {
-                    AcmeError::new(
-                        acme_proxy_protocol::ProblemType::BadCsr,
-                        "\"csr\" is not base64url",
-                    )
-                })?;
+            // §7.4: "the base64url-encoded version of the DER format", with
+            // §6.1's rule that a value with trailing '=' MUST be rejected.
+            // An encoding fault is the request's (malformed); badCSR is for
+            // a CSR that decodes but is unacceptable.
+            let csr = base64url::decode(&payload.csr).map_err(|_| {
+                AcmeError::malformed(
+                    "\"csr\" is not the unpadded base64url of a DER CSR (RFC 8555 §7.4, §6.1)",
+                )
+            })?;
             let row = app
                 .authority
                 .finalize(
@@ -439,9 +489,12 @@ pub async fn revoke_cert(
                 .verify(&p, &headers, &uri, body, KeyMode::Either)
                 .await?;
             let payload: Revocation = req.payload()?;
-            let der = URL_SAFE_NO_PAD
-                .decode(payload.certificate.trim_end_matches('='))
-                .map_err(|_| AcmeError::malformed("\"certificate\" is not base64url DER"))?;
+            // §7.6: base64url DER, unpadded as §6.1 requires.
+            let der = base64url::decode(&payload.certificate).map_err(|_| {
+                AcmeError::malformed(
+                    "\"certificate\" is not the unpadded base64url of a DER certificate (RFC 8555 §7.6, §6.1)",
+                )
+            })?;
             let signer = match &req.account {
                 Some(acct) => RevocationSigner::Account(acct),
                 None => RevocationSigner::CertificateKey(req.key.thumbprint_b64()),
@@ -527,5 +580,53 @@ pub async fn upstream_http01(State(app): State<App>, Path(token): Path<String>) 
         )
             .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn offset(page: Option<&str>) -> Option<i64> {
+        orders_page(page).unwrap().offset
+    }
+
+    #[test]
+    fn a_page_number_gives_its_offset_and_no_page_gives_the_first() {
+        assert_eq!(offset(None), Some(0));
+        assert_eq!(offset(Some("0")), Some(0));
+        assert_eq!(offset(Some("3")), Some(300));
+        assert_eq!(offset(Some("007")), Some(700));
+        assert_eq!(orders_page(Some("3")).unwrap().number, 3);
+    }
+
+    #[test]
+    fn a_page_too_far_for_any_offset_is_an_empty_page_not_an_overflow() {
+        for far in [
+            "18446744073709551615",
+            "99999999999999999999",
+            "92233720368547758",
+            &"9".repeat(400),
+        ] {
+            assert_eq!(offset(Some(far)), None, "{far}");
+        }
+        // The last page whose offset and one-more-than-a-page read fit.
+        let last = (i64::MAX - 101) / 100;
+        assert_eq!(offset(Some(&last.to_string())), Some(last * 100));
+        assert_eq!(offset(Some(&(last + 1).to_string())), None);
+    }
+
+    #[test]
+    fn a_page_that_is_not_a_decimal_number_is_malformed() {
+        for bad in ["", "-1", "+1", "1.5", "one", " 1", "0x10", "١"] {
+            let e = orders_page(Some(bad)).unwrap_err();
+            assert_eq!(
+                e.kind,
+                acme_proxy_protocol::ProblemType::Malformed,
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -11,9 +11,10 @@
 //!    profile;
 //! 7. the signature verifies with the algorithm taken from the key;
 //! 8. the nonce is consumed, atomically, exactly once (`badNonce`);
-//! 9. the account is still valid (§7.3.6) — as of the authority's copy of
-//!    it, up to `account_cache_ttl` old, for a POST-as-GET or a resource
-//!    whose writes check the account again in their own transaction.
+//! 9. the account is still valid (§7.3.6: 401 `unauthorized` otherwise) —
+//!    as of the authority's copy of it, up to `account_cache_ttl` old, for a
+//!    POST-as-GET or a resource whose writes check the account again in
+//!    their own transaction.
 
 use acme_proxy_protocol::{Jwk, Jws, KeyRef, ProblemType};
 use acme_proxy_store::AccountRow;
@@ -191,10 +192,15 @@ impl AppState {
         jws.verify(&key)
             .map_err(|e| AcmeError::new(e.problem_type(), e.to_string()))?;
         self.authority.consume_nonce(&nonce).await?;
+        // Whether the account came from the store or from the authority's
+        // in-memory copy: a copy is forgotten as soon as this process
+        // deactivates the account, so it reads "deactivated" here too; a
+        // copy another process made stale is caught by the guarded write
+        // (`StoreError::AccountChanged`, also 401).
         if let Some(acct) = &account
             && acct.status != "valid"
         {
-            return Err(AcmeError::unauthorized(format!(
+            return Err(AcmeError::deactivated_account(format!(
                 "the account is {}; it can no longer make requests (RFC 8555 §7.3.6)",
                 acct.status
             )));

@@ -85,12 +85,14 @@ impl Authority {
         match &result {
             Ok(_) => {}
             Err(e) => {
+                // Not another account's names in this account's row.
                 let identifiers = self
                     .store
                     .order(order_id)
                     .await
                     .ok()
                     .flatten()
+                    .filter(|o| o.account_id == account.id)
                     .map(|o| o.identifiers);
                 self.audit(super::audit::Fact {
                     event: "certificate.issue_failed",
@@ -384,18 +386,14 @@ impl Authority {
         account: &AccountRow,
         id: &str,
     ) -> AcmeResult<CertificateRow> {
-        let cert = self
-            .store
+        // Another account's certificate is answered as an unknown one: a
+        // different answer would tell whoever asks that the id exists
+        // (RFC 8555 §10.5).
+        self.store
             .certificate(id)
             .await?
-            .filter(|c| c.profile == profile.name)
-            .ok_or_else(|| AcmeError::not_found("certificate"))?;
-        if cert.account_id != account.id {
-            return Err(AcmeError::unauthorized(
-                "this certificate belongs to another account",
-            ));
-        }
-        Ok(cert)
+            .filter(|c| c.profile == profile.name && c.account_id == account.id)
+            .ok_or_else(|| AcmeError::not_found("certificate"))
     }
 
     /// revokeCert (§7.6).

@@ -331,17 +331,15 @@ impl Authority {
         account: &AccountRow,
         id: &str,
     ) -> AcmeResult<OrderRow> {
+        // Another account's order is answered as an unknown one: a
+        // different answer would tell whoever asks that the id exists
+        // (RFC 8555 §10.5).
         let order = self
             .store
             .order(id)
             .await?
-            .filter(|o| o.profile == profile.name)
+            .filter(|o| o.profile == profile.name && o.account_id == account.id)
             .ok_or_else(|| AcmeError::not_found("order"))?;
-        if order.account_id != account.id {
-            return Err(AcmeError::unauthorized(
-                "this order belongs to another account",
-            ));
-        }
         let now = self.clock.unix();
         if matches!(order.status.as_str(), "pending" | "ready") && order.expires_at <= now {
             let p = Problem::new(
@@ -358,16 +356,17 @@ impl Authority {
         Ok(order)
     }
 
-    /// The account's orders (§7.1.2.1), one page.
+    /// The account's orders (§7.1.2.1): `limit` of them after the first
+    /// `offset` (the front end computes the offset of a page, checked).
     pub async fn account_orders(
         &self,
         account: &AccountRow,
-        page: i64,
-        per_page: i64,
+        offset: i64,
+        limit: i64,
     ) -> AcmeResult<Vec<String>> {
         Ok(self
             .store
-            .account_order_ids(&account.id, page * per_page, per_page)
+            .account_order_ids(&account.id, offset, limit)
             .await?)
     }
 
@@ -382,9 +381,8 @@ impl Authority {
             .store
             .authorization_with_challenges(id)
             .await?
-            .filter(|(a, _)| a.profile == profile.name)
+            .filter(|(a, _)| owned_by(a, profile, account))
             .ok_or_else(|| AcmeError::not_found("authorization"))?;
-        owned_by(&authz, account)?;
         Ok((authz, challenges))
     }
 
@@ -424,9 +422,8 @@ impl Authority {
             .store
             .challenge_with_authorization(id)
             .await?
-            .filter(|(_, a)| a.profile == profile.name)
+            .filter(|(_, a)| owned_by(a, profile, account))
             .ok_or_else(|| AcmeError::not_found("challenge"))?;
-        owned_by(&authz, account)?;
         Ok((ch, authz))
     }
 
@@ -548,15 +545,12 @@ impl Authority {
     }
 }
 
-/// An account reads only its own authorizations and challenges.
-fn owned_by(authz: &AuthorizationRow, account: &AccountRow) -> AcmeResult<()> {
-    if authz.account_id == account.id {
-        Ok(())
-    } else {
-        Err(AcmeError::unauthorized(
-            "this authorization belongs to another account",
-        ))
-    }
+/// An account reads only its own authorizations and challenges, at the
+/// profile the request came to. The others are answered exactly as unknown
+/// ids are (404 `malformed`, the same detail): a different answer would
+/// tell whoever asks that the id exists (RFC 8555 §10.5).
+fn owned_by(authz: &AuthorizationRow, profile: &Profile, account: &AccountRow) -> bool {
+    authz.profile == profile.name && authz.account_id == account.id
 }
 
 /// What a certificate profile allows of an identifier already checked

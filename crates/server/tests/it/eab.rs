@@ -102,6 +102,15 @@ async fn a_required_binding_that_is_missing_forged_for_another_url_or_another_ke
     let eab = binding("no-such-kid", &new_account_url, &key.jwk, &hmac);
     let r = new_account(&directory, &key, &json!({"externalAccountBinding": eab})).await;
     refused(&r, "unauthorized", 403, "unknown kid");
+    // RFC 8555 §6.1: a binding member with trailing '=' is improperly
+    // encoded, whatever its MAC.
+    let mut eab = binding(&kid, &new_account_url, &key.jwk, &hmac);
+    eab["signature"] = json!(format!(
+        "{}=",
+        eab["signature"].as_str().expect("signature")
+    ));
+    let r = new_account(&directory, &key, &json!({"externalAccountBinding": eab})).await;
+    r.assert_refused(400, "malformed", "padded binding signature");
 
     // The same binding, done right, registers (so each refusal above was
     // for the one thing changed).
@@ -155,7 +164,7 @@ async fn a_required_binding_that_is_missing_forged_for_another_url_or_another_ke
         &[],
     ));
     let rows = audit.as_array().expect("rows");
-    assert_eq!(rows.len(), 7, "{audit:#}");
+    assert_eq!(rows.len(), 8, "{audit:#}");
     assert!(
         rows.iter()
             .all(|r| r["actor"].as_str().is_some_and(|a| a.starts_with("key:"))),

@@ -1,6 +1,7 @@
-//! The JWS rejection table (RFC 8555 §6.2–§6.5, §6.7): forged and malformed
-//! requests, each answered with the expected status and problem type — and,
-//! like every POST response, a fresh nonce that the next request can use.
+//! The JWS rejection table (RFC 8555 §6.1–§6.5, §6.7, §7.3.6): forged and
+//! malformed requests, each answered with the expected status and problem
+//! type — and, like every POST response, a fresh nonce, not the one the
+//! request used, that the next request can use.
 
 use serde_json::{Value, json};
 
@@ -30,6 +31,12 @@ fn case(name: &'static str, url: &str, body: Value, status: u16, problem: &'stat
 /// Signs with `key` but lets the test write any protected header.
 fn forged(key: &Key, protected: Value, payload: Option<&Value>) -> Value {
     key.sign(&protected, payload)
+}
+
+/// `s` with the trailing '=' a padding base64 encoder writes (at least one).
+fn padded(s: &Value) -> Value {
+    let s = s.as_str().unwrap();
+    json!(format!("{s}{}", "=".repeat(((4 - s.len() % 4) % 4).max(1))))
 }
 
 #[tokio::test]
@@ -143,6 +150,42 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
         400,
         "malformed",
     ));
+    // §6.1: "Encoded values that include trailing '=' characters MUST be
+    // rejected as improperly encoded" — each part, padded after signing
+    // or before (the signature then covers the padding).
+    for part in ["protected", "payload", "signature"] {
+        let mut s = k.sign(&kid(&n!(), &new_order), Some(&order_payload));
+        s[part] = padded(&s[part]);
+        cases.push(Case {
+            name: match part {
+                "protected" => "protected header with trailing padding",
+                "payload" => "payload with trailing padding",
+                _ => "signature with trailing padding",
+            },
+            ..case("", &new_order, s, 400, "malformed")
+        });
+    }
+    let h = b64(kid(&n!(), &new_order).to_string().as_bytes());
+    let p = b64(order_payload.to_string().as_bytes());
+    let (h, p) = (padded(&json!(h)), padded(&json!(p)));
+    let sig = k.sign_raw(format!("{}.{}", h.as_str().unwrap(), p.as_str().unwrap()).as_bytes());
+    cases.push(case(
+        "padded parts signed as sent",
+        &new_order,
+        json!({"protected": h, "payload": p, "signature": b64(&sig)}),
+        400,
+        "malformed",
+    ));
+    let mut s = k.sign(&kid(&n!(), &new_order), Some(&order_payload));
+    let sig = s["signature"].as_str().unwrap().to_owned();
+    s["signature"] = json!(format!("+/{}", &sig[2..]));
+    cases.push(case(
+        "signature in the standard base64 alphabet",
+        &new_order,
+        s,
+        400,
+        "malformed",
+    ));
 
     // Header members.
     let mut h = kid(&n!(), &new_order);
@@ -204,24 +247,42 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
             "badSignatureAlgorithm",
         ));
     }
+    // §6.2: a supported alg whose key is of another kind or curve is the
+    // key's fault (badPublicKey), for the account's key as for a jwk.
     let mut h = kid(&n!(), &new_order);
     h["alg"] = json!("RS256");
     cases.push(case(
-        "alg RS256 with an EC key",
+        "alg RS256 with an EC account key",
         &new_order,
         forged(k, h, Some(&order_payload)),
         400,
-        "badSignatureAlgorithm",
+        "badPublicKey",
     ));
     let mut h = kid(&n!(), &new_order);
     h["alg"] = json!("ES384");
     cases.push(case(
-        "alg ES384 with a P-256 key",
+        "alg ES384 with a P-256 account key",
         &new_order,
         forged(k, h, Some(&order_payload)),
         400,
-        "badSignatureAlgorithm",
+        "badPublicKey",
     ));
+    for (name, alg, problem) in [
+        ("jwk P-256 key with alg ES384", "ES384", "badPublicKey"),
+        ("jwk EC key with alg RS256", "RS256", "badPublicKey"),
+        ("jwk with alg HS256", "HS256", "badSignatureAlgorithm"),
+        ("jwk with alg none", "none", "badSignatureAlgorithm"),
+    ] {
+        let fresh = Key::p256();
+        let h = json!({"alg": alg, "jwk": fresh.jwk, "nonce": n!(), "url": new_account});
+        cases.push(case(
+            name,
+            &new_account,
+            forged(&fresh, h, Some(&json!({}))),
+            400,
+            problem,
+        ));
+    }
     let mut h = json!({"alg": "ES256", "nonce": n!(), "url": new_order});
     h["kid"] = json!(alice.url);
     h.as_object_mut().unwrap().remove("alg");
@@ -281,6 +342,16 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
         400,
         "badPublicKey",
     ));
+    let mut jwk = fresh.jwk.clone();
+    jwk["y"] = padded(&jwk["y"]);
+    let h = json!({"alg": "ES256", "jwk": jwk, "nonce": n!(), "url": new_account});
+    cases.push(case(
+        "jwk coordinate with trailing padding",
+        &new_account,
+        forged(&fresh, h, Some(&json!({}))),
+        400,
+        "malformed",
+    ));
 
     // Signatures.
     let mut s = k.sign(&kid(&n!(), &new_order), Some(&order_payload));
@@ -306,11 +377,11 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
     let p384 = Key::p384();
     let h = json!({"alg": "ES256", "jwk": p384.jwk, "nonce": n!(), "url": new_account});
     cases.push(case(
-        "P-384 key with alg ES256",
+        "jwk P-384 key with alg ES256",
         &new_account,
         forged(&p384, h, Some(&json!({}))),
         400,
-        "badSignatureAlgorithm",
+        "badPublicKey",
     ));
 
     // url (§6.4).
@@ -394,12 +465,33 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
         400,
         "accountDoesNotExist",
     ));
+    // §7.3.6: "a POST or POST-as-GET from a deactivated account" is 401.
     let h = json!({"alg": gone.key.alg(), "kid": gone.url, "nonce": n!(), "url": new_order});
     cases.push(case(
-        "deactivated account",
+        "deactivated account ordering",
         &new_order,
         forged(&gone.key, h, Some(&order_payload)),
-        403,
+        401,
+        "unauthorized",
+    ));
+    let h = json!({"alg": gone.key.alg(), "kid": gone.url, "nonce": n!(), "url": gone.url});
+    cases.push(case(
+        "deactivated account reading itself (POST-as-GET)",
+        &gone.url,
+        forged(&gone.key, h, None),
+        401,
+        "unauthorized",
+    ));
+    let h = json!({"alg": gone.key.alg(), "kid": gone.url, "nonce": n!(), "url": gone.url});
+    cases.push(case(
+        "deactivated account updating its contacts",
+        &gone.url,
+        forged(
+            &gone.key,
+            h,
+            Some(&json!({"contact": ["mailto:back@example.test"]})),
+        ),
+        401,
         "unauthorized",
     ));
 
@@ -440,18 +532,19 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
     for c in &cases {
         let r = raw::request("POST", &c.url, c.content_type, c.body.clone()).await;
         let nonce = r.nonce();
+        // Fresh: present, and not the one the request carried (if any).
+        let fresh = nonce.is_some() && (r.sent_nonce.is_none() || nonce != r.sent_nonce);
         let ok = r.status == c.status
             && r.problem() == c.problem
             && r.headers.get("content-type").map(|v| v.to_str().unwrap())
                 == Some("application/problem+json")
-            && nonce.is_some();
+            && fresh;
         if !ok {
             failures.push(format!(
-                "{}: got {} {:?} (nonce: {}), want {} {}",
+                "{}: got {} {:?} (fresh nonce: {fresh}), want {} {}",
                 c.name,
                 r.status,
                 String::from_utf8_lossy(&r.body),
-                nonce.is_some(),
                 c.status,
                 c.problem
             ));

@@ -97,6 +97,18 @@ pub struct Resp {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: Vec<u8>,
+    /// The nonce of the request's protected header, when it had one.
+    pub sent_nonce: Option<String>,
+}
+
+/// The `nonce` in the protected header of a flattened JWS request body.
+/// Lenient on purpose (padding trimmed), to find the nonce of the forged
+/// bodies too.
+pub fn nonce_sent(body: &[u8]) -> Option<String> {
+    let jws: Value = serde_json::from_slice(body).ok()?;
+    let protected = jws["protected"].as_str()?.trim_end_matches('=');
+    let header: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(protected).ok()?).ok()?;
+    header["nonce"].as_str().map(str::to_owned)
 }
 
 /// The short problem type of a document's `error` ("" when it has none).
@@ -128,6 +140,38 @@ impl Resp {
             .map(str::to_owned)
     }
 
+    /// Asserts a refusal: `status`, the problem type `problem`, a problem
+    /// document, and a `Replay-Nonce` that is not the nonce the request
+    /// used (RFC 8555 §6.5: a fresh nonce on every response to a POST,
+    /// errors included, so the client can retry).
+    pub fn assert_refused(&self, status: u16, problem: &str, what: &str) {
+        assert_eq!(
+            (self.status, self.problem().as_str()),
+            (status, problem),
+            "{what}: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json"),
+            "{what}"
+        );
+        self.assert_fresh_nonce(what);
+    }
+
+    /// Asserts a `Replay-Nonce` other than the one the request used.
+    pub fn assert_fresh_nonce(&self, what: &str) {
+        let fresh = self.nonce();
+        assert!(fresh.is_some(), "{what}: no Replay-Nonce");
+        assert!(
+            self.sent_nonce.is_some(),
+            "{what}: the request had no nonce"
+        );
+        assert_ne!(fresh, self.sent_nonce, "{what}: the nonce used came back");
+    }
+
     pub fn location(&self) -> Option<String> {
         self.headers
             .get("location")
@@ -137,6 +181,7 @@ impl Resp {
 }
 
 pub async fn request(method: &str, url: &str, content_type: Option<&str>, body: Vec<u8>) -> Resp {
+    let sent_nonce = nonce_sent(&body);
     let uri: http::Uri = url.parse().unwrap();
     let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -170,6 +215,7 @@ pub async fn request(method: &str, url: &str, content_type: Option<&str>, body: 
         status,
         headers,
         body,
+        sent_nonce,
     }
 }
 

@@ -406,6 +406,55 @@ async fn the_orders_list_of_an_account_lists_its_orders_to_it_alone() {
     server.stop().await;
 }
 
+/// The orders list pages with `?page=N` (§7.1.2.1 leaves paging to the
+/// server). A page number too large for any offset — past `u64`, or whose
+/// offset overflows — is a page past the end of the list, answered as any
+/// such page is: empty, with no `next` link. A page that is no number is
+/// `malformed`. Every answer carries a fresh nonce.
+#[tokio::test]
+async fn a_huge_orders_page_is_an_empty_page_and_a_page_that_is_no_number_is_malformed() {
+    let (server, dir) = start(BYPASS).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let r = alice
+        .post(
+            &dir,
+            &url(&dir, "newOrder"),
+            Some(&dns_order(&["listed.example.test"])),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", text(&r));
+    let list = format!("{}/orders", alice.url);
+
+    let r = alice.post(&dir, &format!("{list}?page=0"), None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.json()["orders"].as_array().map(Vec::len), Some(1));
+
+    for far in [
+        "18446744073709551615",
+        "99999999999999999999",
+        "92233720368547758",
+        "9223372036854775807",
+    ] {
+        let r = alice.post(&dir, &format!("{list}?page={far}"), None).await;
+        assert_eq!(r.status, 200, "page {far}: {}", text(&r));
+        assert_eq!(r.json()["orders"], json!([]), "page {far}");
+        assert!(
+            !r.headers
+                .get_all("link")
+                .iter()
+                .any(|l| l.to_str().unwrap().contains("rel=\"next\"")),
+            "page {far}: {:?}",
+            r.headers
+        );
+        r.assert_fresh_nonce(&format!("page {far}"));
+    }
+    for bad in ["-1", "abc", "", "1e3", "%FF"] {
+        let r = alice.post(&dir, &format!("{list}?page={bad}"), None).await;
+        r.assert_refused(400, "malformed", &format!("page {bad:?}"));
+    }
+    server.stop().await;
+}
+
 // 7. Account key rollover (§7.3.5).
 
 /// The inner JWS of a keyChange: signed by `new`, with its jwk, `url`, and
@@ -604,6 +653,77 @@ async fn new_order_reports_every_bad_identifier_and_normalises_the_good_ones() {
     server.stop().await;
 }
 
+/// RFC 8555 §7.1.4: "Servers MUST verify any identifier values that begin
+/// with the ASCII-Compatible Encoding prefix "xn--" as defined in
+/// [RFC5890] are properly encoded." A label with the prefix that is not
+/// punycode, or is the punycode of no valid U-label, is refused as every
+/// other ill-formed name is (`rejectedIdentifier`), wherever it stands in
+/// the name; a proper A-label is ordered like any name.
+#[tokio::test]
+async fn a_dns_identifier_with_an_xn_label_that_is_not_a_proper_a_label_is_a_rejected_identifier() {
+    let (server, dir) = start(BYPASS).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let new_order = url(&dir, "newOrder");
+    let dns = |v: &str| json!({"type": "dns", "value": v});
+    for bad in [
+        "xn--0.example.test",
+        "xn--99999999999.example.test",
+        "www.xn--ab--c.example.test",
+        "xn--a.example.test",
+        "XN--BER-VIA.example.test",
+        "*.xn--bcher-kva0.example.test",
+    ] {
+        let r = alice.post(&dir, &new_order, Some(&dns_order(&[bad]))).await;
+        r.assert_refused(400, "rejectedIdentifier", bad);
+        assert_eq!(
+            r.json()["subproblems"][0]["identifier"],
+            dns(bad),
+            "{}",
+            text(&r)
+        );
+        assert!(
+            text(&r).contains("xn--"),
+            "the detail names the label: {}",
+            text(&r)
+        );
+    }
+    // Two of them, and a good name: one subproblem each.
+    let r = alice
+        .post(
+            &dir,
+            &new_order,
+            Some(&dns_order(&[
+                "xn--0.example.test",
+                "ok.example.test",
+                "xn--a.example.test",
+            ])),
+        )
+        .await;
+    r.assert_refused(400, "compound", "two bad A-labels");
+    let subs = r.json()["subproblems"].as_array().cloned().unwrap();
+    assert_eq!(subs.len(), 2, "{}", text(&r));
+    for sub in &subs {
+        assert_eq!(
+            sub["type"], "urn:ietf:params:acme:error:rejectedIdentifier",
+            "{sub}"
+        );
+    }
+
+    let r = alice
+        .post(
+            &dir,
+            &new_order,
+            Some(&dns_order(&["XN--Bcher-KVA.example.test"])),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", text(&r));
+    assert_eq!(
+        r.json()["identifiers"],
+        json!([dns("xn--bcher-kva.example.test")])
+    );
+    server.stop().await;
+}
+
 // 9. notBefore / notAfter (§7.4).
 
 #[tokio::test]
@@ -757,6 +877,72 @@ async fn a_certificate_is_revoked_by_a_request_signed_with_its_own_key_and_the_c
     server.stop().await;
 }
 
+/// RFC 8555 §6.1: base64url values "that include trailing '=' characters
+/// MUST be rejected as improperly encoded". finalize's `csr` (§7.4) and
+/// revokeCert's `certificate` (§7.6) are such values: padded, or in the
+/// standard alphabet, they are `malformed` with a fresh nonce, and the
+/// order stays ready and the certificate unrevoked.
+#[tokio::test]
+async fn a_padded_or_standard_base64_csr_or_certificate_is_malformed_and_changes_nothing() {
+    use base64::Engine;
+    let standard = base64::engine::general_purpose::STANDARD;
+    let name = "padded.example.test";
+    let (server, dir) = start(BYPASS).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let (order_url, finalize) = ready_order(&dir, &alice, name).await;
+
+    // A CSR whose DER is not a multiple of three octets, so that a padding
+    // encoder pads it; and one that is, padded all the same.
+    let csr = loop {
+        let csr = csr_for(name);
+        if !csr.len().is_multiple_of(4) {
+            break csr;
+        }
+    };
+    let der = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&csr)
+        .unwrap();
+    let padded = base64::engine::general_purpose::URL_SAFE.encode(&der);
+    assert!(padded.ends_with('='), "{padded}");
+    for (what, bad) in [
+        ("a padded csr", padded),
+        ("a csr with one '=' too many", format!("{csr}=")),
+        ("a csr in standard, padded base64", standard.encode(&der)),
+    ] {
+        let r = alice
+            .post(&dir, &finalize, Some(&json!({"csr": bad})))
+            .await;
+        r.assert_refused(400, "malformed", what);
+        let order = alice.post(&dir, &order_url, None).await.json();
+        assert_eq!(order["status"], "ready", "{what}: {order}");
+    }
+    let issued = finalize_and_download(&dir, &alice, order_url, &finalize, csr).await;
+
+    let revoke = url(&dir, "revokeCert");
+    let mut padded_cert = base64::engine::general_purpose::URL_SAFE.encode(&issued.leaf);
+    if !padded_cert.ends_with('=') {
+        padded_cert.push('=');
+    }
+    for (what, bad) in [
+        ("a padded certificate", padded_cert),
+        (
+            "a certificate in standard base64",
+            standard.encode(&issued.leaf),
+        ),
+    ] {
+        let r = alice
+            .post(&dir, &revoke, Some(&json!({"certificate": bad})))
+            .await;
+        r.assert_refused(400, "malformed", what);
+    }
+    assert!(crl_entries(&server).await.is_empty(), "nothing was revoked");
+    let r = alice
+        .post(&dir, &revoke, Some(&revocation(&issued.leaf, None)))
+        .await;
+    assert_eq!(r.status, 200, "the unpadded certificate: {}", text(&r));
+    server.stop().await;
+}
+
 // 12. Other accounts (§7.4, §7.5, §7.6).
 
 #[tokio::test]
@@ -778,13 +964,9 @@ async fn another_account_can_neither_read_nor_revoke_my_certificate_until_it_is_
         ("authorization", &authz_url),
         ("challenge", &chall_url),
     ] {
+        // As an unknown id would be (RFC 8555 §10.5; see below).
         let r = bob.post(&dir, u, None).await;
-        assert_problem(
-            &r,
-            403,
-            "unauthorized",
-            &format!("Bob reads Alice's {what}"),
-        );
+        r.assert_refused(404, "malformed", &format!("Bob reads Alice's {what}"));
     }
 
     let revoke = url(&dir, "revokeCert");
@@ -815,6 +997,112 @@ async fn another_account_can_neither_read_nor_revoke_my_certificate_until_it_is_
     let entries = crl_entries(&server).await;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].0, serial(&issued.leaf));
+    server.stop().await;
+}
+
+/// An id in `url` (its last path segment, or the one before `/finalize`)
+/// replaced by one of the same shape that names nothing.
+fn unknown_like(url: &str) -> String {
+    let (base, tail) = match url.strip_suffix("/finalize") {
+        Some(base) => (base, "/finalize"),
+        None => (url, ""),
+    };
+    let (prefix, id) = base.rsplit_once('/').unwrap();
+    assert!(id.len() > 8, "{url}");
+    format!("{prefix}/{}AAAAAAAA{tail}", &id[..id.len() - 8])
+}
+
+/// What a refusal says: status, problem type and detail.
+fn answer(r: &Resp) -> (u16, String, String) {
+    let doc = r.json();
+    (
+        r.status,
+        r.problem(),
+        doc["detail"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+/// RFC 8555 §10.5: a server whose answers differ between "no such
+/// resource" and "not yours" tells anyone with an account which ids exist.
+/// Another account's order, authorization, challenge and certificate —
+/// read, finalized, deactivated or triggered — get exactly what an unknown
+/// id of the same kind gets (404 `malformed`, the same detail), each with
+/// a fresh nonce, and nothing of Alice's changes. An account URL and its
+/// orders list, which the server never looks up for a request signed by
+/// another account, answer the same for Alice's id as for an unknown one.
+#[tokio::test]
+async fn another_accounts_resources_are_answered_exactly_as_unknown_ids_whatever_the_request() {
+    let (server, dir) = start(BYPASS).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let bob = Acct::create(&dir, Key::p256()).await;
+    let issued = issue(&dir, &alice, &["mine.example.test"], &Key::p256()).await;
+    // A pending order, so that a trigger or a deactivation would change it.
+    let r = alice
+        .post(
+            &dir,
+            &url(&dir, "newOrder"),
+            Some(&dns_order(&["pending.example.test"])),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", text(&r));
+    let order_url = r.location().unwrap();
+    let finalize = r.json()["finalize"].as_str().unwrap().to_owned();
+    let authz_url = r.json()["authorizations"][0].as_str().unwrap().to_owned();
+    let authz = alice.post(&dir, &authz_url, None).await.json();
+    let chall_url = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
+
+    let csr = json!({"csr": csr_for("pending.example.test")});
+    let deactivate = json!({"status": "deactivated"});
+    let requests: [(&str, &str, Option<&Value>); 8] = [
+        ("read an order", &order_url, None),
+        ("read a valid order", &issued.order_url, None),
+        ("finalize an order", &finalize, Some(&csr)),
+        ("read an authorization", &authz_url, None),
+        ("deactivate an authorization", &authz_url, Some(&deactivate)),
+        ("read a challenge", &chall_url, None),
+        ("trigger a challenge", &chall_url, Some(&json!({}))),
+        ("download a certificate", &issued.cert_url, None),
+    ];
+    for (what, alices, payload) in requests {
+        let theirs = bob.post(&dir, alices, payload).await;
+        let nobodys = bob.post(&dir, &unknown_like(alices), payload).await;
+        theirs.assert_refused(404, "malformed", &format!("Bob: {what} of Alice's"));
+        nobodys.assert_refused(404, "malformed", &format!("Bob: {what} unknown"));
+        assert_eq!(answer(&theirs), answer(&nobodys), "{what}");
+    }
+    // Nothing of Alice's moved.
+    let order = alice.post(&dir, &order_url, None).await.json();
+    assert_eq!(order["status"], "pending", "{order}");
+    let authz = alice.post(&dir, &authz_url, None).await.json();
+    assert_eq!(authz["status"], "pending", "{authz}");
+    let chall = alice.post(&dir, &chall_url, None).await.json();
+    assert_eq!(chall["status"], "pending", "{chall}");
+
+    // The account URL and its orders list.
+    let alices_orders = format!("{}/orders", alice.url);
+    let nobody = unknown_like(&alice.url);
+    let requests: [(&str, &str, &str, Option<&Value>); 3] = [
+        ("read an account", &alice.url, &nobody, None),
+        (
+            "update an account",
+            &alice.url,
+            &nobody,
+            Some(&json!({"contact": ["mailto:bob@example.test"]})),
+        ),
+        (
+            "list an account's orders",
+            &alices_orders,
+            &format!("{nobody}/orders"),
+            None,
+        ),
+    ];
+    for (what, alices, nobodys_url, payload) in requests {
+        let theirs = bob.post(&dir, alices, payload).await;
+        let nobodys = bob.post(&dir, nobodys_url, payload).await;
+        theirs.assert_refused(403, "unauthorized", &format!("Bob: {what} of Alice's"));
+        nobodys.assert_refused(403, "unauthorized", &format!("Bob: {what} unknown"));
+        assert_eq!(answer(&theirs), answer(&nobodys), "{what}");
+    }
     server.stop().await;
 }
 
@@ -937,7 +1225,10 @@ async fn an_account_changed_by_another_process_is_refused_by_every_write_at_once
             if ttl == "0s" {
                 assert_problem(&r, 400, "malformed", &format!("{what}, no copy"));
             } else {
-                assert_problem(&r, 403, "unauthorized", &format!("{what} from the copy"));
+                // RFC 8555 §7.3.6's 401 for an account that can no
+                // longer sign: the guarded write cannot tell a rollover
+                // from a deactivation.
+                r.assert_refused(401, "unauthorized", &format!("{what} from the copy"));
             }
             // The refusal dropped the copy: the old key is refused for
             // reads too now.
@@ -1013,14 +1304,56 @@ async fn the_accounts_own_update_and_deactivation_are_seen_by_its_next_read_howe
         .await;
     assert_eq!(r.status, 200, "{}", text(&r));
     let r = alice.post(&dir, &order_url, None).await;
-    assert_problem(&r, 403, "unauthorized", "a read after deactivation");
+    r.assert_refused(401, "unauthorized", "a read after deactivation");
+    server.stop().await;
+}
+
+/// RFC 8555 §7.3.6: "If a server receives a POST or POST-as-GET from a
+/// deactivated account, it MUST return an error response with status code
+/// 401 (Unauthorized)". Here another process (a second store on the same
+/// database, as the admin CLI) deactivates the account while the server
+/// holds a fresh copy of it that still reads valid: the guarded write of a
+/// newOrder refuses with 401, and so does the next read, now from the
+/// store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_deactivated_by_another_process_gets_401_from_a_write_verified_by_its_stale_copy_and_from_the_next_read()
+ {
+    use acme_proxy_store::{Store, StoreOptions};
+
+    let data = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", data.path().join("acme-proxy.db").display());
+    let toml = format!(
+        "account_cache_ttl = \"60s\"\n{}",
+        TestServer::config_text(data.path(), 1, None, BYPASS)
+    );
+    let server = TestServer::start_in(data, &toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let account_id = alice.url.rsplit('/').next().unwrap().to_owned();
+    // A read: the server keeps a copy of the account, valid.
+    assert_eq!(alice.post(&dir, &alice.url, None).await.status, 200);
+
+    let other = Store::open(&db, &StoreOptions::default()).await.unwrap();
+    assert!(other.deactivate_account(&account_id, &[]).await.unwrap());
+    other.close().await;
+
+    let r = alice
+        .post(
+            &dir,
+            &url(&dir, "newOrder"),
+            Some(&dns_order(&["late.example.test"])),
+        )
+        .await;
+    r.assert_refused(401, "unauthorized", "newOrder verified by the stale copy");
+    let r = alice.post(&dir, &alice.url, None).await;
+    r.assert_refused(401, "unauthorized", "a read after the refused write");
     server.stop().await;
 }
 
 /// A bypass profile's challenge trigger (RFC 8555 §7.5.1) makes its
 /// account's pending challenge valid, with its authorization and its order,
-/// and answers the other cases: another account's challenge is refused and
-/// left pending, a repeated trigger answers the state, an unknown challenge
+/// and answers the other cases: another account's challenge is not found
+/// (as an unknown one is) and left pending, a repeated trigger answers the state, an unknown challenge
 /// is not found, and a deactivated authorization takes no response.
 #[tokio::test]
 async fn a_bypassed_challenge_goes_valid_for_its_own_account_only_and_a_repeat_or_a_dead_authorization_is_answered()
@@ -1042,7 +1375,7 @@ async fn a_bypassed_challenge_goes_valid_for_its_own_account_only_and_a_repeat_o
     let challenge_url = authz["challenges"][0]["url"].as_str().unwrap().to_owned();
 
     let r = bob.post(&dir, &challenge_url, Some(&json!({}))).await;
-    assert_problem(&r, 403, "unauthorized", "another account's challenge");
+    r.assert_refused(404, "malformed", "another account's challenge");
     let r = alice.post(&dir, &challenge_url, None).await;
     assert_eq!(r.json()["status"], "pending", "{}", text(&r));
 

@@ -178,6 +178,7 @@ pub async fn https_request(
     content_type: Option<&str>,
     body: Vec<u8>,
 ) -> Result<Resp, String> {
+    let sent_nonce = crate::raw::nonce_sent(&body);
     let exchange = async {
         let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
         let host = uri.host().ok_or_else(|| format!("{url}: no host"))?;
@@ -225,6 +226,7 @@ pub async fn https_request(
             status,
             headers,
             body,
+            sent_nonce,
         })
     };
     tokio::time::timeout(Duration::from_secs(30), exchange)
