@@ -560,6 +560,34 @@ pub enum ExtendedKeyUsage {
     ClientAuth,
 }
 
+impl ExtendedKeyUsage {
+    /// The purposes a certificate carries: its certificate profile's
+    /// `extended_key_usages`, or serverAuth when it names none (or the
+    /// order has no certificate profile). The one source both the embedded
+    /// CA issuing and the check of a custom signer's leaf read.
+    pub fn granted(configured: Option<&[Self]>) -> &[Self] {
+        configured.unwrap_or(&[Self::ServerAuth])
+    }
+
+    /// The purposes a CSR may ask for (RFC 8555 §7.4 leaves what a CA
+    /// accepts to it): the profile's own when it names them, otherwise
+    /// serverAuth and clientAuth, which cert-manager writes into its CSRs
+    /// for TLS certificates. A request is never copied into a certificate
+    /// ([`Self::granted`] decides), so this only keeps out purposes no
+    /// certificate here could carry.
+    pub fn requestable(configured: Option<&[Self]>) -> &[Self] {
+        configured.unwrap_or(&[Self::ServerAuth, Self::ClientAuth])
+    }
+
+    /// Its name in RFC 5280 §4.2.1.12.
+    pub fn rfc5280_name(self) -> &'static str {
+        match self {
+            Self::ServerAuth => "serverAuth",
+            Self::ClientAuth => "clientAuth",
+        }
+    }
+}
+
 impl ProfileConfig {
     /// The certificate profile an order gets: the one it names, or the
     /// default. `Ok(None)` when the endpoint offers none and none was

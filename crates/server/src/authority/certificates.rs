@@ -8,17 +8,25 @@ use acme_proxy_store::{
     AccountRow, CertificateRow, CrlRow, NewCertificateRow, OrderRow, RevokeOutcome,
 };
 use time::OffsetDateTime;
-use x509_parser::certification_request::X509CertificationRequest;
-use x509_parser::extensions::{GeneralName, ParsedExtension};
+use x509_parser::certification_request::{X509CertificationRequest, X509CertificationRequestInfo};
+use x509_parser::cri_attributes::ParsedCriAttribute;
+use x509_parser::der_parser::der::parse_der;
+use x509_parser::extensions::{GeneralName, ParsedExtension, X509Extension};
+use x509_parser::objects::{oid_registry, oid2sn};
 use x509_parser::oid_registry::{
     OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
+    OID_PKCS9_EXTENSION_REQUEST,
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
 use x509_parser::public_key::PublicKey;
+use x509_parser::signature_algorithm::RsaSsaPssParams;
+use x509_parser::x509::AlgorithmIdentifier;
 
 use super::{Authority, Profile};
+use crate::config::ExtendedKeyUsage;
 use crate::error::{AcmeError, AcmeResult};
 use crate::notify::Notice;
+use crate::signer::extensions::{self, Side};
 use crate::signer::{IssueContext, IssueRequest, SignerError};
 
 /// Who signed a revocation request (§7.6).
@@ -137,7 +145,20 @@ impl Authority {
             &order,
         )
         .await?;
-        let csr = check_csr(csr_der, &order.identifiers, &account.key_thumbprint)?;
+        // The order's certificate profile, if the configuration still has
+        // it (an operator may have removed it since: then the signer's
+        // defaults apply).
+        let usage = order
+            .certificate_profile
+            .as_deref()
+            .and_then(|name| profile.config.certificate_profiles.get(name));
+        let purposes = usage.and_then(|u| u.extended_key_usages.as_deref());
+        let csr = check_csr(
+            csr_der,
+            &order.identifiers,
+            &account.key_thumbprint,
+            ExtendedKeyUsage::requestable(purposes),
+        )?;
         if let Some(relay) = profile.signer.relay() {
             return self
                 .finalize_relay(profile, relay, account, &order, csr_der, ctx)
@@ -192,13 +213,6 @@ impl Authority {
             armed: !inline,
         };
         let now = self.clock.now();
-        // The order's certificate profile, if the configuration still has
-        // it (an operator may have removed it since: then the signer's
-        // defaults apply).
-        let usage = order
-            .certificate_profile
-            .as_deref()
-            .and_then(|name| profile.config.certificate_profiles.get(name));
         let (default_nb, default_na) = match profile.signer.local_ca() {
             Some(ca) => ca.default_window(now, usage.and_then(|u| u.validity)),
             None => (
@@ -226,7 +240,7 @@ impl Authority {
                     not_before,
                     not_after,
                     key_usages: usage.and_then(|u| u.key_usages.as_deref()),
-                    extended_key_usages: usage.and_then(|u| u.extended_key_usages.as_deref()),
+                    extended_key_usages: ExtendedKeyUsage::granted(purposes),
                 },
                 &IssueContext {
                     profile: &profile.name,
@@ -753,56 +767,61 @@ pub(crate) fn leaf_der(chain_pem: &str) -> Option<Vec<u8>> {
         .map(pem::Pem::into_contents)
 }
 
-/// The CSR checks of §7.4: a valid self-signature, exactly the order's
-/// names (SANs, and the CN if any), and an acceptable key that is not the
-/// account key.
+/// The CSR checks of §7.4, made before any signer sees the CSR, whatever
+/// the signer: a SHA-2 self-signature that verifies; a subject of
+/// commonNames only; at most one extensionRequest, asking only for what
+/// [`extensions::check_extensions`] lets in (`requestable`: the extKeyUsage
+/// purposes the order's certificate profile lets a CSR ask for); exactly
+/// the order's names (SANs, and the CN if any); and an acceptable key that
+/// is not the account key.
 fn check_csr(
     der: &[u8],
     identifiers: &[Identifier],
     account_thumbprint: &str,
+    requestable: &[ExtendedKeyUsage],
 ) -> AcmeResult<CheckedCsr> {
     let (rest, csr) = X509CertificationRequest::from_der(der)
         .map_err(|_| bad_csr("the CSR is not a DER PKCS#10 request"))?;
     if !rest.is_empty() {
         return Err(bad_csr("the CSR has trailing data"));
     }
+    check_csr_signature(&csr.signature_algorithm)?;
     csr.verify_signature()
         .map_err(|_| bad_csr("the CSR's signature does not verify with its own key"))?;
     let info = &csr.certification_request_info;
+    extensions::check_subject(Side::Request, &info.subject).map_err(bad_csr)?;
+    let requested = requested_extensions(info)?;
+    extensions::check_extensions(Side::Request, requested, requestable).map_err(bad_csr)?;
 
     let mut names: Vec<Identifier> = Vec::new();
-    if let Some(extensions) = csr.requested_extensions() {
-        for ext in extensions {
-            if let ParsedExtension::SubjectAlternativeName(san) = ext {
-                for gn in &san.general_names {
-                    let id = match gn {
-                        GeneralName::DNSName(n) => Identifier::dns(n.to_ascii_lowercase()),
-                        GeneralName::IPAddress(bytes) => {
-                            let ip = match bytes.len() {
-                                4 => std::net::IpAddr::from(
-                                    <[u8; 4]>::try_from(*bytes)
-                                        .map_err(|_| bad_csr("bad IP SAN"))?,
-                                ),
-                                16 => std::net::IpAddr::from(
-                                    <[u8; 16]>::try_from(*bytes)
-                                        .map_err(|_| bad_csr("bad IP SAN"))?,
-                                ),
-                                _ => return Err(bad_csr("an IP address SAN has a bad length")),
-                            };
-                            Identifier {
-                                kind: "ip".into(),
-                                value: ip.to_string(),
-                            }
+    for ext in requested {
+        if let ParsedExtension::SubjectAlternativeName(san) = ext.parsed_extension() {
+            for gn in &san.general_names {
+                let id = match gn {
+                    GeneralName::DNSName(n) => Identifier::dns(n.to_ascii_lowercase()),
+                    GeneralName::IPAddress(bytes) => {
+                        let ip = match bytes.len() {
+                            4 => std::net::IpAddr::from(
+                                <[u8; 4]>::try_from(*bytes).map_err(|_| bad_csr("bad IP SAN"))?,
+                            ),
+                            16 => std::net::IpAddr::from(
+                                <[u8; 16]>::try_from(*bytes).map_err(|_| bad_csr("bad IP SAN"))?,
+                            ),
+                            _ => return Err(bad_csr("an IP address SAN has a bad length")),
+                        };
+                        Identifier {
+                            kind: "ip".into(),
+                            value: ip.to_string(),
                         }
-                        other => {
-                            return Err(bad_csr(format!(
-                                "the CSR asks for a SAN of a kind this server does not issue: {other}"
-                            )));
-                        }
-                    };
-                    if !names.contains(&id) {
-                        names.push(id);
                     }
+                    other => {
+                        return Err(bad_csr(format!(
+                            "the CSR asks for a SAN of a kind this server does not issue: {other}"
+                        )));
+                    }
+                };
+                if !names.contains(&id) {
+                    names.push(id);
                 }
             }
         }
@@ -841,6 +860,121 @@ fn check_csr(
         spki_der: info.subject_pki.raw.to_vec(),
         key_thumbprint,
     })
+}
+
+/// The extensions a CSR asks for: those of its one extensionRequest
+/// attribute (PKCS #9, RFC 2985 §5.4.2, which makes it SINGLE VALUE); none
+/// without one. Two attributes, or two values, are refused rather than one
+/// of them chosen: x509-parser's `requested_extensions` reads the first,
+/// another reader (an operator's program) may read the last, and would then
+/// act on extensions these checks never saw.
+fn requested_extensions<'s>(
+    info: &'s X509CertificationRequestInfo<'_>,
+) -> AcmeResult<&'s [X509Extension<'s>]> {
+    let mut found = info
+        .attributes()
+        .iter()
+        .filter(|a| a.oid == OID_PKCS9_EXTENSION_REQUEST);
+    let Some(attribute) = found.next() else {
+        return Ok(&[]);
+    };
+    if found.next().is_some() {
+        return Err(bad_csr(
+            "the CSR has more than one extensionRequest attribute (1.2.840.113549.1.9.14); one is accepted (RFC 2985 §5.4.2)",
+        ));
+    }
+    // The attribute's values, a SET (RFC 2986 §4.1).
+    let values = parse_der(attribute.value)
+        .ok()
+        .and_then(|(_, set)| set.as_set().ok().map(Vec::len));
+    if values != Some(1) {
+        return Err(bad_csr(
+            "the CSR's extensionRequest attribute does not have exactly one value (RFC 2985 §5.4.2)",
+        ));
+    }
+    match attribute.parsed_attribute() {
+        ParsedCriAttribute::ExtensionRequest(request) => Ok(&request.extensions),
+        _ => Err(bad_csr(
+            "the CSR's extensionRequest attribute does not parse",
+        )),
+    }
+}
+
+/// How a CSR may be signed. RFC 8555 §7.4 leaves it to the CA; SHA-1 and
+/// MD5 are refused (as Let's Encrypt's Boulder does) because their
+/// collisions are practical: the self-signature over a weak digest proves
+/// little about what was signed. ECDSA with SHA-512 and Ed25519 are left
+/// out because nothing here can verify them (ring has no P-256/P-384 with
+/// SHA-512) or issue for them (an Ed25519 key: see [`checked_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CsrSignature {
+    RsaSha256,
+    RsaSha384,
+    RsaSha512,
+    /// RSASSA-PSS, its hash named in its parameters.
+    RsaPss,
+    EcdsaSha256,
+    EcdsaSha384,
+}
+
+impl CsrSignature {
+    const ALL: [Self; 6] = [
+        Self::RsaSha256,
+        Self::RsaSha384,
+        Self::RsaSha512,
+        Self::RsaPss,
+        Self::EcdsaSha256,
+        Self::EcdsaSha384,
+    ];
+
+    /// Its AlgorithmIdentifier (RFC 4055 §5 and §3.1, RFC 5758 §3.2).
+    fn oid(self) -> &'static str {
+        match self {
+            Self::RsaSha256 => "1.2.840.113549.1.1.11",
+            Self::RsaSha384 => "1.2.840.113549.1.1.12",
+            Self::RsaSha512 => "1.2.840.113549.1.1.13",
+            Self::RsaPss => "1.2.840.113549.1.1.10",
+            Self::EcdsaSha256 => "1.2.840.10045.4.3.2",
+            Self::EcdsaSha384 => "1.2.840.10045.4.3.3",
+        }
+    }
+}
+
+/// The hashes an RSASSA-PSS signature may use: SHA-256, SHA-384, SHA-512
+/// (RFC 4055 §2.1; an absent hashAlgorithm means SHA-1, §3.1).
+const PSS_HASHES: [&str; 3] = [
+    "2.16.840.1.101.3.4.2.1",
+    "2.16.840.1.101.3.4.2.2",
+    "2.16.840.1.101.3.4.2.3",
+];
+
+const CSR_SIGNATURES_SAID: &str = "accepted: RSA (PKCS #1 v1.5 or PSS) with SHA-256, SHA-384 or SHA-512, and ECDSA with SHA-256 or SHA-384";
+
+/// The CSR's signature algorithm is one of [`CsrSignature`], checked before
+/// its signature is (a SHA-1 signature would verify).
+fn check_csr_signature(algorithm: &AlgorithmIdentifier<'_>) -> AcmeResult<()> {
+    let oid = &algorithm.algorithm;
+    let dotted = oid.to_id_string();
+    let Some(signature) = CsrSignature::ALL.into_iter().find(|s| s.oid() == dotted) else {
+        let name = oid2sn(oid, oid_registry()).unwrap_or("an unknown algorithm");
+        return Err(bad_csr(format!(
+            "the CSR is signed with {name} ({dotted}); {CSR_SIGNATURES_SAID}"
+        )));
+    };
+    if signature == CsrSignature::RsaPss {
+        let hash = algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| RsaSsaPssParams::try_from(p).ok())
+            .map(|p| p.hash_algorithm_oid().to_id_string());
+        if !hash.as_deref().is_some_and(|h| PSS_HASHES.contains(&h)) {
+            return Err(bad_csr(format!(
+                "the CSR's RSASSA-PSS signature uses {}; {CSR_SIGNATURES_SAID}",
+                hash.as_deref().unwrap_or("parameters that do not parse")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The SubjectPublicKeyInfo (DER) and key thumbprint of a stored CSR that
@@ -889,7 +1023,24 @@ fn checked_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> AcmeResult
                 .copied()
                 .collect::<Vec<u8>>()
         };
-        Jwk::rsa(strip(rsa.modulus), strip(rsa.exponent))
+        let exponent = strip(rsa.exponent);
+        // 65537 only, as Boulder: e = 3 is what the PKCS #1 v1.5 signature
+        // forgeries against lax verifiers need (Bleichenbacher, 2006), and
+        // no TLS stack needs any other.
+        if exponent != [0x01, 0x00, 0x01] {
+            let said = if exponent.len() <= 8 {
+                exponent
+                    .iter()
+                    .fold(0u64, |n, b| (n << 8) | u64::from(*b))
+                    .to_string()
+            } else {
+                format!("of {} bytes", exponent.len())
+            };
+            return Err(bad_csr(format!(
+                "the CSR's RSA key has public exponent {said}; only 65537 is accepted"
+            )));
+        }
+        Jwk::rsa(strip(rsa.modulus), exponent)
             .ok()
             .map(|j| j.thumbprint_b64())
     } else {
@@ -949,11 +1100,12 @@ mod tests {
             check_csr(
                 &csr(&["b.example.test", "A.example.test"], &key),
                 &order,
-                "x"
+                "x",
+                ANY_TLS
             )
             .is_ok()
         );
-        let e = check_csr(&csr(&["a.example.test"], &key), &order, "x")
+        let e = check_csr(&csr(&["a.example.test"], &key), &order, "x", ANY_TLS)
             .err()
             .unwrap();
         assert_eq!(e.kind, ProblemType::BadCsr);
@@ -964,6 +1116,7 @@ mod tests {
             ),
             &order,
             "x",
+            ANY_TLS,
         )
         .err()
         .unwrap();
@@ -976,7 +1129,7 @@ mod tests {
         let mut der = csr(&["a.example.test"], &key);
         let last = der.len() - 1;
         der[last] ^= 1;
-        let e = check_csr(&der, &[Identifier::dns("a.example.test")], "x")
+        let e = check_csr(&der, &[Identifier::dns("a.example.test")], "x", ANY_TLS)
             .err()
             .unwrap();
         assert_eq!(e.kind, ProblemType::BadCsr);
@@ -986,13 +1139,237 @@ mod tests {
     fn the_account_key_cannot_be_certified() {
         let key = rcgen::KeyPair::generate().unwrap();
         let der = csr(&["a.example.test"], &key);
-        let thumb = check_csr(&der, &[Identifier::dns("a.example.test")], "x")
+        let thumb = check_csr(&der, &[Identifier::dns("a.example.test")], "x", ANY_TLS)
             .unwrap_or_else(|e| panic!("{}", e.detail))
             .key_thumbprint
             .unwrap();
-        let e = check_csr(&der, &[Identifier::dns("a.example.test")], &thumb)
+        let e = check_csr(&der, &[Identifier::dns("a.example.test")], &thumb, ANY_TLS)
             .err()
             .unwrap();
         assert_eq!(e.kind, ProblemType::BadCsr);
+    }
+
+    /// What a CSR may ask for at a profile that names no purposes.
+    const ANY_TLS: &[ExtendedKeyUsage] =
+        &[ExtendedKeyUsage::ServerAuth, ExtendedKeyUsage::ClientAuth];
+
+    const NAME: &str = "a.example.test";
+
+    /// A CSR for `NAME` (its SAN, no subject) by rcgen, after `tweak`, with
+    /// extra PKCS #10 `attributes`.
+    fn rcgen_csr(
+        tweak: fn(&mut rcgen::CertificateParams),
+        attributes: Vec<rcgen::Attribute>,
+    ) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![NAME.to_owned()]).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        tweak(&mut params);
+        params
+            .serialize_request_with_attributes(&key, attributes)
+            .unwrap()
+            .der()
+            .to_vec()
+    }
+
+    /// A DER TLV with a short-form length (every value here is short).
+    fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+        let len = u8::try_from(content.len()).unwrap();
+        assert!(len < 0x80);
+        [&[tag, len][..], content].concat()
+    }
+
+    /// A CSR for `NAME` made by the openssl command line: an RSA key from
+    /// `genpkey` with `key_options`, signed with `digest`.
+    fn openssl_csr(key_options: &[&str], digest: &str) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap_or_else(|e| panic!("the openssl command is needed here: {e}"));
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let mut genpkey = vec!["genpkey", "-algorithm", "RSA", "-out", "key.pem"];
+        genpkey.extend(key_options.iter().flat_map(|o| ["-pkeyopt", o]));
+        run(&genpkey);
+        let san = format!("subjectAltName=DNS:{NAME}");
+        run(&[
+            "req", "-new", "-key", "key.pem", digest, "-subj", "/", "-addext", &san, "-outform",
+            "DER", "-out", "csr.der",
+        ]);
+        std::fs::read(dir.path().join("csr.der")).unwrap()
+    }
+
+    fn refusal(der: &[u8], requestable: &[ExtendedKeyUsage]) -> String {
+        match check_csr(der, &[Identifier::dns(NAME)], "x", requestable) {
+            Ok(_) => "accepted".to_owned(),
+            Err(e) => {
+                assert_eq!(e.kind, ProblemType::BadCsr, "{}", e.detail);
+                e.detail
+            }
+        }
+    }
+
+    #[test]
+    fn a_csr_asking_for_more_than_its_names_and_tls_usages_is_bad_csr() {
+        use rcgen::{DnType, ExtendedKeyUsagePurpose as Eku, KeyUsagePurpose as Ku};
+        // A second extensionRequest attribute asking for basicConstraints
+        // cA TRUE (critical): Extensions inside the attribute's SET.
+        let ca_true = tlv(
+            0x30,
+            &[
+                &[0x06, 0x03, 0x55, 0x1d, 0x13, 0x01, 0x01, 0xff][..],
+                &tlv(0x04, &tlv(0x30, &[0x01, 0x01, 0xff])),
+            ]
+            .concat(),
+        );
+        let second_request = || {
+            vec![rcgen::Attribute {
+                oid: &[1, 2, 840, 113_549, 1, 9, 14],
+                values: tlv(0x31, &tlv(0x30, &ca_true)),
+            }]
+        };
+        let table: Vec<(&str, Vec<u8>, &str)> = vec![
+            (
+                "an O attribute",
+                rcgen_csr(
+                    |p| p.distinguished_name.push(DnType::OrganizationName, "Evil"),
+                    vec![],
+                ),
+                "subject has O (2.5.4.10)",
+            ),
+            (
+                "an OU attribute beside the CN",
+                rcgen_csr(
+                    |p| {
+                        p.distinguished_name.push(DnType::CommonName, NAME);
+                        p.distinguished_name
+                            .push(DnType::OrganizationalUnitName, "Ops");
+                    },
+                    vec![],
+                ),
+                "subject has OU (2.5.4.11)",
+            ),
+            (
+                "codeSigning",
+                rcgen_csr(
+                    |p| p.extended_key_usages = vec![Eku::ServerAuth, Eku::CodeSigning],
+                    vec![],
+                ),
+                "extKeyUsage serverAuth, codeSigning",
+            ),
+            (
+                "anyExtendedKeyUsage",
+                rcgen_csr(|p| p.extended_key_usages = vec![Eku::Any], vec![]),
+                "extKeyUsage anyExtendedKeyUsage",
+            ),
+            (
+                "keyCertSign",
+                rcgen_csr(
+                    |p| p.key_usages = vec![Ku::DigitalSignature, Ku::KeyCertSign],
+                    vec![],
+                ),
+                "keyUsage has keyCertSign",
+            ),
+            (
+                "nameConstraints",
+                rcgen_csr(
+                    |p| {
+                        // permittedSubtrees: one dNSName.
+                        let subtrees = tlv(0xa0, &tlv(0x30, &tlv(0x82, b"example.test")));
+                        p.custom_extensions
+                            .push(rcgen::CustomExtension::from_oid_content(
+                                &[2, 5, 29, 30],
+                                tlv(0x30, &subtrees),
+                            ));
+                    },
+                    vec![],
+                ),
+                "nameConstraints (2.5.29.30)",
+            ),
+            (
+                "basicConstraints CA:TRUE",
+                rcgen_csr(
+                    |p| p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained),
+                    vec![],
+                ),
+                "basicConstraints cA TRUE",
+            ),
+            (
+                "an extension nobody knows",
+                rcgen_csr(
+                    |p| {
+                        p.custom_extensions
+                            .push(rcgen::CustomExtension::from_oid_content(
+                                &[1, 3, 6, 1, 4, 1, 55555, 7],
+                                vec![0x05, 0x00],
+                            ))
+                    },
+                    vec![],
+                ),
+                "does not issue: 1.3.6.1.4.1.55555.7",
+            ),
+            (
+                "two extensionRequest attributes",
+                rcgen_csr(|_| {}, second_request()),
+                "more than one extensionRequest",
+            ),
+            (
+                "a SHA-1 signature",
+                openssl_csr(&["rsa_keygen_bits:2048"], "-sha1"),
+                "sha1WithRSAEncryption (1.2.840.113549.1.1.5)",
+            ),
+            (
+                "an RSA key with exponent 3",
+                openssl_csr(&["rsa_keygen_bits:2048", "rsa_keygen_pubexp:3"], "-sha256"),
+                "public exponent 3;",
+            ),
+        ];
+        for (case, der, said) in &table {
+            let detail = refusal(der, ANY_TLS);
+            assert!(detail.contains(said), "{case}: {detail}");
+        }
+        // The same tools make CSRs that pass: the refusals are the cases'.
+        assert_eq!(refusal(&rcgen_csr(|_| {}, vec![]), ANY_TLS), "accepted");
+        assert_eq!(
+            refusal(&openssl_csr(&["rsa_keygen_bits:2048"], "-sha256"), ANY_TLS),
+            "accepted"
+        );
+    }
+
+    #[test]
+    fn a_csr_asking_for_usages_within_the_certificate_profile_passes() {
+        use rcgen::{ExtendedKeyUsagePurpose as Eku, KeyUsagePurpose as Ku};
+        // What cert-manager sends (usages encoded in the request,
+        // basicConstraints cA FALSE), with must-staple as certbot and lego
+        // send it: TLS Feature, status_request (5).
+        let der = rcgen_csr(
+            |p| {
+                p.key_usages = vec![Ku::DigitalSignature, Ku::KeyEncipherment];
+                p.extended_key_usages = vec![Eku::ServerAuth, Eku::ClientAuth];
+                p.is_ca = rcgen::IsCa::ExplicitNoCa;
+                p.custom_extensions
+                    .push(rcgen::CustomExtension::from_oid_content(
+                        &[1, 3, 6, 1, 5, 5, 7, 1, 24],
+                        tlv(0x30, &[0x02, 0x01, 0x05]),
+                    ));
+            },
+            vec![],
+        );
+        assert_eq!(refusal(&der, ANY_TLS), "accepted");
+        // A profile granting clientAuth alone refuses serverAuth.
+        let detail = refusal(&der, &[ExtendedKeyUsage::ClientAuth]);
+        assert!(detail.contains("may ask for clientAuth only"), "{detail}");
+        let client_only = rcgen_csr(|p| p.extended_key_usages = vec![Eku::ClientAuth], vec![]);
+        assert_eq!(
+            refusal(&client_only, &[ExtendedKeyUsage::ClientAuth]),
+            "accepted"
+        );
     }
 }

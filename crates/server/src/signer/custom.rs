@@ -7,7 +7,8 @@
 //! the deadline (or when the request that started it goes away), output
 //! capped. What comes back is checked before anyone trusts it: the chain
 //! parses, each certificate is signed by the next, the leaf's key is the
-//! CSR's and its names are exactly the order's.
+//! CSR's, its names are exactly the order's, and its subject and
+//! extensions are what a leaf here may carry (see [`check_chain`]).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
+use super::extensions::{Side, check_extensions, check_subject};
 use super::{IssueRequest, Issued, SignerError};
 use crate::config::{CustomConfig, CustomOperation};
 
@@ -300,15 +302,21 @@ impl Custom {
 
 /// The checks a chain from outside passes before it is stored: PEM
 /// `CERTIFICATE` blocks and nothing else, leaf first, each signed by the
-/// next; the leaf is not a CA, its key is the CSR's, its names are exactly
-/// the order's (a subject CN among them), and its extKeyUsage the
-/// certificate profile's when that names one. What is stored and served is
-/// re-encoded from the checked certificates, never the program's text.
+/// next; the leaf's key is the CSR's; its subject is commonNames only (each
+/// one of the order's names) or empty; its extensions pass
+/// [`super::extensions::check_extensions`] — extKeyUsage exactly
+/// `extended_key_usages`, no keyCertSign or cRLSign, not a CA, no
+/// nameConstraints, no critical extension the server does not know —; and
+/// its names are exactly the order's. The program is told to build the
+/// certificate from the order, but nothing it prints is trusted for that:
+/// one that copied the CSR's subject or extensions is caught here, before
+/// anything is stored or served. What is stored and served is re-encoded
+/// from the checked certificates, never the program's text.
 fn check_chain(
     chain_pem: &str,
     spki_der: &[u8],
     identifiers: &[Identifier],
-    extended_key_usages: Option<&[crate::config::ExtendedKeyUsage]>,
+    extended_key_usages: &[crate::config::ExtendedKeyUsage],
 ) -> Result<Issued, String> {
     let blocks = pem::parse_many(chain_pem).map_err(|e| format!("the chain is not PEM: {e}"))?;
     if chain_pem.matches("-----BEGIN ").count() != blocks.len() {
@@ -339,9 +347,7 @@ fn check_chain(
     if leaf.public_key().raw != spki_der {
         return Err("the leaf's public key is not the CSR's".into());
     }
-    if leaf.is_ca() {
-        return Err("the leaf is a CA certificate".into());
-    }
+    check_subject(Side::Leaf, leaf.subject())?;
     for cn in leaf.subject().iter_common_name() {
         let cn = cn.as_str().map_err(|_| "the leaf's CN is not text")?;
         if !identifiers.iter().any(|i| i.value.eq_ignore_ascii_case(cn)) {
@@ -350,22 +356,7 @@ fn check_chain(
             ));
         }
     }
-    if let Some(wanted) = extended_key_usages {
-        let eku = leaf
-            .extended_key_usage()
-            .map_err(|e| format!("the leaf's extKeyUsage: {e}"))?
-            .map(|e| (e.value.server_auth, e.value.client_auth))
-            .unwrap_or((false, false));
-        let want = (
-            wanted.contains(&crate::config::ExtendedKeyUsage::ServerAuth),
-            wanted.contains(&crate::config::ExtendedKeyUsage::ClientAuth),
-        );
-        if eku != want {
-            return Err(format!(
-                "the leaf's extKeyUsage (serverAuth, clientAuth) is {eku:?}, the certificate profile's {want:?}"
-            ));
-        }
-    }
+    check_extensions(Side::Leaf, leaf.extensions(), extended_key_usages)?;
     let mut names = BTreeSet::new();
     if let Ok(Some(san)) = leaf.subject_alternative_name() {
         for g in &san.value.general_names {
@@ -413,17 +404,27 @@ fn check_chain(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, PublicKeyData};
+    use rcgen::{
+        BasicConstraints, CertificateParams, CustomExtension, DnType, ExtendedKeyUsagePurpose,
+        GeneralSubtree, IsCa, Issuer, KeyPair, KeyUsagePurpose, NameConstraints, PublicKeyData,
+    };
 
     use super::*;
+    use crate::config::ExtendedKeyUsage;
 
-    /// A CA, and a leaf for `names` with a fresh key signed by it: (chain
-    /// PEM, the leaf key's SPKI DER).
-    fn chain(names: &[&str], signed_by_other_ca: bool) -> (String, Vec<u8>) {
+    const SERVER: &[ExtendedKeyUsage] = &[ExtendedKeyUsage::ServerAuth];
+
+    /// What a test changes in a leaf's parameters.
+    type Tweak = fn(&mut CertificateParams);
+
+    /// A CA, and a leaf for `names` with a fresh key signed by it (a CN,
+    /// serverAuth, then whatever `tweak` does): (chain PEM, the leaf key's
+    /// SPKI DER).
+    fn chain_with(names: &[&str], signed_by_other_ca: bool, tweak: Tweak) -> (String, Vec<u8>) {
         let ca = |cn: &str| {
             let key = KeyPair::generate().unwrap();
             let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-            p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            p.distinguished_name.push(DnType::CommonName, cn);
             p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
             let cert = p.self_signed(&key).unwrap();
             (cert, Issuer::new(p, key))
@@ -435,9 +436,9 @@ mod tests {
             CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
                 .unwrap();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, names[0]);
+        params.distinguished_name.push(DnType::CommonName, names[0]);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        tweak(&mut params);
         let leaf = params
             .signed_by(&leaf_key, if signed_by_other_ca { &other } else { &issuer })
             .unwrap();
@@ -447,48 +448,137 @@ mod tests {
         )
     }
 
+    fn chain(names: &[&str], signed_by_other_ca: bool) -> (String, Vec<u8>) {
+        chain_with(names, signed_by_other_ca, |_| {})
+    }
+
     fn ids(names: &[&str]) -> Vec<Identifier> {
         names.iter().map(|n| Identifier::dns(*n)).collect()
+    }
+
+    /// An extension under a private arc nobody knows.
+    fn unknown_extension(critical: bool) -> CustomExtension {
+        let mut ext = CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 55555, 7], vec![5, 0]);
+        ext.set_criticality(critical);
+        ext
     }
 
     #[test]
     fn a_chain_for_the_csrs_key_and_the_orders_names_is_accepted() {
         let (pem, spki) = chain(&["a.test", "b.test"], false);
-        let issued = check_chain(&pem, &spki, &ids(&["b.test", "a.test"]), None).unwrap();
+        let issued = check_chain(&pem, &spki, &ids(&["b.test", "a.test"]), SERVER).unwrap();
         assert_eq!(
             ::pem::parse_many(&issued.chain_pem).unwrap(),
             ::pem::parse_many(&pem).unwrap()
         );
         assert_eq!(issued.serial.len() % 2, 0);
+        // What an issuing CA adds, and an extension nobody knows that is
+        // not critical, are fine.
+        let (pem, spki) = chain_with(&["a.test"], false, |p| {
+            p.use_authority_key_identifier_extension = true;
+            p.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            p.is_ca = IsCa::ExplicitNoCa;
+            p.custom_extensions.push(unknown_extension(false));
+        });
+        check_chain(&pem, &spki, &ids(&["a.test"]), SERVER).unwrap();
     }
 
     #[test]
     fn other_names_another_key_a_broken_link_and_no_certificate_are_refused() {
         let (pem, spki) = chain(&["a.test"], false);
-        let e = check_chain(&pem, &spki, &ids(&["a.test", "b.test"]), None).unwrap_err();
+        let e = check_chain(&pem, &spki, &ids(&["a.test", "b.test"]), SERVER).unwrap_err();
         assert!(e.contains("not the order's"), "{e}");
         let (_, other_spki) = chain(&["a.test"], false);
-        let e = check_chain(&pem, &other_spki, &ids(&["a.test"]), None).unwrap_err();
+        let e = check_chain(&pem, &other_spki, &ids(&["a.test"]), SERVER).unwrap_err();
         assert!(e.contains("public key"), "{e}");
         // A block another parser might take for a certificate, smuggled in
         // front of the checked leaf.
         let smuggled = format!(
             "-----BEGIN X509 CERTIFICATE-----\nAAAA\n-----END X509 CERTIFICATE-----\n{pem}"
         );
-        let e = check_chain(&smuggled, &spki, &ids(&["a.test"]), None).unwrap_err();
+        let e = check_chain(&smuggled, &spki, &ids(&["a.test"]), SERVER).unwrap_err();
         assert!(e.contains("X509 CERTIFICATE"), "{e}");
         let e = check_chain(
             &pem,
             &spki,
             &ids(&["a.test"]),
-            Some(&[crate::config::ExtendedKeyUsage::ClientAuth]),
+            &[ExtendedKeyUsage::ClientAuth],
         )
         .unwrap_err();
         assert!(e.contains("extKeyUsage"), "{e}");
         let (pem, spki) = chain(&["a.test"], true);
-        let e = check_chain(&pem, &spki, &ids(&["a.test"]), None).unwrap_err();
+        let e = check_chain(&pem, &spki, &ids(&["a.test"]), SERVER).unwrap_err();
         assert!(e.contains("not signed by the next"), "{e}");
-        let e = check_chain("garbage", &spki, &ids(&["a.test"]), None).unwrap_err();
+        let e = check_chain("garbage", &spki, &ids(&["a.test"]), SERVER).unwrap_err();
         assert!(e.contains("no certificate") || e.contains("not PEM"), "{e}");
+    }
+
+    #[test]
+    fn a_leaf_with_more_than_a_common_name_or_the_profiles_usages_is_refused() {
+        let table: [(&str, Tweak, &str); 8] = [
+            (
+                "an O attribute",
+                |p| p.distinguished_name.push(DnType::OrganizationName, "Evil"),
+                "subject has O",
+            ),
+            (
+                "an extra purpose",
+                |p| {
+                    p.extended_key_usages
+                        .push(ExtendedKeyUsagePurpose::CodeSigning)
+                },
+                "extKeyUsage is serverAuth, codeSigning",
+            ),
+            (
+                "no extKeyUsage",
+                |p| p.extended_key_usages.clear(),
+                "no extKeyUsage",
+            ),
+            (
+                "keyCertSign",
+                |p| {
+                    p.key_usages = vec![
+                        KeyUsagePurpose::DigitalSignature,
+                        KeyUsagePurpose::KeyCertSign,
+                    ]
+                },
+                "keyUsage has keyCertSign",
+            ),
+            (
+                "cRLSign",
+                |p| p.key_usages = vec![KeyUsagePurpose::CrlSign],
+                "keyUsage has cRLSign",
+            ),
+            (
+                "CA:TRUE",
+                |p| p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained),
+                "cA TRUE",
+            ),
+            (
+                "nameConstraints",
+                |p| {
+                    p.name_constraints = Some(NameConstraints {
+                        permitted_subtrees: vec![GeneralSubtree::DnsName("a.test".into())],
+                        excluded_subtrees: vec![],
+                    })
+                },
+                "nameConstraints (2.5.29.30)",
+            ),
+            (
+                "an unknown critical extension",
+                |p| p.custom_extensions.push(unknown_extension(true)),
+                "critical extension this server does not know: 1.3.6.1.4.1.55555.7",
+            ),
+        ];
+        for (case, tweak, said) in table {
+            let (pem, spki) = chain_with(&["a.test"], false, tweak);
+            let e = check_chain(&pem, &spki, &ids(&["a.test"]), SERVER)
+                .err()
+                .unwrap_or_else(|| panic!("{case}: accepted"));
+            assert!(e.contains(said), "{case}: {e}");
+        }
     }
 }

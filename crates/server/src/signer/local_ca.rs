@@ -1,10 +1,10 @@
 //! The embedded CA: a self-generated ECDSA P-256 CA (key written 0600 in the
 //! data directory) or the operator's own CA certificate, key and chain.
 //!
-//! Leaves carry exactly the order's names as SANs, EKU serverAuth, AKI/SKI,
-//! a serial of the time and 80 random bits (`ids::serial`), the configured
-//! validity and backdating, and optionally a CRL distribution point and an
-//! AIA caIssuers URL. CRLs are RFC 5280 v2 CRLs with an AKI and a CRL
+//! Leaves carry exactly the order's names as SANs, the certificate
+//! profile's EKU (serverAuth by default), AKI/SKI, a serial of the time and
+//! 80 random bits (`ids::serial`), the configured validity and backdating,
+//! and optionally a CRL distribution point and an AIA caIssuers URL. CRLs are RFC 5280 v2 CRLs with an AKI and a CRL
 //! number.
 
 use std::fs;
@@ -219,16 +219,14 @@ impl LocalCa {
             ],
             None => vec![KeyUsagePurpose::DigitalSignature],
         };
-        params.extended_key_usages = match req.extended_key_usages {
-            Some(purposes) => purposes
-                .iter()
-                .map(|p| match p {
-                    ExtendedKeyUsage::ServerAuth => ExtendedKeyUsagePurpose::ServerAuth,
-                    ExtendedKeyUsage::ClientAuth => ExtendedKeyUsagePurpose::ClientAuth,
-                })
-                .collect(),
-            None => vec![ExtendedKeyUsagePurpose::ServerAuth],
-        };
+        params.extended_key_usages = req
+            .extended_key_usages
+            .iter()
+            .map(|p| match p {
+                ExtendedKeyUsage::ServerAuth => ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsage::ClientAuth => ExtendedKeyUsagePurpose::ClientAuth,
+            })
+            .collect();
         let mut dn = DistinguishedName::new();
         if let Some(first) = req.identifiers.iter().find(|i| i.kind == "dns") {
             // A CN is optional but some older TLS clients still look at it;

@@ -9,6 +9,7 @@
 //! result and the authority records it.
 
 pub mod custom;
+pub mod extensions;
 pub mod local_ca;
 #[cfg(feature = "pkcs11")]
 pub mod pkcs11;
@@ -22,7 +23,8 @@ pub use local_ca::LocalCa;
 pub use relay::Relay;
 
 /// What a signer is asked to sign. The authority has already checked the
-/// CSR's signature, key strength and names against the order.
+/// CSR's signature, key strength and names against the order, and its
+/// subject and extensions against [`extensions`].
 #[derive(Debug)]
 pub struct IssueRequest<'a> {
     /// When the certificate is asked for (the serial number starts with it).
@@ -34,8 +36,9 @@ pub struct IssueRequest<'a> {
     pub not_after: OffsetDateTime,
     /// The certificate profile's keyUsage bits; none: the signer's default.
     pub key_usages: Option<&'a [crate::config::KeyUsage]>,
-    /// The certificate profile's extKeyUsage; none: serverAuth.
-    pub extended_key_usages: Option<&'a [crate::config::ExtendedKeyUsage]>,
+    /// The extKeyUsage purposes the certificate carries, exactly
+    /// ([`crate::config::ExtendedKeyUsage::granted`]).
+    pub extended_key_usages: &'a [crate::config::ExtendedKeyUsage],
 }
 
 /// Renewal windows (RFC 9773) asked of an outside party — the upstream CA,

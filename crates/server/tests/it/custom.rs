@@ -1,7 +1,9 @@
 //! The custom signer against a real external PKI stand-in: a shell script
 //! that signs with the `openssl` command line (fixtures/openssl_signer.sh).
 //! certbot and lego obtain certificates through it; a refusal, a hang, a
-//! failure and a chain for the wrong key each end as the issue says; its
+//! failure and a chain for the wrong key each end as the issue says; CSRs
+//! asking for more than names and TLS usages are refused before it runs,
+//! and leaves it returns with more than that are never served; its
 //! revocation, CRL and renewal-window operations are used.
 
 use std::os::unix::fs::PermissionsExt;
@@ -120,8 +122,8 @@ impl LegacyPki {
         self.dir.path().join(name)
     }
 
-    /// Makes the script misbehave ("badcsr", "hang", "fail", "wrongkey") or
-    /// sign ("sign").
+    /// Makes the script misbehave ("badcsr", "hang", "fail", "wrongkey",
+    /// "extraeku", "organization") or sign ("sign").
     fn mode(&self, mode: &str) {
         std::fs::write(self.path("mode"), mode).expect("mode");
     }
@@ -427,5 +429,262 @@ async fn the_custom_signers_revocation_crl_and_renewal_window_programs_are_used(
     assert_eq!(crl.status, 200);
     let (_, parsed) = x509_parser::parse_x509_crl(&crl.body).expect("a DER CRL from the program");
     assert_eq!(parsed.issuer().to_string(), "CN=Legacy PKI test CA");
+    server.stop().await;
+}
+
+/// A DER TLV with a short-form length (every value here is short).
+fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let len = u8::try_from(content.len()).expect("short");
+    assert!(len < 0x80);
+    [&[tag, len][..], content].concat()
+}
+
+/// A CSR for `name` (its SAN, no subject) by rcgen, after `tweak`, with
+/// extra PKCS #10 `attributes`.
+fn rcgen_csr(
+    name: &str,
+    tweak: impl FnOnce(&mut rcgen::CertificateParams),
+    attributes: Vec<rcgen::Attribute>,
+) -> Vec<u8> {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).expect("params");
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    tweak(&mut params);
+    params
+        .serialize_request_with_attributes(&key, attributes)
+        .expect("CSR")
+        .der()
+        .to_vec()
+}
+
+/// A CSR for `name` by the openssl command line, for an RSA key made with
+/// `key_options` and signed with `digest`.
+fn openssl_csr(dir: &Path, name: &str, key_options: &[&str], digest: &str) -> Vec<u8> {
+    let mut genpkey = vec!["genpkey", "-algorithm", "RSA", "-out", "csr-key.pem"];
+    genpkey.extend(key_options.iter().flat_map(|o| ["-pkeyopt", o]));
+    openssl(dir, &genpkey);
+    let san = format!("subjectAltName=DNS:{name}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-key",
+            "csr-key.pem",
+            digest,
+            "-subj",
+            "/",
+            "-addext",
+            &san,
+            "-outform",
+            "DER",
+            "-out",
+            "csr.der",
+        ],
+    );
+    std::fs::read(dir.join("csr.der")).expect("csr.der")
+}
+
+/// CSRs for `name` asking for more than names and TLS usages, each with
+/// what it asks.
+fn overreaching_csrs(dir: &Path, name: &str) -> Vec<(&'static str, Vec<u8>)> {
+    use rcgen::{DnType, ExtendedKeyUsagePurpose as Eku, KeyUsagePurpose as Ku};
+    // A second extensionRequest attribute (its SET of one Extensions)
+    // asking for basicConstraints cA TRUE, critical.
+    let ca_true = tlv(
+        0x30,
+        &[
+            &[0x06, 0x03, 0x55, 0x1d, 0x13, 0x01, 0x01, 0xff][..],
+            &tlv(0x04, &tlv(0x30, &[0x01, 0x01, 0xff])),
+        ]
+        .concat(),
+    );
+    let second_request = rcgen::Attribute {
+        oid: &[1, 2, 840, 113_549, 1, 9, 14],
+        values: tlv(0x31, &tlv(0x30, &ca_true)),
+    };
+    vec![
+        (
+            "an O attribute",
+            rcgen_csr(
+                name,
+                |p| p.distinguished_name.push(DnType::OrganizationName, "Evil"),
+                vec![],
+            ),
+        ),
+        (
+            "an OU attribute",
+            rcgen_csr(
+                name,
+                |p| {
+                    p.distinguished_name
+                        .push(DnType::OrganizationalUnitName, "Ops")
+                },
+                vec![],
+            ),
+        ),
+        (
+            "codeSigning",
+            rcgen_csr(
+                name,
+                |p| p.extended_key_usages = vec![Eku::ServerAuth, Eku::CodeSigning],
+                vec![],
+            ),
+        ),
+        (
+            "keyCertSign",
+            rcgen_csr(
+                name,
+                |p| p.key_usages = vec![Ku::DigitalSignature, Ku::KeyCertSign],
+                vec![],
+            ),
+        ),
+        (
+            "nameConstraints",
+            rcgen_csr(
+                name,
+                |p| {
+                    let permitted = tlv(0xa0, &tlv(0x30, &tlv(0x82, b"legacy.test")));
+                    p.custom_extensions
+                        .push(rcgen::CustomExtension::from_oid_content(
+                            &[2, 5, 29, 30],
+                            tlv(0x30, &permitted),
+                        ));
+                },
+                vec![],
+            ),
+        ),
+        (
+            "basicConstraints CA:TRUE",
+            rcgen_csr(
+                name,
+                |p| p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained),
+                vec![],
+            ),
+        ),
+        (
+            "two extensionRequest attributes",
+            rcgen_csr(name, |_| {}, vec![second_request]),
+        ),
+        (
+            "a SHA-1 signature",
+            openssl_csr(dir, name, &["rsa_keygen_bits:2048"], "-sha1"),
+        ),
+        (
+            "an RSA key with exponent 3",
+            openssl_csr(
+                dir,
+                name,
+                &["rsa_keygen_bits:2048", "rsa_keygen_pubexp:3"],
+                "-sha256",
+            ),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csrs_asking_for_more_than_names_and_tls_usages_are_bad_csr_and_the_program_never_runs() {
+    let Some(pki) = LegacyPki::new() else {
+        return;
+    };
+    let server = TestServer::start(free_port(), None, &pki.profile("10s")).await;
+    let account = client::account(&server.directory("legacy")).await;
+    let name = "strict.legacy.test";
+    let mut order = ready_order(&account, name).await;
+    let work = tempfile::tempdir().expect("tempdir");
+    for (case, der) in overreaching_csrs(work.path(), name) {
+        let e = order.finalize_csr(&der).await.expect_err(case);
+        match &e {
+            instant_acme::Error::Api(p) => assert_eq!(
+                p.r#type.as_deref(),
+                Some("urn:ietf:params:acme:error:badCSR"),
+                "{case}: {e}"
+            ),
+            other => panic!("{case}: not a problem document: {other}"),
+        }
+        assert_eq!(
+            order.refresh().await.expect("order").status,
+            OrderStatus::Ready,
+            "{case}: the order stays ready"
+        );
+        assert!(
+            !pki.path("runs").exists(),
+            "{case}: the program ran for a CSR the server refuses"
+        );
+    }
+    // The same order, with a CSR of names alone, is signed by the program:
+    // its trace is there when it runs.
+    order
+        .finalize_csr(&rcgen_csr(name, |_| {}, vec![]))
+        .await
+        .expect("a plain CSR is signed");
+    order
+        .poll_certificate(&client::retry())
+        .await
+        .expect("issued");
+    assert_eq!(
+        std::fs::read_to_string(pki.path("runs")).expect("runs"),
+        "issue\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_with_an_extra_purpose_or_an_o_attribute_makes_the_order_invalid_and_is_never_served()
+ {
+    let Some(pki) = LegacyPki::new() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = TestServer::config_text(dir.path(), free_port(), None, &pki.profile("10s"));
+    let (_etc, config) = harness::config_file(&toml);
+    let server = TestServer::start_in(dir, &toml).await;
+    let account = client::account(&server.directory("legacy")).await;
+    let cases = [
+        (
+            "extraeku",
+            "eku.legacy.test",
+            "the leaf's extKeyUsage is serverAuth, codeSigning; the certificate profile's is serverAuth",
+        ),
+        (
+            "organization",
+            "org.legacy.test",
+            "the leaf's subject has O (2.5.4.10)",
+        ),
+    ];
+    for (mode, name, reason) in cases {
+        pki.mode(mode);
+        let (mut order, result, _) = finalize_once(&account, name).await;
+        let e = result.expect_err(mode);
+        // The client gets the generic problem of a failed signer, not the
+        // reason.
+        assert_eq!(client::problem_type(&e), "serverInternal", "{mode}: {e}");
+        assert!(!e.to_string().contains("leaf"), "{mode}: {e}");
+        let state = order.refresh().await.expect("order");
+        assert_eq!(state.status, OrderStatus::Invalid, "{mode}");
+        assert!(state.certificate.is_none(), "{mode}: nothing is served");
+        assert!(
+            order.poll_certificate(&client::retry()).await.is_err(),
+            "{mode}: nothing is served"
+        );
+        // The operator reads the reason in the audit trail.
+        let audit = harness::run_cli(
+            &config,
+            &[
+                "audit",
+                "list",
+                "--event",
+                "certificate.issue_failed",
+                "--json",
+            ],
+            &[],
+        );
+        assert_eq!(audit.code, 0, "{audit:?}");
+        assert!(
+            audit.stdout.contains(reason),
+            "{reason:?} not in\n{}",
+            audit.stdout
+        );
+    }
     server.stop().await;
 }
