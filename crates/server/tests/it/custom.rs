@@ -591,7 +591,7 @@ async fn csrs_asking_for_more_than_names_and_tls_usages_are_bad_csr_and_the_prog
     let account = client::account(&server.directory("legacy")).await;
     let name = "strict.legacy.test";
     let mut order = ready_order(&account, name).await;
-    let work = tempfile::tempdir().expect("tempdir");
+    let work = crate::harness::tempdir();
     for (case, der) in overreaching_csrs(work.path(), name) {
         let e = order.finalize_csr(&der).await.expect_err(case);
         match &e {
@@ -635,7 +635,7 @@ async fn a_leaf_with_an_extra_purpose_or_an_o_attribute_makes_the_order_invalid_
     let Some(pki) = LegacyPki::new() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = crate::harness::tempdir();
     let toml = TestServer::config_text(dir.path(), free_port(), None, &pki.profile("10s"));
     let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;

@@ -1320,7 +1320,7 @@ async fn an_account_deactivated_by_another_process_gets_401_from_a_write_verifie
  {
     use acme_proxy_store::{Store, StoreOptions};
 
-    let data = tempfile::tempdir().unwrap();
+    let data = crate::harness::tempdir();
     let db = format!("sqlite:{}", data.path().join("acme-proxy.db").display());
     let toml = format!(
         "account_cache_ttl = \"60s\"\n{}",
