@@ -363,8 +363,12 @@ fn default_webhook_timeout() -> Duration {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobsConfig {
-    /// Jobs run at once by this process.
+    /// Jobs of one kind run at once by this process (each kind —
+    /// validation, relay issuance, notification, periodic work — has its
+    /// own slots).
     pub concurrency: usize,
+    /// Validations of one account running at once (across processes).
+    pub validations_per_account: usize,
     /// How often the runner looks for scheduled work when nothing woke it.
     #[serde(deserialize_with = "duration")]
     pub poll_interval: Duration,
@@ -392,6 +396,7 @@ impl Default for JobsConfig {
     fn default() -> Self {
         Self {
             concurrency: 16,
+            validations_per_account: 8,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(15),
             attempt_budget: Duration::from_secs(300),
@@ -490,6 +495,11 @@ pub struct ProfileConfig {
     pub caa: bool,
     /// Accept `ip` identifiers (RFC 8738).
     pub ip_identifiers: bool,
+    /// Identifiers one order may name.
+    pub max_identifiers: usize,
+    /// Pending authorizations one account may hold at this profile; a
+    /// newOrder that would pass it is `rateLimited`.
+    pub max_pending_authorizations: usize,
     /// External Account Binding (RFC 8555 §7.3.4) at newAccount: `off`
     /// (bindings are ignored), `optional` (checked when sent) or `required`.
     pub eab: EabMode,
@@ -940,6 +950,8 @@ impl Default for ProfileConfig {
             authorization_lifetime: Duration::from_secs(30 * 86400),
             authorization_reuse: None,
             ip_identifiers: true,
+            max_identifiers: 100,
+            max_pending_authorizations: 300,
             caa: false,
             eab: EabMode::Off,
             certificate_profiles: BTreeMap::new(),
@@ -1442,6 +1454,11 @@ impl Config {
             ));
         }
         for (name, p) in &self.profiles {
+            if p.max_identifiers == 0 || p.max_pending_authorizations == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.max_identifiers and profiles.{name}.max_pending_authorizations must be at least 1; write e.g. max_identifiers = 100 and max_pending_authorizations = 300"
+                )));
+            }
             at_least(
                 &format!("profiles.{name}.order_lifetime"),
                 p.order_lifetime,
@@ -1487,6 +1504,11 @@ impl Config {
         if self.max_in_flight == 0 {
             return Err(ConfigError::Invalid(
                 "max_in_flight must be at least 1".into(),
+            ));
+        }
+        if self.jobs.validations_per_account == 0 {
+            return Err(ConfigError::Invalid(
+                "jobs.validations_per_account must be at least 1; write e.g. validations_per_account = 8".into(),
             ));
         }
         let c = &self.connections;
@@ -1717,6 +1739,7 @@ mod tests {
         "validation.allow_networks",
         "validation.caa_recheck_after",
         "jobs.concurrency",
+        "jobs.validations_per_account",
         "jobs.poll_interval",
         "jobs.lease",
         "jobs.attempt_budget",
@@ -1733,6 +1756,8 @@ mod tests {
         "profiles.default.authorization_lifetime",
         "profiles.default.caa",
         "profiles.default.ip_identifiers",
+        "profiles.default.max_identifiers",
+        "profiles.default.max_pending_authorizations",
         "profiles.default.authorization_reuse",
         "profiles.default.signer.type",
         "profiles.default.signer.ca_cert",

@@ -39,6 +39,9 @@ pub struct NewJob<'a> {
     pub run_at: i64,
     pub deadline: Option<i64>,
     pub max_attempts: i64,
+    /// Whose work this is (a validation: the account's id), for the
+    /// per-owner cap of [`Store::claim_jobs`]; `None`: nobody's.
+    pub fair_key: Option<&'a str>,
 }
 
 /// What `insert_job` did.
@@ -69,8 +72,8 @@ pub struct JobCounts {
 /// text of the `jobs_live_identity` index's (migration 0007), as is every
 /// lookup of a live job's: SQLite matches a partial index by its text.
 const INSERT_JOB: &str =
-    "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at)
-     VALUES (?1, ?2, ?3, 'queued', 0, ?4, ?5, ?6, ?7, ?7)
+    "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at, fair_key)
+     VALUES (?1, ?2, ?3, 'queued', 0, ?4, ?5, ?6, ?7, ?7, ?8)
      ON CONFLICT (kind, key) WHERE (status = 'queued' OR status = 'running' OR status = 'retiring') DO NOTHING
      RETURNING id";
 
@@ -94,6 +97,7 @@ pub(crate) fn insert_job_in(
             job.run_at,
             job.deadline,
             now_ms,
+            job.fair_key,
         ],
     )
 }
@@ -172,20 +176,31 @@ impl Store {
         )? == 1)
     }
 
-    /// Claims up to `limit` jobs of `kinds` for `owner`: queued jobs that are
-    /// due (or whose cancellation was requested), and jobs whose lease ran
-    /// out (their runner died). A queued or reclaimed running job counts
-    /// one more attempt; a reclaimed `retiring` job stays retiring so that
-    /// its abandon runs again.
+    /// Claims due jobs (and jobs whose lease ran out) for `owner`, oldest
+    /// first within each kind: at most `free[kind]` of each kind listed,
+    /// and of the jobs that name a `fair_key`, no more than make
+    /// `per_key_cap` running at once for that (kind, key) — those already
+    /// running, by any runner, counted. One statement under SQLite's write
+    /// lock, so two runners never claim the same job. Each kind is ranked
+    /// after the per-key cap is applied: one owner's queued backlog cannot
+    /// push another's jobs out of the kind's free slots.
     pub async fn claim_jobs(
         &self,
         owner: &str,
-        kinds: &[&str],
+        free: &[(&str, usize)],
         now: i64,
         lease_ms: i64,
-        limit: i64,
+        per_key_cap: i64,
     ) -> Result<Vec<JobRow>> {
-        let kinds = serde_json::to_string(kinds).unwrap_or_else(|_| "[]".to_owned());
+        let limits: serde_json::Map<String, serde_json::Value> = free
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(kind, n)| ((*kind).to_owned(), serde_json::Value::from(*n)))
+            .collect();
+        if limits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let limits = serde_json::Value::Object(limits).to_string();
         all(
             &*self.writer().await?,
             concat!(
@@ -195,16 +210,28 @@ impl Store {
                                  THEN attempts ELSE attempts + 1 END,
                  lease_owner = ?1, lease_until = ?2 + ?3, updated_at = ?2
              WHERE id IN (
-                 SELECT id FROM jobs
-                 WHERE kind IN (SELECT value FROM json_each(?4))
-                   AND ((status = 'queued' AND (run_at <= ?2 OR cancel_requested_by IS NOT NULL))
-                        OR (status IN ('running', 'retiring') AND lease_until <= ?2))
-                 ORDER BY run_at, id
-                 LIMIT ?5)
+                 SELECT id FROM (
+                     SELECT e.id, e.kind,
+                            ROW_NUMBER() OVER (PARTITION BY e.kind ORDER BY e.run_at, e.id) AS kind_rank
+                     FROM (
+                         SELECT j.id, j.kind, j.run_at, j.fair_key,
+                                ROW_NUMBER() OVER (PARTITION BY j.kind, j.fair_key ORDER BY j.run_at, j.id) AS key_rank
+                         FROM jobs j
+                         WHERE j.kind IN (SELECT key FROM json_each(?4))
+                           AND ((j.status = 'queued' AND (j.run_at <= ?2 OR j.cancel_requested_by IS NOT NULL))
+                                OR (j.status IN ('running', 'retiring') AND j.lease_until <= ?2))
+                     ) e
+                     WHERE e.fair_key IS NULL
+                        OR e.key_rank + (SELECT COUNT(*) FROM jobs r
+                                         WHERE r.status = 'running' AND r.kind = e.kind
+                                           AND r.fair_key = e.fair_key AND r.lease_until > ?2) <= ?5
+                 )
+                 -- The kind quoted in the path: kinds may hold dots.
+                 WHERE kind_rank <= json_extract(?4, '$.\"' || kind || '\"'))
              RETURNING ",
                 job_columns!()
             ),
-            params![owner, now, lease_ms, kinds, limit],
+            params![owner, now, lease_ms, limits, per_key_cap],
             job_from_row,
         )
     }

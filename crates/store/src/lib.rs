@@ -1033,6 +1033,7 @@ mod tests {
                     run_at: 1,
                     deadline: None,
                     max_attempts: 1,
+                    fair_key: None,
                 };
                 store
                     .complete_ready_order(&cert(id, order), &audit(order), &[notice], GUARD)
@@ -1157,6 +1158,7 @@ mod tests {
             run_at: 1,
             deadline: None,
             max_attempts: 1,
+            fair_key: None,
         };
         let relayed = NewUpstreamOrder {
             order_id: "ready",

@@ -509,6 +509,24 @@ impl Store {
     /// Whether `account_id` holds a valid, unexpired authorization for
     /// `identifier` at `profile` (RFC 8555 §7.6 revocation by an account that
     /// controls every name).
+    /// How many of `account_id`'s authorizations at `profile` are pending
+    /// and unexpired at `now` (an expired one is pending until something
+    /// reads it).
+    pub async fn pending_authorizations(
+        &self,
+        profile: &str,
+        account_id: &str,
+        now: i64,
+    ) -> Result<i64> {
+        Ok(scalar(
+            &*self.point_reader().await?,
+            "SELECT COUNT(*) FROM authorizations
+             WHERE account_id = ?1 AND profile = ?2 AND status = 'pending' AND expires_at > ?3",
+            params![account_id, profile, now],
+        )?
+        .unwrap_or(0))
+    }
+
     pub async fn has_valid_authorization(
         &self,
         profile: &str,

@@ -17,9 +17,6 @@ use crate::config::CertificateProfileConfig;
 use crate::error::{AcmeError, AcmeResult};
 use crate::ids;
 
-/// Identifiers accepted in one order.
-pub const MAX_IDENTIFIERS: usize = 100;
-
 impl Authority {
     /// newOrder (§7.4): checks every identifier (all faults reported at once,
     /// as one `compound` problem when there are several), and creates the
@@ -56,11 +53,31 @@ impl Authority {
         if req.identifiers.is_empty() {
             return Err(AcmeError::malformed("the order has no identifiers"));
         }
-        if req.identifiers.len() > MAX_IDENTIFIERS {
+        let max = profile.config.max_identifiers;
+        if req.identifiers.len() > max {
             return Err(AcmeError::new(
                 ProblemType::RejectedIdentifier,
-                format!("an order may name at most {MAX_IDENTIFIERS} identifiers"),
+                format!("an order may name at most {max} identifiers"),
             ));
+        }
+        // One account cannot pile up work it never finishes: counted
+        // before the order is made (two racing orders may pass it by one
+        // order's worth, a bound all the same).
+        let cap = i64::try_from(profile.config.max_pending_authorizations).unwrap_or(i64::MAX);
+        let pending = self
+            .store
+            .pending_authorizations(&profile.name, &account.id, self.clock.unix())
+            .await?;
+        let asked = i64::try_from(req.identifiers.len()).unwrap_or(i64::MAX);
+        if pending.saturating_add(asked) > cap {
+            let mut e = AcmeError::new(
+                ProblemType::RateLimited,
+                format!(
+                    "this account has {pending} pending authorizations at this profile and may hold at most {cap}; validate or let expire some before ordering more"
+                ),
+            );
+            e.retry_after = Some(60);
+            return Err(e);
         }
         // draft-ietf-acme-profiles §4: an unknown profile is refused
         // before anything else is looked at.
@@ -488,6 +505,9 @@ impl Authority {
             // Past the authorization's expiry a result is useless.
             deadline: Some(authz.expires_at * 1000),
             max_attempts: i64::from(self.queue.config.max_attempts),
+            // One account's validations take at most
+            // `jobs.validations_per_account` slots at once.
+            fair_key: Some(&account.id),
         };
         if self
             .store

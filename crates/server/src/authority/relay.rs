@@ -82,6 +82,7 @@ impl Authority {
             // Past the order's expiry the client could never collect it.
             deadline: Some(order.expires_at * 1000),
             max_attempts: i64::from(relay.config.max_attempts),
+            fair_key: None,
         };
         // Recorded now, for the audit rows the job writes later.
         let reverse_name = match ctx.client_ip.as_deref().and_then(|ip| ip.parse().ok()) {

@@ -204,6 +204,7 @@ impl JobHandler for ValidationJobs {
                     );
                     spec.deadline =
                         time::OffsetDateTime::from_unix_timestamp(p.authorization.expires_at).ok();
+                    spec.fair_key = Some(p.authorization.account_id.clone());
                     spec
                 })
                 .collect();

@@ -57,6 +57,9 @@ pub struct JobSpec {
     pub deadline: Option<OffsetDateTime>,
     /// Overrides the configured maximum number of attempts.
     pub max_attempts: Option<u32>,
+    /// Whose work it is, for the per-owner cap of the claim (a validation:
+    /// its account), so one owner cannot take every slot of the kind.
+    pub fair_key: Option<String>,
 }
 
 impl JobSpec {
@@ -68,6 +71,7 @@ impl JobSpec {
             run_at: None,
             deadline: None,
             max_attempts: None,
+            fair_key: None,
         }
     }
 }
@@ -304,6 +308,7 @@ impl Queue {
                     run_at: spec.run_at.map_or(now, ms),
                     deadline: spec.deadline.map(ms),
                     max_attempts: i64::from(spec.max_attempts.unwrap_or(self.config.max_attempts)),
+                    fair_key: spec.fair_key.as_deref(),
                 },
                 now,
             )
@@ -355,7 +360,10 @@ pub struct Runner {
     registry: Arc<Registry>,
     /// Lease owner: unique per runner incarnation.
     owner: String,
-    slots: Arc<Semaphore>,
+    /// Each kind's own `jobs.concurrency` slots: validations, relay
+    /// issuance, notifications and periodic work never wait behind one
+    /// another.
+    slots: HashMap<&'static str, Arc<Semaphore>>,
     held: Arc<Mutex<HashSet<i64>>>,
 }
 
@@ -371,7 +379,11 @@ impl std::fmt::Debug for Runner {
 impl Runner {
     pub fn new(queue: Arc<Queue>, registry: Registry) -> Self {
         let owner = format!("{}:{}", std::process::id(), crate::ids::request_id());
-        let slots = Arc::new(Semaphore::new(queue.config.concurrency));
+        let slots = registry
+            .kinds()
+            .into_iter()
+            .map(|kind| (kind, Arc::new(Semaphore::new(queue.config.concurrency))))
+            .collect();
         Self {
             queue,
             registry: Arc::new(registry),
@@ -396,17 +408,25 @@ impl Runner {
         Ok(())
     }
 
-    async fn claim(&self, limit: usize) -> Vec<JobRow> {
-        if limit == 0 {
+    /// Each kind's free slots now.
+    fn free(&self) -> Vec<(&'static str, usize)> {
+        self.slots
+            .iter()
+            .map(|(kind, slots)| (*kind, slots.available_permits()))
+            .collect()
+    }
+
+    async fn claim(&self, free: &[(&'static str, usize)]) -> Vec<JobRow> {
+        if free.iter().all(|(_, n)| *n == 0) {
             return Vec::new();
         }
-        let kinds = self.registry.kinds();
         let lease = self.queue.config.lease.as_millis() as i64;
         let now = self.queue.clock.unix_ms();
+        let per_key = i64::try_from(self.queue.config.validations_per_account).unwrap_or(i64::MAX);
         match self
             .queue
             .store
-            .claim_jobs(&self.owner, &kinds, now, lease, limit as i64)
+            .claim_jobs(&self.owner, free, now, lease, per_key)
             .await
         {
             Ok(jobs) => {
@@ -423,16 +443,28 @@ impl Runner {
         }
     }
 
-    /// Claims every due job (up to the concurrency) and runs them to their
-    /// settlement; returns how many ran. Used by tests with an injected
-    /// clock, and by nothing else.
+    /// The slot of a claimed job's kind (claimed within the free slots, so
+    /// one is free: only this loop takes them).
+    fn slot(&self, kind: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slots
+            .get(kind)
+            .and_then(|s| Arc::clone(s).try_acquire_owned().ok())
+    }
+
+    /// Claims every due job (up to each kind's free slots) and runs them
+    /// to their settlement; returns how many ran. Used by tests with an
+    /// injected clock, and by nothing else.
     pub async fn run_due(self: &Arc<Self>) -> usize {
-        let jobs = self.claim(self.slots.available_permits()).await;
+        let jobs = self.claim(&self.free()).await;
         let n = jobs.len();
         let mut set = JoinSet::new();
         for job in jobs {
             let this = Arc::clone(self);
-            set.spawn(async move { this.execute(job).await });
+            let permit = self.slot(&job.kind);
+            set.spawn(async move {
+                this.execute(job).await;
+                drop(permit);
+            });
         }
         while set.join_next().await.is_some() {}
         n
@@ -447,30 +479,18 @@ impl Runner {
                 break;
             }
             while set.try_join_next().is_some() {}
-            let free = self.slots.available_permits();
-            let jobs = self.claim(free).await;
-            let claimed = jobs.len();
+            let free = self.free();
+            let jobs = self.claim(&free).await;
             for job in jobs {
-                let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
-                    break;
-                };
+                let permit = self.slot(&job.kind);
                 let this = Arc::clone(&self);
                 set.spawn(async move {
                     this.execute(job).await;
                     drop(permit);
                 });
             }
-            if claimed > 0 && claimed == free {
-                // There may be more due work; wait only for a free slot.
-                tokio::select! {
-                    _ = set.join_next(), if !set.is_empty() => {}
-                    changed = stop.changed() => {
-                        // A dropped sender means nobody can stop us any more: stop now.
-                        if changed.is_err() { break; }
-                    }
-                }
-                continue;
-            }
+            // A slot freed (a job finished) is waited for like new work:
+            // each kind's due work is claimed as soon as it has room.
             tokio::select! {
                 _ = self.queue.wake.notified() => {}
                 _ = tokio::time::sleep(self.queue.config.poll_interval) => {}

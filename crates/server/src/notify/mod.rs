@@ -110,6 +110,7 @@ impl Outbox {
                 run_at: self.now_ms,
                 deadline: None,
                 max_attempts: self.max_attempts,
+                fair_key: None,
             })
             .collect()
     }

@@ -735,6 +735,66 @@ async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_c
 }
 
 #[tokio::test]
+async fn a_claim_fills_each_kind_s_own_slots_and_no_owner_takes_more_than_its_cap() {
+    let dir = crate::harness::tempdir();
+    let store = open_store(dir.path()).await;
+    let t = 1_700_000_000_000_i64;
+    let queue = |kind: &'static str, key: String, fair_key: Option<&'static str>, at: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .insert_job(
+                    &NewJob {
+                        kind,
+                        key: &key,
+                        payload: "{}",
+                        run_at: at,
+                        deadline: None,
+                        max_attempts: 5,
+                        fair_key,
+                    },
+                    at,
+                )
+                .await
+                .unwrap();
+        }
+    };
+    // One owner's backlog queued first, then another owner's job, then
+    // work of another kind.
+    for i in 0..20 {
+        queue("validate", format!("greedy-{i}"), Some("greedy"), t + i).await;
+    }
+    queue("validate", "polite".into(), Some("polite"), t + 100).await;
+    queue("deliver", "hook".into(), None, t + 200).await;
+    let claimed = store
+        .claim_jobs("r", &[("validate", 4), ("deliver", 4)], t + 1000, 60_000, 2)
+        .await
+        .unwrap();
+    let mut keys: Vec<&str> = claimed.iter().map(|j| j.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["greedy-0", "greedy-1", "hook", "polite"]);
+    // With its two running, the greedy owner gets nothing more, however
+    // many slots are free.
+    let more = store
+        .claim_jobs(
+            "r",
+            &[("validate", 10), ("deliver", 4)],
+            t + 2000,
+            60_000,
+            2,
+        )
+        .await
+        .unwrap();
+    assert_eq!(more, vec![]);
+    // A kind with no free slot is not claimed at all.
+    let none = store
+        .claim_jobs("r", &[("validate", 0)], t + 2000, 60_000, 100)
+        .await
+        .unwrap();
+    assert_eq!(none, vec![]);
+}
+
+#[tokio::test]
 async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
     let dir = crate::harness::tempdir();
     let store = open_store(dir.path()).await;
@@ -748,6 +808,7 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
                 run_at: t,
                 deadline: None,
                 max_attempts: 5,
+                fair_key: None,
             },
             t,
         )
@@ -755,13 +816,16 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
         .unwrap();
     let id = queued.id();
 
-    let a = store.claim_jobs("a", &[KIND], t, 1000, 10).await.unwrap();
+    let a = store
+        .claim_jobs("a", &[(KIND, 10)], t, 1000, 8)
+        .await
+        .unwrap();
     assert_eq!(a.len(), 1);
     assert_eq!((a[0].attempts, a[0].lease_owner.as_deref()), (1, Some("a")));
     // Still leased to "a": nobody else gets it.
     assert!(
         store
-            .claim_jobs("b", &[KIND], t + 999, 1000, 10)
+            .claim_jobs("b", &[(KIND, 10)], t + 999, 1000, 8)
             .await
             .unwrap()
             .is_empty()
@@ -769,7 +833,7 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
 
     // "a" went quiet; its lease ran out and "b" reclaimed the job.
     let b = store
-        .claim_jobs("b", &[KIND], t + 2000, 1000, 10)
+        .claim_jobs("b", &[(KIND, 10)], t + 2000, 1000, 8)
         .await
         .unwrap();
     assert_eq!(b.len(), 1);

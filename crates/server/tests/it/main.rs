@@ -15,6 +15,7 @@ mod connections;
 mod custom;
 mod eab;
 mod egress;
+mod fairness;
 mod flow;
 mod harness;
 #[cfg(feature = "pkcs11")]

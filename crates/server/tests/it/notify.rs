@@ -668,6 +668,7 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
         run_at: (now + 3600) * 1000,
         deadline: None,
         max_attempts: 1,
+        fair_key: None,
     };
     let queued = || async {
         acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
