@@ -97,7 +97,9 @@ impl Drop for Admitted {
 impl Open {
     /// Counts a new connection from `peer`, or says which bound refuses it.
     fn admit(self: &Arc<Self>, peer: IpAddr, l: &Listener) -> Result<Admitted, &'static str> {
-        let exempt = l.exempt.iter().any(|n| n.contains(&peer.to_canonical()));
+        // An IPv4 client on a dual-stack socket arrives as ::ffff:a.b.c.d.
+        let peer = peer.to_canonical();
+        let exempt = l.exempt.iter().any(|n| n.contains(&peer));
         let client = if exempt {
             None
         } else {

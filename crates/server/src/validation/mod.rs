@@ -242,3 +242,51 @@ impl Validators {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn egress(allow: &[&str]) -> Egress {
+        Egress::new(
+            crate::config::DEFAULT_DENY_NETWORKS
+                .iter()
+                .map(|n| n.parse().unwrap())
+                .collect(),
+            allow.iter().map(|n| n.parse().unwrap()).collect(),
+        )
+    }
+
+    #[test]
+    fn the_default_list_refuses_loopback_link_local_and_metadata_and_allows_private_ranges() {
+        let e = egress(&[]);
+        for refused in [
+            "127.0.0.2",
+            "::1",
+            "169.254.169.254",
+            "fd00:ec2::254",
+            "fe80::1",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "ff02::1",
+            "255.255.255.255",
+            // An IPv4 address written as IPv6 is the IPv4 address.
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(e.refusal(refused.parse().unwrap()).is_some(), "{refused}");
+        }
+        for allowed in ["10.1.2.3", "172.16.0.1", "192.168.1.1", "fd12::1", "192.0.2.1"] {
+            assert_eq!(e.refusal(allowed.parse().unwrap()), None, "{allowed}");
+        }
+    }
+
+    #[test]
+    fn allow_networks_makes_exceptions_to_the_refused_ones() {
+        let e = egress(&["127.0.0.1/32"]);
+        assert_eq!(e.refusal("127.0.0.1".parse().unwrap()), None);
+        assert_eq!(e.refusal("::ffff:127.0.0.1".parse().unwrap()), None);
+        assert!(e.refusal("127.0.0.2".parse().unwrap()).is_some());
+    }
+}
