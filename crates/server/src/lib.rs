@@ -3,10 +3,11 @@
 //! See ARCHITECTURE.md for the map. Layers, each using only those below:
 //! `server` (assembly) → `api` (front end) → `authority` (state machine) →
 //! `signer` → store (crate) → protocol (crate); `validation`, `config`,
-//! `clock`, `ids` are leaves.
+//! `clock`, `ids`, `bounded` are leaves.
 
 pub mod api;
 pub mod authority;
+pub mod bounded;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -4,7 +4,10 @@
 //!
 //! Architecture Invariant: issuance and refusal counters are bumped only by
 //! [`Metrics::audited`], from the same audit record that is written, so
-//! the audit log and the counters cannot disagree.
+//! the audit log and the counters cannot disagree. The one exception is
+//! `revocations_refused`, which also counts the revocations refused without
+//! a row (signed by no account, for a certificate never issued: anyone can
+//! send those, and they must not grow the audit log).
 
 use std::sync::Mutex;
 
@@ -39,6 +42,10 @@ pub struct Metrics {
     pub issued: Family<Labels, Counter>,
     /// Issuance failures and refusals by profile and reason (problem type).
     pub issue_failures: Family<Labels, Counter>,
+    /// Refused revocations by profile and reason (problem type): the
+    /// audited ones, and those signed by no account for a certificate the
+    /// profile never issued, which are counted here only.
+    pub revocations_refused: Family<Labels, Counter>,
     /// Challenge validations by type and outcome, and their latency.
     pub validations: Family<Labels, Counter>,
     pub validation_seconds: Histograms,
@@ -67,6 +74,7 @@ impl Metrics {
             audit_events: Family::default(),
             issued: Family::default(),
             issue_failures: Family::default(),
+            revocations_refused: Family::default(),
             validations: Family::default(),
             validation_seconds: Family::new_with_constructor(seconds_histogram),
             upstream_requests: Family::default(),
@@ -101,6 +109,11 @@ impl Metrics {
             "certificate_failures",
             "Issuances that failed or were refused, by profile and reason",
             m.issue_failures.clone(),
+        );
+        r.register(
+            "revocations_refused",
+            "Refused revocations by profile and reason, those not audited included",
+            m.revocations_refused.clone(),
         );
         r.register(
             "validations",
@@ -166,6 +179,10 @@ impl Metrics {
             ("outcome", "success".to_owned()),
             p(),
         ]);
+        // A certificate the profile never issued is `malformed` (404).
+        let _ = self
+            .revocations_refused
+            .get_or_create(&vec![p(), ("reason", "malformed".to_owned())]);
         let _ = self
             .upstream_requests
             .get_or_create(&vec![p(), ("class", "2xx".to_owned())]);
@@ -203,8 +220,24 @@ impl Metrics {
                     .get_or_create(&vec![("profile", profile), ("reason", reason)])
                     .inc();
             }
+            ("certificate.revoke_failed", "refused") => {
+                let reason = row.problem_type.unwrap_or("malformed");
+                self.revocation_refused(&profile, reason);
+            }
             _ => {}
         }
+    }
+
+    /// Counts a refused revocation: from [`Metrics::audited`], or, for one
+    /// the authority does not audit (signed by no account, for a
+    /// certificate the profile never issued), directly.
+    pub fn revocation_refused(&self, profile: &str, reason: &str) {
+        self.revocations_refused
+            .get_or_create(&vec![
+                ("profile", profile.to_owned()),
+                ("reason", reason.to_owned()),
+            ])
+            .inc();
     }
 
     /// The OpenMetrics text of every family, gauges refreshed from `store`.

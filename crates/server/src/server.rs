@@ -256,6 +256,15 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
             every: RETENTION_EVERY,
         }))
         .map_err(anyhow::Error::msg)?;
+    if config.audit.retention.is_none() {
+        // Keeping every row is a legitimate compliance choice, so there is
+        // no default; but the log grows with every refusal, so say so once.
+        tracing::warn!(
+            event = "config.audit_retention",
+            outcome = "warning",
+            "audit.retention is not set: audit rows are kept for ever and the database grows with every issuance and refusal; to delete older rows, write [audit] retention = \"400d\" (at least a day)"
+        );
+    }
     if let Some(retention) = config.audit.retention {
         registry
             .register(Arc::new(Retention {

@@ -259,14 +259,17 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
     let request_id = crate::ids::request_id();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let user_agent: String = req
-        .headers()
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .chars()
-        .take(128)
-        .collect();
+    // Both go to every log line of the request, and the user agent to its
+    // audit rows: bounded (`bounded`), whatever the client sent.
+    let user_agent = crate::bounded::truncate(
+        req.headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(""),
+        crate::bounded::USER_AGENT_OCTETS,
+    )
+    .into_owned();
+    let logged_path = crate::bounded::truncate(&path, crate::bounded::PATH_OCTETS).into_owned();
     let client_ip = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
@@ -280,8 +283,7 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
         user_agent: Some(user_agent.clone()).filter(|u| !u.is_empty()),
         request_id: Some(request_id.clone()),
     });
-    let span =
-        tracing::info_span!("request", request_id = %request_id, method = %method, path = %path);
+    let span = tracing::info_span!("request", request_id = %request_id, method = %method, path = %logged_path);
     let started = Instant::now();
     let route = req
         .extensions()

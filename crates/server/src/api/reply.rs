@@ -102,15 +102,17 @@ impl IntoResponse for Reply {
 /// Renders an error as a problem document, logging what the client must not see.
 pub fn problem_response(e: AcmeError) -> Response {
     let status = e.http_status();
+    // A detail may quote what the client sent (an identifier, a contact, a
+    // CSR's names): the log line keeps a bounded start of it.
     if let Some(cause) = &e.internal {
-        tracing::error!(event = "acme.error", outcome = "failure", status, error = %cause, "internal error");
+        tracing::error!(event = "acme.error", outcome = "failure", status, error = %crate::bounded::text(cause), "internal error");
     } else {
         tracing::info!(
             event = "acme.refused",
             outcome = "refused",
             status,
             problem = e.kind.name(),
-            detail = %e.detail,
+            detail = %crate::bounded::text(&e.detail),
             "request refused"
         );
     }

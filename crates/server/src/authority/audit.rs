@@ -1,11 +1,17 @@
 //! The audit trail's writer for the authority: one row per issuance and per
 //! refusal after authentication (SYSTEM.md "Audit record"), each bumping the
 //! matching metric from the same record.
+//!
+//! What a client sent is bounded here before it is written (`bounded`):
+//! each identifier's type and value, the identifiers of a refusal (the
+//! first [`bounded::IDENTIFIERS`], their number in the detail), and the
+//! detail, whose problem text may quote the client.
 
 use acme_proxy_protocol::types::Identifier;
 use acme_proxy_store::NewAuditRow;
 
 use super::{Authority, RequestContext};
+use crate::bounded;
 use crate::error::AcmeError;
 
 /// What one audit row says, before the request context is added.
@@ -35,12 +41,15 @@ pub(crate) struct AuditContext {
     actor: String,
     detail: Option<String>,
     reverse_name: Option<String>,
+    /// The fact's identifiers, bounded, when they had to be.
+    identifiers: Option<Vec<Identifier>>,
 }
 
 impl AuditContext {
     /// The row of `fact`: the fact [`Authority::audit_context`] was given,
     /// with at most its order, serial and identifiers filled in since (the
-    /// actor and the detail are the context's).
+    /// actor and the detail are the context's, and so are the identifiers
+    /// when the context had to bound them).
     pub(crate) fn row<'a>(&'a self, fact: &Fact<'a>) -> NewAuditRow<'a> {
         NewAuditRow {
             at: self.at,
@@ -51,7 +60,7 @@ impl AuditContext {
             account_id: fact.account,
             order_id: fact.order,
             serial: fact.serial,
-            identifiers: fact.identifiers,
+            identifiers: self.identifiers.as_deref().or(fact.identifiers),
             client_ip: self.ctx.client_ip.as_deref(),
             reverse_name: self.reverse_name.as_deref(),
             user_agent: self.ctx.user_agent.as_deref(),
@@ -88,13 +97,36 @@ impl Authority {
             (None, Some(a)) => format!("account:{a}"),
             (None, None) => "system".to_owned(),
         };
-        let detail = match (fact.error, fact.detail) {
-            (Some(e), _) => Some(match &e.internal {
-                Some(internal) => format!("{} ({internal})", e.detail),
-                None => e.detail.clone(),
-            }),
-            (None, d) => d.map(str::to_owned),
+        // A success records what was checked and done (an issued
+        // certificate's names, at most `MAX_IDENTIFIERS`); a refusal may
+        // record what a client merely asked for, so it keeps the first few.
+        let keep = if fact.outcome == "success" {
+            usize::MAX
+        } else {
+            bounded::IDENTIFIERS
         };
+        let (identifiers, note) = match fact.identifiers {
+            Some(ids) if bounded::needs_bounding(ids, keep) => {
+                let b = bounded::identifiers(ids, keep);
+                let note = b.note();
+                (Some(b.kept), note)
+            }
+            _ => (None, None),
+        };
+        // The refusal (its problem detail may quote the client), the
+        // fact's own detail, and how many identifiers were left out; each
+        // part bounded, so the note is never cut off.
+        let error = fact.error.map(|e| match &e.internal {
+            Some(internal) => format!("{} ({internal})", e.detail),
+            None => e.detail.clone(),
+        });
+        let parts: Vec<String> = [error.as_deref(), fact.detail]
+            .into_iter()
+            .flatten()
+            .map(|p| bounded::text(p).into_owned())
+            .chain(note)
+            .collect();
+        let detail = (!parts.is_empty()).then(|| parts.join("; "));
         // Best-effort and bounded (`audit.reverse_name_timeout`), cached.
         let reverse_name = match ctx.client_ip.as_deref().and_then(|ip| ip.parse().ok()) {
             Some(ip) => self.reverse.lookup(ip).await,
@@ -106,6 +138,7 @@ impl Authority {
             actor,
             detail,
             reverse_name,
+            identifiers,
         }
     }
 }

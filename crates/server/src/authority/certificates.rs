@@ -23,7 +23,7 @@ use x509_parser::signature_algorithm::RsaSsaPssParams;
 use x509_parser::x509::AlgorithmIdentifier;
 
 use super::{Authority, Profile};
-use crate::config::ExtendedKeyUsage;
+use crate::config::{ExtendedKeyUsage, SignerConfig};
 use crate::error::{AcmeError, AcmeResult};
 use crate::notify::Notice;
 use crate::signer::extensions::{self, Side};
@@ -382,7 +382,9 @@ impl Authority {
             account = %account.id,
             order = %order.id,
             serial = %issued.serial,
-            identifiers = %order.identifiers.iter().map(|i| i.value.as_str()).collect::<Vec<_>>().join(","),
+            // Up to 100 names of 253 octets: the audit row has them all,
+            // the log line the first few.
+            identifiers = %crate::bounded::identifier_list(&order.identifiers),
             "certificate issued"
         );
         // The order as the transaction left it (no read back).
@@ -425,7 +427,10 @@ impl Authority {
             }
             RevocationSigner::Operator(actor) => (None, Some((*actor).to_owned())),
         };
+        let by_key = matches!(signer, RevocationSigner::CertificateKey(_));
         let result = self.revoke_checked(profile, signer, cert_der, reason).await;
+        // The certificate named, if this profile issued it: its serial and
+        // its very DER (one minted with a serial of ours is not ours).
         let (serial, stored) = match X509Certificate::from_der(cert_der) {
             Ok((_, x509)) => {
                 let serial = hex::encode(x509.raw_serial());
@@ -434,12 +439,38 @@ impl Authority {
                     .certificate_by_serial(&profile.name, &serial)
                     .await
                     .ok()
-                    .flatten();
+                    .flatten()
+                    .filter(|c| leaf_der(&c.chain_pem).as_deref() == Some(cert_der));
                 (Some(serial), stored)
             }
             Err(_) => (None, None),
         };
+        // RFC 8555 §7.6 lets a request signed by any key (the certificate's,
+        // it claims) ask: anyone can mint such requests for certificates
+        // we never issued, at no cost. Those refusals are counted and
+        // logged at debug, never audited, so that they cannot grow the
+        // audit log; an account's refusals, ours (`serverInternal`) and
+        // those about a certificate we issued keep their rows.
+        if let Err(e) = &result
+            && by_key
+            && stored.is_none()
+            && super::audit::outcome_of(e) == "refused"
+        {
+            self.metrics
+                .revocation_refused(&profile.name, e.kind.name());
+            tracing::debug!(
+                event = "certificate.revoke",
+                outcome = "refused",
+                profile = %profile.name,
+                problem = e.kind.name(),
+                serial = %crate::bounded::value(serial.as_deref().unwrap_or("")),
+                "revocation refused for a certificate this profile did not issue, signed by no account; not audited"
+            );
+            return result;
+        }
         let identifiers = stored.as_ref().map(|c| c.identifiers.clone());
+        // A serial of a certificate we did not issue is the client's text.
+        let serial = serial.map(|s| crate::bounded::value(&s).into_owned());
         // Revoked by its key or an operator: the row is about the owner's
         // certificate, so `audit list --account` finds it.
         let account = account.or_else(|| stored.map(|c| c.account_id));
@@ -696,9 +727,17 @@ impl Authority {
 
     /// Re-signs every profile's CRL that is past half its life; run
     /// periodically so a CRL never reaches its nextUpdate unreplaced.
-    pub async fn refresh_stale_crls(&self) {
+    /// Profiles whose signer publishes no CRL are skipped (see
+    /// [`publishes_crl`]). Returns how many profiles' CRLs could not be
+    /// had (each logged as an error).
+    pub async fn refresh_stale_crls(&self) -> usize {
+        let mut failed = 0;
         for profile in self.profiles() {
+            if !publishes_crl(&profile.config.signer) {
+                continue;
+            }
             if let Err(e) = self.crl(profile).await {
+                failed += 1;
                 tracing::error!(
                     event = "crl.refresh",
                     outcome = "failure",
@@ -708,6 +747,21 @@ impl Authority {
                 );
             }
         }
+        failed
+    }
+}
+
+/// Whether a profile with `signer` publishes a CRL, and so whether the
+/// periodic refresh asks for it: the embedded CA signs one (RFC 5280 §5);
+/// a custom signer serves its program's only when it declares a `crl`
+/// operation; a relay publishes none (its upstream CA does). Asking a
+/// signer without one would log an error every minute for a
+/// configuration that is fine.
+pub fn publishes_crl(signer: &SignerConfig) -> bool {
+    match signer {
+        SignerConfig::LocalCa(_) => true,
+        SignerConfig::Custom(custom) => custom.crl.is_some(),
+        SignerConfig::Relay(_) => false,
     }
 }
 
@@ -1078,6 +1132,23 @@ mod tests {
         assert!(!crl_needs_refresh(&row(1100), 1010, 100, Some(999)));
         assert!(crl_needs_refresh(&row(1100), 1010, 100, Some(1000)));
         assert!(crl_needs_refresh(&row(1100), 1010, 100, Some(1005)));
+    }
+
+    #[test]
+    fn only_the_embedded_ca_and_a_custom_signer_with_a_crl_program_have_their_crl_refreshed() {
+        let config = crate::config::Config::from_toml(
+            "[profiles.ca]\n\
+             [profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://ca.test/dir\"\n\
+             [profiles.plain.signer]\ntype = \"custom\"\ncommand = \"/bin/true\"\n\
+             [profiles.listed.signer]\ntype = \"custom\"\ncommand = \"/bin/true\"\n\
+             [profiles.listed.signer.crl]\ncommand = \"/bin/true\"\n",
+        )
+        .unwrap();
+        let refreshed = |name: &str| publishes_crl(&config.profiles[name].signer);
+        assert!(refreshed("ca"));
+        assert!(!refreshed("edge"), "a relay publishes no CRL");
+        assert!(!refreshed("plain"), "a custom signer without a crl program");
+        assert!(refreshed("listed"));
     }
 
     fn csr(names: &[&str], key: &rcgen::KeyPair) -> Vec<u8> {

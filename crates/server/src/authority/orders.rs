@@ -29,13 +29,15 @@ impl Authority {
     ) -> AcmeResult<OrderRow> {
         let result = self.new_order_checked(profile, account, req).await;
         if let Err(e) = &result {
-            let asked: Vec<Identifier> = req.identifiers.clone();
+            // The identifiers as asked, unchecked: the audit writer keeps
+            // the first few, each cut to a DNS name's length, and their
+            // number (`bounded`).
             self.audit(super::audit::Fact {
                 event: "order.refused",
                 outcome: super::audit::outcome_of(e),
                 profile: &profile.name,
                 account: Some(&account.id),
-                identifiers: Some(&asked),
+                identifiers: Some(&req.identifiers),
                 error: Some(e),
                 ..Default::default()
             })

@@ -15,7 +15,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{Authority, Profile, RequestContext};
 use crate::error::{AcmeError, AcmeResult};
-use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
+use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason, backoff};
 use crate::notify::Notice;
 use crate::signer::Relay;
 use crate::signer::relay::{RelayError, SETTLE_MARGIN};
@@ -154,9 +154,13 @@ impl Authority {
                 retry_after = e.retry_after;
             }
         }
-        // Due now, or when the upstream asked us to come back.
+        // Due now, or when the upstream asked us to come back (at most a
+        // day on: its number is unbounded, our run times are not).
         let now_ms = self.clock.unix_ms();
-        let due = now_ms + retry_after.map_or(0, |d| d.as_millis() as i64);
+        let due = backoff::later(
+            now_ms,
+            retry_after.map_or(Duration::ZERO, backoff::retry_after),
+        );
         self.store
             .schedule_queued_job(RELAY_KIND, &order.id, due, now_ms)
             .await?;

@@ -19,7 +19,7 @@
 //! with the subsystem whose work they do (the authority's validations, the
 //! periodic sweeps) and are registered at assembly.
 
-mod backoff;
+pub mod backoff;
 pub mod periodic;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -84,7 +84,8 @@ pub enum Outcome {
     /// Nobody decided anything (a timeout, a 503): try again after backoff.
     Retry(String),
     /// As `Retry`, but not sooner than this (the other side said when,
-    /// e.g. `Retry-After` on a 429).
+    /// e.g. `Retry-After` on a 429), bounded by
+    /// [`backoff::MAX_RETRY_AFTER`].
     RetryAfter(Duration, String),
     /// Somebody decided no: retire the job now and run `abandon`.
     Failed(String),
@@ -669,9 +670,11 @@ impl Runner {
                 let cfg = &self.queue.config;
                 let mut delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
                 if let Outcome::RetryAfter(at_least, _) = &outcome {
-                    delay = delay.max(*at_least);
+                    // A peer's number, bounded: it must neither hold the
+                    // job for ever nor overflow its run time.
+                    delay = delay.max(backoff::retry_after(*at_least));
                 }
-                let mut next = now + delay.as_millis() as i64;
+                let mut next = backoff::later(now, delay);
                 // Waiting past the deadline is pointless: come back at the
                 // deadline, to be retired then.
                 if let Some(deadline) = job.deadline {

@@ -1,6 +1,8 @@
 //! The audit trail as operators read it: `acme-proxy audit list|show`
 //! against the real database after a real issuance, a refusal and a
-//! revocation.
+//! revocation; the bounds on what a client's request can make it hold (a
+//! refused newOrder's identifiers, revocations for certificates never
+//! issued); and the start-up warning when rows are kept for ever.
 
 use std::time::Duration;
 
@@ -262,4 +264,252 @@ async fn rows_past_the_audit_retention_are_swept_and_newer_ones_kept() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     server.stop().await;
+}
+
+/// The octets an audit row holds: every text column, and the identifiers
+/// as the JSON they are stored as.
+fn row_octets(row: &acme_proxy_store::AuditRow) -> usize {
+    let texts = [
+        Some(&row.event),
+        Some(&row.outcome),
+        row.profile.as_ref(),
+        Some(&row.actor),
+        row.account_id.as_ref(),
+        row.order_id.as_ref(),
+        row.serial.as_ref(),
+        row.client_ip.as_ref(),
+        row.reverse_name.as_ref(),
+        row.user_agent.as_ref(),
+        row.request_id.as_ref(),
+        row.problem_type.as_ref(),
+        row.detail.as_ref(),
+    ];
+    texts.into_iter().flatten().map(String::len).sum::<usize>()
+        + serde_json::to_string(&row.identifiers).unwrap().len()
+}
+
+/// What README.md documents as the most a refusal's audit row holds:
+/// 10 identifiers of at most 253 octets plus a marker each, and a detail
+/// of two 1024-octet parts with their markers, with room to spare.
+const REFUSAL_ROW_OCTETS: usize = 8 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_new_order_with_many_and_huge_identifiers_writes_a_bounded_audit_row_that_keeps_their_count()
+ {
+    use crate::raw::{self, Acct, Key};
+    use serde_json::json;
+    // A body large enough for the request; the bound must not rest on it.
+    let data = crate::harness::tempdir();
+    let toml = format!(
+        "max_body_bytes = 524288\n{}",
+        TestServer::config_text(
+            data.path(),
+            1,
+            None,
+            "[profiles.default]\nbypass = true\n\n[audit]\nreverse_names = false\n",
+        )
+    );
+    let server = TestServer::start_in(data, &toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    // Valid names of 248 octets (labels of at most 63), and one of 45 000.
+    let name = |n: usize| {
+        let label = "a".repeat(58);
+        format!(
+            "h{n:03}{}.{label}.{label}.{label}.example.test",
+            &label[..54]
+        )
+    };
+    assert_eq!(name(0).len(), 248);
+    let huge = "y".repeat(45_000);
+    let order = |count: usize| {
+        let mut ids: Vec<serde_json::Value> = (0..count)
+            .map(|n| json!({"type": "dns", "value": name(n)}))
+            .collect();
+        ids.push(json!({"type": "dns", "value": huge}));
+        json!({ "identifiers": ids })
+    };
+    let store = &server.running().authority.store;
+    // 101 identifiers: refused as too many, before any is looked at; 100
+    // with the huge one: refused for it, the problem detail quoting it.
+    for (count, problem) in [(100, "rejectedIdentifier"), (99, "rejectedIdentifier")] {
+        let r = alice
+            .post(&dir, dir["newOrder"].as_str().unwrap(), Some(&order(count)))
+            .await;
+        r.assert_refused(400, problem, &format!("{} identifiers", count + 1));
+        let rows = store
+            .audit_recent(Some("order.refused"), 1)
+            .await
+            .expect("audit");
+        let row = &rows[0];
+        let size = row_octets(row);
+        assert!(
+            size < REFUSAL_ROW_OCTETS,
+            "{} identifiers: a row of {size} octets: {row:?}",
+            count + 1
+        );
+        assert_eq!(row.identifiers.len(), 10, "the first ten are kept");
+        assert_eq!(row.identifiers[0].value, name(0));
+        let detail = row.detail.as_deref().unwrap_or("");
+        assert!(
+            detail.contains(&format!(
+                "{} identifiers; the first 10 are recorded",
+                count + 1
+            )),
+            "{detail}"
+        );
+    }
+    // The huge identifier the problem detail quotes is cut, with the
+    // detail's length.
+    let rows = store
+        .audit_recent(Some("order.refused"), 1)
+        .await
+        .expect("audit");
+    let detail = rows[0].detail.as_deref().unwrap_or("");
+    assert!(
+        detail.starts_with("\"yyy") && detail.contains(" octets); 100 identifiers"),
+        "{detail}"
+    );
+    server.stop().await;
+}
+
+/// A revokeCert request signed with `key` as a `jwk` (§7.6: the
+/// certificate's key, it claims) for `der`.
+async fn revoke_by_key(
+    dir: &serde_json::Value,
+    key: &crate::raw::Key,
+    der: &[u8],
+) -> crate::raw::Resp {
+    let url = dir["revokeCert"].as_str().unwrap();
+    let protected = serde_json::json!({"alg": key.alg(), "jwk": key.jwk, "nonce": crate::raw::nonce(dir).await, "url": url});
+    let payload = serde_json::json!({"certificate": crate::raw::b64(der)});
+    crate::raw::post(url, &key.sign(&protected, Some(&payload))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocations_signed_by_no_account_for_certificates_never_issued_are_counted_not_audited() {
+    use crate::raw::{self, Acct, Key};
+    let server = TestServer::start(
+        1,
+        None,
+        "[profiles.default]\nbypass = true\n\n[audit]\nreverse_names = false\n",
+    )
+    .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let authority = &server.running().authority;
+    let refused = |reason: &str| {
+        authority
+            .metrics
+            .revocations_refused
+            .get_or_create(&vec![
+                ("profile", "default".to_owned()),
+                ("reason", reason.to_owned()),
+            ])
+            .get()
+    };
+    let revoke_failed = || async {
+        authority
+            .store
+            .audit_recent(Some("certificate.revoke_failed"), 100)
+            .await
+            .expect("audit")
+    };
+    // Self-signed certificates, each revoked by a request signed with its
+    // own key: what anyone can mint, as many as they like.
+    const N: u64 = 5;
+    let mut strangers = Vec::new();
+    for n in 0..N {
+        let key = Key::p256();
+        let pair = rcgen::KeyPair::try_from(key.pkcs8()).unwrap();
+        let cert = rcgen::CertificateParams::new(vec![format!("stranger{n}.example.test")])
+            .unwrap()
+            .self_signed(&pair)
+            .unwrap();
+        strangers.push((key, cert.der().to_vec()));
+    }
+    let before = refused("malformed");
+    for (key, der) in &strangers {
+        let r = revoke_by_key(&dir, key, der).await;
+        r.assert_refused(404, "malformed", "a certificate this server never issued");
+    }
+    assert_eq!(refused("malformed"), before + N, "each one counted");
+    assert!(
+        revoke_failed().await.is_empty(),
+        "not one audit row: {:?}",
+        revoke_failed().await
+    );
+
+    // An account asking the same is audited, and counted.
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let r = alice
+        .post(
+            &dir,
+            dir["revokeCert"].as_str().unwrap(),
+            Some(&serde_json::json!({"certificate": raw::b64(&strangers[0].1)})),
+        )
+        .await;
+    r.assert_refused(404, "malformed", "an account's revocation of a stranger");
+    let rows = revoke_failed().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].actor.starts_with("account:"), "{:?}", rows[0]);
+    assert_eq!(refused("malformed"), before + N + 1);
+
+    // A request signed by a key that is not the certificate's, for a
+    // certificate this server did issue, keeps its row too.
+    let name = "issued.example.test";
+    let (_, finalize) = crate::concurrency::ready_order(&dir, &alice, name).await;
+    let r = alice
+        .post(
+            &dir,
+            &finalize,
+            Some(&serde_json::json!({"csr": crate::concurrency::csr_for(name)})),
+        )
+        .await;
+    assert_eq!(
+        r.json()["status"],
+        "valid",
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let cert_url = r.json()["certificate"].as_str().unwrap().to_owned();
+    let chain = alice.post(&dir, &cert_url, None).await;
+    let leaf = pem::parse_many(&chain.body).unwrap()[0].contents().to_vec();
+    let r = revoke_by_key(&dir, &Key::p256(), &leaf).await;
+    r.assert_refused(403, "unauthorized", "another key than the certificate's");
+    let rows = revoke_failed().await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows[0].actor.starts_with("certificate-key:"),
+        "{:?}",
+        rows[0]
+    );
+    assert_eq!(refused("unauthorized"), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_warns_at_start_up_when_no_audit_retention_is_set_and_not_when_one_is() {
+    let warning = "config.audit_retention";
+    for (retention, warned) in [(None, true), (Some("400d"), false)] {
+        let cwd = crate::harness::tempdir();
+        let mut env = vec![("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned())];
+        if let Some(r) = retention {
+            env.push(("ACME_PROXY_AUDIT__RETENTION", r.to_owned()));
+        }
+        // The directory URL is printed once start-up (and its warnings)
+        // is over.
+        let (_server, _) = harness::spawn_binary(cwd.path(), &["serve"], &env);
+        let log = std::fs::read_to_string(cwd.path().join("acme-proxy.log")).unwrap();
+        assert_eq!(
+            log.contains(warning),
+            warned,
+            "retention {retention:?}:\n{log}"
+        );
+        if warned {
+            assert!(
+                log.contains("[audit] retention = "),
+                "says what to write: {log}"
+            );
+        }
+    }
 }

@@ -688,3 +688,22 @@ async fn a_leaf_with_an_extra_purpose_or_an_o_attribute_makes_the_order_invalid_
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_crl_refresh_skips_a_custom_profile_without_a_crl_program_and_fails_nothing() {
+    // The periodic refresh (every minute) asked every profile for its CRL,
+    // and a signer with none logged an error each time.
+    let server = TestServer::start(
+        1,
+        None,
+        "[profiles.default]\n[profiles.legacy.signer]\ntype = \"custom\"\ncommand = \"/bin/true\"\n",
+    )
+    .await;
+    let authority = &server.running().authority;
+    assert_eq!(authority.refresh_stale_crls().await, 0, "no profile failed");
+    assert!(
+        authority.store.crl("default").await.unwrap().is_some(),
+        "the embedded CA's CRL is still signed"
+    );
+    server.stop().await;
+}

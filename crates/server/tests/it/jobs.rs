@@ -454,6 +454,51 @@ async fn a_deadline_that_passes_while_a_job_waits_for_its_retry_abandons_it_exac
 }
 
 #[tokio::test]
+async fn a_huge_retry_after_holds_a_job_back_a_day_without_overflowing_its_run_time() {
+    let dir = crate::harness::tempdir();
+    let clock = manual_clock();
+    let handler = Scripted::new(KIND);
+    // What an upstream's or a receiver's `Retry-After` can say.
+    let asked = [
+        ("max", Duration::from_secs(u64::MAX)),
+        ("trillion", Duration::from_secs(1_000_000_000_000)),
+        ("huge", Duration::MAX),
+    ];
+    for (key, after) in asked {
+        handler.script(key, [Outcome::RetryAfter(after, "come back later".into())]);
+    }
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|c| c.max_attempts = 10),
+        vec![handler.clone()],
+    );
+    let mut ids = Vec::new();
+    for (key, _) in asked {
+        ids.push(
+            queue
+                .enqueue(JobSpec::new(KIND, key, json!({})))
+                .await
+                .unwrap()
+                .id(),
+        );
+    }
+    assert_eq!(runner.run_due().await, 3);
+    for id in ids {
+        let row = job(&queue, id).await;
+        assert_eq!(row.status, "queued", "{row:?}");
+        assert_eq!(
+            row.run_at - clock.unix_ms(),
+            86_400_000,
+            "{}: held back exactly a day",
+            row.key
+        );
+    }
+    clock.advance(Duration::from_secs(86_400));
+    assert_eq!(runner.run_due().await, 3, "each runs again a day later");
+}
+
+#[tokio::test]
 async fn a_failed_outcome_abandons_exactly_once_and_done_never_does() {
     let dir = crate::harness::tempdir();
     let clock = manual_clock();

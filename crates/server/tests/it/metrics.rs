@@ -9,12 +9,13 @@ use crate::flow::reqwest_get;
 use crate::harness::{self, Dns, TestServer};
 
 /// The families every scrape must carry (without the `_total` of counters).
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
     "acme_proxy_http_requests",
     "acme_proxy_http_request_seconds",
     "acme_proxy_audit_events",
     "acme_proxy_certificates_issued",
     "acme_proxy_certificate_failures",
+    "acme_proxy_revocations_refused",
     "acme_proxy_validations",
     "acme_proxy_validation_seconds",
     "acme_proxy_upstream_requests",

@@ -14,6 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
 
+use crate::jobs::backoff;
 use crate::metrics::Metrics;
 
 type Inner = Client<hyper_rustls::HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>;
@@ -51,14 +52,47 @@ pub struct UpstreamUnavailable {
 }
 
 /// The delay of a `Retry-After` header in seconds (the HTTP-date form is
-/// not used by ACME CAs and is ignored).
+/// not used by ACME CAs and is ignored), at most
+/// [`backoff::MAX_RETRY_AFTER`].
 fn retry_after(parts: &http::response::Parts) -> Option<Duration> {
     let value = parts
         .headers
         .get(http::header::RETRY_AFTER)?
         .to_str()
         .ok()?;
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+    delay_seconds(value)
+}
+
+/// RFC 9110 §10.2.3 `delay-seconds` (`1*DIGIT`, so any number of digits),
+/// bounded by [`backoff::MAX_RETRY_AFTER`]; a number past `u64` is as long
+/// as the bound.
+fn delay_seconds(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(backoff::retry_after(
+        value
+            .parse::<u64>()
+            .map_or(backoff::MAX_RETRY_AFTER, Duration::from_secs),
+    ))
+}
+
+/// Rewrites a `Retry-After` in seconds longer than
+/// [`backoff::MAX_RETRY_AFTER`] to that bound before instant-acme reads
+/// it: instant-acme adds the seconds to the system time unchecked
+/// (0.8.5), and 18446744073709551615 of them would panic the task.
+fn bound_retry_after(parts: &mut http::response::Parts) {
+    let Some(value) = parts.headers.get(http::header::RETRY_AFTER) else {
+        return;
+    };
+    let Some(delay) = value.to_str().ok().and_then(delay_seconds) else {
+        return;
+    };
+    let bounded = http::HeaderValue::from(delay.as_secs());
+    if value != bounded {
+        parts.headers.insert(http::header::RETRY_AFTER, bounded);
+    }
 }
 
 /// A request that did not finish within its timeout.
@@ -148,7 +182,8 @@ impl HttpClient for UpstreamHttp {
                     .request(req)
                     .await
                     .map_err(|e| instant_acme::Error::Other(Box::new(e)))?;
-                let (parts, body) = response.into_parts();
+                let (mut parts, body) = response.into_parts();
+                bound_retry_after(&mut parts);
                 // Read the whole body inside the deadline: a server that
                 // sends headers and then stalls is as stuck as one that
                 // never answers.
@@ -198,5 +233,47 @@ impl HttpClient for UpstreamHttp {
             }
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(retry_after: &str) -> http::response::Parts {
+        let (parts, ()) = http::Response::builder()
+            .status(429)
+            .header(http::header::RETRY_AFTER, retry_after)
+            .body(())
+            .unwrap()
+            .into_parts();
+        parts
+    }
+
+    #[test]
+    fn a_huge_retry_after_is_read_and_passed_on_as_a_day() {
+        let day = backoff::MAX_RETRY_AFTER;
+        for huge in [
+            "18446744073709551615",
+            "1000000000000",
+            "99999999999999999999999999",
+            " 86401 ",
+        ] {
+            let mut p = parts(huge);
+            assert_eq!(retry_after(&p), Some(day), "{huge}");
+            bound_retry_after(&mut p);
+            assert_eq!(p.headers[http::header::RETRY_AFTER], "86400", "{huge}");
+        }
+        let mut p = parts("7");
+        assert_eq!(retry_after(&p), Some(Duration::from_secs(7)));
+        bound_retry_after(&mut p);
+        assert_eq!(p.headers[http::header::RETRY_AFTER], "7");
+        // The HTTP-date form and anything else are left to instant-acme.
+        for other in ["Fri, 31 Dec 1999 23:59:59 GMT", "-5", ""] {
+            let mut p = parts(other);
+            assert_eq!(retry_after(&p), None, "{other:?}");
+            bound_retry_after(&mut p);
+            assert_eq!(p.headers[http::header::RETRY_AFTER], other);
+        }
     }
 }
