@@ -888,6 +888,16 @@ pub struct Pkcs11Config {
     pub key_id: Option<String>,
     /// A file holding the user PIN (never the configuration itself).
     pub pin_file: PathBuf,
+    /// How long one signing (a certificate or a CRL) may take, waiting for
+    /// an earlier one included; past it the request fails and the server
+    /// goes on serving. At most 60 s: it runs inside the client's
+    /// finalize request.
+    #[serde(default = "default_pkcs11_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+}
+
+fn default_pkcs11_timeout() -> Duration {
+    Duration::from_secs(10)
 }
 
 impl Default for Config {
@@ -1336,6 +1346,11 @@ impl Config {
                         "{key}: module and pin_file must be absolute paths"
                     )));
                 }
+                if p11.timeout < Duration::from_secs(1) || p11.timeout > Duration::from_secs(60) {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}.timeout must be between 1s and 60s (a signing runs inside the client's finalize request); write e.g. timeout = \"10s\""
+                    )));
+                }
             } else if ca.ca_cert.is_some() != ca.ca_key.is_some() {
                 return Err(ConfigError::Invalid(format!(
                     "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
@@ -1775,6 +1790,7 @@ mod tests {
         "profiles.default.signer.pkcs11.key_label",
         "profiles.default.signer.pkcs11.key_id",
         "profiles.default.signer.pkcs11.pin_file",
+        "profiles.default.signer.pkcs11.timeout",
         "profiles.default.eab",
         "profiles.default.renewal_info_retry_after",
         "profiles.default.default_certificate_profile",
@@ -1885,6 +1901,32 @@ mod tests {
             assert!(
                 value.find_ref(key).is_some(),
                 "{key} is not documented in acme-proxy.example.toml"
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_signing_deadline_defaults_to_ten_seconds_and_must_fit_in_a_request() {
+        let token = |extra: &str| {
+            Config::from_toml(&format!(
+                "[profiles.default.signer]\ntype = \"local_ca\"\nca_cert = \"/etc/ca.pem\"\n[profiles.default.signer.pkcs11]\nmodule = \"/usr/lib/p11.so\"\ntoken_label = \"ca\"\nkey_label = \"k\"\npin_file = \"/etc/pin\"\n{extra}"
+            ))
+        };
+        let config = token("").unwrap();
+        let SignerConfig::LocalCa(ca) = &config.profiles["default"].signer else {
+            panic!("local_ca");
+        };
+        assert_eq!(
+            ca.pkcs11.as_ref().map(|p| p.timeout),
+            Some(Duration::from_secs(10))
+        );
+        for bad in ["500ms", "2m"] {
+            let err = token(&format!("timeout = \"{bad}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("profiles.default.signer.pkcs11.timeout must be between 1s and 60s"),
+                "{err}"
             );
         }
     }

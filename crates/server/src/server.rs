@@ -137,7 +137,7 @@ pub async fn assemble(
                         relay.directory
                     );
                 }
-                Signer::Relay(
+                Signer::Relay(Box::new(
                     Relay::new(
                         name,
                         relay,
@@ -149,7 +149,7 @@ pub async fn assemble(
                     )
                     .map_err(anyhow::Error::msg)
                     .with_context(|| format!("setting up the relay of profile {name}"))?,
-                )
+                ))
             }
         };
         if pc.bypass {

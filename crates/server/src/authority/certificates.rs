@@ -702,6 +702,7 @@ impl Authority {
             .await?;
         let (der, next_update) = ca
             .sign_crl(number, now, &entries)
+            .await
             .map_err(AcmeError::internal)?;
         self.store
             .store_crl(

@@ -129,8 +129,9 @@ pub enum SignerError {
 pub enum Signer {
     LocalCa(LocalCa),
     /// Issues through a durable job, not inside the request: the authority
-    /// takes the relay path at finalize.
-    Relay(Relay),
+    /// takes the relay path at finalize. Boxed: it is the largest variant
+    /// by far.
+    Relay(Box<Relay>),
     Custom(Custom),
 }
 
@@ -141,9 +142,9 @@ impl Signer {
         ctx: &IssueContext<'_>,
     ) -> Result<Issued, SignerError> {
         match self {
-            // Signing one certificate is a single ECDSA/RSA signature: cheaper
-            // than a thread hop, so it runs inline.
-            Self::LocalCa(ca) => ca.issue(req),
+            // A key in memory signs inline; a token's key on the blocking
+            // pool, within its deadline (`LocalCa::with_key`).
+            Self::LocalCa(ca) => ca.issue(req).await,
             Self::Custom(c) => c.issue(req, ctx).await,
             Self::Relay(_) => Err(SignerError::Internal(
                 "a relay issues through its job, not inline".into(),
@@ -177,7 +178,7 @@ impl Signer {
 
     pub fn relay(&self) -> Option<&Relay> {
         match self {
-            Self::Relay(r) => Some(r),
+            Self::Relay(r) => Some(r.as_ref()),
             _ => None,
         }
     }

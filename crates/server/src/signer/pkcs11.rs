@@ -6,8 +6,20 @@
 //! certificate's stops start-up instead of signing leaves nobody can
 //! verify. A session lost later (token reset, module restart) is opened
 //! again once, then the signature retried.
+//!
+//! A module call may take long or never return (a hung HSM, a session
+//! blocked in the token). rcgen's `SigningKey` is synchronous, so the
+//! embedded CA runs its whole rcgen signing call — and with it every call
+//! into the module, a reconnect included — through [`TokenKey::offload`]:
+//! on tokio's blocking pool, one at a time, within the configured
+//! `timeout`. Past the deadline the request fails and the async workers
+//! go on serving. A call stuck in the module cannot be cancelled: it keeps
+//! its blocking thread and the session until the module returns, and the
+//! signings after it wait for their turn, each at most its own deadline,
+//! without taking a thread while they wait.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
 use cryptoki::error::{Error, RvError};
@@ -37,6 +49,7 @@ pub struct TokenKey {
     /// rcgen's `der_bytes`: the EC point, or the RSAPublicKey DER.
     public: Vec<u8>,
     kind: Kind,
+    turns: Turns,
 }
 
 impl std::fmt::Debug for TokenKey {
@@ -90,9 +103,20 @@ impl TokenKey {
             state: Mutex::new((session, handle)),
             public: spki.subject_public_key.data.to_vec(),
             kind,
+            turns: Turns::new(config.timeout),
         };
         key.cross_check()?;
         Ok(key)
+    }
+
+    /// Runs `work`, which signs with this key (`what` names it for the
+    /// log), off the async workers: see [`Turns::run`].
+    pub async fn offload<T, F>(&self, what: &str, work: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        self.turns.run(what, work).await
     }
 
     /// Signs a random message in the token and verifies it with the CA
@@ -134,6 +158,74 @@ impl TokenKey {
                 Ok(ecdsa_der(&raw))
             }
             Kind::RsaSha256 => session.sign(&Mechanism::Sha256RsaPkcs, key, msg),
+        }
+    }
+}
+
+/// The token's signings, one at a time (its one session), each on tokio's
+/// blocking pool and each within a deadline.
+#[derive(Debug)]
+struct Turns {
+    /// One permit: held by the signing in the module, until it returns.
+    turn: Arc<tokio::sync::Semaphore>,
+    timeout: Duration,
+}
+
+impl Turns {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            timeout,
+        }
+    }
+
+    /// Runs `work` on the blocking pool once the signings before it are
+    /// done; an error once `timeout` has passed since the call, waiting
+    /// included. `work` cannot be stopped: past the deadline it runs on,
+    /// keeps the turn until it returns, and its result is dropped.
+    async fn run<T, F>(&self, what: &str, work: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let limit = humantime::format_duration(self.timeout);
+        // Waiting for the turn takes no thread: signings behind a hung one
+        // do not pile up on the blocking pool, they fail at their deadline.
+        let permit = match tokio::time::timeout_at(deadline, Arc::clone(&self.turn).acquire_owned())
+            .await
+        {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err("the token's signing queue is closed".to_owned()),
+            Err(_) => {
+                return Err(format!(
+                    "signing {what}: the token was still busy with an earlier signing that has not returned after {limit}"
+                ));
+            }
+        };
+        let late_after = deadline.into_std();
+        let label = what.to_owned();
+        let task = tokio::task::spawn_blocking(move || {
+            // Held until the module returns, however late: two signings
+            // never share the session.
+            let _turn = permit;
+            let out = work();
+            if std::time::Instant::now() > late_after {
+                tracing::warn!(
+                    event = "pkcs11.sign",
+                    outcome = "late",
+                    what = %label,
+                    "the token answered after the deadline; the request had failed already and this signature is discarded"
+                );
+            }
+            out
+        });
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(e)) => Err(format!("signing {what}: {e}")),
+            Err(_) => Err(format!(
+                "signing {what}: the token did not answer within {limit}; the call stays in the module, holding the session until it returns"
+            )),
         }
     }
 }
@@ -213,6 +305,8 @@ impl PublicKeyData for TokenKey {
 }
 
 impl SigningKey for TokenKey {
+    /// Blocks its thread for as long as the module takes: called by rcgen
+    /// inside [`TokenKey::offload`], or by the start-up cross-check.
     fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
         let mut state = self
             .state
@@ -280,6 +374,94 @@ fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    /// A stand-in for a module call that does not return: it blocks its
+    /// thread until `release` is sent (or dropped), 30 s at most so that a
+    /// regression fails rather than hangs. `began` says it is inside.
+    fn hung_call(
+        began: tokio::sync::oneshot::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    ) -> impl FnOnce() -> &'static str + Send + 'static {
+        move || {
+            let _ = began.send(());
+            let _ = release.recv_timeout(Duration::from_secs(30));
+            "signed late"
+        }
+    }
+
+    // The default #[tokio::test] runtime has one thread: work blocking it
+    // would stop every other task, as one stuck worker of the server's.
+    #[tokio::test]
+    async fn a_token_call_that_does_not_return_leaves_the_async_thread_serving_and_fails_at_its_deadline()
+     {
+        let turns = Turns::new(Duration::from_millis(300));
+        let (began, inside) = tokio::sync::oneshot::channel();
+        let (release, hang) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        let signing = async {
+            let out = turns.run("certificate 01", hung_call(began, hang)).await;
+            (out, Instant::now())
+        };
+        let meanwhile = async {
+            inside.await.expect("the call began");
+            // The call is blocked now; this task still runs, on the
+            // runtime's only thread, and so does a timer.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Instant::now()
+        };
+        let ((out, failed_at), served_at) = tokio::join!(signing, meanwhile);
+        let err = out.expect_err("a call that does not return fails the signing");
+        assert!(
+            err.contains("certificate 01") && err.contains("did not answer within 300ms"),
+            "{err}"
+        );
+        assert!(
+            served_at < failed_at,
+            "another task ran while the call was blocked"
+        );
+        assert!(
+            failed_at - started < Duration::from_secs(10),
+            "the signing failed at its deadline, not when the call returned"
+        );
+        drop(release);
+    }
+
+    #[tokio::test]
+    async fn signings_behind_a_hung_one_fail_at_their_own_deadline_without_starting_then_sign_once_it_returns()
+     {
+        let turns = Turns::new(Duration::from_millis(300));
+        let (began, inside) = tokio::sync::oneshot::channel();
+        let (release, hang) = std::sync::mpsc::channel();
+        let first = turns.run("certificate 01", hung_call(began, hang));
+        let behind = async {
+            inside.await.expect("the first call began");
+            let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = Arc::clone(&ran);
+            let out = turns
+                .run("CRL 7", move || {
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                })
+                .await;
+            (out, ran.load(std::sync::atomic::Ordering::SeqCst))
+        };
+        let (first, (second, second_ran)) = tokio::join!(first, behind);
+        assert!(first.is_err(), "the hung call failed its signing");
+        let err = second.expect_err("the signing behind it fails too");
+        assert!(
+            err.contains("CRL 7") && err.contains("still busy with an earlier signing"),
+            "{err}"
+        );
+        assert!(
+            !second_ran,
+            "a signing behind a hung one never reaches the module"
+        );
+
+        // The module returns: the next signing has the session again.
+        release.send(()).expect("the hung call is still waiting");
+        let out = turns.run("certificate 02", || "signed").await;
+        assert_eq!(out, Ok("signed"));
+    }
 
     #[test]
     fn a_raw_ecdsa_signature_becomes_minimal_der() {

@@ -2,11 +2,14 @@
 //! generated inside the token by pkcs11-tool (it never exists anywhere
 //! else), the CA certificate made for the token's public key by a test
 //! root. A full issuance signs with the token; a CA certificate whose key is
-//! not the token's stops start-up.
+//! not the token's stops start-up; a token that stops answering fails the
+//! finalize at its deadline while the server goes on serving.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
+use instant_acme::{Account, ChallengeType, NewOrder, Order, OrderStatus};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     PublicKeyData, SubjectPublicKeyInfo,
@@ -119,6 +122,34 @@ impl Token {
     fn public_key(&self) -> Vec<u8> {
         std::fs::read(self.path("pub.der")).expect("pub.der")
     }
+
+    /// Write locks on every file of the token, of the kind SoftHSM2 takes
+    /// itself (fcntl): while they are held, a SoftHSM2 in another process
+    /// blocks inside its next signing call, waiting for them — a token
+    /// that does not answer. Dropped, that call goes on.
+    fn hang(&self) -> Hang {
+        let mut files = Vec::new();
+        for token in std::fs::read_dir(self.path("tokens")).expect("tokens") {
+            for entry in std::fs::read_dir(token.expect("token").path()).expect("token dir") {
+                let path = entry.expect("token file").path();
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .expect("token file");
+                rustix::fs::fcntl_lock(&file, rustix::fs::FlockOperation::LockExclusive)
+                    .unwrap_or_else(|e| panic!("locking {}: {e}", path.display()));
+                files.push(file);
+            }
+        }
+        assert!(!files.is_empty(), "the token has files");
+        Hang { _locked: files }
+    }
+}
+
+/// The token's files, locked: the locks go when the files are closed.
+struct Hang {
+    _locked: Vec<std::fs::File>,
 }
 
 /// A test root, and an intermediate CA certificate for `spki` signed by it:
@@ -147,12 +178,20 @@ fn intermediate_for(spki: &[u8]) -> (String, String) {
     (ca_cert.pem(), root_cert.pem())
 }
 
-fn config(dir: &Path, token: &Token, ca_pem: &Path, chain: &Path, http_port: u16) -> PathBuf {
+/// `pkcs11` is added to the `[profiles.default.signer.pkcs11]` table.
+fn config(
+    dir: &Path,
+    token: &Token,
+    ca_pem: &Path,
+    chain: &Path,
+    http_port: u16,
+    pkcs11: &str,
+) -> PathBuf {
     let text = format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\nallow_networks = [\"127.0.0.1\"]\n\
          [profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"local_ca\"\n\
          ca_cert = \"{}\"\nchain = \"{}\"\n[profiles.default.signer.pkcs11]\nmodule = \"{MODULE}\"\n\
-         token_label = \"acme-ca\"\nkey_label = \"ca-key\"\npin_file = \"{}\"\n",
+         token_label = \"acme-ca\"\nkey_label = \"ca-key\"\npin_file = \"{}\"\n{pkcs11}\n",
         dir.join("data").display(),
         ca_pem.display(),
         chain.display(),
@@ -179,6 +218,7 @@ async fn the_embedded_ca_signs_with_a_key_that_exists_only_in_a_softhsm2_token()
         &dir.path().join("ca.pem"),
         &dir.path().join("root.pem"),
         responder.port,
+        "",
     );
     let (_server, directory) = harness::spawn_binary(
         dir.path(),
@@ -228,6 +268,7 @@ async fn a_ca_certificate_whose_key_is_not_the_tokens_stops_start_up() {
         &dir.path().join("ca.pem"),
         &dir.path().join("root.pem"),
         harness::free_port(),
+        "",
     );
     let out = Command::new(harness::binary())
         .args(["serve", "--config", config.to_str().expect("utf-8")])
@@ -237,4 +278,140 @@ async fn a_ca_certificate_whose_key_is_not_the_tokens_stops_start_up() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("does not belong to ca_cert"), "{stderr}");
+}
+
+/// An order for `name`, ready to be finalized (the profile bypasses
+/// validation).
+async fn ready_order(account: &Account, name: &str) -> Order {
+    let mut order = account
+        .new_order(&NewOrder::new(&[instant_acme::Identifier::Dns(
+            name.to_owned(),
+        )]))
+        .await
+        .expect("new order");
+    let mut authorizations = order.authorizations();
+    while let Some(authz) = authorizations.next().await {
+        let mut authz = authz.expect("authorization");
+        let mut challenge = authz
+            .challenge(ChallengeType::Http01)
+            .expect("http-01 offered");
+        challenge.set_ready().await.expect("challenge triggered");
+    }
+    let status = order
+        .poll_ready(&client::retry())
+        .await
+        .expect("order settles");
+    assert_eq!(status, OrderStatus::Ready);
+    order
+}
+
+/// GET /health and HEAD newNonce, each answered within 5 s.
+async fn still_serving(base: &str, directory: &serde_json::Value) {
+    let within = Duration::from_secs(5);
+    let health = tokio::time::timeout(
+        within,
+        crate::raw::request("GET", &format!("{base}/health"), None, vec![]),
+    )
+    .await
+    .expect("/health is answered while a signing hangs in the token");
+    assert_eq!(health.status, 200);
+    tokio::time::timeout(within, crate::raw::nonce(directory))
+        .await
+        .expect("newNonce is answered while a signing hangs in the token");
+}
+
+// The server runs one async worker (TOKIO_WORKER_THREADS=1): a signing
+// blocking it in the module would leave no thread for any other request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_stops_answering_fails_the_finalize_at_its_timeout_while_the_server_keeps_serving()
+ {
+    let Some(token) = Token::new() else {
+        return;
+    };
+    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
+    let dir = crate::harness::tempdir();
+    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
+    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
+    let config = config(
+        dir.path(),
+        &token,
+        &dir.path().join("ca.pem"),
+        &dir.path().join("root.pem"),
+        harness::free_port(),
+        "timeout = \"1s\"",
+    );
+    let (_server, directory_url) = harness::spawn_binary(
+        dir.path(),
+        &["serve", "--config", config.to_str().expect("utf-8")],
+        &[
+            ("SOFTHSM2_CONF", token.conf()),
+            ("TOKIO_WORKER_THREADS", "1".to_owned()),
+        ],
+    );
+    let base = directory_url.trim_end_matches("/profile/default/directory");
+    let directory = crate::raw::directory(&directory_url).await;
+    let log = || std::fs::read_to_string(dir.path().join("acme-proxy.log")).expect("log");
+    let account = client::account(&directory_url).await;
+    let mut order = ready_order(&account, "stuck.example.test").await;
+
+    let hang = token.hang();
+    let finalize = tokio::spawn(async move {
+        let result = order.finalize().await;
+        (order, result)
+    });
+    // Other requests are answered for as long as the finalize waits for
+    // the token (at least its 1 s deadline).
+    let mut served = 0;
+    while !finalize.is_finished() {
+        still_serving(base, &directory).await;
+        served += 1;
+    }
+    let (mut order, result) = finalize.await.expect("finalize task");
+    assert!(served > 0);
+    let err = result.expect_err("the finalize fails once the token's deadline has passed");
+    assert_eq!(client::problem_type(&err), "serverInternal", "{err}");
+    let text = log();
+    assert!(
+        text.contains("the token did not answer within 1s"),
+        "the log says why:\n{text}"
+    );
+    // Nothing was issued: the order can be finalized again.
+    let state = order.refresh().await.expect("order");
+    assert_eq!(state.status, OrderStatus::Ready);
+
+    // The call is still stuck in the module, holding the session: the
+    // next signing waits behind it for its own deadline only, and fails.
+    let err = order
+        .finalize()
+        .await
+        .expect_err("a finalize behind the hung signing fails at its deadline");
+    assert_eq!(client::problem_type(&err), "serverInternal", "{err}");
+    still_serving(base, &directory).await;
+    let text = log();
+    assert!(
+        text.contains("the token was still busy with an earlier signing"),
+        "the log says why:\n{text}"
+    );
+
+    // The token answers again: the stuck call returns (its certificate is
+    // discarded) and the next finalize signs.
+    drop(hang);
+    order
+        .finalize()
+        .await
+        .expect("finalize once the token answers");
+    let chain = order
+        .poll_certificate(&client::retry())
+        .await
+        .expect("certificate");
+    let blocks = ::pem::parse_many(&chain).expect("PEM chain");
+    let (_, leaf) = X509Certificate::from_der(blocks[0].contents()).expect("leaf");
+    let (_, ca) = X509Certificate::from_der(blocks[1].contents()).expect("CA");
+    leaf.verify_signature(Some(ca.public_key()))
+        .expect("the leaf verifies with the token's public key");
+    let text = log();
+    assert!(
+        text.contains("the token answered after the deadline"),
+        "the stuck call returned once the token answered:\n{text}"
+    );
 }
