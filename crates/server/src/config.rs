@@ -645,8 +645,7 @@ pub enum SignerConfig {
     Custom(CustomConfig),
 }
 
-/// The custom signer: the operator's program signs (SYSTEM.md's third
-/// backend), run without a shell, with a cleared environment and a
+/// The custom signer: the operator's program signs, run without a shell, with a cleared environment and a
 /// deadline; optional operations for revocation, the CRL and the renewal
 /// window are programs of their own.
 #[derive(Clone, Debug, Deserialize)]
@@ -731,7 +730,7 @@ fn check_custom(name: &str, c: &CustomConfig) -> Result<(), ConfigError> {
 }
 
 /// The relay signer: certificates come from an upstream ACME CA, with one
-/// upstream account per profile (SYSTEM.md "The relay, step by step").
+/// upstream account per profile.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {

@@ -1,4 +1,4 @@
-//! Prometheus metrics (SYSTEM.md component 6), exported with the official
+//! Prometheus metrics, exported with the official
 //! `prometheus-client` crate at `/metrics` on a listener of their own (off
 //! by default).
 //!

@@ -1,5 +1,5 @@
 //! The audit trail: one insert-only row per issuance and per refusal, with
-//! who asked, from where, and why not (SYSTEM.md "Audit record").
+//! who asked, from where, and why not.
 
 use acme_proxy_protocol::types::Identifier;
 use rusqlite::{Connection, Row, params};

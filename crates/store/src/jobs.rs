@@ -1,6 +1,5 @@
 //! The job table: enqueue, atomic claims with leases, lease renewal, and
-//! settlements guarded on the lease owner (SYSTEM.md "The job queue
-//! contract"). Times are Unix milliseconds.
+//! settlements guarded on the lease owner. Times are Unix milliseconds.
 //!
 //! The claim is one `UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING`: on
 //! SQLite the statement runs under the database write lock, so two runners

@@ -1,6 +1,5 @@
 //! The relay's rows: each relay profile's upstream account, and the mapping
-//! from a local order to the order placed at the upstream CA
-//! (SYSTEM.md "The relay, step by step").
+//! from a local order to the order placed at the upstream CA.
 
 use acme_proxy_protocol::Problem;
 use rusqlite::{Row, params};

@@ -1,5 +1,5 @@
 //! The one gate every signed request passes before any handler logic runs
-//! (RFC 8555 §6.2–§6.5, SYSTEM.md §1), in this order:
+//! (RFC 8555 §6.2–§6.5), in this order:
 //!
 //! 1. `Content-Type: application/jose+json`, checked before the body is read (415);
 //! 2. the body fits the configured limit (413);

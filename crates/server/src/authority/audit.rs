@@ -1,5 +1,5 @@
 //! The audit trail's writer for the authority: one row per issuance and per
-//! refusal after authentication (SYSTEM.md "Audit record"), each bumping the
+//! refusal after authentication, each bumping the
 //! matching metric from the same record.
 //!
 //! What a client sent is bounded here before it is written (`bounded`):

@@ -45,8 +45,7 @@ pub use maintenance::{CrlRefresh, NonceSweep};
 pub use relay::{RELAY_KIND, RelayJobs};
 pub use validation::{VALIDATION_KIND, ValidationJobs};
 
-/// Where a request came from, for the audit trail (SYSTEM.md "Audit
-/// record"). Filled by the front end; every field is best-effort.
+/// Where a request came from, for the audit trail. Filled by the front end; every field is best-effort.
 #[derive(Clone, Debug, Default)]
 pub struct RequestContext {
     pub client_ip: Option<String>,

@@ -1,5 +1,5 @@
-//! The relay's side of the state machine (SYSTEM.md "The relay, step by
-//! step"): finalize records the mapping and queues the job; the job's
+//! The relay's side of the state machine (ARCHITECTURE.md draws it step
+//! by step): finalize records the mapping and queues the job; the job's
 //! attempts drive the upstream; settle and abandon are the only writers of
 //! the local order's outcome.
 

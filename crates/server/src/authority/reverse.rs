@@ -1,4 +1,4 @@
-//! Best-effort reverse names for audit rows (SYSTEM.md "Audit record"): a
+//! Best-effort reverse names for audit rows: a
 //! PTR lookup bounded in time and cached per address, so a slow or absent
 //! DNS server costs one bounded wait per address per cache period and never
 //! fails or holds up a request for longer than the bound.

@@ -1,4 +1,4 @@
-//! The durable job queue (SYSTEM.md "The job queue contract"): at-least-once
+//! The durable job queue (its contract: ARCHITECTURE.md, `jobs`): at-least-once
 //! background work that survives crashes, retries what is transient and
 //! retires what is not, exactly once.
 //!

@@ -1,4 +1,4 @@
-//! Notifications (SYSTEM.md component 6): certificate issued or revoked,
+//! Notifications: certificate issued or revoked,
 //! account created or deactivated, challenge failed, relay abandoned —
 //! told to the operator's webhooks, mailboxes and scripts, each delivery a
 //! durable job so a receiver that is down is retried, not lost.

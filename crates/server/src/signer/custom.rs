@@ -1,6 +1,5 @@
 //! The custom signer: an operator's program turns the CSR into a chain
-//! (SYSTEM.md's third backend — a legacy PKI, an internal API behind a
-//! script).
+//! (a legacy PKI, an internal API behind a script).
 //!
 //! Each operation is one run of a program through [`crate::hardened::run`]:
 //! no shell, a cleared environment, the request as JSON on stdin, killed at

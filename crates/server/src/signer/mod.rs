@@ -1,6 +1,6 @@
 //! Signer backends: what turns a checked CSR into a certificate chain.
 //!
-//! SYSTEM.md names three: `local_ca` (the embedded CA), `relay` (an
+//! There are three: `local_ca` (the embedded CA), `relay` (an
 //! upstream ACME CA, through a job) and `custom` (the operator's program).
 //! The authority only sees [`Signer`], so adding a backend adds
 //! a variant here and nothing in the authority's state machine.

@@ -277,7 +277,13 @@ mod tests {
         ] {
             assert!(e.refusal(refused.parse().unwrap()).is_some(), "{refused}");
         }
-        for allowed in ["10.1.2.3", "172.16.0.1", "192.168.1.1", "fd12::1", "192.0.2.1"] {
+        for allowed in [
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "fd12::1",
+            "192.0.2.1",
+        ] {
             assert_eq!(e.refusal(allowed.parse().unwrap()), None, "{allowed}");
         }
     }

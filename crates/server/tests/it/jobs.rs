@@ -1,5 +1,4 @@
-//! The durable job queue against its contract (SYSTEM.md "The job queue
-//! contract"): exactly-once claims across two processes over one SQLite
+//! The durable job queue against its contract: exactly-once claims across two processes over one SQLite
 //! file, bounded retries with backoff, deadlines, exactly-once `abandon`,
 //! identity de-duplication, lease-guarded settlements, survival of
 //! panicking and hanging handlers, and graceful shutdown.

@@ -46,7 +46,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use crate::harness::{ChildGuard, free_port, require_program};
 use crate::raw::Resp;
 
-/// The tree's only crypto provider (DEPENDENCIES.md): every rustls
+/// The tree's only crypto provider: every rustls
 /// configuration here is built on it explicitly, never on a process default.
 fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

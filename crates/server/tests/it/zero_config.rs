@@ -4,13 +4,34 @@
 //!
 //! Only the addresses a shared test machine needs are overridden, through
 //! the environment: the listener (the default port 14000 may be taken by a
-//! suite running beside this one), the http-01 port (80 likewise) and the
-//! DNS server that maps test names to 127.0.0.1.
+//! suite running beside this one), the http-01 port (80 likewise), the
+//! DNS server that maps test names to 127.0.0.1, and that address allowed
+//! to validation.
 
 use std::os::unix::fs::PermissionsExt;
 
 use crate::client;
 use crate::harness::{Dns, Responder, not_private, spawn_binary, under_umask_022};
+
+/// The environment overrides of a shared test machine (see above).
+fn overrides(dns: &Dns, responder: &Responder) -> Vec<(&'static str, String)> {
+    vec![
+        ("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned()),
+        (
+            "ACME_PROXY_VALIDATION__HTTP_PORT",
+            responder.port.to_string(),
+        ),
+        (
+            "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
+            format!("[\"{}\"]", dns.addr),
+        ),
+        // The responder listens on loopback, refused by default.
+        (
+            "ACME_PROXY_VALIDATION__ALLOW_NETWORKS",
+            "[\"127.0.0.1\"]".to_owned(),
+        ),
+    ]
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_without_configuration_answers_a_full_issuance() {
@@ -22,26 +43,7 @@ async fn serve_without_configuration_answers_a_full_issuance() {
         0,
         "starts empty"
     );
-    let (_server, directory) = spawn_binary(
-        cwd.path(),
-        &["serve"],
-        &[
-            ("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned()),
-            (
-                "ACME_PROXY_VALIDATION__HTTP_PORT",
-                responder.port.to_string(),
-            ),
-            (
-                "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
-                format!("[\"{}\"]", dns.addr),
-            ),
-            // The responder listens on loopback, refused by default.
-            (
-                "ACME_PROXY_VALIDATION__ALLOW_NETWORKS",
-                "[\"127.0.0.1\"]".to_owned(),
-            ),
-        ],
-    );
+    let (_server, directory) = spawn_binary(cwd.path(), &["serve"], &overrides(&dns, &responder));
     assert!(
         directory.ends_with("/profile/default/directory"),
         "{directory}"
@@ -95,22 +97,7 @@ async fn serve_keeps_every_file_of_its_data_directory_private_and_refuses_to_sta
     let Some(dns) = Dns::start() else { return };
     let responder = Responder::start().await;
     let cwd = crate::harness::tempdir();
-    let env = [
-        ("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned()),
-        (
-            "ACME_PROXY_VALIDATION__HTTP_PORT",
-            responder.port.to_string(),
-        ),
-        (
-            "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
-            format!("[\"{}\"]", dns.addr),
-        ),
-        // The responder listens on loopback, refused by default.
-        (
-            "ACME_PROXY_VALIDATION__ALLOW_NETWORKS",
-            "[\"127.0.0.1\"]".to_owned(),
-        ),
-    ];
+    let env = overrides(&dns, &responder);
     let (server, directory) = spawn_binary(cwd.path(), &["serve"], &env);
     let account = client::account(&directory).await;
     client::issue(&account, &responder, &["private.example.test"]).await;

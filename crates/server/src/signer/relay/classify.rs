@@ -1,4 +1,4 @@
-//! Retryable or permanent: SYSTEM.md's classification table, decided by
+//! Retryable or permanent, decided by
 //! whose answer a failure is. Nobody decided anything (a transport error, a
 //! proxy's HTML page, a 5xx, a rate limit) → retry after backoff; the CA
 //! stated a reason (any other problem document) → believe it.
