@@ -225,7 +225,9 @@ pub async fn serve(
             }
         });
     }
-    // Stopped: no new connection; wait for the open ones to close.
+    // Stopped: no new connection (closing the socket refuses them rather
+    // than leave them in the backlog); wait for the open ones to close.
+    drop(listener);
     let mut total = open.total.subscribe();
     let _ = total.wait_for(|n| *n == 0).await;
 }
@@ -346,8 +348,13 @@ async fn idle_for(activity: &Activity, timeout: Duration) {
         }
         let last = Duration::from_millis(activity.last_ms.load(Ordering::Acquire));
         let idle = activity.since_opened().saturating_sub(last);
-        if idle >= timeout {
+        // Looked at again: a request may have begun since the first look.
+        if idle >= timeout && activity.busy.load(Ordering::Acquire) == 0 {
             return;
+        }
+        if idle >= timeout {
+            wait = timeout;
+            continue;
         }
         wait = timeout - idle;
     }

@@ -179,7 +179,8 @@ impl Store {
     /// first within each kind: at most `free[kind]` of each kind listed,
     /// and of the jobs that name a `fair_key`, no more than make
     /// `per_key_cap` running at once for that (kind, key) — those already
-    /// running, by any runner, counted. One statement under SQLite's write
+    /// running, by any runner, counted; a cancellation or an abandon
+    /// (`retiring`) is never held back by the cap. One statement under SQLite's write
     /// lock, so two runners never claim the same job. Each kind is ranked
     /// after the per-key cap is applied: one owner's queued backlog cannot
     /// push another's jobs out of the kind's free slots.
@@ -213,14 +214,15 @@ impl Store {
                      SELECT e.id, e.kind,
                             ROW_NUMBER() OVER (PARTITION BY e.kind ORDER BY e.run_at, e.id) AS kind_rank
                      FROM (
-                         SELECT j.id, j.kind, j.run_at, j.fair_key,
+                         SELECT j.id, j.kind, j.run_at, j.fair_key, j.status, j.cancel_requested_by,
                                 ROW_NUMBER() OVER (PARTITION BY j.kind, j.fair_key ORDER BY j.run_at, j.id) AS key_rank
                          FROM jobs j
                          WHERE j.kind IN (SELECT key FROM json_each(?4))
                            AND ((j.status = 'queued' AND (j.run_at <= ?2 OR j.cancel_requested_by IS NOT NULL))
                                 OR (j.status IN ('running', 'retiring') AND j.lease_until <= ?2))
                      ) e
-                     WHERE e.fair_key IS NULL
+                     -- A cancellation or an abandon is not held back by the cap.
+                     WHERE e.fair_key IS NULL OR e.status = 'retiring' OR e.cancel_requested_by IS NOT NULL
                         OR e.key_rank + (SELECT COUNT(*) FROM jobs r
                                          WHERE r.status = 'running' AND r.kind = e.kind
                                            AND r.fair_key = e.fair_key AND r.lease_until > ?2) <= ?5

@@ -327,8 +327,6 @@ impl Store {
     }
 }
 
-/// One connection to the database file, tuned as every connection must be
-/// (these settings are per connection in SQLite).
 /// Makes the database file, and its WAL and shared-memory files if they
 /// are there, readable by the owner only: the file holds the EAB MAC keys.
 /// SQLite creates it 0644 less the umask (and resets an empty file it is
@@ -350,6 +348,8 @@ fn restrict_to_owner(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// One connection to the database file, tuned as every connection must be
+/// (these settings are per connection in SQLite).
 fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY

@@ -484,6 +484,13 @@ impl Runner {
             let jobs = self.claim(&free).await;
             for job in jobs {
                 let permit = self.slot(&job.kind);
+                // Claimed within the free slots, and only this loop takes
+                // them: a job without one would run past its kind's bound.
+                debug_assert!(
+                    permit.is_some(),
+                    "claimed a {} job past its slots",
+                    job.kind
+                );
                 let this = Arc::clone(&self);
                 set.spawn(async move {
                     this.execute(job).await;
