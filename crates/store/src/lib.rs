@@ -216,6 +216,7 @@ impl Store {
             return Err(StoreError::UnsupportedUrl(url.to_owned()));
         }
         let mut conn = migrate.connect().await?;
+        carry_over_reworded_migrations(&mut conn).await?;
         SQLITE_MIGRATIONS.run(&mut conn).await?;
         conn.close().await?;
         // Before the connections that write rows open: the WAL and shared
@@ -325,6 +326,49 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Migrations whose comments were reworded after release, with the
+/// checksum (SHA-384 of the file, upper-case hex) they were applied with.
+/// Their statements are unchanged.
+const REWORDED_MIGRATIONS: &[(i64, &str)] = &[
+    (
+        2,
+        "FB4ED7977CD187A6128BF82B2395DCF2C405BEC4F88E9342696E3F7BDC605D8CD6937A490A4FC7DA71AA7BF10338B805",
+    ),
+    (
+        3,
+        "E412DBA357302859508423F931DB54F4CDD29D7F5611DE5F952ACC7523C00446E0649B62BC6714589F8DFF5A81F46C94",
+    ),
+];
+
+/// sqlx refuses to start on a database whose applied migration's
+/// checksum differs from the file's: for [`REWORDED_MIGRATIONS`] applied
+/// with their old text, the recorded checksum becomes the new file's.
+/// Any other difference still stops start-up, as it should.
+async fn carry_over_reworded_migrations(conn: &mut sqlx::SqliteConnection) -> Result<()> {
+    let recorded: Option<(String,)> = sqlx::query_as(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if recorded.is_none() {
+        return Ok(());
+    }
+    for (version, old) in REWORDED_MIGRATIONS {
+        let Some(now) = SQLITE_MIGRATIONS.iter().find(|m| m.version == *version) else {
+            continue;
+        };
+        sqlx::query(
+            "UPDATE _sqlx_migrations SET checksum = ?1 WHERE version = ?2 AND hex(checksum) = ?3",
+        )
+        .bind(now.checksum.as_ref())
+        .bind(version)
+        .bind(old)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Makes the database file, and its WAL and shared-memory files if they
@@ -620,6 +664,36 @@ mod tests {
         let url = format!("sqlite:{}", path.display());
         let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
         (path, store)
+    }
+
+    #[tokio::test]
+    async fn a_database_migrated_before_two_migrations_comments_were_reworded_still_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        store.close().await;
+        // As a database migrated by an earlier release records them.
+        let conn = Connection::open(&path).unwrap();
+        for (version, old) in REWORDED_MIGRATIONS {
+            conn.execute(
+                "UPDATE _sqlx_migrations SET checksum = unhex(?1) WHERE version = ?2",
+                rusqlite::params![old, version],
+            )
+            .unwrap();
+        }
+        drop(conn);
+        let url = format!("sqlite:{}", path.display());
+        let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
+        store.ping().await.unwrap();
+        store.close().await;
+        // Another difference still stops it.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE _sqlx_migrations SET checksum = x'00' WHERE version = 2",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        assert!(Store::open(&url, &StoreOptions::default()).await.is_err());
     }
 
     #[tokio::test]

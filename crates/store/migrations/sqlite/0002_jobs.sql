@@ -1,4 +1,4 @@
--- The durable job queue (SYSTEM.md "The job queue contract").
+-- The durable job queue: jobs claimed under a lease, retried, retired.
 --
 -- Times here are Unix *milliseconds*: leases are seconds long and are
 -- renewed several times per lease.

@@ -1,4 +1,4 @@
--- The relay signer (SYSTEM.md "The relay, step by step") and the audit
+-- The relay signer (orders relayed to an upstream ACME CA) and the audit
 -- trail. Append-only: never edit once released.
 
 -- The one upstream account of each relay profile. The key itself is a file
