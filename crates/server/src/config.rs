@@ -60,6 +60,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub audit: AuditConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
+    /// The `ACME_PROXY_*` variables [`Config::load`] left aside as
+    /// Kubernetes service links, for start-up to warn about.
+    #[serde(skip)]
+    pub ignored_environment: Vec<String>,
 }
 
 /// TLS termination on the ACME listener (rustls): the operator's
@@ -925,6 +929,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             audit: AuditConfig::default(),
             profiles,
+            ignored_environment: Vec::new(),
         }
     }
 }
@@ -1211,6 +1216,23 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// Whether `key` (an `ACME_PROXY_*` variable without its prefix) is one of
+/// the service links Kubernetes puts into every pod of a namespace that has
+/// a Service named `acme-proxy`: `ACME_PROXY_SERVICE_HOST`,
+/// `ACME_PROXY_SERVICE_PORT[_NAME]`, `ACME_PROXY_PORT` and
+/// `ACME_PROXY_PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`. No configuration
+/// key is named `port` or `service…`, so these are never settings; refusing
+/// them as unknown keys would stop the server in exactly the namespace
+/// where it is deployed.
+fn is_service_link(key: &str) -> bool {
+    let key = key.to_ascii_uppercase();
+    key == "SERVICE_HOST"
+        || key == "SERVICE_PORT"
+        || key.starts_with("SERVICE_PORT_")
+        || key == "PORT"
+        || key.starts_with("PORT_")
+}
+
 /// The challenge types this build can validate.
 pub const SUPPORTED_CHALLENGES: [&str; 3] = ["http-01", "dns-01", "tls-alpn-01"];
 
@@ -1229,11 +1251,18 @@ impl Config {
         }
         figment = figment.merge(
             Env::prefixed("ACME_PROXY_")
+                .filter(|key| !is_service_link(key.as_str()))
                 .split("__")
                 // ACME_PROXY_CONFIG names the file; it is not a key.
                 .ignore(&["config"]),
         );
-        Self::from_figment(figment)
+        let mut config = Self::from_figment(figment)?;
+        config.ignored_environment = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| k.strip_prefix("ACME_PROXY_").is_some_and(is_service_link))
+            .collect();
+        config.ignored_environment.sort();
+        Ok(config)
     }
 
     /// Parses a configuration from TOML text alone (tests, `check`).
@@ -1614,6 +1643,32 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubernetes_service_links_are_told_apart_from_misspelt_keys() {
+        for link in [
+            "PORT",
+            "PORT_14000_TCP",
+            "PORT_14000_TCP_PROTO",
+            "PORT_14000_TCP_PORT",
+            "PORT_14000_TCP_ADDR",
+            "SERVICE_HOST",
+            "SERVICE_PORT",
+            "SERVICE_PORT_ACME",
+            "service_host",
+        ] {
+            assert!(is_service_link(link), "{link}");
+        }
+        for key in [
+            "LISTEN",
+            "LISTN",
+            "PORTS",
+            "SERVICE",
+            "PROFILES__DEFAULT__BYPASS",
+        ] {
+            assert!(!is_service_link(key), "{key}");
+        }
+    }
 
     #[test]
     fn certificate_profiles_that_cannot_work_are_refused_saying_what_to_write() {

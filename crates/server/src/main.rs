@@ -17,10 +17,19 @@ use acme_proxy::config::Config;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `acme-proxy --version`: the release and the commit it was built from
+/// (see build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("BUILD_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "acme-proxy",
-    version,
+    version = VERSION,
     about = "An ACME (RFC 8555) server for internal PKI"
 )]
 struct Cli {
@@ -61,6 +70,18 @@ enum Command {
     /// External Account Binding credentials: create, list, revoke.
     #[command(subcommand)]
     Eab(acme_proxy::cli::EabCommand),
+    /// Write the man pages or the shell completions into a directory (for
+    /// packagers; reads no configuration).
+    #[command(subcommand)]
+    Generate(GenerateCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum GenerateCommand {
+    /// roff man pages: acme-proxy.1 and one page per command.
+    Man { dir: PathBuf },
+    /// Completions for bash, zsh and fish.
+    Completions { dir: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,6 +97,13 @@ enum ConfigCommand {
 /// command not confirmed.
 fn main() {
     let cli = Cli::parse();
+    if let Some(Command::Generate(what)) = &cli.command {
+        if let Err(e) = generate(what) {
+            eprintln!("acme-proxy: {e:#}");
+            std::process::exit(cli::EXIT_FAILED);
+        }
+        return;
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -93,9 +121,43 @@ fn main() {
     }
 }
 
+fn generate(what: &GenerateCommand) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let (GenerateCommand::Man { dir } | GenerateCommand::Completions { dir }) = what;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let command = Cli::command();
+    match what {
+        GenerateCommand::Man { .. } => clap_mangen::generate_to(command, dir),
+        GenerateCommand::Completions { .. } => {
+            use clap_complete::Shell;
+            [Shell::Bash, Shell::Zsh, Shell::Fish]
+                .into_iter()
+                .try_for_each(|shell| {
+                    clap_complete::generate_to(shell, &mut command.clone(), "acme-proxy", dir)
+                        .map(drop)
+                })
+        }
+    }
+    .with_context(|| format!("writing into {}", dir.display()))
+}
+
+/// Variables `Config::load` set aside as Kubernetes service links.
+fn ignored_environment_warning(config: &Config) -> Option<String> {
+    (!config.ignored_environment.is_empty()).then(|| {
+        format!(
+            "ignoring {} (Kubernetes service links of a Service named acme-proxy, not settings)",
+            config.ignored_environment.join(", ")
+        )
+    })
+}
+
 fn run(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
+        Command::Generate(_) => Ok(()),
         Command::CheckConfig | Command::Config(ConfigCommand::Check) => {
+            if let Some(warning) = ignored_environment_warning(&config) {
+                eprintln!("acme-proxy: warning: {warning}");
+            }
             match operator_runtime()?.block_on(acme_proxy::ops::check_config(&config)) {
                 Ok(profiles) => {
                     println!(
@@ -137,6 +199,13 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Serve => {
             acme_proxy::logging::init(config.log_format);
+            if let Some(warning) = ignored_environment_warning(&config) {
+                tracing::warn!(
+                    event = "config.environment",
+                    outcome = "ignored",
+                    "{warning}"
+                );
+            }
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

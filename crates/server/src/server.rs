@@ -307,7 +307,27 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
                 handshake_timeout: terminator.handshake_timeout,
             })
         }
-        None => None,
+        None => {
+            // `systemctl reload` (the unit's ExecReload) sends SIGHUP, whose
+            // default action ends the process: take it, and say there is
+            // nothing to re-read without TLS files.
+            let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("listening for SIGHUP")?;
+            let mut stopped = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        Some(()) = hangup.recv() => tracing::info!(
+                            event = "server.reload",
+                            outcome = "nothing",
+                            "SIGHUP: nothing to reload (no TLS files); other settings need a restart"
+                        ),
+                        () = crate::listener::stopped(&mut stopped) => break,
+                    }
+                }
+            });
+            None
+        }
     };
     let settings = crate::listener::Listener {
         name: "acme",

@@ -25,6 +25,7 @@ mod jws_table;
 mod metrics;
 mod notify;
 mod operations;
+mod package;
 mod profiles;
 mod raw;
 mod recheck;

@@ -389,6 +389,107 @@ fn an_unknown_configuration_key_stops_start_up_and_names_it() {
     );
 }
 
+/// A Service named `acme-proxy` makes Kubernetes put service links into
+/// every pod of its namespace (`ACME_PROXY_PORT=tcp://…`,
+/// `ACME_PROXY_SERVICE_HOST`, …): the server starts, warns about them, and
+/// logs without colour codes into a file; a misspelt key still stops it.
+#[test]
+fn kubernetes_service_links_are_ignored_with_a_warning_and_logs_to_a_file_have_no_colour() {
+    let cwd = crate::harness::tempdir();
+    let (server, _directory) = spawn_binary(
+        cwd.path(),
+        &["serve"],
+        &[
+            ("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned()),
+            ("ACME_PROXY_PORT", "tcp://10.0.0.1:14000".to_owned()),
+            (
+                "ACME_PROXY_PORT_14000_TCP",
+                "tcp://10.0.0.1:14000".to_owned(),
+            ),
+            ("ACME_PROXY_PORT_14000_TCP_PROTO", "tcp".to_owned()),
+            ("ACME_PROXY_PORT_14000_TCP_PORT", "14000".to_owned()),
+            ("ACME_PROXY_PORT_14000_TCP_ADDR", "10.0.0.1".to_owned()),
+            ("ACME_PROXY_SERVICE_HOST", "10.0.0.1".to_owned()),
+            ("ACME_PROXY_SERVICE_PORT", "14000".to_owned()),
+            ("ACME_PROXY_SERVICE_PORT_ACME", "14000".to_owned()),
+        ],
+    );
+    let log_file = cwd.path().join("acme-proxy.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+        if log.contains("Kubernetes") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(server);
+    let warning = log
+        .lines()
+        .find(|l| l.contains("Kubernetes service links"))
+        .unwrap_or_else(|| panic!("a warning about the service links:\n{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    for name in [
+        "ACME_PROXY_PORT,",
+        "ACME_PROXY_SERVICE_HOST",
+        "ACME_PROXY_SERVICE_PORT_ACME",
+    ] {
+        assert!(warning.contains(name), "{name} in {warning}");
+    }
+    assert!(
+        !log.contains('\u{1b}'),
+        "no ANSI escape in a log file:\n{log:?}"
+    );
+
+    let out = Command::new(binary())
+        .args(["serve"])
+        .current_dir(cwd.path())
+        .env_remove("ACME_PROXY_CONFIG")
+        .env("ACME_PROXY_SERVICE_HOST", "10.0.0.1")
+        .env("ACME_PROXY_LISTN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("listn") || stderr.contains("LISTN"),
+        "names the misspelt key: {stderr}"
+    );
+}
+
+/// `systemctl reload` sends SIGHUP; without TLS files there is nothing to
+/// re-read, and the signal's default action would end the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_to_a_server_without_tls_is_logged_and_the_server_keeps_serving() {
+    let cwd = crate::harness::tempdir();
+    let (mut server, directory) = spawn_binary(
+        cwd.path(),
+        &["serve"],
+        &[("ACME_PROXY_LISTEN", "127.0.0.1:0".to_owned())],
+    );
+    Command::new("kill")
+        .args(["-HUP", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    let log_file = cwd.path().join("acme-proxy.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log_file)
+        .unwrap_or_default()
+        .contains("nothing to reload")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no reload line; process: {:?}\n{}",
+            server.0.try_wait(),
+            std::fs::read_to_string(&log_file).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.0.try_wait().unwrap().is_none(), "still running");
+    let r = raw::request("GET", &directory, None, vec![]).await;
+    assert_eq!(r.status, 200, "still serving");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly() {
     let cwd = crate::harness::tempdir();
