@@ -115,6 +115,9 @@ fn main() {
         eprintln!("acme-proxy: {e:#}");
         std::process::exit(if e.is::<cli::NotConfirmed>() {
             cli::EXIT_NOT_CONFIRMED
+        } else if e.is::<acme_proxy::server::Refused>() {
+            // What `config check` refuses, with its exit code.
+            cli::EXIT_CONFIG
         } else {
             cli::EXIT_FAILED
         });
@@ -158,7 +161,9 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
             if let Some(warning) = ignored_environment_warning(&config) {
                 eprintln!("acme-proxy: warning: {warning}");
             }
-            match operator_runtime()?.block_on(acme_proxy::ops::check_config(&config)) {
+            match operator_runtime()?
+                .block_on(acme_proxy::server::check(&config, Arc::new(SystemClock)))
+            {
                 Ok(profiles) => {
                     println!(
                         "configuration OK: listening on {}, database {}",
@@ -170,7 +175,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                     }
                     Ok(())
                 }
-                Err(problems) => {
+                Err(acme_proxy::server::Refused(problems)) => {
                     for p in problems {
                         eprintln!("acme-proxy: {p}");
                     }

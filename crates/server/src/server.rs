@@ -90,6 +90,184 @@ pub struct Assembled {
     pub board: Arc<ChallengeBoard>,
 }
 
+/// Whether start-up may create what is missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `serve` and the operator commands: the data directory, the
+    /// database, a self-generated CA or TLS certificate are made when
+    /// missing.
+    Serve,
+    /// `config check`: the same steps on what exists, creating and writing
+    /// nothing, binding no socket.
+    Check,
+}
+
+/// Every problem that stops start-up, each saying what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct Refused(pub Vec<String>);
+
+/// What start-up builds from the configuration and the files it names:
+/// the one place where a configuration is refused, run by `serve` and, as
+/// a dry run, by `config check`, so that both refuse the same ones. Every
+/// problem is collected rather than the first alone.
+struct Prepared {
+    /// In [`Mode::Check`], without the self-generated CAs still to be made.
+    signers: BTreeMap<String, Signer>,
+    validators: Validators,
+    destinations: crate::notify::Destinations,
+    /// In [`Mode::Check`], None when the self-signed certificate is still
+    /// to be made.
+    terminator: Option<Arc<crate::tls::Terminator>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn prepare(
+    config: &Config,
+    clock: &SharedClock,
+    store: Option<&Store>,
+    base_url: &str,
+    board: &Arc<ChallengeBoard>,
+    metrics: &Arc<Metrics>,
+    mode: Mode,
+) -> Result<Prepared, Refused> {
+    let mut problems = Vec::new();
+    let mut signers = BTreeMap::new();
+    for (name, pc) in &config.profiles {
+        let signer = match &pc.signer {
+            SignerConfig::LocalCa(ca)
+                if mode == Mode::Check
+                    && LocalCa::still_to_generate(name, ca, &config.data_dir) =>
+            {
+                continue;
+            }
+            SignerConfig::LocalCa(ca) => {
+                LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
+                    .map(Signer::LocalCa)
+                    .map_err(|e| format!("setting up the CA of profile {name}: {e}"))
+            }
+            SignerConfig::Custom(custom) => crate::signer::Custom::new(name, custom)
+                .map(Signer::Custom)
+                .map_err(|e| format!("setting up the custom signer of profile {name}: {e}")),
+            SignerConfig::Relay(relay) => {
+                relay_signer(name, relay, config, clock, store, board, metrics).await
+            }
+        };
+        match signer {
+            Ok(signer) => {
+                signers.insert(name.clone(), signer);
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    let validators = Validators::new(&config.validation).map_err(|e| problems.push(e));
+    let destinations = Notifier::destinations(config).map_err(|e| problems.push(e));
+    let terminator = match &config.tls {
+        Some(tls)
+            if mode == Mode::Check
+                && crate::tls::still_to_generate(tls, &config.data_dir, base_url) =>
+        {
+            Ok(None)
+        }
+        Some(tls) => crate::tls::Terminator::new(tls, &config.data_dir, base_url, clock.now())
+            .map(|t| Some(Arc::new(t)))
+            .map_err(|e| problems.push(e)),
+        None => Ok(None),
+    };
+    match (validators, destinations, terminator) {
+        (Ok(validators), Ok(destinations), Ok(terminator)) if problems.is_empty() => Ok(Prepared {
+            signers,
+            validators,
+            destinations,
+            terminator,
+        }),
+        _ => Err(Refused(problems)),
+    }
+}
+
+/// The relay signer of profile `name`, with the upstream account the
+/// operator registered (`store` is None when there is no database yet).
+async fn relay_signer(
+    name: &str,
+    relay: &crate::config::RelayConfig,
+    config: &Config,
+    clock: &SharedClock,
+    store: Option<&Store>,
+    board: &Arc<ChallengeBoard>,
+    metrics: &Arc<Metrics>,
+) -> Result<Signer, String> {
+    let account = match store {
+        Some(store) => store
+            .upstream_account(name)
+            .await
+            .map_err(|e| format!("reading the upstream account of profile {name}: {e}"))?,
+        None => None,
+    };
+    // Registration is an operator's act: start-up never re-registers, and
+    // a missing account says what to run.
+    let account = account.ok_or_else(|| {
+        format!(
+            "profile {name} relays to {} but has no upstream account yet; run `acme-proxy upstream register --profile {name}` first",
+            relay.directory
+        )
+    })?;
+    if account.directory != relay.directory {
+        return Err(format!(
+            "profile {name}'s upstream account was registered at {} but the configuration now says {}; run `acme-proxy upstream register --profile {name}` again",
+            account.directory, relay.directory
+        ));
+    }
+    let relay = Relay::new(
+        name,
+        relay,
+        &config.data_dir,
+        &account,
+        Arc::clone(board),
+        Arc::clone(clock),
+        Arc::clone(metrics),
+    )
+    .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
+    Ok(Signer::Relay(Box::new(relay)))
+}
+
+/// `config check`: start-up as a dry run. The database is read if it
+/// exists, nothing is created or written, no socket is bound; Ok with the
+/// effective profiles when `serve` would start, else every problem.
+pub async fn check(config: &Config, clock: SharedClock) -> Result<Vec<String>, Refused> {
+    preflight(config)?;
+    let store = Store::open_read_only(&config.database_url(), &StoreOptions::default())
+        .await
+        .map_err(|e| {
+            Refused(vec![format!(
+                "opening the database {}: {e}",
+                config.database_url()
+            )])
+        })?;
+    let board = Arc::new(ChallengeBoard::default());
+    let metrics = Arc::new(Metrics::new(Default::default()));
+    let prepared = prepare(
+        config,
+        &clock,
+        store.as_ref(),
+        &config.base_url(),
+        &board,
+        &metrics,
+        Mode::Check,
+    )
+    .await;
+    if let Some(store) = store {
+        store.close().await;
+    }
+    prepared.map(|_| crate::ops::describe_profiles(config))
+}
+
+/// The authority and what it stands on, as `serve` and the operator
+/// commands build it, with the TLS terminator when `[tls]` is set.
+struct Built {
+    assembled: Assembled,
+    terminator: Option<Arc<crate::tls::Terminator>>,
+}
+
 /// Opens the store and builds the profiles' signers, the notifier and the
 /// authority. `base_url` is the server's public URL.
 pub async fn assemble(
@@ -97,6 +275,10 @@ pub async fn assemble(
     clock: SharedClock,
     base_url: String,
 ) -> anyhow::Result<Assembled> {
+    Ok(build(config, clock, base_url).await?.assembled)
+}
+
+async fn build(config: &Config, clock: SharedClock, base_url: String) -> anyhow::Result<Built> {
     create_private_dir(&config.data_dir)?;
     let store = Store::open(&config.database_url(), &StoreOptions::default())
         .await
@@ -109,48 +291,32 @@ pub async fn assemble(
         config.jobs.clone(),
     ));
     let metrics = Arc::new(Metrics::new(queue.observer.family()));
+    let prepared = prepare(
+        config,
+        &clock,
+        Some(&store),
+        &base_url,
+        &board,
+        &metrics,
+        Mode::Serve,
+    )
+    .await;
+    let Prepared {
+        mut signers,
+        validators,
+        destinations,
+        terminator,
+    } = match prepared {
+        Ok(prepared) => prepared,
+        Err(refused) => {
+            store.close().await;
+            return Err(refused.into());
+        }
+    };
     let mut profiles = BTreeMap::new();
     for (name, pc) in &config.profiles {
-        let signer = match &pc.signer {
-            SignerConfig::LocalCa(ca) => Signer::LocalCa(
-                LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
-                    .with_context(|| format!("setting up the CA of profile {name}"))?,
-            ),
-            SignerConfig::Custom(custom) => Signer::Custom(
-                crate::signer::Custom::new(name, custom)
-                    .map_err(anyhow::Error::msg)
-                    .with_context(|| format!("setting up the custom signer of profile {name}"))?,
-            ),
-            SignerConfig::Relay(relay) => {
-                // Registration is an operator's act: start-up never
-                // re-registers, and a missing account says what to run.
-                let account = store.upstream_account(name).await?.ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "profile {name} relays to {} but has no upstream account yet; run `acme-proxy upstream register --profile {name}` first",
-                        relay.directory
-                    )
-                })?;
-                if account.directory != relay.directory {
-                    anyhow::bail!(
-                        "profile {name}'s upstream account was registered at {} but the configuration now says {}; run `acme-proxy upstream register --profile {name}` again",
-                        account.directory,
-                        relay.directory
-                    );
-                }
-                Signer::Relay(Box::new(
-                    Relay::new(
-                        name,
-                        relay,
-                        &config.data_dir,
-                        &account,
-                        Arc::clone(&board),
-                        Arc::clone(&clock),
-                        Arc::clone(&metrics),
-                    )
-                    .map_err(anyhow::Error::msg)
-                    .with_context(|| format!("setting up the relay of profile {name}"))?,
-                ))
-            }
+        let Some(signer) = signers.remove(name) else {
+            anyhow::bail!("profile {name} has no signer");
         };
         if pc.bypass {
             tracing::warn!(
@@ -166,16 +332,12 @@ pub async fn assemble(
             Arc::new(Profile::new(name.clone(), pc.clone(), signer)),
         );
     }
-    let validators = Validators::new(&config.validation).map_err(anyhow::Error::msg)?;
-    let notifier = Arc::new(
-        Notifier::new(
-            config,
-            Arc::clone(&queue),
-            store.clone(),
-            Arc::clone(&metrics),
-        )
-        .map_err(anyhow::Error::msg)?,
-    );
+    let notifier = Arc::new(Notifier::new(
+        destinations,
+        Arc::clone(&queue),
+        store.clone(),
+        Arc::clone(&metrics),
+    ));
     let authority = Arc::new(Authority::new(
         profiles,
         validators,
@@ -185,11 +347,14 @@ pub async fn assemble(
         Arc::clone(&notifier),
         metrics,
     ));
-    Ok(Assembled {
-        authority,
-        notifier,
-        queue,
-        board,
+    Ok(Built {
+        assembled: Assembled {
+            authority,
+            notifier,
+            queue,
+            board,
+        },
+        terminator,
     })
 }
 
@@ -197,29 +362,26 @@ pub async fn assemble(
 pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
     // Bound before anything needs the public URL (account URLs in CAA
     // accounturi checks); requests wait until the router is served below.
+    preflight(&config)?;
     create_private_dir(&config.data_dir)?;
-    refuse_open_secrets(&config)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
     // With port 0 the real port is known only now.
     let base_url = config.base_url_at(addr);
-    let Assembled {
-        authority,
-        notifier,
-        queue,
-        board,
-    } = assemble(&config, Arc::clone(&clock), base_url.clone()).await?;
+    let Built {
+        assembled:
+            Assembled {
+                authority,
+                notifier,
+                queue,
+                board,
+            },
+        terminator,
+    } = build(&config, Arc::clone(&clock), base_url.clone()).await?;
     let store = authority.store.clone();
     authority.refresh_stale_crls().await;
-    let terminator = match &config.tls {
-        Some(tls) => Some(Arc::new(
-            crate::tls::Terminator::new(tls, &config.data_dir, &base_url, clock.now())
-                .map_err(anyhow::Error::msg)?,
-        )),
-        None => None,
-    };
 
     let mut registry = Registry::default();
     registry
@@ -407,8 +569,15 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("creating the data directory {}", dir.display()))
 }
 
+/// What `serve` and `config check` refuse before the database is opened
+/// (which would close its mode): a data directory whose secrets others can
+/// read.
+fn preflight(config: &Config) -> Result<(), Refused> {
+    refuse_open_secrets(config).map_err(|e| Refused(vec![e]))
+}
+
 /// Refuses to serve from a data directory whose secrets others can read.
-fn refuse_open_secrets(config: &Config) -> anyhow::Result<()> {
+fn refuse_open_secrets(config: &Config) -> Result<(), String> {
     let relay_keys: Vec<std::path::PathBuf> = config
         .profiles
         .iter()
@@ -418,5 +587,4 @@ fn refuse_open_secrets(config: &Config) -> anyhow::Result<()> {
         })
         .collect();
     crate::private::refuse_open(&config.data_dir, &config.database_url(), &relay_keys)
-        .map_err(anyhow::Error::msg)
 }

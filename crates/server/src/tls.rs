@@ -171,32 +171,24 @@ fn load(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
 
 /// The self-signed certificate for the public URL's host: made once
 /// (ECDSA P-256, ten years), then reused; a new host gets a new file.
+/// Whether [`Terminator::new`] would generate the self-signed certificate,
+/// for a dry run of start-up that creates nothing.
+pub fn still_to_generate(config: &TlsConfig, data_dir: &Path, base_url: &str) -> bool {
+    (config.cert.is_none() || config.key.is_none())
+        && self_signed_paths(data_dir, base_url)
+            .is_ok_and(|(_, cert, key)| !(cert.is_file() && key.is_file()))
+}
+
 fn self_signed(
     data_dir: &Path,
     base_url: &str,
     now: time::OffsetDateTime,
 ) -> Result<(PathBuf, PathBuf), String> {
-    let host = base_url
-        .parse::<http::Uri>()
-        .ok()
-        .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
-        .ok_or_else(|| format!("no host in the public URL {base_url}"))?;
-    let dir = data_dir.join("tls");
-    let stem: String = host
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let cert_path = dir.join(format!("self-signed-{stem}.pem"));
-    let key_path = dir.join(format!("self-signed-{stem}.key.pem"));
+    let (host, cert_path, key_path) = self_signed_paths(data_dir, base_url)?;
     if cert_path.is_file() && key_path.is_file() {
         return Ok((cert_path, key_path));
     }
+    let dir = data_dir.join("tls");
     crate::private::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .map_err(|e| format!("generating the TLS key: {e}"))?;
@@ -218,4 +210,31 @@ fn self_signed(
         .map_err(|e| format!("writing {}: {e}", cert_path.display()))?;
     tracing::info!(event = "tls.self_signed", outcome = "success", host = %host, cert = %cert_path.display(), "generated a self-signed TLS certificate");
     Ok((cert_path, key_path))
+}
+
+/// The public URL's host and where its self-signed certificate and key are
+/// kept under `{data_dir}/tls/`.
+fn self_signed_paths(
+    data_dir: &Path,
+    base_url: &str,
+) -> Result<(String, PathBuf, PathBuf), String> {
+    let host = base_url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
+        .ok_or_else(|| format!("no host in the public URL {base_url}"))?;
+    let dir = data_dir.join("tls");
+    let stem: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let cert_path = dir.join(format!("self-signed-{stem}.pem"));
+    let key_path = dir.join(format!("self-signed-{stem}.key.pem"));
+    Ok((host, cert_path, key_path))
 }

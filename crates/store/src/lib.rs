@@ -246,6 +246,47 @@ impl Store {
         })
     }
 
+    /// Opens an existing database without the right to change it, for a
+    /// dry run of start-up (`config check`): no migration, no checkpointer,
+    /// every connection read-only, so a write fails. `Ok(None)` when the
+    /// database does not exist yet (start-up would create it empty).
+    pub async fn open_read_only(url: &str, options: &StoreOptions) -> Result<Option<Self>> {
+        if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+            return Err(StoreError::UnsupportedUrl(url.to_owned()));
+        }
+        let path = SqliteConnectOptions::from_str(url)?
+            .get_filename()
+            .to_path_buf();
+        if !path.exists() {
+            return Ok(None);
+        }
+        let open = || -> Result<Connection> {
+            // A read-only connection to a WAL database creates its -wal and
+            // -shm files when they are missing (no server has it open):
+            // then open it immutable, which reads the file alone.
+            if wal_path(&path).exists() {
+                return open_connection(&path, true, options.busy_timeout);
+            }
+            let uri = format!("file:{}?immutable=1", uri_path(&path));
+            let conn = Connection::open_with_flags(
+                uri,
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_URI
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+            Ok(conn)
+        };
+        let writer = Arc::new(Slot::new(open()?));
+        let readers = vec![Slot::new(open()?)];
+        Ok(Some(Self {
+            writer,
+            readers: readers.into(),
+            next_reader: Arc::new(AtomicUsize::new(0)),
+            checkpointer: Arc::new(std::sync::Mutex::new(None)),
+        }))
+    }
+
     /// The writer connection, once it is free (see [`Slot`]).
     async fn writer(&self) -> Result<Held<'_>> {
         self.writer.lock().await
@@ -394,6 +435,28 @@ fn restrict_to_owner(path: &Path) -> Result<()> {
 
 /// One connection to the database file, tuned as every connection must be
 /// (these settings are per connection in SQLite).
+/// The WAL file beside the database at `path`.
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
+/// `path` for a `file:` URI: every octet but unreserved ones and `/`
+/// percent-encoded (RFC 3986 §2.1), so `?`, `#` and `%` stay in the path.
+fn uri_path(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn open_connection(path: &Path, read_only: bool, busy_timeout: Duration) -> Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -657,6 +720,51 @@ mod tests {
         id: "acct",
         key_thumbprint: "thumb",
     };
+
+    #[tokio::test]
+    async fn a_read_only_store_reads_what_is_there_refuses_writes_and_creates_no_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        assert!(
+            Store::open_read_only(&url, &StoreOptions::default())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(!dir.path().join("t.db").exists(), "nothing created");
+
+        let (_, store) = open_in(dir.path()).await;
+        let row = UpstreamAccountRow {
+            profile: "edge".into(),
+            directory: "https://ca.example/dir".into(),
+            account_url: "https://ca.example/acct/1".into(),
+            key_thumbprint: "thumb".into(),
+            created_at: 1,
+        };
+        store.save_upstream_account(&row).await.unwrap();
+        store.close().await;
+
+        let ro = Store::open_read_only(&url, &StoreOptions::default())
+            .await
+            .unwrap()
+            .unwrap();
+        let read = ro.upstream_account("edge").await.unwrap().unwrap();
+        assert_eq!(read.key_thumbprint, "thumb");
+        let refused = ro
+            .save_upstream_account(&UpstreamAccountRow {
+                profile: "other".into(),
+                ..row
+            })
+            .await;
+        assert!(refused.is_err(), "a read-only store cannot write");
+        ro.close().await;
+        for suffix in ["-wal", "-shm"] {
+            assert!(
+                !dir.path().join(format!("t.db{suffix}")).exists(),
+                "reading made no {suffix} file"
+            );
+        }
+    }
 
     /// A store on a fresh `t.db` in `dir`, and the file's path.
     async fn open_in(dir: &Path) -> (std::path::PathBuf, Store) {

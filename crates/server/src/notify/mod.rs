@@ -177,15 +177,20 @@ struct Payload {
     notice: Notice,
 }
 
+/// What a [`Notifier`] is made of that comes from the configuration alone:
+/// built (and refused) before the database is opened.
+#[derive(Debug)]
+pub struct Destinations {
+    destinations: Vec<Destination>,
+    templates: Templates,
+    client: WebhookClient,
+}
+
 impl Notifier {
-    /// Loads and compiles every template the configuration names; a
-    /// template that does not compile stops start-up with its name and line.
-    pub fn new(
-        config: &Config,
-        queue: Arc<Queue>,
-        store: Store,
-        metrics: Arc<crate::metrics::Metrics>,
-    ) -> Result<Self, String> {
+    /// Loads and compiles every template the configuration names and sets
+    /// up every destination; a template that does not compile stops
+    /// start-up with its name and line.
+    pub fn destinations(config: &Config) -> Result<Destinations, String> {
         let templates = check_templates(config)?;
         let mut destinations = Vec::new();
         for (profile, p) in &config.profiles {
@@ -212,15 +217,33 @@ impl Notifier {
                 });
             }
         }
-        Ok(Self {
+        Ok(Destinations {
             destinations,
             templates,
             client: WebhookClient::new()?,
+        })
+    }
+
+    pub fn new(
+        destinations: Destinations,
+        queue: Arc<Queue>,
+        store: Store,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        let Destinations {
+            destinations,
+            templates,
+            client,
+        } = destinations;
+        Self {
+            destinations,
+            templates,
+            client,
             clock: Arc::clone(&queue.clock),
             queue,
             store,
             metrics,
-        })
+        }
     }
 
     /// The deliveries of `notice`: one per destination of its profile that

@@ -84,7 +84,34 @@ fn internal(context: &str) -> impl Fn(rcgen::Error) -> SignerError + '_ {
     move |e| SignerError::Internal(format!("{context}: {e}"))
 }
 
+/// The directory, certificate and key of `profile`'s self-generated CA;
+/// None when the configuration names the operator's CA (a certificate with
+/// a key file, or with a key in a token).
+fn self_generated(
+    profile: &str,
+    config: &LocalCaConfig,
+    data_dir: &Path,
+) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    match (&config.ca_cert, &config.ca_key) {
+        (Some(_), Some(_)) => None,
+        (Some(_), None) if config.pkcs11.is_some() => None,
+        _ => {
+            let dir = data_dir.join("ca").join(profile);
+            let cert = dir.join("ca.pem");
+            let key = dir.join("ca.key");
+            Some((dir, cert, key))
+        }
+    }
+}
+
 impl LocalCa {
+    /// Whether [`LocalCa::load_or_create`] would generate the CA, for a
+    /// dry run of start-up that creates nothing.
+    pub fn still_to_generate(profile: &str, config: &LocalCaConfig, data_dir: &Path) -> bool {
+        self_generated(profile, config, data_dir)
+            .is_some_and(|(_, cert, key)| !cert.exists() && !key.exists())
+    }
+
     /// Loads the operator's CA, or loads (creating on first start) the
     /// self-generated CA of `profile` under `data_dir/ca/{profile}/`.
     pub fn load_or_create(
@@ -93,21 +120,19 @@ impl LocalCa {
         data_dir: &Path,
         now: OffsetDateTime,
     ) -> Result<Self, SignerError> {
-        let (cert_path, key_path, chain_path) = match (&config.ca_cert, &config.ca_key) {
-            (Some(cert), Some(key)) => (cert.clone(), key.clone(), config.chain.clone()),
-            // The key is in a token: only the certificate is a file.
-            (Some(cert), None) if config.pkcs11.is_some() => {
-                (cert.clone(), PathBuf::new(), config.chain.clone())
-            }
-            _ => {
-                let dir = data_dir.join("ca").join(profile);
-                let cert = dir.join("ca.pem");
-                let key = dir.join("ca.key");
+        let (cert_path, key_path, chain_path) = match self_generated(profile, config, data_dir) {
+            Some((dir, cert, key)) => {
                 if !cert.exists() && !key.exists() {
                     generate(profile, &dir, &cert, &key, now)?;
                 }
                 (cert, key, None)
             }
+            None => (
+                config.ca_cert.clone().unwrap_or_default(),
+                // Without a key file, the key is in a token.
+                config.ca_key.clone().unwrap_or_default(),
+                config.chain.clone(),
+            ),
         };
         let read = |p: &PathBuf| {
             fs::read_to_string(p)

@@ -634,10 +634,14 @@ fn an_email_sender_that_is_not_an_address_stops_start_up_naming_the_key() {
     let config = Config::from_toml(&toml).expect("parses");
     let problems = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(acme_proxy::ops::check_config(&config))
+        .block_on(acme_proxy::server::check(
+            &config,
+            std::sync::Arc::new(acme_proxy::clock::SystemClock),
+        ))
         .expect_err("refused");
     assert!(
         problems
+            .0
             .iter()
             .any(|p| p.contains("profiles.default.notify.emails.pki.from")),
         "{problems:?}"
