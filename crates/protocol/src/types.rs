@@ -5,6 +5,68 @@ use serde::{Deserialize, Serialize};
 
 use crate::problem::Problem;
 
+/// A string that names no member of a closed set: what parsing one of
+/// this module's enums from text answers (the store reports it with the
+/// column it read).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {set} {value:?}")]
+pub struct UnknownValue {
+    /// The set's name (the enum's).
+    pub set: &'static str,
+    pub value: String,
+}
+
+/// A closed set of strings as an enum: serde and [`std::str::FromStr`]
+/// accept exactly the listed spellings, `as_str` and `Display` give them
+/// back, `ALL` lists the members. One list per set, so the wire names,
+/// the database's TEXT values and the parsers cannot drift apart.
+#[macro_export]
+macro_rules! string_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::serde::Serialize, ::serde::Deserialize)]
+        $vis enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
+        }
+
+        impl $name {
+            /// Every member, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::types::UnknownValue;
+
+            fn from_str(s: &str) -> ::std::result::Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    _ => Err($crate::types::UnknownValue {
+                        set: stringify!($name),
+                        value: s.to_owned(),
+                    }),
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 /// An identifier (RFC 8555 §7.1.3, §9.7.7; `ip` from RFC 8738).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct Identifier {
@@ -58,13 +120,13 @@ pub struct DirectoryMeta {
     pub profiles: std::collections::BTreeMap<String, String>,
 }
 
-/// Account status (RFC 8555 §7.1.6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AccountStatus {
-    Valid,
-    Deactivated,
-    Revoked,
+string_enum! {
+    /// Account status (RFC 8555 §7.1.6).
+    pub enum AccountStatus {
+        Valid = "valid",
+        Deactivated = "deactivated",
+        Revoked = "revoked",
+    }
 }
 
 /// The account object (RFC 8555 §7.1.2).
@@ -112,37 +174,14 @@ pub struct OrdersList {
     pub orders: Vec<String>,
 }
 
-/// Order status (RFC 8555 §7.1.6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OrderStatus {
-    Pending,
-    Ready,
-    Processing,
-    Valid,
-    Invalid,
-}
-
-impl OrderStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Ready => "ready",
-            Self::Processing => "processing",
-            Self::Valid => "valid",
-            Self::Invalid => "invalid",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => Self::Pending,
-            "ready" => Self::Ready,
-            "processing" => Self::Processing,
-            "valid" => Self::Valid,
-            "invalid" => Self::Invalid,
-            _ => return None,
-        })
+string_enum! {
+    /// Order status (RFC 8555 §7.1.6).
+    pub enum OrderStatus {
+        Pending = "pending",
+        Ready = "ready",
+        Processing = "processing",
+        Valid = "valid",
+        Invalid = "invalid",
     }
 }
 
@@ -249,40 +288,15 @@ pub struct SuggestedWindow {
     pub end: String,
 }
 
-/// Authorization status (RFC 8555 §7.1.6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AuthorizationStatus {
-    Pending,
-    Valid,
-    Invalid,
-    Deactivated,
-    Expired,
-    Revoked,
-}
-
-impl AuthorizationStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Valid => "valid",
-            Self::Invalid => "invalid",
-            Self::Deactivated => "deactivated",
-            Self::Expired => "expired",
-            Self::Revoked => "revoked",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => Self::Pending,
-            "valid" => Self::Valid,
-            "invalid" => Self::Invalid,
-            "deactivated" => Self::Deactivated,
-            "expired" => Self::Expired,
-            "revoked" => Self::Revoked,
-            _ => return None,
-        })
+string_enum! {
+    /// Authorization status (RFC 8555 §7.1.6).
+    pub enum AuthorizationStatus {
+        Pending = "pending",
+        Valid = "valid",
+        Invalid = "invalid",
+        Deactivated = "deactivated",
+        Expired = "expired",
+        Revoked = "revoked",
     }
 }
 
@@ -299,34 +313,23 @@ pub struct Authorization {
     pub wildcard: Option<bool>,
 }
 
-/// Challenge status (RFC 8555 §7.1.6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ChallengeStatus {
-    Pending,
-    Processing,
-    Valid,
-    Invalid,
+string_enum! {
+    /// Challenge status (RFC 8555 §7.1.6).
+    pub enum ChallengeStatus {
+        Pending = "pending",
+        Processing = "processing",
+        Valid = "valid",
+        Invalid = "invalid",
+    }
 }
 
-impl ChallengeStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Processing => "processing",
-            Self::Valid => "valid",
-            Self::Invalid => "invalid",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => Self::Pending,
-            "processing" => Self::Processing,
-            "valid" => Self::Valid,
-            "invalid" => Self::Invalid,
-            _ => return None,
-        })
+string_enum! {
+    /// The challenge types this server validates (RFC 8555 §8.3, §8.4;
+    /// tls-alpn-01 from RFC 8737 §3).
+    pub enum ChallengeType {
+        Http01 = "http-01",
+        Dns01 = "dns-01",
+        TlsAlpn01 = "tls-alpn-01",
     }
 }
 

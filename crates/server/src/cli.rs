@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use acme_proxy_protocol::types::{AccountStatus, OrderStatus};
 use acme_proxy_store::{Store, StoreOptions};
 use anyhow::Context;
 use clap::Subcommand;
@@ -161,7 +162,7 @@ pub enum UpstreamCommand {
     Orders {
         /// processing, valid or invalid.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<OrderStatus>,
         #[arg(long, default_value_t = 100)]
         limit: i64,
         #[arg(long)]
@@ -238,7 +239,7 @@ pub async fn upstream(config: &Config, command: UpstreamCommand) -> anyhow::Resu
             limit,
             json,
         } => {
-            let orders = ops::upstream_orders(&store, status.as_deref(), limit).await?;
+            let orders = ops::upstream_orders(&store, status, limit).await?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&orders)?)?;
             } else {
@@ -252,7 +253,13 @@ pub async fn upstream(config: &Config, command: UpstreamCommand) -> anyhow::Resu
                 .status_column(2);
                 for o in orders {
                     let what = o.error.or(o.upstream_order).unwrap_or_else(|| "-".into());
-                    table.row(vec![o.order, o.profile, o.status, o.created_at, what]);
+                    table.row(vec![
+                        o.order,
+                        o.profile,
+                        o.status.to_string(),
+                        o.created_at,
+                        what,
+                    ]);
                 }
                 table.print()?;
             }
@@ -678,7 +685,7 @@ pub enum AccountCommand {
         profile: Option<String>,
         /// valid, deactivated or revoked.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<AccountStatus>,
         #[arg(long, default_value_t = 100)]
         limit: i64,
         #[arg(long)]
@@ -734,8 +741,7 @@ pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result
             json,
         } => {
             let store = open_store(config).await?;
-            let accounts =
-                ops::list_accounts(&store, profile.as_deref(), status.as_deref(), limit).await?;
+            let accounts = ops::list_accounts(&store, profile.as_deref(), status, limit).await?;
             store.close().await;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&accounts)?)?;
@@ -747,7 +753,7 @@ pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result
                 table.row(vec![
                     a.id,
                     a.profile,
-                    a.status,
+                    a.status.to_string(),
                     a.created_at,
                     a.contact.join(","),
                 ]);
@@ -792,7 +798,7 @@ pub enum OrderCommand {
         account: Option<String>,
         /// pending, ready, processing, valid or invalid.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<OrderStatus>,
         #[arg(long, default_value_t = 100)]
         limit: i64,
         #[arg(long)]
@@ -845,7 +851,7 @@ pub async fn order(config: &Config, command: OrderCommand) -> anyhow::Result<()>
                 &store,
                 profile.as_deref(),
                 account.as_deref(),
-                status.as_deref(),
+                status,
                 limit,
             )
             .await;
@@ -869,7 +875,7 @@ pub async fn order(config: &Config, command: OrderCommand) -> anyhow::Result<()>
                     o.id,
                     o.profile,
                     o.account,
-                    o.status,
+                    o.status.to_string(),
                     o.created_at,
                     o.identifiers.join(","),
                 ]);

@@ -2,6 +2,7 @@
 //! admin) can do, as plain functions over the store. Front ends only parse
 //! arguments and format results.
 
+use acme_proxy_protocol::types::{AccountStatus, OrderStatus};
 use acme_proxy_store::{JobRow, Store, StoreError, UpstreamAccountRow};
 use serde::Serialize;
 
@@ -242,7 +243,7 @@ pub struct UpstreamOrderView {
     pub order: String,
     pub profile: String,
     pub account: String,
-    pub status: String,
+    pub status: OrderStatus,
     pub upstream_order: Option<String>,
     pub certificate_url: Option<String>,
     pub error: Option<String>,
@@ -254,7 +255,7 @@ pub struct UpstreamOrderView {
 
 pub async fn upstream_orders(
     store: &Store,
-    status: Option<&str>,
+    status: Option<OrderStatus>,
     limit: i64,
 ) -> Result<Vec<UpstreamOrderView>, OpsError> {
     Ok(store
@@ -347,7 +348,7 @@ pub async fn show_audit(store: &Store, id: i64) -> Result<AuditView, OpsError> {
 pub struct AccountView {
     pub id: String,
     pub profile: String,
-    pub status: String,
+    pub status: AccountStatus,
     pub contact: Vec<String>,
     pub key_thumbprint: String,
     pub tos_agreed: bool,
@@ -385,7 +386,7 @@ pub struct OrderView {
     pub id: String,
     pub profile: String,
     pub account: String,
-    pub status: String,
+    pub status: OrderStatus,
     pub identifiers: Vec<String>,
     pub created_at: String,
     pub expires: String,
@@ -452,7 +453,7 @@ fn refused(e: crate::error::AcmeError) -> OpsError {
 pub async fn list_accounts(
     store: &Store,
     profile: Option<&str>,
-    status: Option<&str>,
+    status: Option<AccountStatus>,
     limit: i64,
 ) -> Result<Vec<AccountView>, OpsError> {
     Ok(store
@@ -574,7 +575,7 @@ pub async fn list_orders(
     store: &Store,
     profile: Option<&str>,
     account: Option<&str>,
-    status: Option<&str>,
+    status: Option<OrderStatus>,
     limit: i64,
 ) -> Result<Vec<OrderView>, OpsError> {
     let mut views = Vec::new();

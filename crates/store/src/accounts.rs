@@ -1,10 +1,12 @@
 //! Accounts (RFC 8555 §7.1.2, §7.3).
 
+use acme_proxy_protocol::types::AccountStatus;
 use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
 use crate::{
-    NewJob, Result, Store, StoreError, all, begin, col, exec, json_vec, one, scalar, to_json,
+    NewJob, Result, Store, StoreError, all, begin, col, col_enum, exec, json_vec, one, scalar,
+    to_json,
 };
 
 /// An account as stored.
@@ -15,7 +17,7 @@ pub struct AccountRow {
     pub key_thumbprint: String,
     /// The account's public JWK, canonical JSON.
     pub jwk: String,
-    pub status: String,
+    pub status: AccountStatus,
     pub contact: Vec<String>,
     pub tos_agreed: bool,
     pub created_at: i64,
@@ -62,7 +64,7 @@ fn account_from_row(row: &Row<'_>) -> Result<AccountRow> {
         profile: col(row, 1, "profile")?,
         key_thumbprint: col(row, 2, "key_thumbprint")?,
         jwk: col(row, 3, "jwk")?,
-        status: col(row, 4, "status")?,
+        status: col_enum(row, 4, "status", "accounts.status")?,
         contact: json_vec(&col::<String>(row, 5, "contact")?)?,
         tos_agreed: col(row, 6, "tos_agreed")?,
         created_at: col(row, 7, "created_at")?,
@@ -265,7 +267,7 @@ impl Store {
     pub async fn list_accounts(
         &self,
         profile: Option<&str>,
-        status: Option<&str>,
+        status: Option<AccountStatus>,
         limit: i64,
     ) -> Result<Vec<AccountRow>> {
         all(
@@ -276,7 +278,7 @@ impl Store {
                 " FROM accounts WHERE (?1 IS NULL OR profile = ?1) AND (?2 IS NULL OR status = ?2)
                   ORDER BY created_at DESC, id DESC LIMIT ?3"
             ),
-            params![profile, status, limit],
+            params![profile, status.map(AccountStatus::as_str), limit],
             account_from_row,
         )
     }

@@ -5,12 +5,13 @@
 //! so readers never see a valid challenge under a pending authorization.
 
 use acme_proxy_protocol::Problem;
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::{AuthorizationStatus, ChallengeStatus, Identifier, OrderStatus};
 use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
 use crate::{
-    AccountGuard, NewJob, Result, Store, StoreError, all, begin, col, exec, one, scalar, to_json,
+    AccountGuard, NewJob, Result, Store, StoreError, all, begin, col, col_enum, exec, one, scalar,
+    to_json,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,7 +19,7 @@ pub struct OrderRow {
     pub id: String,
     pub profile: String,
     pub account_id: String,
-    pub status: String,
+    pub status: OrderStatus,
     pub identifiers: Vec<Identifier>,
     pub not_before: Option<i64>,
     pub not_after: Option<i64>,
@@ -43,7 +44,7 @@ pub struct AuthorizationRow {
     pub account_id: String,
     pub identifier: Identifier,
     pub wildcard: bool,
-    pub status: String,
+    pub status: AuthorizationStatus,
     pub expires_at: i64,
     pub created_at: i64,
 }
@@ -54,7 +55,7 @@ pub struct ChallengeRow {
     pub authz_id: String,
     pub kind: String,
     pub token: String,
-    pub status: String,
+    pub status: ChallengeStatus,
     pub validated_at: Option<i64>,
     pub error: Option<Problem>,
 }
@@ -177,7 +178,7 @@ fn order_from_row(row: &Row<'_>) -> Result<OrderRow> {
         id: col(row, 0, "id")?,
         profile: col(row, 1, "profile")?,
         account_id: col(row, 2, "account_id")?,
-        status: col(row, 3, "status")?,
+        status: col_enum(row, 3, "status", "orders.status")?,
         identifiers: serde_json::from_str(&identifiers)
             .map_err(|e| StoreError::Corrupt(format!("identifiers: {e}")))?,
         not_before: col(row, 5, "not_before")?,
@@ -205,7 +206,7 @@ fn authz_at(row: &Row<'_>, at: usize) -> Result<AuthorizationRow> {
             value: col(row, at + 4, "identifier_value")?,
         },
         wildcard: col(row, at + 5, "wildcard")?,
-        status: col(row, at + 6, "status")?,
+        status: col_enum(row, at + 6, "status", "authorizations.status")?,
         expires_at: col(row, at + 7, "expires_at")?,
         created_at: col(row, at + 8, "created_at")?,
     })
@@ -221,7 +222,7 @@ fn challenge_at(row: &Row<'_>, at: usize) -> Result<ChallengeRow> {
         authz_id: col(row, at + 1, "authz_id")?,
         kind: col(row, at + 2, "type")?,
         token: col(row, at + 3, "token")?,
-        status: col(row, at + 4, "status")?,
+        status: col_enum(row, at + 4, "status", "challenges.status")?,
         validated_at: col(row, at + 5, "validated_at")?,
         error: problem(col(row, at + 6, "error")?)?,
     })
@@ -395,11 +396,11 @@ impl Store {
         // Every authorization reused and valid: the order is ready at once
         // (RFC 8555 §7.1.6). A new authorization is pending, so the check is
         // needed only when all were reused.
-        let mut status = "pending";
+        let mut status = OrderStatus::Pending;
         if fresh.is_empty() {
             let ready = exec(&tx, READY_WHEN_ALL_VALID, params![new.id])?;
             if ready == 1 {
-                status = "ready";
+                status = OrderStatus::Ready;
             }
         }
         tx.commit()?;
@@ -407,7 +408,7 @@ impl Store {
             id: new.id.clone(),
             profile: new.profile.clone(),
             account_id: new.account_id.clone(),
-            status: status.to_owned(),
+            status,
             identifiers: new.identifiers.clone(),
             not_before: new.not_before,
             not_after: new.not_after,
@@ -855,7 +856,7 @@ impl Store {
         &self,
         profile: Option<&str>,
         account: Option<&str>,
-        status: Option<&str>,
+        status: Option<OrderStatus>,
         limit: i64,
     ) -> Result<Vec<OrderRow>> {
         all(
@@ -868,7 +869,7 @@ impl Store {
                     AND (?3 IS NULL OR o.status = ?3)
                   ORDER BY o.created_at DESC, o.id DESC LIMIT ?4"
             ),
-            params![profile, account, status, limit],
+            params![profile, account, status.map(OrderStatus::as_str), limit],
             order_from_row,
         )
     }

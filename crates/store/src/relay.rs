@@ -2,12 +2,13 @@
 //! from a local order to the order placed at the upstream CA.
 
 use acme_proxy_protocol::Problem;
+use acme_proxy_protocol::types::OrderStatus;
 use rusqlite::{Row, params};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::certificates::{NewCertificateRow, complete_order_in};
 use crate::jobs::{insert_job_in, insert_jobs_in};
-use crate::{NewJob, Result, Store, all, begin, exec, one, scalar, to_json};
+use crate::{NewJob, Result, Store, all, begin, exec, one, parse_text, scalar, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamAccountRow {
@@ -26,7 +27,9 @@ pub struct UpstreamOrderRow {
     pub account_id: String,
     pub csr_der: Vec<u8>,
     pub upstream_url: Option<String>,
-    pub status: String,
+    /// `processing`, then `valid` or `invalid`: the order's own statuses
+    /// from finalize on (RFC 8555 §7.1.6).
+    pub status: OrderStatus,
     pub certificate_url: Option<String>,
     pub error: Option<String>,
     pub client_ip: Option<String>,
@@ -65,7 +68,7 @@ fn upstream_order_from_row(row: &Row<'_>) -> Result<UpstreamOrderRow> {
         account_id: row.get("account_id")?,
         csr_der: row.get("csr_der")?,
         upstream_url: row.get("upstream_url")?,
-        status: row.get("status")?,
+        status: parse_text(&row.get::<_, String>("status")?, "upstream_orders.status")?,
         certificate_url: row.get("certificate_url")?,
         error: row.get("error")?,
         client_ip: row.get("client_ip")?,
@@ -241,7 +244,7 @@ impl Store {
     /// Mapping rows, newest first, optionally of one status.
     pub async fn upstream_orders(
         &self,
-        status: Option<&str>,
+        status: Option<OrderStatus>,
         limit: i64,
     ) -> Result<Vec<UpstreamOrderRow>> {
         all(
@@ -252,7 +255,7 @@ impl Store {
                 " FROM upstream_orders WHERE (?1 IS NULL OR status = ?1)
              ORDER BY created_at DESC, order_id LIMIT ?2"
             ),
-            params![status, limit],
+            params![status.map(OrderStatus::as_str), limit],
             upstream_order_from_row,
         )
     }

@@ -1,33 +1,23 @@
 //! Store rows rendered as RFC 8555 §7.1 documents.
 
-use acme_proxy_protocol::types::{
-    Account, AccountStatus, Authorization, AuthorizationStatus, Challenge, ChallengeStatus, Order,
-    OrderStatus,
-};
+use acme_proxy_protocol::types::{Account, Authorization, AuthorizationStatus, Challenge, Order};
 use acme_proxy_store::{AccountRow, AuthorizationRow, ChallengeRow, OrderRow};
 
 use super::urls::Urls;
 use crate::clock::rfc3339;
-use crate::error::{AcmeError, AcmeResult};
 
 pub fn account(urls: &Urls, row: &AccountRow) -> Account {
     Account {
-        status: match row.status.as_str() {
-            "deactivated" => AccountStatus::Deactivated,
-            "revoked" => AccountStatus::Revoked,
-            _ => AccountStatus::Valid,
-        },
+        status: row.status,
         contact: row.contact.clone(),
         terms_of_service_agreed: Some(row.tos_agreed),
         orders: urls.account_orders(&row.id),
     }
 }
 
-pub fn order(urls: &Urls, row: &OrderRow) -> AcmeResult<Order> {
-    Ok(Order {
-        status: OrderStatus::parse(&row.status).ok_or_else(|| {
-            AcmeError::internal(format!("order {} has status {:?}", row.id, row.status))
-        })?,
+pub fn order(urls: &Urls, row: &OrderRow) -> Order {
+    Order {
+        status: row.status,
         expires: Some(rfc3339(row.expires_at)),
         identifiers: row.identifiers.clone(),
         not_before: row.not_before.map(rfc3339),
@@ -42,20 +32,18 @@ pub fn order(urls: &Urls, row: &OrderRow) -> AcmeResult<Order> {
         certificate: row.certificate_id.as_deref().map(|id| urls.certificate(id)),
         profile: row.certificate_profile.clone(),
         replaces: row.replaces.clone(),
-    })
+    }
 }
 
-pub fn challenge(urls: &Urls, row: &ChallengeRow) -> AcmeResult<Challenge> {
-    Ok(Challenge {
+pub fn challenge(urls: &Urls, row: &ChallengeRow) -> Challenge {
+    Challenge {
         kind: row.kind.clone(),
         url: urls.challenge(&row.id),
-        status: ChallengeStatus::parse(&row.status).ok_or_else(|| {
-            AcmeError::internal(format!("challenge {} has status {:?}", row.id, row.status))
-        })?,
+        status: row.status,
         token: row.token.clone(),
         validated: row.validated_at.map(rfc3339),
         error: row.error.clone(),
-    })
+    }
 }
 
 /// An authorization; one whose expiry has passed reads as `expired`
@@ -65,13 +53,8 @@ pub fn authorization(
     row: &AuthorizationRow,
     challenges: &[ChallengeRow],
     now: i64,
-) -> AcmeResult<Authorization> {
-    let mut status = AuthorizationStatus::parse(&row.status).ok_or_else(|| {
-        AcmeError::internal(format!(
-            "authorization {} has status {:?}",
-            row.id, row.status
-        ))
-    })?;
+) -> Authorization {
+    let mut status = row.status;
     if matches!(
         status,
         AuthorizationStatus::Pending | AuthorizationStatus::Valid
@@ -79,14 +62,11 @@ pub fn authorization(
     {
         status = AuthorizationStatus::Expired;
     }
-    Ok(Authorization {
+    Authorization {
         identifier: row.identifier.clone(),
         status,
         expires: Some(rfc3339(row.expires_at)),
-        challenges: challenges
-            .iter()
-            .map(|c| challenge(urls, c))
-            .collect::<AcmeResult<Vec<_>>>()?,
+        challenges: challenges.iter().map(|c| challenge(urls, c)).collect(),
         wildcard: row.wildcard.then_some(true),
-    })
+    }
 }

@@ -299,7 +299,7 @@ pub async fn new_order(
                 .new_order(&p, req.account()?, &payload)
                 .await?;
             let urls = app.urls(&p.name);
-            Ok(Reply::json(201, &documents::order(&urls, &row)?).location(urls.order(&row.id)))
+            Ok(Reply::json(201, &documents::order(&urls, &row)).location(urls.order(&row.id)))
         }
         .await,
     )
@@ -311,8 +311,8 @@ async fn order_reply(
     row: &acme_proxy_store::OrderRow,
 ) -> AcmeResult<Reply> {
     let urls = app.urls(profile);
-    let mut reply = Reply::json(200, &documents::order(&urls, row)?).location(urls.order(&row.id));
-    if row.status == "processing" {
+    let mut reply = Reply::json(200, &documents::order(&urls, row)).location(urls.order(&row.id));
+    if row.status == acme_proxy_protocol::types::OrderStatus::Processing {
         reply = reply.retry_after(RETRY_AFTER);
     }
     Ok(reply)
@@ -398,7 +398,11 @@ pub async fn authz(
                 app.authority.authorization(&p, acct, &id).await?
             } else {
                 let update: AuthzUpdate = req.payload()?;
-                if update.status.as_deref() != Some("deactivated") {
+                // The one status a client may ask for; anything else,
+                // known or not, is refused alike.
+                if update.status.and_then(|s| s.parse().ok())
+                    != Some(acme_proxy_protocol::types::AuthorizationStatus::Deactivated)
+                {
                     return Err(AcmeError::malformed(
                         "an authorization accepts only POST-as-GET or {\"status\": \"deactivated\"} (RFC 8555 §7.5.2)",
                     ));
@@ -406,7 +410,7 @@ pub async fn authz(
                 app.authority.deactivate_authorization(&p, acct, &id).await?
             };
             let urls = app.urls(&p.name);
-            let doc = documents::authorization(&urls, &row, &challenges, app.authority.clock.unix())?;
+            let doc = documents::authorization(&urls, &row, &challenges, app.authority.clock.unix());
             let mut reply = Reply::json(200, &doc);
             // A pending authorization will change (once its challenge is
             // answered and validated): tell pollers when to come back.
@@ -442,9 +446,9 @@ pub async fn challenge(
                 app.authority.trigger_challenge(&p, acct, &id).await?
             };
             let urls = app.urls(&p.name);
-            let mut reply = Reply::json(200, &documents::challenge(&urls, &ch)?)
+            let mut reply = Reply::json(200, &documents::challenge(&urls, &ch))
                 .link(&urls.authz(&authz.id), "up");
-            if ch.status == "processing" {
+            if ch.status == acme_proxy_protocol::types::ChallengeStatus::Processing {
                 reply = reply.retry_after(RETRY_AFTER);
             }
             Ok(reply)

@@ -198,7 +198,7 @@ impl AppState {
         // copy another process made stale is caught by the guarded write
         // (`StoreError::AccountChanged`, also 401).
         if let Some(acct) = &account
-            && acct.status != "valid"
+            && acct.status != acme_proxy_protocol::types::AccountStatus::Valid
         {
             return Err(AcmeError::deactivated_account(format!(
                 "the account is {}; it can no longer make requests (RFC 8555 §7.3.6)",

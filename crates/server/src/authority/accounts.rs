@@ -1,7 +1,7 @@
 //! Accounts: creation and lookup (RFC 8555 §7.3), contact updates (§7.3.2),
 //! key rollover (§7.3.5) and deactivation (§7.3.6).
 
-use acme_proxy_protocol::types::{AccountUpdate, NewAccount};
+use acme_proxy_protocol::types::{AccountStatus, AccountUpdate, NewAccount};
 use acme_proxy_protocol::{Jwk, ProblemType};
 use acme_proxy_store::{AccountRow, KeyChangeOutcome, NewAccountRow};
 
@@ -120,7 +120,8 @@ impl Authority {
         update: &AccountUpdate,
     ) -> AcmeResult<AccountRow> {
         if let Some(status) = &update.status {
-            if status != "deactivated" {
+            // The one status a client may set (§7.3.6).
+            if status.parse() != Ok(AccountStatus::Deactivated) {
                 return Err(AcmeError::malformed(
                     "the only status a client may set on its account is \"deactivated\"",
                 ));

@@ -2,7 +2,7 @@
 //! (§7.6) and the CRL (RFC 5280 §5).
 
 use acme_proxy_protocol::jwk::EcCurve;
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::{Identifier, OrderStatus};
 use acme_proxy_protocol::{Jwk, ProblemType};
 use acme_proxy_store::{
     AccountRow, CertificateRow, CrlRow, NewCertificateRow, OrderRow, RevokeOutcome,
@@ -130,7 +130,7 @@ impl Authority {
         // An account whose external account credential was revoked since
         // it ordered finalizes nothing more.
         self.external_account_limits(account, &[]).await?;
-        if order.status != "ready" {
+        if order.status != OrderStatus::Ready {
             return Err(AcmeError::new(
                 ProblemType::OrderNotReady,
                 format!(
@@ -389,7 +389,7 @@ impl Authority {
         );
         // The order as the transaction left it (no read back).
         Ok(OrderRow {
-            status: "valid".to_owned(),
+            status: OrderStatus::Valid,
             certificate_id: Some(cert_id),
             ..order
         })

@@ -137,7 +137,7 @@ mod tests {
             profile: "default".to_owned(),
             key_thumbprint: "thumb".to_owned(),
             jwk: "{}".to_owned(),
-            status: "valid".to_owned(),
+            status: acme_proxy_protocol::types::AccountStatus::Valid,
             contact: Vec::new(),
             tos_agreed: true,
             created_at: 1,

@@ -17,7 +17,7 @@ impl Authority {
         actor: &str,
     ) -> AcmeResult<AccountRow> {
         let account = self.account_row(id).await?;
-        if account.status != "valid" {
+        if account.status != acme_proxy_protocol::types::AccountStatus::Valid {
             return Err(AcmeError::malformed(format!(
                 "account {id} is already {}",
                 account.status

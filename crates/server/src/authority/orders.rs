@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_protocol::names::check_dns_name;
-use acme_proxy_protocol::types::{Identifier, NewOrder};
+use acme_proxy_protocol::types::{
+    AuthorizationStatus, ChallengeStatus, Identifier, NewOrder, OrderStatus,
+};
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
     AccountRow, AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge,
@@ -360,7 +362,9 @@ impl Authority {
             .filter(|o| o.profile == profile.name && o.account_id == account.id)
             .ok_or_else(|| AcmeError::not_found("order"))?;
         let now = self.clock.unix();
-        if matches!(order.status.as_str(), "pending" | "ready") && order.expires_at <= now {
+        if matches!(order.status, OrderStatus::Pending | OrderStatus::Ready)
+            && order.expires_at <= now
+        {
             let p = Problem::new(
                 ProblemType::Malformed,
                 "the order expired before it was finalized",
@@ -474,18 +478,19 @@ impl Authority {
             }
         }
         let (ch, authz) = self.challenge(profile, account, id).await?;
-        if ch.status != "pending" {
+        if ch.status != ChallengeStatus::Pending {
             // §7.5.1: a repeated trigger is harmless; answer with the state.
             return Ok((ch, authz));
         }
-        if authz.status != "pending" || authz.expires_at <= now {
+        if authz.status != AuthorizationStatus::Pending || authz.expires_at <= now {
+            // §7.1.6: past its expiry it reads as expired, written or not.
+            let status = if authz.expires_at <= now {
+                AuthorizationStatus::Expired
+            } else {
+                authz.status
+            };
             return Err(AcmeError::malformed(format!(
-                "the authorization is {} and no longer accepts challenge responses",
-                if authz.expires_at <= now {
-                    "expired"
-                } else {
-                    authz.status.as_str()
-                }
+                "the authorization is {status} and no longer accepts challenge responses"
             )));
         }
         if profile.config.bypass {
@@ -520,7 +525,7 @@ impl Authority {
             self.queue.wake(super::VALIDATION_KIND);
             return Ok((
                 ChallengeRow {
-                    status: "processing".to_owned(),
+                    status: ChallengeStatus::Processing,
                     ..ch
                 },
                 authz,

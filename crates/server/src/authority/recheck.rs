@@ -3,6 +3,7 @@
 //! the CAA records seen when a name was validated may have changed.
 
 use acme_proxy_protocol::ProblemType;
+use acme_proxy_protocol::types::{AuthorizationStatus, ChallengeStatus};
 use acme_proxy_store::OrderRow;
 
 use super::{Authority, Profile};
@@ -32,7 +33,7 @@ impl Authority {
                 .await?
                 .ok_or_else(|| AcmeError::internal("an order's authorization is missing"))?;
             let name = &authz.identifier.value;
-            if authz.status != "valid" {
+            if authz.status != AuthorizationStatus::Valid {
                 return Err(AcmeError::new(
                     ProblemType::OrderNotReady,
                     format!(
@@ -58,7 +59,7 @@ impl Authority {
             }
             let kind = challenges
                 .iter()
-                .find(|c| c.status == "valid")
+                .find(|c| c.status == ChallengeStatus::Valid)
                 .map_or("", |c| c.kind.as_str());
             let request = crate::validation::caa::CaaRequest {
                 name,

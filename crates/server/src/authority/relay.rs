@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use acme_proxy_protocol::types::OrderStatus;
 use acme_proxy_protocol::{Problem, ProblemType};
 use acme_proxy_store::{
     AccountRow, JobRow, NewAuditRow, NewCertificateRow, NewJob, NewUpstreamOrder, OrderRow,
@@ -218,7 +219,7 @@ impl Authority {
             Ok(None) => return Outcome::Done,
             Err(e) => return Outcome::Retry(format!("reading the mapping row: {e}")),
         };
-        if mapping.status != "processing" {
+        if mapping.status != OrderStatus::Processing {
             return Outcome::Done;
         }
         let order = match self.store.order(order_id).await {
@@ -226,7 +227,7 @@ impl Authority {
             Ok(None) => return Outcome::Done,
             Err(e) => return Outcome::Retry(format!("reading the order: {e}")),
         };
-        if order.status != "processing" {
+        if order.status != OrderStatus::Processing {
             return Outcome::Done;
         }
         // A profile that is not mounted right now (a reload in progress, a
@@ -524,7 +525,7 @@ impl JobHandler for RelayJobs {
             let a = &self.authority;
             let rows = a
                 .store
-                .upstream_orders(Some("processing"), RECOVER_BATCH)
+                .upstream_orders(Some(OrderStatus::Processing), RECOVER_BATCH)
                 .await
                 .map_err(|e| e.to_string())?;
             let mut specs = Vec::with_capacity(rows.len());

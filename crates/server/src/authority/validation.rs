@@ -69,7 +69,7 @@ impl JobHandler for ValidationJobs {
                 Err(e) => return Outcome::Retry(format!("reading the challenge: {e}")),
             };
             // Already settled (a previous attempt got this far): nothing to do.
-            if ch.status != "processing" {
+            if ch.status != acme_proxy_protocol::types::ChallengeStatus::Processing {
                 return Outcome::Done;
             }
             let Some(profile) = a.profile(&authz.profile).cloned() else {

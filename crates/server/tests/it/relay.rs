@@ -960,7 +960,7 @@ async fn a_stated_refusal_ends_the_order_invalid_after_exactly_one_abandon_with_
         .await
         .expect("mapping")
         .expect("row");
-    assert_eq!(mapping.status, "invalid");
+    assert_eq!(mapping.status.as_str(), "invalid");
     assert!(
         mapping
             .error
@@ -1107,7 +1107,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
             .expect("open");
         interrupted.push(
             store
-                .upstream_orders(Some("processing"), 100)
+                .upstream_orders(Some("processing".parse().expect("a status")), 100)
                 .await
                 .expect("mapping rows")
                 .len(),
@@ -1170,7 +1170,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
     let rows = store.upstream_orders(None, 1000).await.expect("rows");
     assert_eq!(rows.len(), 50, "a relay was lost");
     assert!(
-        rows.iter().all(|r| r.status == "valid"),
+        rows.iter().all(|r| r.status.as_str() == "valid"),
         "{:?}",
         rows.iter().map(|r| &r.status).collect::<Vec<_>>()
     );
@@ -1379,7 +1379,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
     };
     assert_eq!(job.status, "queued", "retried, not failed: {job:?}");
     let row = store.order(&order_id).await.expect("order").expect("row");
-    assert_eq!(row.status, "processing");
+    assert_eq!(row.status.as_str(), "processing");
     server.stop().await;
 
     // Mounted again and the upstream back: the same order completes.
@@ -1507,7 +1507,8 @@ async fn an_upstream_refusal_at_finalize_reaches_the_client_generically_once_aud
             .await
             .expect("order")
             .expect("row")
-            .status,
+            .status
+            .as_str(),
         "ready",
         "a refusal at finalize leaves the order ready"
     );
