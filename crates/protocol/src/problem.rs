@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::Identifier;
+use crate::types::RawIdentifier;
 
 /// The ACME error types of RFC 8555 §6.7 (and `compound` with subproblems).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -191,15 +191,19 @@ pub struct Subproblem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub identifier: Option<Identifier>,
+    pub identifier: Option<RawIdentifier>,
 }
 
 impl Subproblem {
-    pub fn new(kind: ProblemType, detail: impl Into<String>, identifier: Identifier) -> Self {
+    pub fn new(
+        kind: ProblemType,
+        detail: impl Into<String>,
+        identifier: impl Into<RawIdentifier>,
+    ) -> Self {
         Self {
             kind: kind.urn(),
             detail: Some(detail.into()),
-            identifier: Some(identifier),
+            identifier: Some(identifier.into()),
         }
     }
 }

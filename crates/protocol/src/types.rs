@@ -67,19 +67,67 @@ macro_rules! string_enum {
     };
 }
 
-/// An identifier (RFC 8555 §7.1.3, §9.7.7; `ip` from RFC 8738).
+string_enum! {
+    /// The identifier types this server knows (RFC 8555 §9.7.7; `ip` from
+    /// RFC 8738 §3). Declared in the order their strings sort, so that
+    /// identifiers sort as they did when the type was a string.
+    pub enum IdentifierType {
+        Dns = "dns",
+        Ip = "ip",
+    }
+}
+
+/// An identifier of a type this server knows (RFC 8555 §7.1.3, §9.7.7;
+/// `ip` from RFC 8738): what orders, authorizations and certificates hold.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct Identifier {
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: IdentifierType,
     pub value: String,
 }
 
 impl Identifier {
     pub fn dns(value: impl Into<String>) -> Self {
         Self {
-            kind: "dns".into(),
+            kind: IdentifierType::Dns,
             value: value.into(),
+        }
+    }
+
+    pub fn ip(value: impl Into<String>) -> Self {
+        Self {
+            kind: IdentifierType::Ip,
+            value: value.into(),
+        }
+    }
+}
+
+/// An identifier as a client sent it, its type not yet checked: RFC 8555
+/// §7.4 answers a type the server does not support with
+/// `unsupportedIdentifier` (not a malformed payload), and the subproblem
+/// and the audit row of that refusal name the identifier as sent (§6.7.1).
+/// The server parses it into an [`Identifier`] before anything else uses it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct RawIdentifier {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub value: String,
+}
+
+impl From<&Identifier> for RawIdentifier {
+    fn from(id: &Identifier) -> Self {
+        Self {
+            kind: id.kind.as_str().to_owned(),
+            value: id.value.clone(),
+        }
+    }
+}
+
+impl From<Identifier> for RawIdentifier {
+    fn from(id: Identifier) -> Self {
+        Self {
+            kind: id.kind.as_str().to_owned(),
+            value: id.value,
         }
     }
 }
@@ -215,7 +263,7 @@ pub struct Order {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NewOrder {
-    pub identifiers: Vec<Identifier>,
+    pub identifiers: Vec<RawIdentifier>,
     #[serde(default)]
     pub not_before: Option<String>,
     #[serde(default)]
@@ -337,7 +385,7 @@ string_enum! {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Challenge {
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: ChallengeType,
     pub url: String,
     pub status: ChallengeStatus,
     pub token: String,

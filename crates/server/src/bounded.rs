@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::{Identifier, RawIdentifier};
 
 /// Octets kept of one identifier's type or value: the longest DNS name
 /// (RFC 1035 §2.3.4, 253 octets without the trailing dot). An IP address
@@ -62,7 +62,7 @@ pub fn text(text: &str) -> Cow<'_, str> {
 /// value cut to [`VALUE_OCTETS`], and how many there were.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identifiers {
-    pub kept: Vec<Identifier>,
+    pub kept: Vec<RawIdentifier>,
     pub total: usize,
 }
 
@@ -86,7 +86,7 @@ impl Identifiers {
 }
 
 /// Whether [`identifiers`] with `keep` would change `ids`.
-pub fn needs_bounding(ids: &[Identifier], keep: usize) -> bool {
+pub fn needs_bounding(ids: &[RawIdentifier], keep: usize) -> bool {
     ids.len() > keep
         || ids
             .iter()
@@ -95,12 +95,12 @@ pub fn needs_bounding(ids: &[Identifier], keep: usize) -> bool {
 
 /// The first `keep` of `ids`, each type and value cut to
 /// [`VALUE_OCTETS`], with their number.
-pub fn identifiers(ids: &[Identifier], keep: usize) -> Identifiers {
+pub fn identifiers(ids: &[RawIdentifier], keep: usize) -> Identifiers {
     Identifiers {
         kept: ids
             .iter()
             .take(keep)
-            .map(|i| Identifier {
+            .map(|i| RawIdentifier {
                 kind: value(&i.kind).into_owned(),
                 value: value(&i.value).into_owned(),
             })
@@ -147,10 +147,11 @@ mod tests {
 
     #[test]
     fn a_list_keeps_its_first_identifiers_cut_and_says_how_many_there_were() {
-        let mut ids: Vec<Identifier> = (0..100)
+        let mut checked: Vec<Identifier> = (0..100)
             .map(|n| Identifier::dns(format!("{n}.example.test")))
             .collect();
-        ids.push(Identifier::dns("y".repeat(45_000)));
+        checked.push(Identifier::dns("y".repeat(45_000)));
+        let ids: Vec<RawIdentifier> = checked.iter().map(RawIdentifier::from).collect();
         assert!(needs_bounding(&ids, IDENTIFIERS));
         assert!(!needs_bounding(&ids[..10], IDENTIFIERS));
         let kept = identifiers(&ids, IDENTIFIERS);
@@ -164,7 +165,10 @@ mod tests {
         assert_eq!(all.kept.len(), 101);
         assert!(all.kept[100].value.ends_with("…(45000 octets)"));
         assert_eq!(all.note(), None);
-        assert_eq!(identifier_list(&ids[..2]), "0.example.test,1.example.test");
-        assert!(identifier_list(&ids).ends_with("9.example.test and 91 more"));
+        assert_eq!(
+            identifier_list(&checked[..2]),
+            "0.example.test,1.example.test"
+        );
+        assert!(identifier_list(&checked).ends_with("9.example.test and 91 more"));
     }
 }

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use acme_proxy_protocol::types::{ChallengeType, IdentifierType};
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Deserializer};
@@ -478,7 +479,7 @@ pub struct ProfileConfig {
     /// DANGER, tests only: mark every challenge valid without looking.
     pub bypass: bool,
     /// Challenge types offered, in order.
-    pub challenges: Vec<String>,
+    pub challenges: Vec<ChallengeType>,
     /// URL of the terms of service; when set, new accounts must agree.
     pub terms_of_service: Option<String>,
     pub website: Option<String>,
@@ -541,15 +542,37 @@ pub struct CertificateProfileConfig {
     pub extended_key_usages: Option<Vec<ExtendedKeyUsage>>,
     /// Identifier types its certificates may carry: `dns`, `ip` (leaving
     /// `ip` out keeps IP addresses out of its SANs).
-    #[serde(default = "default_identifier_types")]
-    pub identifier_types: Vec<String>,
+    #[serde(
+        default = "default_identifier_types",
+        deserialize_with = "identifier_types"
+    )]
+    pub identifier_types: Vec<IdentifierType>,
     /// Whether `*.name` identifiers are allowed.
     #[serde(default = "yes")]
     pub wildcards: bool,
 }
 
-fn default_identifier_types() -> Vec<String> {
-    vec!["dns".to_owned(), "ip".to_owned()]
+fn default_identifier_types() -> Vec<IdentifierType> {
+    IdentifierType::ALL.to_vec()
+}
+
+/// `identifier_types`, each parsed into the closed set, a wrong one
+/// refused with the set spelled out (as before it was typed).
+fn identifier_types<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IdentifierType>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|t| {
+            t.parse().map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "{t:?} is not an identifier type; write some of {:?}",
+                    IdentifierType::ALL
+                        .iter()
+                        .map(|t| t.as_str())
+                        .collect::<Vec<_>>()
+                ))
+            })
+        })
+        .collect()
 }
 
 fn yes() -> bool {
@@ -956,7 +979,7 @@ impl Default for ProfileConfig {
     fn default() -> Self {
         Self {
             bypass: false,
-            challenges: vec!["http-01".to_owned()],
+            challenges: vec![ChallengeType::Http01],
             terms_of_service: None,
             website: None,
             caa_identities: Vec::new(),
@@ -1024,13 +1047,6 @@ fn check_certificate_profiles(name: &str, p: &ProfileConfig) -> Result<(), Confi
             return invalid(format!(
                 "{key}: a certificate profile name is 1–64 letters, digits, '-', '_' or '.'"
             ));
-        }
-        for t in &cp.identifier_types {
-            if t != "dns" && t != "ip" {
-                return invalid(format!(
-                    "{key}.identifier_types: {t:?} is not an identifier type; write some of [\"dns\", \"ip\"]"
-                ));
-            }
         }
         if cp.identifier_types.is_empty() {
             return invalid(format!(
@@ -1233,9 +1249,6 @@ fn is_service_link(key: &str) -> bool {
         || key.starts_with("PORT_")
 }
 
-/// The challenge types this build can validate.
-pub const SUPPORTED_CHALLENGES: [&str; 3] = ["http-01", "dns-01", "tls-alpn-01"];
-
 impl Config {
     /// Loads the file (if any) and the environment, then checks the result.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -1302,13 +1315,6 @@ impl Config {
                 return Err(ConfigError::Invalid(format!(
                     "profiles.{name}.challenges is empty; write challenges = [\"http-01\"]"
                 )));
-            }
-            for c in &profile.challenges {
-                if !SUPPORTED_CHALLENGES.contains(&c.as_str()) {
-                    return Err(ConfigError::Invalid(format!(
-                        "profiles.{name}.challenges: {c:?} is not supported; supported: {SUPPORTED_CHALLENGES:?}"
-                    )));
-                }
             }
             for (hook_name, hook) in &profile.notify.webhooks {
                 check_webhook(name, hook_name, hook)?;

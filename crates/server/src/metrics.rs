@@ -9,6 +9,7 @@
 //! a row (signed by no account, for a certificate never issued: anyone can
 //! send those, and they must not grow the audit log).
 
+use acme_proxy_protocol::types::ChallengeType;
 use std::sync::Mutex;
 
 use acme_proxy_store::{NewAuditRow, Store};
@@ -168,7 +169,7 @@ impl Metrics {
 
     /// Declares a profile's series at zero, so that a family is exported
     /// (and dashboards' rate() queries have a series) before its first event.
-    pub fn init_profile(&self, profile: &str, challenges: &[String]) {
+    pub fn init_profile(&self, profile: &str, challenges: &[ChallengeType]) {
         let p = || ("profile", profile.to_owned());
         let _ = self.issued.get_or_create(&vec![p()]);
         let _ = self
@@ -189,13 +190,13 @@ impl Metrics {
         for kind in challenges {
             for outcome in ["valid", "invalid"] {
                 let _ = self.validations.get_or_create(&vec![
-                    ("type", kind.clone()),
+                    ("type", kind.as_str().to_owned()),
                     ("outcome", outcome.to_owned()),
                 ]);
             }
             let _ = self
                 .validation_seconds
-                .get_or_create(&vec![("type", kind.clone())]);
+                .get_or_create(&vec![("type", kind.as_str().to_owned())]);
         }
     }
 

@@ -637,7 +637,14 @@ pub fn describe_profiles(config: &Config) -> Vec<String> {
                 }
                 SignerConfig::Custom(c) => format!("custom signer {}", c.command.display()),
             };
-            let mut line = format!("{name}: {signer}; challenges {}", p.challenges.join(", "));
+            let mut line = format!(
+                "{name}: {signer}; challenges {}",
+                p.challenges
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             if !p.notify.webhooks.is_empty() {
                 line.push_str(&format!(
                     "; webhooks {}",

@@ -1,7 +1,7 @@
 //! The audit trail: one insert-only row per issuance and per refusal, with
 //! who asked, from where, and why not.
 
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::RawIdentifier;
 use rusqlite::{Connection, Row, params};
 
 use crate::{Result, Store, StoreError, all, exec, one, to_json};
@@ -19,7 +19,9 @@ pub struct NewAuditRow<'a> {
     pub account_id: Option<&'a str>,
     pub order_id: Option<&'a str>,
     pub serial: Option<&'a str>,
-    pub identifiers: Option<&'a [Identifier]>,
+    /// As sent: a refused order records what the client asked for,
+    /// of whatever type (RFC 8555 §7.4).
+    pub identifiers: Option<&'a [RawIdentifier]>,
     pub client_ip: Option<&'a str>,
     pub reverse_name: Option<&'a str>,
     pub user_agent: Option<&'a str>,
@@ -40,7 +42,7 @@ pub struct AuditRow {
     pub account_id: Option<String>,
     pub order_id: Option<String>,
     pub serial: Option<String>,
-    pub identifiers: Vec<Identifier>,
+    pub identifiers: Vec<RawIdentifier>,
     pub client_ip: Option<String>,
     pub reverse_name: Option<String>,
     pub user_agent: Option<String>,

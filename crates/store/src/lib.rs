@@ -1388,7 +1388,7 @@ mod tests {
             profile: "default".to_owned(),
             account_id: "acct".to_owned(),
             identifiers: vec![Identifier {
-                kind: "dns".to_owned(),
+                kind: "dns".parse().unwrap(),
                 value: "a.example".to_owned(),
             }],
             not_before: None,
@@ -1398,14 +1398,14 @@ mod tests {
             authorizations: vec![NewAuthorization {
                 id: format!("{id}-authz"),
                 identifier: Identifier {
-                    kind: "dns".to_owned(),
+                    kind: "dns".parse().unwrap(),
                     value: "a.example".to_owned(),
                 },
                 wildcard: false,
                 expires_at: 100,
                 challenges: vec![NewChallenge {
                     id: format!("{id}-ch"),
-                    kind: "http-01".to_owned(),
+                    kind: "http-01".parse().unwrap(),
                     token: "token".to_owned(),
                 }],
             }],

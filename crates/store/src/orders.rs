@@ -5,7 +5,9 @@
 //! so readers never see a valid challenge under a pending authorization.
 
 use acme_proxy_protocol::Problem;
-use acme_proxy_protocol::types::{AuthorizationStatus, ChallengeStatus, Identifier, OrderStatus};
+use acme_proxy_protocol::types::{
+    AuthorizationStatus, ChallengeStatus, ChallengeType, Identifier, OrderStatus,
+};
 use rusqlite::{Connection, Row, params};
 
 use crate::jobs::insert_jobs_in;
@@ -53,7 +55,7 @@ pub struct AuthorizationRow {
 pub struct ChallengeRow {
     pub id: String,
     pub authz_id: String,
-    pub kind: String,
+    pub kind: ChallengeType,
     pub token: String,
     pub status: ChallengeStatus,
     pub validated_at: Option<i64>,
@@ -70,7 +72,7 @@ pub struct ProcessingChallenge {
 #[derive(Clone, Debug)]
 pub struct NewChallenge {
     pub id: String,
-    pub kind: String,
+    pub kind: ChallengeType,
     pub token: String,
 }
 
@@ -202,7 +204,12 @@ fn authz_at(row: &Row<'_>, at: usize) -> Result<AuthorizationRow> {
         profile: col(row, at + 1, "profile")?,
         account_id: col(row, at + 2, "account_id")?,
         identifier: Identifier {
-            kind: col(row, at + 3, "identifier_type")?,
+            kind: col_enum(
+                row,
+                at + 3,
+                "identifier_type",
+                "authorizations.identifier_type",
+            )?,
             value: col(row, at + 4, "identifier_value")?,
         },
         wildcard: col(row, at + 5, "wildcard")?,
@@ -220,7 +227,7 @@ fn challenge_at(row: &Row<'_>, at: usize) -> Result<ChallengeRow> {
     Ok(ChallengeRow {
         id: col(row, at, "id")?,
         authz_id: col(row, at + 1, "authz_id")?,
-        kind: col(row, at + 2, "type")?,
+        kind: col_enum(row, at + 2, "type", "challenges.type")?,
         token: col(row, at + 3, "token")?,
         status: col_enum(row, at + 4, "status", "challenges.status")?,
         validated_at: col(row, at + 5, "validated_at")?,
@@ -307,7 +314,7 @@ impl Store {
                     params![
                         new.profile,
                         new.account_id,
-                        authz.identifier.kind,
+                        authz.identifier.kind.as_str(),
                         authz.identifier.value,
                         authz.wildcard,
                         new.expires_at,
@@ -368,7 +375,7 @@ impl Store {
                     authz.id,
                     new.profile,
                     new.account_id,
-                    authz.identifier.kind,
+                    authz.identifier.kind.as_str(),
                     authz.identifier.value,
                     authz.wildcard,
                     authz.expires_at,
@@ -382,7 +389,7 @@ impl Store {
                     &tx,
                     "INSERT INTO challenges (id, authz_id, type, token, status)
                      VALUES (?1, ?2, ?3, ?4, 'pending')",
-                    params![ch.id, authz.id, ch.kind, ch.token],
+                    params![ch.id, authz.id, ch.kind.as_str(), ch.token],
                 )?;
             }
         }
@@ -543,7 +550,7 @@ impl Store {
             params![
                 profile,
                 account_id,
-                identifier.kind,
+                identifier.kind.as_str(),
                 identifier.value,
                 wildcard,
                 now,

@@ -37,7 +37,7 @@ pub fn order(urls: &Urls, row: &OrderRow) -> Order {
 
 pub fn challenge(urls: &Urls, row: &ChallengeRow) -> Challenge {
     Challenge {
-        kind: row.kind.clone(),
+        kind: row.kind,
         url: urls.challenge(&row.id),
         status: row.status,
         token: row.token.clone(),

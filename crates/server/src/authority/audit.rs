@@ -7,7 +7,7 @@
 //! first [`bounded::IDENTIFIERS`], their number in the detail), and the
 //! detail, whose problem text may quote the client.
 
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::RawIdentifier;
 use acme_proxy_store::NewAuditRow;
 
 use super::{Authority, RequestContext};
@@ -25,7 +25,8 @@ pub(crate) struct Fact<'a> {
     pub actor: Option<&'a str>,
     pub order: Option<&'a str>,
     pub serial: Option<&'a str>,
-    pub identifiers: Option<&'a [Identifier]>,
+    /// As sent (a refusal) or as checked (an issuance, converted).
+    pub identifiers: Option<&'a [RawIdentifier]>,
     /// A refusal: its problem type and (operator-only) detail.
     pub error: Option<&'a AcmeError>,
     pub detail: Option<&'a str>,
@@ -42,7 +43,7 @@ pub(crate) struct AuditContext {
     detail: Option<String>,
     reverse_name: Option<String>,
     /// The fact's identifiers, bounded, when they had to be.
-    identifiers: Option<Vec<Identifier>>,
+    identifiers: Option<Vec<RawIdentifier>>,
 }
 
 impl AuditContext {

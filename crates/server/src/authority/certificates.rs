@@ -2,7 +2,7 @@
 //! (§7.6) and the CRL (RFC 5280 §5).
 
 use acme_proxy_protocol::jwk::EcCurve;
-use acme_proxy_protocol::types::{Identifier, OrderStatus};
+use acme_proxy_protocol::types::{Identifier, OrderStatus, RawIdentifier};
 use acme_proxy_protocol::{Jwk, ProblemType};
 use acme_proxy_store::{
     AccountRow, CertificateRow, CrlRow, NewCertificateRow, OrderRow, RevokeOutcome,
@@ -101,7 +101,12 @@ impl Authority {
                     .ok()
                     .flatten()
                     .filter(|o| o.account_id == account.id)
-                    .map(|o| o.identifiers);
+                    .map(|o| {
+                        o.identifiers
+                            .iter()
+                            .map(RawIdentifier::from)
+                            .collect::<Vec<_>>()
+                    });
                 self.audit(super::audit::Fact {
                     event: "certificate.issue_failed",
                     outcome: super::audit::outcome_of(e),
@@ -168,13 +173,15 @@ impl Authority {
         // before the order is processing, because the reverse-name lookup
         // may take a while, and a client hanging up during it must not cost
         // a certificate already signed.
+        let issued: Vec<RawIdentifier> =
+            order.identifiers.iter().map(RawIdentifier::from).collect();
         let issued_fact = super::audit::Fact {
             event: "certificate.issued",
             outcome: "success",
             profile: &profile.name,
             account: Some(&account.id),
             order: Some(&order.id),
-            identifiers: Some(&order.identifiers),
+            identifiers: Some(&issued),
             ..Default::default()
         };
         let audit = self.audit_context(&issued_fact).await;
@@ -468,7 +475,9 @@ impl Authority {
             );
             return result;
         }
-        let identifiers = stored.as_ref().map(|c| c.identifiers.clone());
+        let identifiers: Option<Vec<RawIdentifier>> = stored
+            .as_ref()
+            .map(|c| c.identifiers.iter().map(RawIdentifier::from).collect());
         // A serial of a certificate we did not issue is the client's text.
         let serial = serial.map(|s| crate::bounded::value(&s).into_owned());
         // Revoked by its key or an operator: the row is about the owner's
@@ -533,7 +542,7 @@ impl Authority {
                         // http-01 says nothing about *.example.com.
                         let wildcard = id.value.starts_with("*.");
                         let base = Identifier {
-                            kind: id.kind.clone(),
+                            kind: id.kind,
                             value: id.value.strip_prefix("*.").unwrap_or(&id.value).to_owned(),
                         };
                         if !self
@@ -864,10 +873,7 @@ fn check_csr(
                             ),
                             _ => return Err(bad_csr("an IP address SAN has a bad length")),
                         };
-                        Identifier {
-                            kind: "ip".into(),
-                            value: ip.to_string(),
-                        }
+                        Identifier::ip(ip.to_string())
                     }
                     other => {
                         return Err(bad_csr(format!(

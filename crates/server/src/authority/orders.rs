@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use acme_proxy_protocol::names::check_dns_name;
 use acme_proxy_protocol::types::{
-    AuthorizationStatus, ChallengeStatus, Identifier, NewOrder, OrderStatus,
+    AuthorizationStatus, ChallengeStatus, ChallengeType, Identifier, IdentifierType, NewOrder,
+    OrderStatus, RawIdentifier,
 };
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
@@ -190,23 +191,25 @@ impl Authority {
             // RFC 8555 §7.1.3: a wildcard's authorization is for the base
             // name, flagged `wildcard`, and only dns-01 can prove it (§8.4).
             let (value, wildcard) = match id.value.strip_prefix("*.") {
-                Some(base) if id.kind == "dns" => (base.to_owned(), true),
+                Some(base) if id.kind == IdentifierType::Dns => (base.to_owned(), true),
                 _ => (id.value.clone(), false),
             };
             let identifier = Identifier {
-                kind: id.kind.clone(),
+                kind: id.kind,
                 value,
             };
             let challenges = profile
                 .config
                 .challenges
                 .iter()
-                .filter(|kind| !wildcard || kind.as_str() == "dns-01")
+                .filter(|&&kind| !wildcard || kind == ChallengeType::Dns01)
                 // dns-01 cannot prove an IP address (RFC 8738 §7).
-                .filter(|kind| identifier.kind != "ip" || kind.as_str() != "dns-01")
-                .map(|kind| NewChallenge {
+                .filter(|&&kind| {
+                    identifier.kind != IdentifierType::Ip || kind != ChallengeType::Dns01
+                })
+                .map(|&kind| NewChallenge {
                     id: ids::object_id(now_ms),
-                    kind: kind.clone(),
+                    kind,
                     token: ids::token(),
                 })
                 .collect();
@@ -609,17 +612,19 @@ fn allowed_by(
 fn check_identifier(
     profile: &Profile,
     egress: &crate::validation::Egress,
-    id: &Identifier,
+    id: &RawIdentifier,
 ) -> Result<Identifier, (ProblemType, String)> {
-    match id.kind.as_str() {
-        "dns" => {
+    // RFC 8555 §7.4: a type the server does not know is
+    // `unsupportedIdentifier`, as is one this profile does not take.
+    match id.kind.parse() {
+        Ok(IdentifierType::Dns) => {
             let name = check_dns_name(&id.value).map_err(|e| {
                 (
                     ProblemType::RejectedIdentifier,
                     format!("{:?}: {e}", id.value),
                 )
             })?;
-            if name.is_wildcard() && !profile.config.challenges.iter().any(|c| c == "dns-01") {
+            if name.is_wildcard() && !profile.config.challenges.contains(&ChallengeType::Dns01) {
                 return Err((
                     ProblemType::RejectedIdentifier,
                     format!(
@@ -647,7 +652,7 @@ fn check_identifier(
             Ok(Identifier::dns(name.as_str()))
         }
         // RFC 8738: IP addresses, proven by http-01 or tls-alpn-01.
-        "ip" if profile.config.ip_identifiers => {
+        Ok(IdentifierType::Ip) if profile.config.ip_identifiers => {
             let ip: std::net::IpAddr = id.value.parse().map_err(|_| {
                 (
                     ProblemType::Malformed,
@@ -658,7 +663,7 @@ fn check_identifier(
                 .config
                 .challenges
                 .iter()
-                .any(|c| c == "http-01" || c == "tls-alpn-01")
+                .any(|&c| c == ChallengeType::Http01 || c == ChallengeType::TlsAlpn01)
             {
                 return Err((
                     ProblemType::RejectedIdentifier,
@@ -678,15 +683,13 @@ fn check_identifier(
                 ));
             }
             // The canonical text form, so the CSR's IP SAN compares equal.
-            Ok(Identifier {
-                kind: "ip".into(),
-                value: ip.to_string(),
-            })
+            Ok(Identifier::ip(ip.to_string()))
         }
-        other => Err((
+        _ => Err((
             ProblemType::UnsupportedIdentifier,
             format!(
-                "identifier type {other:?} is not supported at this profile ({})",
+                "identifier type {:?} is not supported at this profile ({})",
+                id.kind,
                 if profile.config.ip_identifiers {
                     "\"dns\" and \"ip\" are"
                 } else {

@@ -3,7 +3,7 @@
 //! the CAA records seen when a name was validated may have changed.
 
 use acme_proxy_protocol::ProblemType;
-use acme_proxy_protocol::types::{AuthorizationStatus, ChallengeStatus};
+use acme_proxy_protocol::types::{AuthorizationStatus, ChallengeStatus, IdentifierType};
 use acme_proxy_store::OrderRow;
 
 use super::{Authority, Profile};
@@ -50,7 +50,10 @@ impl Authority {
                     ),
                 ));
             }
-            if !profile.config.caa || profile.config.bypass || authz.identifier.kind != "dns" {
+            if !profile.config.caa
+                || profile.config.bypass
+                || authz.identifier.kind != IdentifierType::Dns
+            {
                 continue;
             }
             let validated = challenges.iter().filter_map(|c| c.validated_at).max();

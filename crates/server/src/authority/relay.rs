@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use acme_proxy_protocol::types::OrderStatus;
+use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
 use acme_proxy_protocol::{Problem, ProblemType};
 use acme_proxy_store::{
     AccountRow, JobRow, NewAuditRow, NewCertificateRow, NewJob, NewUpstreamOrder, OrderRow,
@@ -305,6 +305,8 @@ impl Authority {
         let now = self.clock.unix();
         let cert_id = crate::ids::object_id(self.clock.unix_ms());
         let actor = format!("account:{}", mapping.account_id);
+        let issued: Vec<RawIdentifier> =
+            order.identifiers.iter().map(RawIdentifier::from).collect();
         let audit = NewAuditRow {
             at: now,
             event: "certificate.issued",
@@ -314,7 +316,7 @@ impl Authority {
             account_id: Some(&mapping.account_id),
             order_id: Some(&order.id),
             serial: Some(&leaf.serial),
-            identifiers: Some(&order.identifiers),
+            identifiers: Some(&issued),
             client_ip: mapping.client_ip.as_deref(),
             reverse_name: mapping.reverse_name.as_deref(),
             user_agent: mapping.user_agent.as_deref(),
@@ -379,6 +381,9 @@ impl Authority {
     async fn abandon_relay(&self, order_id: &str, reason: &RetireReason) {
         let mapping = self.store.upstream_order(order_id).await.ok().flatten();
         let order = self.store.order(order_id).await.ok().flatten();
+        let asked: Option<Vec<RawIdentifier>> = order
+            .as_ref()
+            .map(|o| o.identifiers.iter().map(RawIdentifier::from).collect());
         let actor = match (reason, &mapping) {
             (RetireReason::Cancelled { actor }, _) if actor.contains(':') => actor.clone(),
             (RetireReason::Cancelled { actor }, _) => format!("operator:{actor}"),
@@ -395,7 +400,7 @@ impl Authority {
             actor: &actor,
             account_id: mapping.as_ref().map(|m| m.account_id.as_str()),
             order_id: Some(order_id),
-            identifiers: order.as_ref().map(|o| o.identifiers.as_slice()),
+            identifiers: asked.as_deref(),
             client_ip: mapping.as_ref().and_then(|m| m.client_ip.as_deref()),
             reverse_name: mapping.as_ref().and_then(|m| m.reverse_name.as_deref()),
             user_agent: mapping.as_ref().and_then(|m| m.user_agent.as_deref()),

@@ -8,6 +8,7 @@
 //! reasons of ours, or its authorization expired meanwhile) settles the
 //! challenge `invalid` with `serverInternal`, so no order waits forever.
 
+use acme_proxy_protocol::types::{ChallengeStatus, IdentifierType};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ impl JobHandler for ValidationJobs {
                 Err(e) => return Outcome::Retry(format!("reading the challenge: {e}")),
             };
             // Already settled (a previous attempt got this far): nothing to do.
-            if ch.status != acme_proxy_protocol::types::ChallengeStatus::Processing {
+            if ch.status != ChallengeStatus::Processing {
                 return Outcome::Done;
             }
             let Some(profile) = a.profile(&authz.profile).cloned() else {
@@ -87,7 +88,7 @@ impl JobHandler for ValidationJobs {
                     key_authorization: format!("{}.{}", ch.token, account.key_thumbprint),
                 };
                 let started = std::time::Instant::now();
-                let mut r = a.validators.validate(&ch.kind, &target).await;
+                let mut r = a.validators.validate(ch.kind, &target).await;
                 if r.is_ok() && profile.config.caa {
                     // RFC 8659 §3: checked when the name is validated.
                     let account_uri = a.account_url(&profile.name, &account.id);
@@ -96,9 +97,9 @@ impl JobHandler for ValidationJobs {
                         wildcard: authz.wildcard,
                         identities: &profile.config.caa_identities,
                         account_uri: &account_uri,
-                        method: &ch.kind,
+                        method: ch.kind.as_str(),
                     };
-                    if authz.identifier.kind == "dns" {
+                    if authz.identifier.kind == IdentifierType::Dns {
                         r = crate::validation::caa::check(&a.validators, &request).await;
                     }
                 }
@@ -106,13 +107,13 @@ impl JobHandler for ValidationJobs {
                 a.metrics
                     .validations
                     .get_or_create(&vec![
-                        ("type", ch.kind.clone()),
+                        ("type", ch.kind.as_str().to_owned()),
                         ("outcome", outcome.to_owned()),
                     ])
                     .inc();
                 a.metrics
                     .validation_seconds
-                    .get_or_create(&vec![("type", ch.kind.clone())])
+                    .get_or_create(&vec![("type", ch.kind.as_str().to_owned())])
                     .observe(started.elapsed().as_secs_f64());
                 tracing::info!(
                     event = "validation.finished",

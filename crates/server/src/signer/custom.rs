@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::{Identifier, IdentifierType};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
@@ -361,7 +361,7 @@ fn check_chain(
         for g in &san.value.general_names {
             match g {
                 GeneralName::DNSName(n) => {
-                    names.insert(("dns".to_owned(), n.to_ascii_lowercase()));
+                    names.insert((IdentifierType::Dns.as_str(), n.to_ascii_lowercase()));
                 }
                 GeneralName::IPAddress(b) => {
                     let ip = match b.len() {
@@ -372,15 +372,16 @@ fn check_chain(
                         _ => return Err("the leaf has a malformed IP SAN".into()),
                     }
                     .map_err(|_| "the leaf has a malformed IP SAN".to_owned())?;
-                    names.insert(("ip".to_owned(), ip));
+                    names.insert((IdentifierType::Ip.as_str(), ip));
                 }
                 other => return Err(format!("the leaf names something else: {other:?}")),
             }
         }
     }
-    let wanted: BTreeSet<(String, String)> = identifiers
+    // Pairs of strings, so that the refusal prints them as before.
+    let wanted: BTreeSet<(&str, String)> = identifiers
         .iter()
-        .map(|i| (i.kind.clone(), i.value.to_ascii_lowercase()))
+        .map(|i| (i.kind.as_str(), i.value.to_ascii_lowercase()))
         .collect();
     if names != wanted {
         return Err(format!(

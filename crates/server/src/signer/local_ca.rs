@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use acme_proxy_protocol::types::IdentifierType;
 use acme_proxy_store::RevokedEntry;
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, CrlDistributionPoint,
@@ -255,7 +256,11 @@ impl LocalCa {
             })
             .collect();
         let mut dn = DistinguishedName::new();
-        if let Some(first) = req.identifiers.iter().find(|i| i.kind == "dns") {
+        if let Some(first) = req
+            .identifiers
+            .iter()
+            .find(|i| i.kind == IdentifierType::Dns)
+        {
             // A CN is optional but some older TLS clients still look at it;
             // it must fit the 64-character upper bound (RFC 5280 App. A).
             if first.value.len() <= 64 {
@@ -264,21 +269,16 @@ impl LocalCa {
         }
         params.distinguished_name = dn;
         for id in req.identifiers {
-            let san = match id.kind.as_str() {
-                "dns" => SanType::DnsName(
+            let san = match id.kind {
+                IdentifierType::Dns => SanType::DnsName(
                     id.value
                         .clone()
                         .try_into()
                         .map_err(|_| SignerError::BadCsr(format!("{:?} is not IA5", id.value)))?,
                 ),
-                "ip" => SanType::IpAddress(id.value.parse().map_err(|_| {
+                IdentifierType::Ip => SanType::IpAddress(id.value.parse().map_err(|_| {
                     SignerError::BadCsr(format!("{:?} is not an IP address", id.value))
                 })?),
-                other => {
-                    return Err(SignerError::BadCsr(format!(
-                        "identifier type {other:?} cannot be signed"
-                    )));
-                }
             };
             params.subject_alt_names.push(san);
         }

@@ -11,6 +11,7 @@ pub mod dns01;
 pub mod http01;
 pub mod tlsalpn01;
 
+use acme_proxy_protocol::types::ChallengeType;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -216,18 +217,14 @@ impl Validators {
     /// Validates one challenge of type `kind`.
     pub async fn validate(
         &self,
-        kind: &str,
+        kind: ChallengeType,
         target: &ValidationTarget,
     ) -> Result<(), ValidationError> {
         let work = async {
             match kind {
-                "http-01" => http01::validate(self, target).await,
-                "dns-01" => dns01::validate(self, target).await,
-                "tls-alpn-01" => tlsalpn01::validate(self, target).await,
-                other => Err(ValidationError::new(
-                    ProblemType::Malformed,
-                    format!("challenge type {other} cannot be validated by this server"),
-                )),
+                ChallengeType::Http01 => http01::validate(self, target).await,
+                ChallengeType::Dns01 => dns01::validate(self, target).await,
+                ChallengeType::TlsAlpn01 => tlsalpn01::validate(self, target).await,
             }
         };
         match tokio::time::timeout(self.timeout, work).await {

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::{Identifier, IdentifierType};
 use instant_acme::{
     Account, AuthorizationStatus, ChallengeStatus, ChallengeType, NewAccount, NewOrder, Order,
     OrderStatus, RetryPolicy,
@@ -603,16 +603,13 @@ fn polled(order: &mut Order, e: &instant_acme::Error, doing: &str) -> RelayError
 }
 
 fn upstream_identifier(id: &Identifier) -> Result<instant_acme::Identifier, RelayError> {
-    match id.kind.as_str() {
-        "dns" => Ok(instant_acme::Identifier::Dns(id.value.clone())),
-        "ip" => id
+    match id.kind {
+        IdentifierType::Dns => Ok(instant_acme::Identifier::Dns(id.value.clone())),
+        IdentifierType::Ip => id
             .value
             .parse()
             .map(instant_acme::Identifier::Ip)
             .map_err(|_| RelayError::permanent(format!("{:?} is not an IP address", id.value))),
-        other => Err(RelayError::permanent(format!(
-            "identifier type {other:?} cannot be relayed"
-        ))),
     }
 }
 
