@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use acme_proxy_protocol::types::{ChallengeType, IdentifierType};
+
+use crate::events::Event;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Deserializer};
@@ -264,7 +266,7 @@ pub struct EmailConfig {
     pub body_template: String,
     /// Events mailed here; empty means all.
     #[serde(default)]
-    pub events: Vec<String>,
+    pub events: Vec<Event>,
     #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
     pub timeout: Duration,
 }
@@ -298,7 +300,7 @@ pub struct ScriptConfig {
     pub args: Vec<String>,
     /// Events given to this script; empty means all.
     #[serde(default)]
-    pub events: Vec<String>,
+    pub events: Vec<Event>,
     #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
     pub timeout: Duration,
 }
@@ -320,7 +322,7 @@ pub struct WebhookConfig {
     pub content_type: String,
     /// Events delivered here; empty means all.
     #[serde(default)]
-    pub events: Vec<String>,
+    pub events: Vec<Event>,
     #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
     pub timeout: Duration,
 }
@@ -1097,19 +1099,6 @@ fn check_certificate_profiles(name: &str, p: &ProfileConfig) -> Result<(), Confi
     }
 }
 
-/// Every subscribed event must be one that is dispatched.
-fn check_events(key: &str, events: &[String]) -> Result<(), ConfigError> {
-    for event in events {
-        if !crate::notify::EVENTS.contains(&event.as_str()) {
-            return Err(ConfigError::Invalid(format!(
-                "{key}.events: {event:?} is not an event; write some of {:?} (or leave events out for all)",
-                crate::notify::EVENTS
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// A webhook that could never be delivered is refused at start-up.
 fn check_webhook(profile: &str, name: &str, w: &WebhookConfig) -> Result<(), ConfigError> {
     let key = format!("profiles.{profile}.notify.webhooks.{name}");
@@ -1132,7 +1121,6 @@ fn check_webhook(profile: &str, name: &str, w: &WebhookConfig) -> Result<(), Con
             return invalid(format!("{key}.headers: {header:?} is not a header name"));
         }
     }
-    check_events(&key, &w.events)?;
     if w.timeout < Duration::from_millis(100) {
         return invalid(format!(
             "{key}.timeout is too short; write e.g. timeout = \"10s\""
@@ -1166,7 +1154,6 @@ fn check_email(profile: &str, name: &str, e: &EmailConfig) -> Result<(), ConfigE
             "{key}: SMTP AUTH would send the password in clear; write tls = \"starttls\" or \"tls\""
         ));
     }
-    check_events(&key, &e.events)?;
     if e.timeout < Duration::from_millis(100) {
         return invalid(format!(
             "{key}.timeout is too short; write e.g. timeout = \"10s\""
@@ -1326,7 +1313,6 @@ impl Config {
                         "{key}.command must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/notify-pki\""
                     )));
                 }
-                check_events(&key, &script.events)?;
             }
             for (email_name, email) in &profile.notify.emails {
                 check_email(name, email_name, email)?;

@@ -3,7 +3,7 @@
 //! See ARCHITECTURE.md for the map. Layers, each using only those below:
 //! `server` (assembly) → `api` (front end) → `authority` (state machine) →
 //! `signer` → store (crate) → protocol (crate); `validation`, `config`,
-//! `clock`, `ids`, `bounded` are leaves.
+//! `clock`, `ids`, `bounded`, `events` are leaves.
 
 pub mod api;
 pub mod authority;
@@ -12,6 +12,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod hardened;
 pub mod ids;
 pub mod jobs;

@@ -9,7 +9,7 @@
 //! a row (signed by no account, for a certificate never issued: anyone can
 //! send those, and they must not grow the audit log).
 
-use acme_proxy_protocol::types::ChallengeType;
+use acme_proxy_protocol::types::{ChallengeStatus, ChallengeType};
 use std::sync::Mutex;
 
 use acme_proxy_store::{NewAuditRow, Store};
@@ -188,10 +188,10 @@ impl Metrics {
             .upstream_requests
             .get_or_create(&vec![p(), ("class", "2xx".to_owned())]);
         for kind in challenges {
-            for outcome in ["valid", "invalid"] {
+            for outcome in [ChallengeStatus::Valid, ChallengeStatus::Invalid] {
                 let _ = self.validations.get_or_create(&vec![
                     ("type", kind.as_str().to_owned()),
-                    ("outcome", outcome.to_owned()),
+                    ("outcome", outcome.as_str().to_owned()),
                 ]);
             }
             let _ = self

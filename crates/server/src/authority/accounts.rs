@@ -7,6 +7,7 @@ use acme_proxy_store::{AccountRow, KeyChangeOutcome, NewAccountRow};
 
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
+use crate::events::Event;
 use crate::notify::Notice;
 
 /// Contacts accepted per account.
@@ -69,7 +70,7 @@ impl Authority {
         let jwk_json = jwk.to_value().to_string();
         let id = crate::ids::object_id(self.clock.unix_ms());
         // Queued only if this request creates the account.
-        let mut notice = Notice::new("account.created", &profile.name, self.clock.unix());
+        let mut notice = Notice::new(Event::AccountCreated, &profile.name, self.clock.unix());
         notice.account = Some(id.clone());
         let outbox = self.notifier.outbox(&notice);
         let (row, created) = self
@@ -161,7 +162,7 @@ impl Authority {
         account_id: &str,
         actor: Option<&str>,
     ) -> AcmeResult<bool> {
-        let mut notice = Notice::new("account.deactivated", profile, self.clock.unix());
+        let mut notice = Notice::new(Event::AccountDeactivated, profile, self.clock.unix());
         notice.account = Some(account_id.to_owned());
         let outbox = self.notifier.outbox(&notice);
         let deactivated = self

@@ -25,6 +25,7 @@ use x509_parser::x509::AlgorithmIdentifier;
 use super::{Authority, Profile};
 use crate::config::{ExtendedKeyUsage, SignerConfig};
 use crate::error::{AcmeError, AcmeResult};
+use crate::events::Event;
 use crate::notify::Notice;
 use crate::signer::extensions::{self, Side};
 use crate::signer::{IssueContext, IssueRequest, SignerError};
@@ -301,7 +302,7 @@ impl Authority {
             }
         };
         let cert_id = crate::ids::object_id(self.clock.unix_ms());
-        let mut notice = Notice::new("certificate.issued", &profile.name, self.clock.unix())
+        let mut notice = Notice::new(Event::CertificateIssued, &profile.name, self.clock.unix())
             .identifiers(&order.identifiers);
         notice.account = Some(account.id.clone());
         notice.order = Some(order.id.clone());
@@ -614,7 +615,7 @@ impl Authority {
             );
             return Err(AcmeError::internal(e));
         }
-        let mut notice = Notice::new("certificate.revoked", &profile.name, self.clock.unix())
+        let mut notice = Notice::new(Event::CertificateRevoked, &profile.name, self.clock.unix())
             .identifiers(&cert.identifiers);
         notice.account = Some(cert.account_id.clone());
         notice.order = Some(cert.order_id.clone());

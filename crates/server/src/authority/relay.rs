@@ -16,6 +16,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{Authority, Profile, RequestContext};
 use crate::error::{AcmeError, AcmeResult};
+use crate::events::Event;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason, backoff};
 use crate::notify::Notice;
 use crate::signer::Relay;
@@ -324,8 +325,8 @@ impl Authority {
             detail: Some(certificate_url),
             ..Default::default()
         };
-        let mut notice =
-            Notice::new("certificate.issued", &profile.name, now).identifiers(&order.identifiers);
+        let mut notice = Notice::new(Event::CertificateIssued, &profile.name, now)
+            .identifiers(&order.identifiers);
         notice.account = Some(mapping.account_id.clone());
         notice.order = Some(order.id.clone());
         notice.serial = Some(leaf.serial.clone());
@@ -411,7 +412,7 @@ impl Authority {
         };
         let outbox = match &mapping {
             Some(m) => {
-                let mut notice = Notice::new("relay.abandoned", &m.profile, audit.at);
+                let mut notice = Notice::new(Event::RelayAbandoned, &m.profile, audit.at);
                 notice.account = Some(m.account_id.clone());
                 notice.order = Some(order_id.to_owned());
                 notice.identifiers = order

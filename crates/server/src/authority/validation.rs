@@ -16,6 +16,7 @@ use acme_proxy_protocol::{Problem, ProblemType};
 use acme_proxy_store::JobRow;
 
 use super::Authority;
+use crate::events::Event;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
 use crate::notify::Notice;
 use crate::validation::ValidationTarget;
@@ -103,12 +104,17 @@ impl JobHandler for ValidationJobs {
                         r = crate::validation::caa::check(&a.validators, &request).await;
                     }
                 }
-                let outcome = if r.is_ok() { "valid" } else { "invalid" };
+                // The label is the status the challenge settles in (§7.1.6).
+                let outcome = if r.is_ok() {
+                    ChallengeStatus::Valid
+                } else {
+                    ChallengeStatus::Invalid
+                };
                 a.metrics
                     .validations
                     .get_or_create(&vec![
                         ("type", ch.kind.as_str().to_owned()),
-                        ("outcome", outcome.to_owned()),
+                        ("outcome", outcome.as_str().to_owned()),
                     ])
                     .inc();
                 a.metrics
@@ -117,7 +123,7 @@ impl JobHandler for ValidationJobs {
                     .observe(started.elapsed().as_secs_f64());
                 tracing::info!(
                     event = "validation.finished",
-                    outcome = if r.is_ok() { "valid" } else { "invalid" },
+                    outcome = outcome.as_str(),
                     profile = %profile.name,
                     challenge = %ch.id,
                     kind = %ch.kind,
@@ -131,7 +137,8 @@ impl JobHandler for ValidationJobs {
             // A failed challenge is told in the transaction that records it.
             let outbox = match &result {
                 Err(p) => {
-                    let mut notice = Notice::new("challenge.failed", &profile.name, a.clock.unix());
+                    let mut notice =
+                        Notice::new(Event::ChallengeFailed, &profile.name, a.clock.unix());
                     notice.account = Some(account.id.clone());
                     notice.challenge = Some(ch.id.clone());
                     notice.identifiers = vec![authz.identifier.value.clone()];

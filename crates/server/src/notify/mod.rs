@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::SharedClock;
 use crate::config::{Config, EmailConfig, ScriptConfig, WebhookConfig};
+use crate::events::Event;
 use crate::jobs::{BoxFuture, JobHandler, JobObserver, Outcome, Queue, RetireReason};
 use email::Mailer;
 use templates::Templates;
@@ -33,20 +34,10 @@ use webhook::{Delivery, WebhookClient};
 /// The job kind; the key names the event, its subject and the destination.
 pub const NOTIFY_KIND: &str = "notify_delivery";
 
-/// The events a webhook may subscribe to.
-pub const EVENTS: [&str; 6] = [
-    "certificate.issued",
-    "certificate.revoked",
-    "account.created",
-    "account.deactivated",
-    "challenge.failed",
-    "relay.abandoned",
-];
-
 /// What happened, as templates see it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Notice {
-    pub event: String,
+    pub event: Event,
     pub profile: String,
     /// RFC 3339.
     pub at: String,
@@ -63,12 +54,18 @@ pub struct Notice {
 }
 
 impl Notice {
-    pub fn new(event: &str, profile: &str, at: i64) -> Self {
+    pub fn new(event: Event, profile: &str, at: i64) -> Self {
         Self {
-            event: event.to_owned(),
+            event,
             profile: profile.to_owned(),
             at: crate::clock::rfc3339(at),
-            ..Self::default()
+            account: None,
+            order: None,
+            challenge: None,
+            serial: None,
+            identifiers: Vec::new(),
+            not_after: None,
+            detail: None,
         }
     }
 
@@ -134,7 +131,7 @@ enum Target {
 }
 
 impl Destination {
-    fn events(&self) -> &[String] {
+    fn events(&self) -> &[Event] {
         match &self.target {
             Target::Webhook(w) => &w.events,
             Target::Script(s) => &s.events,

@@ -3,6 +3,7 @@
 //! start-up, so a broken one stops the server with its name and line
 //! rather than failing deliveries later.
 
+use crate::events::Event;
 use std::path::Path;
 
 use minijinja::Environment;
@@ -76,7 +77,7 @@ impl Templates {
     /// Fails unless `name` exists and renders a sample notice.
     pub fn check(&self, name: &str) -> Result<(), String> {
         let sample = Notice {
-            event: "certificate.issued".into(),
+            event: Event::CertificateIssued,
             profile: "sample".into(),
             at: "2026-01-01T00:00:00Z".into(),
             account: Some("acct".into()),
@@ -119,12 +120,10 @@ mod tests {
 
     fn notice() -> Notice {
         Notice {
-            event: "certificate.issued".into(),
-            profile: "default".into(),
             at: "2026-11-29T00:00:00Z".into(),
             serial: Some("0a".into()),
             identifiers: vec!["a.example".into(), "b.example".into()],
-            ..Notice::default()
+            ..Notice::new(Event::CertificateIssued, "default", 0)
         }
     }
 
