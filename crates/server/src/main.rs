@@ -82,6 +82,9 @@ enum GenerateCommand {
     Man { dir: PathBuf },
     /// Completions for bash, zsh and fish.
     Completions { dir: PathBuf },
+    /// The configuration reference (Markdown) on stdout, from the
+    /// configuration types and the example file.
+    ConfigReference,
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,11 +129,15 @@ fn main() {
 
 fn generate(what: &GenerateCommand) -> anyhow::Result<()> {
     use clap::CommandFactory;
-    let (GenerateCommand::Man { dir } | GenerateCommand::Completions { dir }) = what;
+    let (GenerateCommand::Man { dir } | GenerateCommand::Completions { dir }) = what else {
+        print!("{}", acme_proxy::config::reference::markdown());
+        return Ok(());
+    };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let command = Cli::command();
     match what {
         GenerateCommand::Man { .. } => clap_mangen::generate_to(command, dir),
+        GenerateCommand::ConfigReference => Ok(()),
         GenerateCommand::Completions { .. } => {
             use clap_complete::Shell;
             [Shell::Bash, Shell::Zsh, Shell::Fish]

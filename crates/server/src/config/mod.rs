@@ -1,0 +1,827 @@
+//! Configuration: a TOML file plus `ACME_PROXY_*` environment overrides
+//! (`__` separates nesting levels), every key documented in
+//! `acme-proxy.example.toml`.
+//!
+//! Unknown keys stop start-up with the key's name (`deny_unknown_fields`):
+//! a typo must not silently fall back to a default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use acme_proxy_protocol::types::{ChallengeType, IdentifierType};
+
+use crate::events::Event;
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Deserializer};
+
+mod audit;
+mod connections;
+mod de;
+mod jobs;
+mod metrics;
+mod notify;
+mod profile;
+pub mod reference;
+mod signer;
+mod tls;
+mod validation;
+
+pub use audit::*;
+pub use connections::*;
+use de::*;
+pub use jobs::*;
+pub use metrics::*;
+pub use notify::*;
+pub use profile::*;
+pub use signer::*;
+pub use tls::*;
+pub use validation::*;
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the ACME listener binds.
+    pub listen: SocketAddr,
+    /// The URL clients reach us at; defaults to `http://{listen}` (or
+    /// `https://` with `[tls]`). Never taken from a request's Host header.
+    pub public_url: Option<String>,
+    /// TLS on the ACME listener; absent: plain HTTP (e.g. behind a proxy).
+    pub tls: Option<TlsConfig>,
+    /// Reverse proxies (addresses or CIDRs) whose forwarded header is
+    /// believed for the client's address; empty: the peer's address is the
+    /// client's.
+    #[serde(deserialize_with = "addresses_or_networks")]
+    #[schemars(schema_with = "reference::networks")]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Which header carries the forwarded chain.
+    pub forwarded_header: ForwardedHeader,
+    /// Directory for the database and self-generated CA keys.
+    pub data_dir: PathBuf,
+    /// `sqlite:PATH`; defaults to `sqlite:{data_dir}/acme-proxy.db`.
+    pub database_url: Option<String>,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    /// Largest request body accepted (RFC 8555 requests are small).
+    pub max_body_bytes: usize,
+    /// Requests served at once; beyond this, 503 with `Retry-After`.
+    pub max_in_flight: usize,
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "reference::duration")]
+    pub nonce_lifetime: Duration,
+    /// How long a copy of an account (with its parsed key) kept in memory
+    /// may verify requests; `0s` reads the account for every request.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "reference::duration")]
+    pub account_cache_ttl: Duration,
+    /// Where replay nonces are kept: `memory` (no disk write per request;
+    /// a restart refuses old ones) or `database` (shared by replicas).
+    pub nonce_store: NonceStore,
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "reference::duration")]
+    pub shutdown_grace: Duration,
+    pub connections: ConnectionsConfig,
+    pub validation: ValidationConfig,
+    pub jobs: JobsConfig,
+    pub notify: NotifyConfig,
+    pub metrics: MetricsConfig,
+    pub audit: AuditConfig,
+    pub profiles: BTreeMap<String, ProfileConfig>,
+    /// The `ACME_PROXY_*` variables [`Config::load`] left aside as
+    /// Kubernetes service links, for start-up to warn about.
+    #[serde(skip)]
+    pub ignored_environment: Vec<String>,
+}
+
+/// Where replay nonces live (see `authority/nonces.rs`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NonceStore {
+    #[default]
+    Memory,
+    Database,
+}
+
+/// The header a trusted proxy puts the client's address in.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut profiles = BTreeMap::new();
+        profiles.insert("default".to_owned(), ProfileConfig::default());
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 14000)),
+            public_url: None,
+            tls: None,
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::default(),
+            data_dir: PathBuf::from("acme-proxy-data"),
+            database_url: None,
+            log_format: LogFormat::Text,
+            max_body_bytes: 64 * 1024,
+            max_in_flight: 1024,
+            nonce_lifetime: Duration::from_secs(3600),
+            account_cache_ttl: Duration::from_secs(1),
+            nonce_store: NonceStore::default(),
+            shutdown_grace: Duration::from_secs(10),
+            connections: ConnectionsConfig::default(),
+            validation: ValidationConfig::default(),
+            jobs: JobsConfig::default(),
+            notify: NotifyConfig::default(),
+            metrics: MetricsConfig::default(),
+            audit: AuditConfig::default(),
+            profiles,
+            ignored_environment: Vec::new(),
+        }
+    }
+}
+
+/// Configuration problems found at start-up, each saying what to write.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+/// Whether `key` (an `ACME_PROXY_*` variable without its prefix) is one of
+/// the service links Kubernetes puts into every pod of a namespace that has
+/// a Service named `acme-proxy`: `ACME_PROXY_SERVICE_HOST`,
+/// `ACME_PROXY_SERVICE_PORT[_NAME]`, `ACME_PROXY_PORT` and
+/// `ACME_PROXY_PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`. No configuration
+/// key is named `port` or `service…`, so these are never settings; refusing
+/// them as unknown keys would stop the server in exactly the namespace
+/// where it is deployed.
+fn is_service_link(key: &str) -> bool {
+    let key = key.to_ascii_uppercase();
+    key == "SERVICE_HOST"
+        || key == "SERVICE_PORT"
+        || key.starts_with("SERVICE_PORT_")
+        || key == "PORT"
+        || key.starts_with("PORT_")
+}
+
+impl Config {
+    /// Loads the file (if any) and the environment, then checks the result.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "the configuration file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        figment = figment.merge(
+            Env::prefixed("ACME_PROXY_")
+                .filter(|key| !is_service_link(key.as_str()))
+                .split("__")
+                // ACME_PROXY_CONFIG names the file; it is not a key.
+                .ignore(&["config"]),
+        );
+        let mut config = Self::from_figment(figment)?;
+        config.ignored_environment = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| k.strip_prefix("ACME_PROXY_").is_some_and(is_service_link))
+            .collect();
+        config.ignored_environment.sort();
+        Ok(config)
+    }
+
+    /// Parses a configuration from TOML text alone (tests, `check`).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::new().merge(Toml::string(text)))
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.profiles.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no profiles: add at least one [profiles.NAME] table, e.g. [profiles.default]"
+                    .into(),
+            ));
+        }
+        for (name, profile) in &self.profiles {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "profile name {name:?} must be lowercase letters, digits, '-' or '_' (it is part of URLs)"
+                )));
+            }
+            if profile.caa && profile.caa_identities.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.caa is on but caa_identities is empty: write the issuer domain names CAA records must name, e.g. caa_identities = [\"acme.example.internal\"]"
+                )));
+            }
+            if profile.challenges.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.challenges is empty; write challenges = [\"http-01\"]"
+                )));
+            }
+            for (hook_name, hook) in &profile.notify.webhooks {
+                check_webhook(name, hook_name, hook)?;
+            }
+            for (script_name, script) in &profile.notify.scripts {
+                let key = format!("profiles.{name}.notify.scripts.{script_name}");
+                if !script.command.is_absolute() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}.command must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/notify-pki\""
+                    )));
+                }
+            }
+            for (email_name, email) in &profile.notify.emails {
+                check_email(name, email_name, email)?;
+            }
+            check_certificate_profiles(name, profile)?;
+            let ca = match &profile.signer {
+                SignerConfig::LocalCa(ca) => ca,
+                SignerConfig::Relay(relay) => {
+                    check_relay(name, relay)?;
+                    continue;
+                }
+                SignerConfig::Custom(custom) => {
+                    check_custom(name, custom)?;
+                    continue;
+                }
+            };
+            let [from, to] = ca.renewal_window;
+            if !(0.0..1.0).contains(&from) || !(from..=1.0).contains(&to) || to - from < 0.01 {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer.renewal_window must be two fractions of the lifetime, 0 ≤ start < end ≤ 1, at least 0.01 apart; write e.g. renewal_window = [0.6, 0.8]"
+                )));
+            }
+            if let Some(p11) = &ca.pkcs11 {
+                let key = format!("profiles.{name}.signer.pkcs11");
+                if ca.ca_cert.is_none() || ca.ca_key.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: the key is in the token, so write ca_cert (the CA certificate of that key) and no ca_key"
+                    )));
+                }
+                if p11.token_label.is_some() == p11.slot.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: name the token by token_label = \"…\" or by slot = N (one of them)"
+                    )));
+                }
+                if p11.key_label.is_none() && p11.key_id.is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: name the key by key_label = \"…\" and/or key_id = \"hex\""
+                    )));
+                }
+                if p11
+                    .key_id
+                    .as_deref()
+                    .is_some_and(|h| hex::decode(h).is_err())
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}.key_id must be hex, e.g. key_id = \"01\""
+                    )));
+                }
+                if !p11.module.is_absolute() || !p11.pin_file.is_absolute() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}: module and pin_file must be absolute paths"
+                    )));
+                }
+                if p11.timeout < Duration::from_secs(1) || p11.timeout > Duration::from_secs(60) {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key}.timeout must be between 1s and 60s (a signing runs inside the client's finalize request); write e.g. timeout = \"10s\""
+                    )));
+                }
+            } else if ca.ca_cert.is_some() != ca.ca_key.is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
+                )));
+            }
+            if ca.chain.is_some() && ca.ca_cert.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer.chain needs ca_cert and ca_key: a self-generated CA has no chain above it"
+                )));
+            }
+            if ca.validity < Duration::from_secs(60) {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.signer.validity is shorter than a minute; write e.g. validity = \"90d\""
+                )));
+            }
+        }
+        if let Some(url) = &self.public_url
+            && (!(url.starts_with("http://") || url.starts_with("https://")) || url.ends_with('/'))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "public_url {url:?} must start with http:// or https:// and have no trailing slash, e.g. \"https://acme.example.internal\""
+            )));
+        }
+        if let Some(tls) = &self.tls {
+            match (&tls.cert, &tls.key, tls.self_signed) {
+                (Some(_), Some(_), false) | (None, None, true) => {}
+                _ => {
+                    return Err(ConfigError::Invalid(
+                        "[tls]: write cert and key (PEM files), or self_signed = true, not both"
+                            .into(),
+                    ));
+                }
+            }
+            if tls.handshake_timeout < Duration::from_millis(100)
+                || tls.reload_interval < Duration::from_secs(1)
+            {
+                return Err(ConfigError::Invalid(
+                    "[tls]: handshake_timeout must be at least 100ms and reload_interval at least 1s; write e.g. handshake_timeout = \"10s\", reload_interval = \"30s\"".into(),
+                ));
+            }
+            if tls.self_signed && self.public_url.is_none() && self.listen.ip().is_unspecified() {
+                return Err(ConfigError::Invalid(format!(
+                    "[tls] self_signed needs a name clients use, and listen is {}: set public_url = \"https://acme.example.internal:{}\"",
+                    self.listen,
+                    self.listen.port()
+                )));
+            }
+            if let Some(url) = &self.public_url
+                && url.starts_with("http://")
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "public_url {url:?} is http:// but [tls] serves https://; write public_url = \"https://…\""
+                )));
+            }
+        }
+        if self.audit.reverse_name_timeout > Duration::from_secs(5) {
+            return Err(ConfigError::Invalid(
+                "audit.reverse_name_timeout is over 5s, and it delays the requests it audits; write e.g. reverse_name_timeout = \"300ms\" (or reverse_names = false)".into(),
+            ));
+        }
+        if self
+            .audit
+            .retention
+            .is_some_and(|r| r < Duration::from_secs(86400))
+        {
+            return Err(ConfigError::Invalid(
+                "audit.retention is shorter than a day; write e.g. retention = \"400d\" (or leave it out to keep every row)".into(),
+            ));
+        }
+        let at_least = |key: &str, d: Duration, min: Duration, example: &str| {
+            if d < min {
+                Err(ConfigError::Invalid(format!(
+                    "{key} is shorter than {min:?}, which would make the server refuse its own work; write e.g. {key} = \"{example}\""
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        at_least(
+            "nonce_lifetime",
+            self.nonce_lifetime,
+            Duration::from_secs(10),
+            "1h",
+        )?;
+        at_least(
+            "validation.timeout",
+            self.validation.timeout,
+            Duration::from_secs(1),
+            "10s",
+        )?;
+        let j = &self.jobs;
+        at_least(
+            "jobs.poll_interval",
+            j.poll_interval,
+            Duration::from_millis(10),
+            "1s",
+        )?;
+        at_least("jobs.lease", j.lease, Duration::from_millis(300), "15s")?;
+        at_least(
+            "jobs.attempt_budget",
+            j.attempt_budget,
+            Duration::from_millis(10),
+            "5m",
+        )?;
+        at_least(
+            "jobs.backoff_base",
+            j.backoff_base,
+            Duration::from_millis(1),
+            "2s",
+        )?;
+        at_least("jobs.backoff_cap", j.backoff_cap, j.backoff_base, "10m")?;
+        at_least("jobs.retention", j.retention, Duration::from_secs(60), "7d")?;
+        if j.concurrency == 0 || j.max_attempts == 0 {
+            return Err(ConfigError::Invalid(
+                "jobs.concurrency and jobs.max_attempts must be at least 1; write e.g. concurrency = 16 and max_attempts = 10 under [jobs]".into(),
+            ));
+        }
+        for (name, p) in &self.profiles {
+            if p.max_identifiers == 0 || p.max_pending_authorizations == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "profiles.{name}.max_identifiers and profiles.{name}.max_pending_authorizations must be at least 1; write e.g. max_identifiers = 100 and max_pending_authorizations = 300"
+                )));
+            }
+            at_least(
+                &format!("profiles.{name}.order_lifetime"),
+                p.order_lifetime,
+                Duration::from_secs(60),
+                "7d",
+            )?;
+            at_least(
+                &format!("profiles.{name}.authorization_lifetime"),
+                p.authorization_lifetime,
+                Duration::from_secs(60),
+                "30d",
+            )?;
+            match &p.signer {
+                SignerConfig::LocalCa(ca) => at_least(
+                    &format!("profiles.{name}.signer.crl_validity"),
+                    ca.crl_validity,
+                    Duration::from_secs(3600),
+                    "1d",
+                )?,
+                SignerConfig::Custom(_) => {}
+                SignerConfig::Relay(r) => {
+                    at_least(
+                        &format!("profiles.{name}.signer.request_timeout"),
+                        r.request_timeout,
+                        Duration::from_millis(100),
+                        "10s",
+                    )?;
+                    at_least(
+                        &format!("profiles.{name}.signer.attempt_budget"),
+                        r.attempt_budget,
+                        r.request_timeout * 2,
+                        "5m",
+                    )?;
+                    at_least(
+                        &format!("profiles.{name}.signer.poll_interval"),
+                        r.poll_interval,
+                        Duration::from_millis(10),
+                        "1s",
+                    )?;
+                }
+            }
+        }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::Invalid(
+                "max_in_flight must be at least 1".into(),
+            ));
+        }
+        if self.jobs.validations_per_account == 0 {
+            return Err(ConfigError::Invalid(
+                "jobs.validations_per_account must be at least 1; write e.g. validations_per_account = 8".into(),
+            ));
+        }
+        let c = &self.connections;
+        if c.max_open == 0 || c.max_open_per_client == 0 || c.h2_max_concurrent_streams == 0 {
+            return Err(ConfigError::Invalid(
+                "connections.max_open, connections.max_open_per_client and connections.h2_max_concurrent_streams must be at least 1; write e.g. max_open_per_client = 64".into(),
+            ));
+        }
+        for (key, value) in [
+            ("header_read_timeout", c.header_read_timeout),
+            ("body_read_timeout", c.body_read_timeout),
+            ("idle_timeout", c.idle_timeout),
+            ("h2_keep_alive_interval", c.h2_keep_alive_interval),
+            ("h2_keep_alive_timeout", c.h2_keep_alive_timeout),
+        ] {
+            at_least(
+                &format!("connections.{key}"),
+                value,
+                Duration::from_millis(100),
+                "10s",
+            )?;
+        }
+        // A copy older than a minute would let another process's change to
+        // an account (the admin CLI's deactivation) go unseen by reads for
+        // longer than an operator expects.
+        if self.account_cache_ttl > Duration::from_secs(60) {
+            return Err(ConfigError::Invalid(format!(
+                "account_cache_ttl is {:?}, longer than a minute; write e.g. account_cache_ttl = \"1s\" (or \"0s\" to read the account for every request)",
+                self.account_cache_ttl
+            )));
+        }
+        Ok(())
+    }
+
+    /// The base URL of every ACME URL we hand out.
+    pub fn base_url(&self) -> String {
+        self.base_url_at(self.listen)
+    }
+
+    /// The base URL when the listener is bound at `addr` (with port 0 the
+    /// real port is known only after binding).
+    pub fn base_url_at(&self, addr: SocketAddr) -> String {
+        match &self.public_url {
+            Some(url) => url.clone(),
+            None if self.tls.is_some() => format!("https://{addr}"),
+            None => format!("http://{addr}"),
+        }
+    }
+
+    pub fn database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite:{}", self.data_dir.join("acme-proxy.db").display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_service_links_are_told_apart_from_misspelt_keys() {
+        for link in [
+            "PORT",
+            "PORT_14000_TCP",
+            "PORT_14000_TCP_PROTO",
+            "PORT_14000_TCP_PORT",
+            "PORT_14000_TCP_ADDR",
+            "SERVICE_HOST",
+            "SERVICE_PORT",
+            "SERVICE_PORT_ACME",
+            "service_host",
+        ] {
+            assert!(is_service_link(link), "{link}");
+        }
+        for key in [
+            "LISTEN",
+            "LISTN",
+            "PORTS",
+            "SERVICE",
+            "PROFILES__DEFAULT__BYPASS",
+        ] {
+            assert!(!is_service_link(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn certificate_profiles_that_cannot_work_are_refused_saying_what_to_write() {
+        let err = |body: &str| {
+            Config::from_toml(&format!("[profiles.p]\n{body}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let cp = |name: &str, extra: &str| {
+            format!("[profiles.p.certificate_profiles.{name}]\ndescription = \"d\"\n{extra}\n")
+        };
+        let e = err(&format!("{}{}", cp("a", ""), cp("b", "")));
+        assert!(e.contains("default_certificate_profile = \"a\""), "{e}");
+        let e = err(&format!(
+            "default_certificate_profile = \"c\"\n{}",
+            cp("a", "")
+        ));
+        assert!(e.contains("not one of its certificate profiles (a)"), "{e}");
+        let e = err("default_certificate_profile = \"c\"\n");
+        assert!(
+            e.contains("no [profiles.p.certificate_profiles.NAME]"),
+            "{e}"
+        );
+        let e = err(&cp("a", "identifier_types = [\"email\"]"));
+        assert!(e.contains("\"email\" is not an identifier type"), "{e}");
+        let e = err(&cp("a", "validity = \"1s\""));
+        assert!(e.contains("validity is shorter than a minute"), "{e}");
+        let e = err(&format!(
+            "{}[profiles.p.signer]\ntype = \"relay\"\ndirectory = \"https://ca.test/dir\"\n",
+            cp("a", "validity = \"6d\"")
+        ));
+        assert!(e.contains("the upstream decides validity"), "{e}");
+        let e = err("[profiles.p.signer]\ntype = \"local_ca\"\nrenewal_window = [0.9, 0.5]");
+        assert!(e.contains("renewal_window = [0.6, 0.8]"), "{e}");
+        // One profile needs no default: it is the default.
+        let c = Config::from_toml(&format!("[profiles.p]\n{}", cp("only", ""))).unwrap();
+        let p = &c.profiles["p"];
+        assert_eq!(
+            p.certificate_profile(None).unwrap().map(|c| c.0),
+            Some("only")
+        );
+        assert_eq!(p.certificate_profile(Some("other")).unwrap_err(), "other");
+    }
+
+    #[test]
+    fn an_empty_file_gives_one_default_profile_on_loopback() {
+        let c = Config::from_toml("").unwrap();
+        assert!(c.listen.ip().is_loopback());
+        assert_eq!(c.profiles.keys().collect::<Vec<_>>(), vec!["default"]);
+        assert_eq!(c.base_url(), "http://127.0.0.1:14000");
+    }
+
+    #[test]
+    fn an_unknown_key_stops_start_up_with_its_name() {
+        let err = Config::from_toml("listne = \"127.0.0.1:1\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listne"), "{err}");
+        let err = Config::from_toml("[profiles.a]\nbypas = true")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bypas"), "{err}");
+    }
+
+    #[test]
+    fn an_account_cache_ttl_past_a_minute_is_refused_with_an_example() {
+        let err = Config::from_toml("account_cache_ttl = \"5m\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("account_cache_ttl") && err.contains("write e.g."),
+            "{err}"
+        );
+        let ok = Config::from_toml("account_cache_ttl = \"0s\"").unwrap();
+        assert_eq!(ok.account_cache_ttl, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_bad_duration_says_what_to_write() {
+        let err = Config::from_toml("nonce_lifetime = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write e.g."), "{err}");
+    }
+
+    #[test]
+    fn a_zero_lifetime_is_refused_with_an_example() {
+        let err = Config::from_toml("nonce_lifetime = \"0s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nonce_lifetime") && err.contains("write e.g."),
+            "{err}"
+        );
+        let err =
+            Config::from_toml("[profiles.a.signer]\ntype = \"local_ca\"\ncrl_validity = \"1s\"")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("profiles.a.signer.crl_validity"), "{err}");
+    }
+
+    #[test]
+    fn the_example_configuration_parses_and_documents_every_key() {
+        Config::from_toml(reference::EXAMPLE).unwrap();
+        // Keys shown commented out count as documented.
+        let documented: toml::Table = reference::uncommented(reference::EXAMPLE)
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let keys = reference::keys();
+        assert!(keys.len() > 100, "{} keys", keys.len());
+        for key in keys {
+            assert!(
+                reference::find(&documented, &key.path).is_some(),
+                "{} is not documented in acme-proxy.example.toml",
+                key.path
+            );
+        }
+    }
+
+    /// docs/configuration-reference.md is what the types and the example
+    /// file generate; after changing either, regenerate it with
+    /// `acme-proxy generate config-reference > docs/configuration-reference.md`.
+    #[test]
+    fn the_configuration_reference_page_is_generated_from_the_types() {
+        let committed = include_str!("../../../../docs/configuration-reference.md");
+        let generated = reference::markdown();
+        assert!(
+            committed == generated,
+            "docs/configuration-reference.md is stale: run `acme-proxy generate config-reference > docs/configuration-reference.md`"
+        );
+        for key in [
+            "tls.cert",
+            "profiles.<name>.signer.directory",
+            "validation.deny_networks",
+        ] {
+            assert!(generated.contains(&format!("### `{key}`")), "{key}");
+        }
+    }
+
+    #[test]
+    fn a_token_signing_deadline_defaults_to_ten_seconds_and_must_fit_in_a_request() {
+        let token = |extra: &str| {
+            Config::from_toml(&format!(
+                "[profiles.default.signer]\ntype = \"local_ca\"\nca_cert = \"/etc/ca.pem\"\n[profiles.default.signer.pkcs11]\nmodule = \"/usr/lib/p11.so\"\ntoken_label = \"ca\"\nkey_label = \"k\"\npin_file = \"/etc/pin\"\n{extra}"
+            ))
+        };
+        let config = token("").unwrap();
+        let SignerConfig::LocalCa(ca) = &config.profiles["default"].signer else {
+            panic!("local_ca");
+        };
+        assert_eq!(
+            ca.pkcs11.as_ref().map(|p| p.timeout),
+            Some(Duration::from_secs(10))
+        );
+        for bad in ["500ms", "2m"] {
+            let err = token(&format!("timeout = \"{bad}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("profiles.default.signer.pkcs11.timeout must be between 1s and 60s"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn relay_settings_that_cannot_work_are_refused_saying_what_to_write() {
+        let relay = |body: &str| {
+            Config::from_toml(&format!("[profiles.edge.signer]\ntype = \"relay\"\n{body}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let err = relay("");
+        assert!(err.contains("profiles.edge.signer.directory"), "{err}");
+        let err = relay("directory = \"http://ca.example/dir\"");
+        assert!(err.contains("https://"), "{err}");
+        let err = relay("directory = \"https://ca.example/dir\"\nstrategy = \"dns01\"");
+        assert!(err.contains("[profiles.edge.signer.dns01]"), "{err}");
+        let err = relay(
+            "directory = \"https://ca.example/dir\"\nstrategy = \"dns01\"\n[profiles.edge.signer.dns01]\nserver = \"127.0.0.1:53\"\nzones = [\"a.test\"]\ntsig_key_name = \"k\"\ntsig_algorithm = \"hmac-md5\"\ntsig_secret_file = \"s\"",
+        );
+        assert!(err.contains("hmac-sha256"), "{err}");
+        let err = relay("directory = \"https://ca.example/dir\"\nstrategy = \"tls-alpn\"");
+        assert!(err.contains("tls-alpn") && err.contains("dns01"), "{err}");
+        let err = relay(
+            "directory = \"https://ca.example/dir\"\nrequest_timeout = \"10s\"\nattempt_budget = \"15s\"",
+        );
+        assert!(err.contains("attempt_budget"), "{err}");
+        let ok = Config::from_toml(
+            "[profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://ca.example/dir\"\nstrategy = \"http01\"",
+        )
+        .unwrap();
+        let SignerConfig::Relay(r) = &ok.profiles["edge"].signer else {
+            panic!("not a relay")
+        };
+        assert_eq!(r.strategy, RelayStrategy::Http01);
+        assert_eq!(
+            r.account_key_path(Path::new("/d"), "edge"),
+            PathBuf::from("/d/upstream/edge.key")
+        );
+    }
+
+    #[test]
+    fn a_zero_lease_or_concurrency_for_jobs_is_refused() {
+        let err = Config::from_toml("[jobs]\nlease = \"0s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("jobs.lease"), "{err}");
+        let err = Config::from_toml("[jobs]\nconcurrency = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("jobs.concurrency"), "{err}");
+        let err = Config::from_toml("[jobs]\nmax_attempts = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_attempts"), "{err}");
+    }
+
+    #[test]
+    fn half_an_operator_ca_is_refused() {
+        let err =
+            Config::from_toml("[profiles.a.signer]\ntype = \"local_ca\"\nca_cert = \"x.pem\"")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("both ca_cert and ca_key"), "{err}");
+    }
+
+    #[test]
+    fn trusted_proxies_take_bare_addresses_and_networks_and_name_a_bad_one() {
+        let c = Config::from_toml("trusted_proxies = [\"10.0.0.0/8\", \"192.0.2.10\", \"::1\"]")
+            .unwrap();
+        let shown: Vec<String> = c.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.0/8", "192.0.2.10/32", "::1/128"]);
+        let err = Config::from_toml("trusted_proxies = [\"proxy.example\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("proxy.example"), "{err}");
+    }
+
+    #[test]
+    fn a_self_signed_certificate_for_a_wildcard_listener_needs_a_public_url() {
+        let err = Config::from_toml("listen = \"0.0.0.0:8443\"\n[tls]\nself_signed = true")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("public_url"), "{err}");
+        Config::from_toml(
+            "listen = \"0.0.0.0:8443\"\npublic_url = \"https://acme.example.test:8443\"\n[tls]\nself_signed = true",
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,347 @@
+//! Each profile's `[profiles.P.signer]`: the embedded CA, a custom program or a relay.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// How certificates are produced.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SignerConfig {
+    LocalCa(LocalCaConfig),
+    Relay(RelayConfig),
+    Custom(CustomConfig),
+}
+
+/// The custom signer: the operator's program signs, run without a shell, with a cleared environment and a
+/// deadline; optional operations for revocation, the CRL and the renewal
+/// window are programs of their own.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CustomConfig {
+    /// The issuing program (absolute path): a JSON request on stdin, the
+    /// PEM chain (leaf first) on stdout.
+    pub command: PathBuf,
+    /// Static arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Deadline of one run; the program is killed past it. At most 60 s:
+    /// it runs inside the client's finalize request.
+    #[serde(default = "default_custom_timeout", deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub timeout: Duration,
+    /// The exit status meaning "this CSR cannot be signed": the client gets
+    /// badCSR and the order stays ready. Default 65 (EX_DATAERR).
+    #[serde(default = "default_bad_csr_exit_code")]
+    pub bad_csr_exit_code: i32,
+    /// The CA certificate(s) clients should trust (PEM), served at
+    /// `ca.pem`; optional.
+    pub ca_cert: Option<PathBuf>,
+    /// Revocation: a JSON request on stdin, exit 0 once revoked.
+    pub revoke: Option<CustomOperation>,
+    /// The CRL: its DER on stdout (served at `crl`, cached a minute).
+    pub crl: Option<CustomOperation>,
+    /// The renewal window of a certificate (RFC 9773): a JSON request on
+    /// stdin, `{"start": RFC3339, "end": RFC3339}` on stdout, or nothing
+    /// for the default window.
+    pub renewal_window: Option<CustomOperation>,
+}
+
+/// One optional operation of the custom signer.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CustomOperation {
+    pub command: PathBuf,
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+pub(crate) fn default_custom_timeout() -> Duration {
+    Duration::from_secs(20)
+}
+
+pub(crate) fn default_bad_csr_exit_code() -> i32 {
+    65
+}
+
+/// The custom signer's programs must be absolute paths and its deadline
+/// fit inside a client's request.
+pub(crate) fn check_custom(name: &str, c: &CustomConfig) -> Result<(), ConfigError> {
+    let key = format!("profiles.{name}.signer");
+    let mut programs = vec![("command", &c.command)];
+    for (op, o) in [
+        ("revoke", &c.revoke),
+        ("crl", &c.crl),
+        ("renewal_window", &c.renewal_window),
+    ] {
+        if let Some(o) = o {
+            programs.push((op, &o.command));
+        }
+    }
+    for (what, path) in programs {
+        if !path.is_absolute() {
+            return Err(ConfigError::Invalid(format!(
+                "{key}.{what}: the program must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/acme-sign\""
+            )));
+        }
+    }
+    if c.timeout < Duration::from_secs(1) || c.timeout > Duration::from_secs(60) {
+        return Err(ConfigError::Invalid(format!(
+            "{key}.timeout must be between 1s and 60s (the program runs inside the client's finalize request); write e.g. timeout = \"20s\""
+        )));
+    }
+    if !(1..=255).contains(&c.bad_csr_exit_code) {
+        return Err(ConfigError::Invalid(format!(
+            "{key}.bad_csr_exit_code must be 1–255; write e.g. bad_csr_exit_code = 65"
+        )));
+    }
+    Ok(())
+}
+
+/// The relay signer: certificates come from an upstream ACME CA, with one
+/// upstream account per profile.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// The upstream's directory URL (https).
+    pub directory: String,
+    /// The upstream account key (PKCS#8 PEM), created 0600 by `acme-proxy
+    /// upstream register`; defaults to `{data_dir}/upstream/{profile}.key`.
+    pub account_key: Option<PathBuf>,
+    /// Contact URLs given at registration (`mailto:ops@example.org`).
+    pub contact: Vec<String>,
+    /// PEM files of CA certificates trusted for the upstream's TLS, in
+    /// addition to the system roots (a private CA, a test CA).
+    pub trust_anchors: Vec<PathBuf>,
+    /// How the upstream's challenges are answered: `dns01`, `http01` or `bypass`.
+    pub strategy: RelayStrategy,
+    /// Polling interval when the upstream gives no `Retry-After`.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub poll_interval: Duration,
+    /// Time budget of one attempt of the relay job.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub attempt_budget: Duration,
+    /// Time budget of one upstream HTTP request (a black-holed request costs
+    /// this, then a backoff — not the whole attempt).
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub request_timeout: Duration,
+    /// Attempts of one relay before it is abandoned (the order's expiry
+    /// bounds it too). Higher than `[jobs] max_attempts` by default: with
+    /// the backoff cap, 200 attempts ride out more than a day of upstream
+    /// outage instead of half an hour.
+    pub max_attempts: u32,
+    /// dns01: wait this long after publishing before telling the upstream.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub propagation_wait: Duration,
+    /// dns01: where and how to publish TXT records (RFC 2136 + TSIG).
+    pub dns01: Option<Rfc2136Config>,
+}
+
+/// How a relay profile answers the upstream's challenges.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayStrategy {
+    /// RFC 2136 UPDATE of `_acme-challenge` TXT records, signed with TSIG.
+    Dns01,
+    /// The key authorization served on our own `/.well-known/acme-challenge/`.
+    Http01,
+    /// The upstream already trusts the account (pre-validated domains).
+    #[default]
+    Bypass,
+}
+
+/// An RFC 2136 primary server that accepts TSIG-signed updates.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rfc2136Config {
+    /// `HOST:PORT` of the primary.
+    pub server: SocketAddr,
+    /// Zones the server is primary for; each name is updated in the
+    /// longest zone that contains it.
+    pub zones: Vec<String>,
+    pub tsig_key_name: String,
+    /// `hmac-sha256`, `hmac-sha384` or `hmac-sha512`.
+    #[serde(default = "default_tsig_algorithm")]
+    pub tsig_algorithm: String,
+    /// File holding the base64 secret (as `tsig-keygen` prints it); never
+    /// in the configuration itself.
+    pub tsig_secret_file: PathBuf,
+    /// TTL of the published TXT records.
+    #[serde(default = "default_txt_ttl")]
+    pub ttl: u32,
+}
+
+pub(crate) fn default_tsig_algorithm() -> String {
+    "hmac-sha256".to_owned()
+}
+
+pub(crate) fn default_txt_ttl() -> u32 {
+    60
+}
+
+/// The TSIG algorithms accepted for RFC 2136 updates (RFC 8945 §6).
+pub const TSIG_ALGORITHMS: [&str; 3] = ["hmac-sha256", "hmac-sha384", "hmac-sha512"];
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            directory: String::new(),
+            account_key: None,
+            contact: Vec::new(),
+            trust_anchors: Vec::new(),
+            strategy: RelayStrategy::Bypass,
+            poll_interval: Duration::from_secs(1),
+            attempt_budget: Duration::from_secs(300),
+            request_timeout: Duration::from_secs(10),
+            max_attempts: 200,
+            propagation_wait: Duration::ZERO,
+            dns01: None,
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Where the upstream account key of `profile` lives.
+    pub fn account_key_path(&self, data_dir: &Path, profile: &str) -> PathBuf {
+        self.account_key
+            .clone()
+            .unwrap_or_else(|| data_dir.join("upstream").join(format!("{profile}.key")))
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalCaConfig {
+    /// The operator's CA certificate (PEM). With `ca_key`; both absent means
+    /// a self-generated CA in `{data_dir}/ca/{profile}/`.
+    pub ca_cert: Option<PathBuf>,
+    /// The CA's private key (PKCS#8 PEM).
+    pub ca_key: Option<PathBuf>,
+    /// Certificates above `ca_cert` (PEM), appended to every chain.
+    pub chain: Option<PathBuf>,
+    /// Lifetime of issued certificates.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub validity: Duration,
+    /// notBefore is set this far in the past to absorb clock skew.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub backdate: Duration,
+    /// CRL distribution point URL put in leaves; none by default.
+    pub crl_url: Option<String>,
+    /// AIA caIssuers URL put in leaves; none by default.
+    pub issuer_url: Option<String>,
+    /// How long each CRL is valid (nextUpdate − thisUpdate); re-signed at half.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub crl_validity: Duration,
+    /// RFC 9773: the renewal window, as fractions of a certificate's
+    /// lifetime, within which each certificate gets its own quarter-width
+    /// window at a place derived from its serial, so renewals spread out.
+    pub renewal_window: [f64; 2],
+    /// The CA key in a PKCS#11 token instead of `ca_key` (builds with the
+    /// `pkcs11` feature).
+    pub pkcs11: Option<Pkcs11Config>,
+}
+
+/// Where the embedded CA's key lives in a PKCS#11 token (an HSM, SoftHSM2).
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pkcs11Config {
+    /// The module (shared library), e.g. /usr/lib/softhsm/libsofthsm2.so.
+    pub module: PathBuf,
+    /// The token, by label…
+    pub token_label: Option<String>,
+    /// …or by slot id.
+    pub slot: Option<u64>,
+    /// The private key object, by label and/or id (hex).
+    pub key_label: Option<String>,
+    pub key_id: Option<String>,
+    /// A file holding the user PIN (never the configuration itself).
+    pub pin_file: PathBuf,
+    /// How long one signing (a certificate or a CRL) may take, waiting for
+    /// an earlier one included; past it the request fails and the server
+    /// goes on serving. At most 60 s: it runs inside the client's
+    /// finalize request.
+    #[serde(default = "default_pkcs11_timeout", deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub timeout: Duration,
+}
+
+pub(crate) fn default_pkcs11_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl Default for SignerConfig {
+    fn default() -> Self {
+        Self::LocalCa(LocalCaConfig::default())
+    }
+}
+
+impl Default for LocalCaConfig {
+    fn default() -> Self {
+        Self {
+            ca_cert: None,
+            ca_key: None,
+            chain: None,
+            validity: Duration::from_secs(90 * 86400),
+            backdate: Duration::from_secs(3600),
+            crl_url: None,
+            issuer_url: None,
+            crl_validity: Duration::from_secs(86400),
+            renewal_window: [0.6, 0.8],
+            pkcs11: None,
+        }
+    }
+}
+
+/// The relay settings that must agree with each other.
+pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if r.directory.is_empty() {
+        return invalid(format!(
+            "profiles.{name}.signer.directory is missing: write the upstream CA's directory URL, e.g. directory = \"https://acme-v02.api.letsencrypt.org/directory\""
+        ));
+    }
+    if !r.directory.starts_with("https://") {
+        return invalid(format!(
+            "profiles.{name}.signer.directory {:?} must be an https:// URL (RFC 8555 §6.1)",
+            r.directory
+        ));
+    }
+    match (r.strategy, &r.dns01) {
+        (RelayStrategy::Dns01, None) => {
+            return invalid(format!(
+                "profiles.{name}.signer.strategy is \"dns01\" but [profiles.{name}.signer.dns01] is missing: write server, zones, tsig_key_name and tsig_secret_file there"
+            ));
+        }
+        (RelayStrategy::Http01 | RelayStrategy::Bypass, Some(_)) => {
+            return invalid(format!(
+                "profiles.{name}.signer.dns01 is set but strategy is not \"dns01\": remove the section or write strategy = \"dns01\""
+            ));
+        }
+        _ => {}
+    }
+    if r.max_attempts == 0 {
+        return invalid(format!(
+            "profiles.{name}.signer.max_attempts must be at least 1; write e.g. max_attempts = 200"
+        ));
+    }
+    if let Some(d) = &r.dns01 {
+        if !TSIG_ALGORITHMS.contains(&d.tsig_algorithm.as_str()) {
+            return invalid(format!(
+                "profiles.{name}.signer.dns01.tsig_algorithm {:?} is not supported; write one of {TSIG_ALGORITHMS:?}",
+                d.tsig_algorithm
+            ));
+        }
+        if d.zones.is_empty() {
+            return invalid(format!(
+                "profiles.{name}.signer.dns01.zones is empty: write the zones the server is primary for, e.g. zones = [\"example.org\"]"
+            ));
+        }
+    }
+    Ok(())
+}
