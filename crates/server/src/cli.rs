@@ -623,7 +623,7 @@ pub async fn eab(config: &Config, command: EabCommand) -> anyhow::Result<()> {
                 &operator_actor(actor),
             )
             .await;
-            authority.store.close().await;
+            authority.close().await;
             let view = view?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&view)?)?;
@@ -670,7 +670,7 @@ pub async fn eab(config: &Config, command: EabCommand) -> anyhow::Result<()> {
             )?;
             let authority = operator_authority(config).await?;
             let view = ops::revoke_eab(&authority, &kid, &operator_actor(act.actor)).await;
-            authority.store.close().await;
+            authority.close().await;
             print_view(&mut out, &view?, false)?;
         }
     }
@@ -770,7 +770,7 @@ pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result
             confirm(act.yes, &format!("deactivate account {id}"))?;
             let authority = operator_authority(config).await?;
             let view = ops::deactivate_account(&authority, &id, &operator_actor(act.actor)).await;
-            authority.store.close().await;
+            authority.close().await;
             print_view(&mut out, &view?, false)?;
         }
         AccountCommand::Delete { id, act } => {
@@ -780,7 +780,7 @@ pub async fn account(config: &Config, command: AccountCommand) -> anyhow::Result
             )?;
             let authority = operator_authority(config).await?;
             let done = ops::delete_account(&authority, &id, &operator_actor(act.actor)).await;
-            authority.store.close().await;
+            authority.close().await;
             done?;
             writeln!(out, "account {id} deleted")?;
         }
@@ -892,14 +892,14 @@ pub async fn order(config: &Config, command: OrderCommand) -> anyhow::Result<()>
             confirm(act.yes, &format!("revoke the certificate of order {id}"))?;
             let authority = operator_authority(config).await?;
             let view = ops::revoke_order(&authority, &id, reason, &operator_actor(act.actor)).await;
-            authority.store.close().await;
+            authority.close().await;
             print_view(&mut out, &view?, false)?;
         }
         OrderCommand::Delete { id, act } => {
             confirm(act.yes, &format!("delete order {id}"))?;
             let authority = operator_authority(config).await?;
             let done = ops::delete_order(&authority, &id, &operator_actor(act.actor)).await;
-            authority.store.close().await;
+            authority.close().await;
             done?;
             writeln!(out, "order {id} deleted")?;
         }

@@ -74,7 +74,7 @@ impl Running {
                 "in-flight requests did not finish within the grace period"
             );
         }
-        self.authority.store.close().await;
+        self.authority.close().await;
         tracing::info!(event = "server.shutdown", outcome = "success", "stopped");
     }
 }
@@ -87,7 +87,6 @@ pub struct Assembled {
     pub authority: Arc<Authority>,
     pub notifier: Arc<Notifier>,
     pub queue: Arc<Queue>,
-    pub board: Arc<ChallengeBoard>,
 }
 
 /// Whether start-up may create what is missing.
@@ -130,10 +129,21 @@ async fn prepare(
     board: &Arc<ChallengeBoard>,
     metrics: &Arc<Metrics>,
     mode: Mode,
+    mut plugged: Signers,
 ) -> Result<Prepared, Refused> {
     let mut problems = Vec::new();
     let mut signers = BTreeMap::new();
+    for name in plugged.keys().filter(|n| !config.profiles.contains_key(*n)) {
+        problems.push(format!(
+            "a signer is plugged in for profile {name}, which the configuration does not have; add [profiles.{name}]"
+        ));
+    }
     for (name, pc) in &config.profiles {
+        // A plugged-in signer replaces the one the configuration describes.
+        if let Some(signer) = plugged.remove(name) {
+            signers.insert(name.clone(), signer);
+            continue;
+        }
         let signer = match &pc.signer {
             SignerConfig::LocalCa(ca)
                 if mode == Mode::Check
@@ -143,11 +153,11 @@ async fn prepare(
             }
             SignerConfig::LocalCa(ca) => {
                 LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
-                    .map(Signer::LocalCa)
+                    .map(|ca| Arc::new(ca) as Signer)
                     .map_err(|e| format!("setting up the CA of profile {name}: {e}"))
             }
             SignerConfig::Custom(custom) => crate::signer::Custom::new(name, custom)
-                .map(Signer::Custom)
+                .map(|c| Arc::new(c) as Signer)
                 .map_err(|e| format!("setting up the custom signer of profile {name}: {e}")),
             SignerConfig::Relay(relay) => {
                 relay_signer(name, relay, config, clock, store, board, metrics).await
@@ -227,7 +237,7 @@ async fn relay_signer(
         Arc::clone(metrics),
     )
     .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
-    Ok(Signer::Relay(Box::new(relay)))
+    Ok(Arc::new(relay))
 }
 
 /// `config check`: start-up as a dry run. The database is read if it
@@ -253,6 +263,7 @@ pub async fn check(config: &Config, clock: SharedClock) -> Result<Vec<String>, R
         &board,
         &metrics,
         Mode::Check,
+        Signers::new(),
     )
     .await;
     if let Some(store) = store {
@@ -275,10 +286,17 @@ pub async fn assemble(
     clock: SharedClock,
     base_url: String,
 ) -> anyhow::Result<Assembled> {
-    Ok(build(config, clock, base_url).await?.assembled)
+    Ok(build(config, clock, base_url, Signers::new())
+        .await?
+        .assembled)
 }
 
-async fn build(config: &Config, clock: SharedClock, base_url: String) -> anyhow::Result<Built> {
+async fn build(
+    config: &Config,
+    clock: SharedClock,
+    base_url: String,
+    plugged: Signers,
+) -> anyhow::Result<Built> {
     create_private_dir(&config.data_dir)?;
     let store = Store::open(&config.database_url(), &StoreOptions::default())
         .await
@@ -299,6 +317,7 @@ async fn build(config: &Config, clock: SharedClock, base_url: String) -> anyhow:
         &board,
         &metrics,
         Mode::Serve,
+        plugged,
     )
     .await;
     let Prepared {
@@ -352,14 +371,28 @@ async fn build(config: &Config, clock: SharedClock, base_url: String) -> anyhow:
             authority,
             notifier,
             queue,
-            board,
         },
         terminator,
     })
 }
 
+/// Signers plugged in by a program that embeds the server, by profile name.
+pub type Signers = BTreeMap<String, Signer>;
+
 /// Builds everything and starts serving.
 pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
+    start_with(config, clock, Signers::new()).await
+}
+
+/// [`start`], with the profiles named in `plugged` signed by the signer
+/// given there instead of the one their configuration describes (which is
+/// then not built): the hook for a signer backend outside this crate. The
+/// authority asks it what it asks every signer ([`crate::signer::SignerBackend`]).
+pub async fn start_with(
+    config: Config,
+    clock: SharedClock,
+    plugged: Signers,
+) -> anyhow::Result<Running> {
     // Bound before anything needs the public URL (account URLs in CAA
     // accounturi checks); requests wait until the router is served below.
     preflight(&config)?;
@@ -376,11 +409,10 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
                 authority,
                 notifier,
                 queue,
-                board,
             },
         terminator,
-    } = build(&config, Arc::clone(&clock), base_url.clone()).await?;
-    let store = authority.store.clone();
+    } = build(&config, Arc::clone(&clock), base_url.clone(), plugged).await?;
+    let store = authority.store().clone();
     authority.refresh_stale_crls().await;
 
     let mut registry = Registry::default();
@@ -447,7 +479,6 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         config.max_body_bytes,
         config.connections.body_read_timeout,
         config.max_in_flight,
-        board,
         api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
     ));
     let (shutdown, stop) = watch::channel(false);

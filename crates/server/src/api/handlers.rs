@@ -557,9 +557,9 @@ pub async fn ca_pem(State(app): State<App>, Path(profile): Path<String>) -> Resp
 }
 
 pub async fn health(State(app): State<App>) -> Response {
-    match app.authority.store.ping().await {
+    match app.authority.ping().await {
         Ok(()) => respond(Ok(Reply::json(200, &serde_json::json!({"status": "ok"})))),
-        Err(e) => respond(Err(AcmeError::internal(e).with_status(503))),
+        Err(e) => respond(Err(e.with_status(503))),
     }
 }
 
@@ -577,7 +577,7 @@ pub async fn method_not_allowed() -> Response {
 /// The relay's http01 strategy: the upstream CA fetches the key
 /// authorization it asked for, verbatim (RFC 8555 §8.3), from our root.
 pub async fn upstream_http01(State(app): State<App>, Path(token): Path<String>) -> Response {
-    match app.board.get(&token) {
+    match app.authority.upstream_key_authorization(&token) {
         Some(key_authorization) => (
             [(http::header::CONTENT_TYPE, "application/octet-stream")],
             key_authorization,

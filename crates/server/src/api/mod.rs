@@ -26,7 +26,6 @@ use tracing::Instrument;
 
 use crate::authority::{Authority, Profile, RequestContext};
 use crate::error::{AcmeError, AcmeResult};
-use crate::signer::relay::ChallengeBoard;
 pub use urls::Urls;
 
 /// Everything a handler needs.
@@ -39,8 +38,6 @@ pub struct AppState {
     /// Time a request body may take to arrive (`connections.body_read_timeout`).
     pub body_read_timeout: std::time::Duration,
     admission: Arc<Semaphore>,
-    /// Key authorizations the relay publishes for upstream http-01.
-    pub board: Arc<ChallengeBoard>,
     /// Whose forwarded header is believed for the client's address.
     pub forwarding: forwarded::Forwarding,
 }
@@ -54,7 +51,6 @@ impl AppState {
         max_body: usize,
         body_read_timeout: std::time::Duration,
         max_in_flight: usize,
-        board: Arc<ChallengeBoard>,
         forwarding: forwarded::Forwarding,
     ) -> Self {
         Self {
@@ -63,7 +59,6 @@ impl AppState {
             max_body,
             body_read_timeout,
             admission: Arc::new(Semaphore::new(max_in_flight)),
-            board,
             forwarding,
         }
     }

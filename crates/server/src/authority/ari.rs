@@ -9,7 +9,7 @@ use acme_proxy_store::{AccountRow, CertificateRow};
 use super::certificates::leaf_der;
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
-use crate::signer::Signer;
+use crate::signer::IssuedCertificate;
 
 /// The window of a certificate with no signer-specific one.
 const DEFAULT_WINDOW: [f64; 2] = [0.6, 0.8];
@@ -65,22 +65,17 @@ impl Authority {
                 retry_after,
             });
         }
-        // An outside party's window when it gives one: the upstream's for a
-        // certificate it issued, the operator's program's.
-        let outside = match (&profile.signer, leaf_der(&cert.chain_pem)) {
-            (Signer::Relay(relay), Some(der)) => Some(
-                relay
-                    .renewal_window(&der)
-                    .await
-                    .map_err(|e| format!("the upstream's renewal information: {e}")),
-            ),
-            (Signer::Custom(custom), _) => Some(
-                custom
-                    .renewal_window(&cert.serial, &cert.chain_pem)
-                    .await
-                    .map_err(|e| format!("the renewal-window program: {e}")),
-            ),
-            _ => None,
+        // An outside party's window when the signer asks one: the
+        // upstream's for a certificate it issued, the operator's program's.
+        let leaf = leaf_der(&cert.chain_pem);
+        let issued = IssuedCertificate {
+            serial: &cert.serial,
+            chain_pem: &cert.chain_pem,
+            leaf_der: leaf.as_deref(),
+        };
+        let outside = match profile.signer.renewal_window(&issued) {
+            Some(asked) => Some(asked.await),
+            None => None,
         };
         match outside {
             Some(Ok(Some((start, end)))) if end > start => {
@@ -100,10 +95,7 @@ impl Authority {
             ),
             _ => {}
         }
-        let fractions = profile
-            .signer
-            .local_ca()
-            .map_or(DEFAULT_WINDOW, |ca| ca.config().renewal_window);
+        let fractions = profile.signer.renewal_fractions().unwrap_or(DEFAULT_WINDOW);
         let (start, end) = spread_window(cert.not_before, cert.not_after, fractions, &id.serial);
         Ok(Window {
             start,

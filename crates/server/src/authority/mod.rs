@@ -12,7 +12,9 @@ mod accounts;
 mod ari;
 mod audit;
 mod certificates;
+mod csr;
 mod eab;
+mod finalize;
 mod known_accounts;
 mod maintenance;
 mod nonces;
@@ -21,6 +23,7 @@ mod orders;
 mod recheck;
 mod relay;
 mod reverse;
+mod revocation;
 mod validation;
 
 use std::collections::BTreeMap;
@@ -40,9 +43,9 @@ use crate::signer::Signer;
 use crate::validation::Validators;
 
 pub use ari::Window;
-pub use certificates::{RevocationSigner, crl_needs_refresh};
 pub use maintenance::{CrlRefresh, NonceSweep};
 pub use relay::{RELAY_KIND, RelayJobs};
+pub use revocation::{RevocationSigner, crl_needs_refresh};
 pub use validation::{VALIDATION_KIND, ValidationJobs};
 
 /// Where a request came from, for the audit trail. Filled by the front end; every field is best-effort.
@@ -96,13 +99,15 @@ impl Profile {
 /// The state machine shared by every request and background task.
 #[derive(Debug)]
 pub struct Authority {
-    pub store: Store,
+    /// Private: the front end asks the authority (`ping`,
+    /// `upstream_key_authorization`), never the store.
+    store: Store,
     pub clock: SharedClock,
     profiles: BTreeMap<String, Arc<Profile>>,
     pub(crate) validators: Validators,
     /// Where background work goes. Validations are jobs, so the queue's
     /// `jobs.concurrency` bounds how many run at once.
-    pub queue: Arc<Queue>,
+    queue: Arc<Queue>,
     /// The public base URL, for account URLs in CAA `accounturi` checks
     /// (RFC 8657 §3); the front end builds every other URL.
     base_url: String,
@@ -149,6 +154,30 @@ impl Authority {
             notifier,
             metrics,
         }
+    }
+
+    /// The store, for operator commands (which act on rows directly) and
+    /// tests. The front end asks the authority instead.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Whether the database answers (`/health`).
+    pub async fn ping(&self) -> AcmeResult<()> {
+        self.store.ping().await.map_err(AcmeError::internal)
+    }
+
+    /// Closes the database: the last act of a process.
+    pub async fn close(&self) {
+        self.store.close().await;
+    }
+
+    /// The key authorization a signer publishes under `token` for an
+    /// upstream CA's http-01 fetch (RFC 8555 §8.3), if any signer does.
+    pub fn upstream_key_authorization(&self, token: &str) -> Option<String> {
+        self.profiles
+            .values()
+            .find_map(|p| p.signer.key_authorization(token))
     }
 
     pub fn profile(&self, name: &str) -> Option<&Arc<Profile>> {

@@ -1,7 +1,6 @@
 //! Orders (RFC 8555 §7.4), authorizations (§7.5) and challenges (§7.5.1, §8).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use acme_proxy_protocol::names::check_dns_name;
 use acme_proxy_protocol::types::{
@@ -19,6 +18,7 @@ use crate::clock::parse_rfc3339;
 use crate::config::CertificateProfileConfig;
 use crate::error::{AcmeError, AcmeResult};
 use crate::ids;
+use crate::signer::RequestedWindow;
 
 impl Authority {
     /// newOrder (§7.4): checks every identifier (all faults reported at once,
@@ -108,10 +108,10 @@ impl Authority {
                     },
                 )
             })?;
-        // A relay profile's certificate profile is the upstream's: one the
-        // upstream does not offer would silently become its default.
-        if let (Some(relay), Some((name, _))) = (profile.signer.relay(), certificate_profile)
-            && relay.offers_profile(name).await == Some(false)
+        // A signer that issues elsewhere (a relay's upstream) may not offer
+        // the certificate profile: it would silently become its default.
+        if let Some((name, _)) = certificate_profile
+            && profile.signer.offers_profile(name).await == Some(false)
         {
             return Err(AcmeError::new(
                 ProblemType::InvalidProfile,
@@ -299,21 +299,12 @@ impl Authority {
         if not_before.is_none() && not_after.is_none() {
             return Ok((None, None));
         }
-        let (default_validity, backdate) = match (&profile.signer, profile.signer.local_ca()) {
-            (_, Some(ca)) => (ca.config().validity, ca.config().backdate),
-            // The operator's program is told the window; it may still
-            // refuse it (then the client gets badCSR).
-            (crate::signer::Signer::Custom(_), None) => {
-                (crate::signer::custom::DEFAULT_VALIDITY, Duration::ZERO)
-            }
-            _ => {
-                // The relay's upstream client (instant-acme 0.8) cannot
-                // forward them, and accepting a window we cannot honour
-                // would mislead.
-                return Err(AcmeError::malformed(
-                    "this profile relays to an upstream CA and cannot forward notBefore or notAfter; order without them",
-                ));
-            }
+        // The signer says whether it can honour a requested window: the
+        // operator's program is told it (it may still refuse it: badCSR);
+        // a relay cannot forward it.
+        let (default_validity, backdate) = match profile.signer.requested_window() {
+            RequestedWindow::Honoured { validity, backdate } => (validity, backdate),
+            RequestedWindow::Refused(detail) => return Err(AcmeError::malformed(detail)),
         };
         let validity = certificate_profile
             .and_then(|c| c.validity)
@@ -633,20 +624,14 @@ fn check_identifier(
                     ),
                 ));
             }
-            // Refused up front rather than failing in the relay job later:
-            // the upstream can only be shown a wildcard over dns-01.
+            // Refused up front, when the signer cannot issue a wildcard,
+            // rather than failing later (a relay's job).
             if name.is_wildcard()
-                && profile
-                    .signer
-                    .relay()
-                    .is_some_and(|r| r.config.strategy == crate::config::RelayStrategy::Http01)
+                && let Some(why) = profile.signer.refuses_wildcards()
             {
                 return Err((
                     ProblemType::RejectedIdentifier,
-                    format!(
-                        "{:?}: this profile obtains certificates upstream over http-01, which cannot prove a wildcard; a relay profile with strategy = \"dns01\" can",
-                        id.value
-                    ),
+                    format!("{:?}: {why}", id.value),
                 ));
             }
             Ok(Identifier::dns(name.as_str()))

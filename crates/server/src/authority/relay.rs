@@ -19,7 +19,7 @@ use crate::error::{AcmeError, AcmeResult};
 use crate::events::Event;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason, backoff};
 use crate::notify::Notice;
-use crate::signer::Relay;
+use crate::signer::Deferred;
 use crate::signer::relay::{RelayError, SETTLE_MARGIN};
 
 /// Upstream refusals at finalize that concern the order, passed to the
@@ -64,7 +64,7 @@ impl Authority {
     pub(super) async fn finalize_relay(
         &self,
         profile: &Profile,
-        relay: &Relay,
+        relay: &dyn Deferred,
         account: &AccountRow,
         order: &OrderRow,
         csr_der: &[u8],
@@ -74,7 +74,7 @@ impl Authority {
         // The job waits for this request's own newOrder (one request
         // timeout) so that the two do not both create an upstream order;
         // it is woken as soon as the request is done.
-        let hold = relay.config.request_timeout + Duration::from_secs(1);
+        let hold = relay.request_timeout() + Duration::from_secs(1);
         let payload = payload(&order.id, &profile.name);
         let job = NewJob {
             kind: RELAY_KIND,
@@ -83,7 +83,7 @@ impl Authority {
             run_at: now_ms + hold.as_millis() as i64,
             // Past the order's expiry the client could never collect it.
             deadline: Some(order.expires_at * 1000),
-            max_attempts: i64::from(relay.config.max_attempts),
+            max_attempts: i64::from(relay.max_attempts()),
             fair_key: None,
         };
         // Recorded now, for the audit rows the job writes later.
@@ -118,7 +118,7 @@ impl Authority {
         // One bounded try: the client's request must not wait on a hung
         // upstream for longer than one request timeout (the job's hold).
         let created = match tokio::time::timeout(
-            relay.config.request_timeout,
+            relay.request_timeout(),
             relay.create_order(&order.identifiers, order.certificate_profile.as_deref()),
         )
         .await
@@ -126,7 +126,7 @@ impl Authority {
             Ok(r) => r,
             Err(_) => Err(RelayError::retryable(format!(
                 "the upstream newOrder did not finish within {:?}",
-                relay.config.request_timeout
+                relay.request_timeout()
             ))),
         };
         match created {
@@ -236,10 +236,10 @@ impl Authority {
         let Some(profile) = self.profile(profile_name).cloned() else {
             return Outcome::Retry(format!("profile {profile_name} is not mounted"));
         };
-        let Some(relay) = profile.signer.relay() else {
+        let Some(relay) = profile.signer.issuance().deferred() else {
             return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
         };
-        let deadline = tokio::time::Instant::now() + relay.config.attempt_budget;
+        let deadline = tokio::time::Instant::now() + relay.attempt_budget();
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
             None => match relay
@@ -292,7 +292,7 @@ impl Authority {
             Err(e) => return Err(Outcome::Failed(e)),
         };
         // The thumbprint of the client's key, for revocation signed by it.
-        let thumbprint = match super::certificates::csr_key(&mapping.csr_der) {
+        let thumbprint = match super::csr::csr_key(&mapping.csr_der) {
             Ok((spki, thumb)) => {
                 if spki != leaf.spki_der {
                     return Err(Outcome::Failed(
@@ -503,8 +503,13 @@ impl JobHandler for RelayJobs {
 
     fn budget(&self, job: &JobRow) -> Option<Duration> {
         let (_, profile) = order_of(job)?;
-        let relay = self.authority.profile(&profile)?.signer.relay()?;
-        Some(relay.config.attempt_budget + SETTLE_MARGIN)
+        let relay = self
+            .authority
+            .profile(&profile)?
+            .signer
+            .issuance()
+            .deferred()?;
+        Some(relay.attempt_budget() + SETTLE_MARGIN)
     }
 
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
@@ -553,8 +558,8 @@ impl JobHandler for RelayJobs {
                 spec.deadline = time::OffsetDateTime::from_unix_timestamp(order.expires_at).ok();
                 spec.max_attempts = a
                     .profile(&m.profile)
-                    .and_then(|p| p.signer.relay())
-                    .map(|r| r.config.max_attempts);
+                    .and_then(|p| p.signer.issuance().deferred())
+                    .map(|r| r.max_attempts());
                 specs.push(spec);
             }
             queue

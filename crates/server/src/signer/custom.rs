@@ -21,10 +21,6 @@ use super::extensions::{Side, check_extensions, check_subject};
 use super::{IssueRequest, Issued, SignerError};
 use crate::config::{CustomConfig, CustomOperation};
 
-/// The validity the issuing program is asked for when neither the order
-/// nor its certificate profile says (the program decides in the end).
-pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(90 * 86400);
-
 /// Output kept from one run: a chain or a CRL is far below this.
 const OUTPUT_CAP: usize = 1 << 20;
 /// How long a CRL from the program is served before it is asked again.
@@ -398,6 +394,69 @@ fn check_chain(
         not_before: leaf.validity().not_before.timestamp(),
         not_after: leaf.validity().not_after.timestamp(),
     })
+}
+
+/// The operator's program decides in the end: it is told the window asked
+/// for and signs inside the request, taking its time (the order is
+/// processing meanwhile).
+impl super::SignerBackend for Custom {
+    fn issuance(&self) -> super::Issuance<'_> {
+        super::Issuance::Guarded
+    }
+
+    fn issue<'a>(
+        &'a self,
+        req: &'a IssueRequest<'a>,
+        ctx: &'a IssueContext<'a>,
+    ) -> super::BoxFuture<'a, Result<Issued, SignerError>> {
+        Box::pin(Custom::issue(self, req, ctx))
+    }
+
+    fn ca_pem(&self) -> &str {
+        Custom::ca_pem(self)
+    }
+
+    fn renewal_window<'a>(
+        &'a self,
+        cert: &'a super::IssuedCertificate<'a>,
+    ) -> Option<super::AskedWindow<'a>> {
+        Some(Box::pin(async move {
+            Custom::renewal_window(self, cert.serial, cert.chain_pem)
+                .await
+                .map_err(|e| format!("the renewal-window program: {e}"))
+        }))
+    }
+
+    /// The revocation program, when the profile declares one.
+    fn revoke<'a>(
+        &'a self,
+        cert: &'a super::IssuedCertificate<'a>,
+        reason: u64,
+    ) -> super::BoxFuture<'a, Result<(), super::RevokeFailure>> {
+        Box::pin(async move {
+            Custom::revoke(self, cert.serial, cert.chain_pem, reason)
+                .await
+                .map(|_| ())
+                .map_err(|e| super::RevokeFailure {
+                    message: "the revocation program did not revoke the certificate",
+                    error: e.to_string(),
+                    problem: None,
+                })
+        })
+    }
+
+    /// Its CRL program's, only when it declares one.
+    fn crl(&self) -> super::Crl {
+        if self.config.crl.is_some() {
+            super::Crl::Served
+        } else {
+            super::Crl::None
+        }
+    }
+
+    fn served_crl(&self) -> super::BoxFuture<'_, Result<Option<Vec<u8>>, SignerError>> {
+        Box::pin(Custom::crl(self))
+    }
 }
 
 #[cfg(test)]

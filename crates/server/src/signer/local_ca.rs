@@ -503,3 +503,65 @@ fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
     out.extend_from_slice(content);
     out
 }
+
+/// The embedded CA: a key in memory signs inside the request; a token's
+/// key takes its time. It honours a requested window within its validity
+/// and backdate, spreads renewal over its `renewal_window`, and signs the
+/// CRL from the revocations the authority recorded.
+impl super::SignerBackend for LocalCa {
+    fn issuance(&self) -> super::Issuance<'_> {
+        if self.signs_in_memory() {
+            super::Issuance::Inline
+        } else {
+            super::Issuance::Guarded
+        }
+    }
+
+    fn issue<'a>(
+        &'a self,
+        req: &'a IssueRequest<'a>,
+        _ctx: &'a super::IssueContext<'a>,
+    ) -> super::BoxFuture<'a, Result<Issued, SignerError>> {
+        // A key in memory signs inline; a token's key on the blocking
+        // pool, within its deadline (`LocalCa::with_key`).
+        Box::pin(LocalCa::issue(self, req))
+    }
+
+    fn ca_pem(&self) -> &str {
+        LocalCa::ca_pem(self)
+    }
+
+    fn default_window(
+        &self,
+        now: OffsetDateTime,
+        validity: Option<Duration>,
+    ) -> (OffsetDateTime, OffsetDateTime) {
+        LocalCa::default_window(self, now, validity)
+    }
+
+    fn requested_window(&self) -> super::RequestedWindow {
+        super::RequestedWindow::Honoured {
+            validity: self.config.validity,
+            backdate: self.config.backdate,
+        }
+    }
+
+    fn renewal_fractions(&self) -> Option<[f64; 2]> {
+        Some(self.config.renewal_window)
+    }
+
+    fn crl(&self) -> super::Crl {
+        super::Crl::Signed {
+            validity: self.crl_validity(),
+        }
+    }
+
+    fn sign_crl<'a>(
+        &'a self,
+        number: i64,
+        this_update: OffsetDateTime,
+        entries: &'a [RevokedEntry],
+    ) -> super::BoxFuture<'a, Result<(Vec<u8>, OffsetDateTime), SignerError>> {
+        Box::pin(LocalCa::sign_crl(self, number, this_update, entries))
+    }
+}

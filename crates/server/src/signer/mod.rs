@@ -1,9 +1,11 @@
 //! Signer backends: what turns a checked CSR into a certificate chain.
 //!
-//! There are three: `local_ca` (the embedded CA), `relay` (an
-//! upstream ACME CA, through a job) and `custom` (the operator's program).
-//! The authority only sees [`Signer`], so adding a backend adds
-//! a variant here and nothing in the authority's state machine.
+//! There are three built in: `local_ca` (the embedded CA), `relay` (an
+//! upstream ACME CA, through a job) and `custom` (the operator's program);
+//! a library user may plug in more (`server::start_with`). The authority
+//! only sees [`SignerBackend`] and asks it questions, never its kind, so
+//! adding a backend adds an implementation and nothing in the authority's
+//! state machine.
 //!
 //! Architecture Invariant: signers never change order status; they return a
 //! result and the authority records it.
@@ -124,62 +126,267 @@ pub enum SignerError {
     Failed(String),
 }
 
-/// The signer of one profile.
-#[derive(Debug)]
-pub enum Signer {
-    LocalCa(LocalCa),
-    /// Issues through a durable job, not inside the request: the authority
-    /// takes the relay path at finalize. Boxed: it is the largest variant
-    /// by far.
-    Relay(Box<Relay>),
-    Custom(Custom),
+/// The signer of one profile, as the authority holds it.
+pub type Signer = std::sync::Arc<dyn SignerBackend>;
+
+/// A signer's future: boxed, so that [`SignerBackend`] stays object-safe.
+pub type BoxFuture<'a, T> = crate::jobs::BoxFuture<'a, T>;
+
+/// An outside party's renewal window being asked (Unix seconds; None:
+/// it has none), or why it could not be had.
+pub type AskedWindow<'a> = BoxFuture<'a, Result<Option<(i64, i64)>, String>>;
+
+/// How a signer issues, asked once at finalize (RFC 8555 §7.4): it decides
+/// the order's path through processing.
+#[derive(Clone, Copy)]
+pub enum Issuance<'a> {
+    /// Signs inside the request in microseconds (a key in memory): the
+    /// order goes ready → processing → valid in the one transaction that
+    /// stores the certificate, and is never seen processing.
+    Inline,
+    /// Signs inside the request but takes its time and may keep a record
+    /// of what it signed (a token, an outside program): the order is
+    /// processing before it is asked, and exactly one request asks.
+    Guarded,
+    /// Issues through a durable job, not inside the request (the relay).
+    Deferred(&'a dyn Deferred),
 }
 
-impl Signer {
-    pub async fn issue(
+impl std::fmt::Debug for Issuance<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Inline => "Inline",
+            Self::Guarded => "Guarded",
+            Self::Deferred(_) => "Deferred",
+        })
+    }
+}
+
+impl<'a> Issuance<'a> {
+    /// The durable-job capability, when it issues through one.
+    pub fn deferred(self) -> Option<&'a dyn Deferred> {
+        match self {
+            Self::Deferred(d) => Some(d),
+            Self::Inline | Self::Guarded => None,
+        }
+    }
+}
+
+/// Whether and how a signer publishes a CRL (RFC 5280 §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crl {
+    /// None here (a relay's upstream publishes its own).
+    None,
+    /// The authority signs one through [`SignerBackend::sign_crl`] from the
+    /// revocations it recorded, valid this long.
+    Signed { validity: std::time::Duration },
+    /// The signer serves its own ([`SignerBackend::served_crl`]).
+    Served,
+}
+
+/// What a signer does with a requested `notBefore`/`notAfter` (RFC 8555
+/// §7.4): honour them within these bounds, or refuse them with a reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestedWindow {
+    /// Honoured: a certificate lives `validity` unless a certificate
+    /// profile says otherwise, and starts at most `backdate` in the past.
+    Honoured {
+        validity: std::time::Duration,
+        backdate: std::time::Duration,
+    },
+    /// Refused, with the client's `malformed` detail.
+    Refused(&'static str),
+}
+
+/// A certificate this profile issued, as a signer is asked about it.
+#[derive(Debug)]
+pub struct IssuedCertificate<'a> {
+    /// Lowercase hex.
+    pub serial: &'a str,
+    pub chain_pem: &'a str,
+    /// The leaf's DER, when the chain parses.
+    pub leaf_der: Option<&'a [u8]>,
+}
+
+/// A revocation the signer did not carry out (RFC 8555 §7.6).
+#[derive(Debug)]
+pub struct RevokeFailure {
+    /// The log line's message: who did not revoke.
+    pub message: &'static str,
+    /// For the operator's log.
+    pub error: String,
+    /// The problem the client is told, when the signer's refusal concerns
+    /// the request; otherwise `serverInternal`.
+    pub problem: Option<(acme_proxy_protocol::ProblemType, String)>,
+}
+
+/// A signer backend: what turns a checked CSR into a certificate chain,
+/// and what the authority asks of it. The authority never asks which kind
+/// it is, only these questions; every answer but [`Self::issue`] and
+/// [`Self::ca_pem`] has the default of a signer that signs inside the
+/// request and has nothing more to say.
+pub trait SignerBackend: std::fmt::Debug + Send + Sync {
+    /// How it issues (asked once per finalize).
+    fn issuance(&self) -> Issuance<'_>;
+
+    /// Signs a request (asked only when [`Self::issuance`] is not
+    /// deferred).
+    fn issue<'a>(
+        &'a self,
+        req: &'a IssueRequest<'a>,
+        ctx: &'a IssueContext<'a>,
+    ) -> BoxFuture<'a, Result<Issued, SignerError>>;
+
+    /// PEM of the CA certificate clients should trust (and what is above
+    /// it); empty when each certificate comes with its own chain.
+    fn ca_pem(&self) -> &str;
+
+    /// The validity window of a certificate issued at `now` whose order
+    /// asked for none; `validity` is its certificate profile's, if set.
+    fn default_window(
         &self,
-        req: &IssueRequest<'_>,
-        ctx: &IssueContext<'_>,
-    ) -> Result<Issued, SignerError> {
-        match self {
-            // A key in memory signs inline; a token's key on the blocking
-            // pool, within its deadline (`LocalCa::with_key`).
-            Self::LocalCa(ca) => ca.issue(req).await,
-            Self::Custom(c) => c.issue(req, ctx).await,
-            Self::Relay(_) => Err(SignerError::Internal(
-                "a relay issues through its job, not inline".into(),
-            )),
+        now: OffsetDateTime,
+        validity: Option<std::time::Duration>,
+    ) -> (OffsetDateTime, OffsetDateTime) {
+        (now, now + validity.unwrap_or(DEFAULT_VALIDITY))
+    }
+
+    /// What it does with a `notBefore`/`notAfter` in newOrder. By default
+    /// it is told the window and may still refuse it (badCSR).
+    fn requested_window(&self) -> RequestedWindow {
+        RequestedWindow::Honoured {
+            validity: DEFAULT_VALIDITY,
+            backdate: std::time::Duration::ZERO,
         }
     }
 
-    /// PEM of the CA certificate clients should trust (and what is above it).
-    /// Empty for a relay: the upstream's chain comes with each certificate.
-    pub fn ca_pem(&self) -> &str {
-        match self {
-            Self::LocalCa(ca) => ca.ca_pem(),
-            Self::Custom(c) => c.ca_pem(),
-            Self::Relay(_) => "",
-        }
+    /// Why a wildcard identifier (RFC 8555 §7.1.3) is refused in newOrder,
+    /// when this signer cannot issue one; None: accepted as the profile's
+    /// challenges allow.
+    fn refuses_wildcards(&self) -> Option<&'static str> {
+        None
     }
 
-    pub fn custom(&self) -> Option<&Custom> {
-        match self {
-            Self::Custom(c) => Some(c),
-            _ => None,
-        }
+    /// Whether a certificate profile (draft-ietf-acme-profiles) is
+    /// offered where it issues; None: it has no say, or cannot tell now.
+    fn offers_profile<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(std::future::ready(None))
     }
 
-    pub fn local_ca(&self) -> Option<&LocalCa> {
-        match self {
-            Self::LocalCa(ca) => Some(ca),
-            _ => None,
-        }
+    /// An outside party's renewal window (RFC 9773 §4.2) for `cert`, as
+    /// Unix seconds; None when the signer asks no one (the authority
+    /// spreads [`Self::renewal_fractions`] of the lifetime).
+    fn renewal_window<'a>(&'a self, _cert: &'a IssuedCertificate<'a>) -> Option<AskedWindow<'a>> {
+        None
     }
 
-    pub fn relay(&self) -> Option<&Relay> {
-        match self {
-            Self::Relay(r) => Some(r.as_ref()),
-            _ => None,
-        }
+    /// The renewal window as fractions of a certificate's lifetime; None:
+    /// the authority's default.
+    fn renewal_fractions(&self) -> Option<[f64; 2]> {
+        None
+    }
+
+    /// Revokes where the certificate was issued, before the authority
+    /// records it (RFC 8555 §7.6); by default there is nothing to tell.
+    fn revoke<'a>(
+        &'a self,
+        _cert: &'a IssuedCertificate<'a>,
+        _reason: u64,
+    ) -> BoxFuture<'a, Result<(), RevokeFailure>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Whether and how it publishes a CRL.
+    fn crl(&self) -> Crl {
+        Crl::None
+    }
+
+    /// Signs a CRL (RFC 5280 §5) listing `entries` (asked when
+    /// [`Self::crl`] is [`Crl::Signed`]); returns it and its nextUpdate.
+    fn sign_crl<'a>(
+        &'a self,
+        _number: i64,
+        _this_update: OffsetDateTime,
+        _entries: &'a [acme_proxy_store::RevokedEntry],
+    ) -> BoxFuture<'a, Result<(Vec<u8>, OffsetDateTime), SignerError>> {
+        Box::pin(std::future::ready(Err(SignerError::Internal(
+            "this signer signs no CRL".into(),
+        ))))
+    }
+
+    /// The CRL it serves (asked when [`Self::crl`] is [`Crl::Served`]).
+    fn served_crl(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, SignerError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// The key authorization it publishes under `token` for an upstream
+    /// CA's http-01 fetch (RFC 8555 §8.3), if any.
+    fn key_authorization(&self, _token: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The validity a signer that decides in the end (an outside program, a
+/// plugged-in backend) is asked for when neither the order nor its
+/// certificate profile says.
+pub const DEFAULT_VALIDITY: std::time::Duration = std::time::Duration::from_secs(90 * 86400);
+
+/// A signer that issues through a durable job (the relay), as the
+/// authority's relay path drives it (`authority::relay`).
+pub trait Deferred: Send + Sync {
+    /// How long one upstream request may take.
+    fn request_timeout(&self) -> std::time::Duration;
+    /// Attempts before the job is abandoned.
+    fn max_attempts(&self) -> u32;
+    /// How long one attempt may take.
+    fn attempt_budget(&self) -> std::time::Duration;
+    /// Places the upstream order; returns its URL.
+    fn create_order<'a>(
+        &'a self,
+        identifiers: &'a [Identifier],
+        certificate_profile: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<String, relay::RelayError>>;
+    /// One attempt, from the upstream order at `url` to the chain.
+    fn attempt<'a>(
+        &'a self,
+        url: &'a str,
+        csr_der: &'a [u8],
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, Result<relay::Collected, relay::RelayError>>;
+}
+
+/// Whether a profile with `signer` publishes a CRL, by its configuration:
+/// the embedded CA signs one (RFC 5280 §5); a custom signer serves its
+/// program's only when it declares a `crl` operation; a relay publishes
+/// none (its upstream CA does). The built signer answers the same
+/// ([`SignerBackend::crl`]).
+pub fn publishes_crl(signer: &crate::config::SignerConfig) -> bool {
+    use crate::config::SignerConfig;
+    match signer {
+        SignerConfig::LocalCa(_) => true,
+        SignerConfig::Custom(custom) => custom.crl.is_some(),
+        SignerConfig::Relay(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_embedded_ca_and_a_custom_signer_with_a_crl_program_have_their_crl_refreshed() {
+        let config = crate::config::Config::from_toml(
+            "[profiles.ca]\n\
+             [profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://ca.test/dir\"\n\
+             [profiles.plain.signer]\ntype = \"custom\"\ncommand = \"/bin/true\"\n\
+             [profiles.listed.signer]\ntype = \"custom\"\ncommand = \"/bin/true\"\n\
+             [profiles.listed.signer.crl]\ncommand = \"/bin/true\"\n",
+        )
+        .unwrap();
+        let refreshed = |name: &str| publishes_crl(&config.profiles[name].signer);
+        assert!(refreshed("ca"));
+        assert!(!refreshed("edge"), "a relay publishes no CRL");
+        assert!(!refreshed("plain"), "a custom signer without a crl program");
+        assert!(refreshed("listed"));
     }
 }

@@ -167,7 +167,7 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
     );
 
     // Two nonces past their expiry: both go, the live ones stay.
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let live = store.nonce_count().await.expect("count");
     for value in ["expired-nonce-1", "expired-nonce-2"] {
         store.insert_nonce(value, 1).await.expect("insert");

@@ -702,7 +702,7 @@ async fn the_crl_refresh_skips_a_custom_profile_without_a_crl_program_and_fails_
     let authority = &server.running().authority;
     assert_eq!(authority.refresh_stale_crls().await, 0, "no profile failed");
     assert!(
-        authority.store.crl("default").await.unwrap().is_some(),
+        authority.store().crl("default").await.unwrap().is_some(),
         "the embedded CA's CRL is still signed"
     );
     server.stop().await;

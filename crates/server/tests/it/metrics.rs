@@ -142,7 +142,7 @@ async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_au
     let rows = server
         .running()
         .authority
-        .store
+        .store()
         .audit_recent(None, 10_000)
         .await
         .expect("audit");

@@ -120,7 +120,7 @@ async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     // Nothing listens yet: the account.created delivery keeps failing.
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
@@ -161,7 +161,7 @@ async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_aud
     );
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let audited = loop {
         let rows = store
@@ -264,7 +264,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
             "{r:?}"
         );
     }
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
         .await
         .expect("jobs");
@@ -368,7 +368,7 @@ async fn a_failing_script_is_not_retried_and_its_first_error_line_is_audited() {
     );
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let row = loop {
         if let Some(row) = store
@@ -502,7 +502,7 @@ async fn issue_with_email(email: &str, name: &str) -> (TestServer, String) {
     let server = TestServer::start(responder.port, None, &extra).await;
     let account = client::account(&server.directory("default")).await;
     client::issue(&account, &responder, &[name]).await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let issued = store
         .audit_recent(Some("certificate.issued"), 1)
         .await
@@ -552,7 +552,7 @@ async fn an_smtp_server_receives_the_templated_issuance_mail_over_plain_smtp() {
     assert!(!mails[0].tls);
     // Subscribed to issuance only: account.created was never queued for it.
     let jobs = acme_proxy::ops::list_jobs(
-        &server.running().authority.store,
+        server.running().authority.store(),
         Some("notify_delivery"),
         None,
         100,
@@ -598,7 +598,7 @@ async fn an_smtp_server_whose_certificate_is_not_trusted_gets_nothing_and_the_ma
         sink.port
     );
     let (server, _) = issue_with_email(&email, "untrusted.example.test").await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let job = loop {
         let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
@@ -657,7 +657,7 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
         TestServer::start(responder.port, None, "[profiles.default]\nbypass = true\n").await;
     let account = client::account(&server.directory("default")).await;
     client::issue(&account, &responder, &["outbox.example.test"]).await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let issued = store
         .audit_recent(Some("certificate.issued"), 1)
         .await

@@ -163,14 +163,14 @@ async fn recover_requeues_a_processing_challenge_whose_job_was_lost_without_dupl
     // The state change without its job, as if the process died between them.
     assert!(
         authority
-            .store
+            .store()
             .start_challenge(&id, authority.clock.unix())
             .await
             .unwrap()
     );
     assert!(
         authority
-            .store
+            .store()
             .live_job(VALIDATION_KIND, &id)
             .await
             .unwrap()
@@ -180,7 +180,7 @@ async fn recover_requeues_a_processing_challenge_whose_job_was_lost_without_dupl
     server.running().runner.recover().await.unwrap();
     server.running().runner.recover().await.unwrap();
     let jobs: Vec<_> = authority
-        .store
+        .store()
         .list_jobs(Some(VALIDATION_KIND), None, 1000)
         .await
         .unwrap()

@@ -418,7 +418,7 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
     let audit = server
         .running()
         .authority
-        .store
+        .store()
         .audit_for_order(&relayed.local_id())
         .await
         .expect("audit");
@@ -445,7 +445,7 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
     let refused = server
         .running()
         .authority
-        .store
+        .store()
         .audit_recent(Some("order.refused"), 10)
         .await
         .expect("audit");
@@ -943,7 +943,7 @@ async fn a_stated_refusal_ends_the_order_invalid_after_exactly_one_abandon_with_
         !error.contains("upstream says no"),
         "the client must not see the upstream's words: {error}"
     );
-    let store = &server.running().authority.store;
+    let store = &server.running().authority.store();
     let failed = the_one_issue_failure(store, &relayed).await;
     assert!(
         failed
@@ -1005,7 +1005,7 @@ async fn an_upstream_authorization_turned_invalid_ends_the_order_invalid_with_th
     )
     .await;
     assert!(relayed.result.is_err(), "the order must end invalid");
-    let failed = the_one_issue_failure(&server.running().authority.store, &relayed).await;
+    let failed = the_one_issue_failure(server.running().authority.store(), &relayed).await;
     let detail = failed.detail.as_deref().unwrap_or("");
     assert!(detail.contains("Invalid"), "{detail}");
     server.stop().await;
@@ -1026,7 +1026,7 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
         let account = account.clone();
         async move { relay_issue(&account, &["stuck.example.test"], Duration::from_secs(30)).await }
     });
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let job = {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -1354,7 +1354,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
     )
     .replace("listen = \"127.0.0.1:0\"", &listen);
     let server = TestServer::start_in(crate::harness::tempdir(), &unmounted).await;
-    let store = server.running().authority.store.clone();
+    let store = server.running().authority.store().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let job = loop {
         let jobs = acme_proxy::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
@@ -1420,7 +1420,7 @@ async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_pro
     )
     .await;
     assert!(relayed.result.is_err(), "the order must end invalid");
-    let failed = the_one_issue_failure(&server.running().authority.store, &relayed).await;
+    let failed = the_one_issue_failure(server.running().authority.store(), &relayed).await;
     let detail = failed.detail.as_deref().unwrap_or("");
     assert!(detail.contains("gave up after 3 attempts"), "{detail}");
     // One newOrder inside finalize, then one per attempt.
@@ -1500,7 +1500,7 @@ async fn an_upstream_refusal_at_finalize_reaches_the_client_generically_once_aud
     assert_eq!(client::problem_type(&err), "serverInternal");
     assert!(!err.to_string().contains("upstream says no"), "{err}");
     let local_id = order.url().rsplit('/').next().expect("id").to_owned();
-    let store = &server.running().authority.store;
+    let store = &server.running().authority.store();
     assert_eq!(
         store
             .order(&local_id)

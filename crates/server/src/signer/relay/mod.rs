@@ -18,6 +18,7 @@ pub mod classify;
 pub mod http;
 pub mod rfc2136;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +64,16 @@ impl std::fmt::Debug for Relay {
             .field("account_url", &self.account_url)
             .finish_non_exhaustive()
     }
+}
+
+/// An upstream authorization this attempt answered.
+#[derive(Debug)]
+struct Answered {
+    /// The challenge it answered.
+    kind: ChallengeType,
+    /// Whether the upstream heard our trigger; false: it is sent again
+    /// while waiting.
+    triggered: bool,
 }
 
 /// What a successful attempt collected.
@@ -119,6 +130,12 @@ impl Relay {
             dns,
             board,
         })
+    }
+
+    /// The key authorization published under `token` for the upstream's
+    /// http-01 fetch (RFC 8555 §8.3), if any attempt published it.
+    pub fn key_authorization(&self, token: &str) -> Option<String> {
+        self.board.get(token)
     }
 
     /// The upstream account, restored from the key file and the recorded
@@ -302,16 +319,15 @@ impl Relay {
         cleanup: &mut Cleanup,
     ) -> Result<(), RelayError> {
         // Publish everything first, then (after any propagation wait) tell
-        // the upstream: a CA may check as soon as it hears.
-        let mut chosen: Vec<Option<ChallengeType>> = Vec::new();
+        // the upstream: a CA may check as soon as it hears. What was
+        // answered is keyed by the authorization's URL (RFC 8555 §7.1.4),
+        // not by its place in the list, which each read may order anew.
+        let mut answered: HashMap<String, Answered> = HashMap::new();
         let mut auths = order.authorizations();
         while let Some(a) = auths.next().await {
             let mut a = a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
             match a.status {
-                AuthorizationStatus::Valid => {
-                    chosen.push(None);
-                    continue;
-                }
+                AuthorizationStatus::Valid => continue,
                 AuthorizationStatus::Pending => {}
                 other => {
                     return Err(RelayError::permanent(format!(
@@ -321,6 +337,7 @@ impl Relay {
                 }
             }
             let identifier = a.identifier().to_string();
+            let url = a.url().to_owned();
             let offered: Vec<ChallengeType> =
                 a.challenges.iter().map(|c| c.r#type.clone()).collect();
             let kind = pick_challenge(self.config.strategy, a.wildcard, &identifier, &offered)?;
@@ -352,20 +369,24 @@ impl Relay {
                 }
                 RelayStrategy::Bypass => {}
             }
-            chosen.push(Some(kind));
+            answered.insert(
+                url,
+                Answered {
+                    kind,
+                    triggered: true,
+                },
+            );
         }
         if self.config.strategy == RelayStrategy::Dns01 && !self.config.propagation_wait.is_zero() {
             tokio::time::sleep(self.config.propagation_wait).await;
         }
-        let mut triggered = vec![true; chosen.len()];
         let mut auths = order.authorizations();
-        let mut index = 0;
         while let Some(a) = auths.next().await {
             let mut a = a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
-            let kind = chosen.get(index).cloned().flatten();
-            index += 1;
-            let Some(kind) = kind else { continue };
-            let Some(mut challenge) = a.challenge(kind) else {
+            let Some(answer) = answered.get_mut(a.url()) else {
+                continue;
+            };
+            let Some(mut challenge) = a.challenge(answer.kind.clone()) else {
                 continue;
             };
             // A challenge already processing (an earlier attempt told the
@@ -382,9 +403,7 @@ impl Relay {
                 // authorization and triggers a still-pending challenge
                 // again. Retracting now could fail a validation in progress.
                 tracing::debug!(event = "relay.trigger", outcome = "retry", error = %e, "will re-read the authorization");
-                if let Some(t) = triggered.get_mut(index - 1) {
-                    *t = false;
-                }
+                answer.triggered = false;
             }
         }
         // Wait until every authorization we answered is terminal. A blip
@@ -393,12 +412,9 @@ impl Relay {
         loop {
             let mut waiting = false;
             let mut auths = order.authorizations();
-            let mut index = 0;
             while let Some(a) = auths.next().await {
                 let mut a =
                     a.map_err(|e| classify(&e).context("reading an upstream authorization"))?;
-                let kind = chosen.get(index).cloned().flatten();
-                index += 1;
                 if a.status != AuthorizationStatus::Pending {
                     continue;
                 }
@@ -413,13 +429,12 @@ impl Relay {
                 if a.status == AuthorizationStatus::Pending {
                     waiting = true;
                     // Our trigger did not get through: send it again.
-                    if let Some(kind) =
-                        kind.filter(|_| !triggered.get(index - 1).copied().unwrap_or(true))
-                        && let Some(mut challenge) = a.challenge(kind)
+                    if let Some(answer) = answered.get_mut(a.url()).filter(|x| !x.triggered)
+                        && let Some(mut challenge) = a.challenge(answer.kind.clone())
                         && challenge.status == ChallengeStatus::Pending
                     {
                         match challenge.set_ready().await {
-                            Ok(()) => triggered[index - 1] = true,
+                            Ok(()) => answer.triggered = true,
                             Err(e) => {
                                 let e = classify(&e).context("answering the upstream challenge");
                                 if e.is_permanent() {
@@ -756,6 +771,128 @@ pub async fn register(
 
 /// How long an attempt may take beyond its own budget to record the outcome.
 pub const SETTLE_MARGIN: Duration = Duration::from_secs(15);
+
+/// The relay issues through a durable job (`authority::relay`), revokes
+/// upstream first, takes the upstream's renewal window, and publishes no
+/// CRL (its upstream does) nor a CA certificate (the upstream's chain
+/// comes with each certificate).
+impl super::SignerBackend for Relay {
+    fn issuance(&self) -> super::Issuance<'_> {
+        super::Issuance::Deferred(self)
+    }
+
+    fn issue<'a>(
+        &'a self,
+        _req: &'a super::IssueRequest<'a>,
+        _ctx: &'a super::IssueContext<'a>,
+    ) -> super::BoxFuture<'a, Result<super::Issued, super::SignerError>> {
+        Box::pin(std::future::ready(Err(super::SignerError::Internal(
+            "a relay issues through its job, not inline".into(),
+        ))))
+    }
+
+    fn ca_pem(&self) -> &str {
+        ""
+    }
+
+    /// The upstream client (instant-acme 0.8) cannot forward them, and
+    /// accepting a window we cannot honour would mislead.
+    fn requested_window(&self) -> super::RequestedWindow {
+        super::RequestedWindow::Refused(
+            "this profile relays to an upstream CA and cannot forward notBefore or notAfter; order without them",
+        )
+    }
+
+    /// The upstream can only be shown a wildcard over dns-01.
+    fn refuses_wildcards(&self) -> Option<&'static str> {
+        (self.config.strategy == RelayStrategy::Http01).then_some(
+            "this profile obtains certificates upstream over http-01, which cannot prove a wildcard; a relay profile with strategy = \"dns01\" can",
+        )
+    }
+
+    /// A profile the upstream does not offer would silently become its
+    /// default.
+    fn offers_profile<'a>(&'a self, name: &'a str) -> super::BoxFuture<'a, Option<bool>> {
+        Box::pin(Relay::offers_profile(self, name))
+    }
+
+    fn renewal_window<'a>(
+        &'a self,
+        cert: &'a super::IssuedCertificate<'a>,
+    ) -> Option<super::AskedWindow<'a>> {
+        let der = cert.leaf_der?;
+        Some(Box::pin(async move {
+            Relay::renewal_window(self, der)
+                .await
+                .map_err(|e| format!("the upstream's renewal information: {e}"))
+        }))
+    }
+
+    /// Revoked where it was issued first, so that a failure leaves nothing
+    /// half-done and the client can simply retry; the upstream's stated,
+    /// permanent refusal goes to the client as that problem.
+    fn revoke<'a>(
+        &'a self,
+        cert: &'a super::IssuedCertificate<'a>,
+        reason: u64,
+    ) -> super::BoxFuture<'a, Result<(), super::RevokeFailure>> {
+        Box::pin(async move {
+            let der = cert.leaf_der.unwrap_or_default();
+            Relay::revoke(self, der, reason).await.map_err(|e| {
+                let kind = e
+                    .problem_type
+                    .as_deref()
+                    .and_then(acme_proxy_protocol::ProblemType::from_urn)
+                    .filter(|_| e.is_permanent());
+                super::RevokeFailure {
+                    message: "the upstream did not revoke the certificate",
+                    error: e.to_string(),
+                    problem: kind.map(|kind| {
+                        (
+                            kind,
+                            format!("the upstream CA refused the revocation: {}", e.detail),
+                        )
+                    }),
+                }
+            })
+        })
+    }
+
+    fn key_authorization(&self, token: &str) -> Option<String> {
+        Relay::key_authorization(self, token)
+    }
+}
+
+impl super::Deferred for Relay {
+    fn request_timeout(&self) -> std::time::Duration {
+        self.config.request_timeout
+    }
+
+    fn max_attempts(&self) -> u32 {
+        self.config.max_attempts
+    }
+
+    fn attempt_budget(&self) -> std::time::Duration {
+        self.config.attempt_budget
+    }
+
+    fn create_order<'a>(
+        &'a self,
+        identifiers: &'a [Identifier],
+        certificate_profile: Option<&'a str>,
+    ) -> super::BoxFuture<'a, Result<String, RelayError>> {
+        Box::pin(Relay::create_order(self, identifiers, certificate_profile))
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        url: &'a str,
+        csr_der: &'a [u8],
+        deadline: Instant,
+    ) -> super::BoxFuture<'a, Result<Collected, RelayError>> {
+        Box::pin(Relay::attempt(self, url, csr_der, deadline))
+    }
+}
 
 #[cfg(test)]
 mod tests {

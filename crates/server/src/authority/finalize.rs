@@ -1,0 +1,513 @@
+//! Finalization (RFC 8555 §7.4): the order's checks and the CSR's, then
+//! one question to the signer — how it issues — and the path its answer
+//! picks: signed inside the request and stored with the order's step to
+//! valid ([`Issuance::Inline`]); signed inside the request while the order
+//! is processing ([`Issuance::Guarded`]); or a durable job (the relay,
+//! `super::relay`).
+
+use acme_proxy_protocol::ProblemType;
+use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
+use acme_proxy_store::{AccountRow, NewCertificateRow, OrderRow};
+use time::OffsetDateTime;
+
+use super::audit::{AuditContext, Fact};
+use super::csr::{CheckedCsr, bad_csr, check_csr};
+use super::{Authority, Profile};
+use crate::config::{CertificateProfileConfig, ExtendedKeyUsage};
+use crate::error::{AcmeError, AcmeResult};
+use crate::events::Event;
+use crate::notify::{Notice, Outbox};
+use crate::signer::{Issuance, IssueContext, IssueRequest, Issued, SignerError};
+
+/// Logs a certificate the embedded CA signed inside a finalize that could
+/// not store it: it never leaves the process, but its serial was used.
+fn discarded(profile: &Profile, account: &AccountRow, order: &OrderRow, serial: &str, why: &str) {
+    tracing::info!(
+        event = "certificate.discarded",
+        profile = %profile.name,
+        account = %account.id,
+        order = %order.id,
+        serial = %serial,
+        why,
+        "a signed certificate is discarded, never stored nor served"
+    );
+}
+
+/// A finalize past the order's and the CSR's checks, to be signed.
+struct Signing<'a> {
+    profile: &'a Profile,
+    account: &'a AccountRow,
+    order: OrderRow,
+    csr_der: &'a [u8],
+    csr: CheckedCsr,
+    /// The order's certificate profile, if the configuration still has it
+    /// (an operator may have removed it since: then the signer's defaults
+    /// apply).
+    usage: Option<&'a CertificateProfileConfig>,
+    /// The order's identifiers, for the audit rows.
+    identifiers: Vec<RawIdentifier>,
+}
+
+impl<'a> Signing<'a> {
+    /// The issuance's audit fact (its serial filled in once signed).
+    fn issued_fact(&'a self) -> Fact<'a> {
+        Fact {
+            event: "certificate.issued",
+            outcome: "success",
+            profile: &self.profile.name,
+            account: Some(&self.account.id),
+            order: Some(&self.order.id),
+            identifiers: Some(&self.identifiers),
+            ..Default::default()
+        }
+    }
+
+    fn purposes(&self) -> Option<&'a [ExtendedKeyUsage]> {
+        self.usage.and_then(|u| u.extended_key_usages.as_deref())
+    }
+}
+
+impl Authority {
+    /// finalize (§7.4). With the embedded CA's key in memory the order goes
+    /// ready → processing → valid in the one transaction that stores the
+    /// certificate; with a token or an outside signer it is processing
+    /// while the signer works. Either way the guarded ready → processing
+    /// step makes two concurrent finalizes store exactly one certificate.
+    /// A bad CSR leaves the order ready.
+    pub async fn finalize(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order_id: &str,
+        csr_der: &[u8],
+        ctx: &super::RequestContext,
+    ) -> AcmeResult<OrderRow> {
+        let result = self
+            .finalize_checked(profile, account, order_id, csr_der, ctx)
+            .await;
+        // Issuance is audited where it happens (finalize_checked, or the
+        // relay's job); refusals here, whatever the path.
+        match &result {
+            Ok(_) => {}
+            Err(e) => {
+                // Not another account's names in this account's row.
+                let identifiers = self
+                    .store
+                    .order(order_id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|o| o.account_id == account.id)
+                    .map(|o| {
+                        o.identifiers
+                            .iter()
+                            .map(RawIdentifier::from)
+                            .collect::<Vec<_>>()
+                    });
+                self.audit(super::audit::Fact {
+                    event: "certificate.issue_failed",
+                    outcome: super::audit::outcome_of(e),
+                    profile: &profile.name,
+                    account: Some(&account.id),
+                    order: Some(order_id),
+                    identifiers: identifiers.as_deref(),
+                    error: Some(e),
+                    ..Default::default()
+                })
+                .await;
+            }
+        }
+        result
+    }
+
+    async fn finalize_checked(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order_id: &str,
+        csr_der: &[u8],
+        ctx: &super::RequestContext,
+    ) -> AcmeResult<OrderRow> {
+        let order = self.order(profile, account, order_id).await?;
+        // An account whose external account credential was revoked since
+        // it ordered finalizes nothing more.
+        self.external_account_limits(account, &[]).await?;
+        if order.status != OrderStatus::Ready {
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                format!(
+                    "the order is {}, not ready; finalize needs every authorization valid",
+                    order.status
+                ),
+            ));
+        }
+        self.recheck_authorizations(
+            profile,
+            &self.account_url(&profile.name, &account.id),
+            &order,
+        )
+        .await?;
+        let usage = order
+            .certificate_profile
+            .as_deref()
+            .and_then(|name| profile.config.certificate_profiles.get(name));
+        let purposes = usage.and_then(|u| u.extended_key_usages.as_deref());
+        let csr = check_csr(
+            csr_der,
+            &order.identifiers,
+            &account.key_thumbprint,
+            ExtendedKeyUsage::requestable(purposes),
+        )?;
+        let signing = Signing {
+            profile,
+            account,
+            identifiers: order.identifiers.iter().map(RawIdentifier::from).collect(),
+            order,
+            csr_der,
+            csr,
+            usage,
+        };
+        // The signer's answer, asked once, picks the path.
+        match profile.signer.issuance() {
+            Issuance::Deferred(deferred) => {
+                self.finalize_relay(profile, deferred, account, &signing.order, csr_der, ctx)
+                    .await
+            }
+            Issuance::Inline => self.finalize_inline(&signing).await,
+            Issuance::Guarded => self.finalize_guarded(&signing).await,
+        }
+    }
+
+    /// Who asked and from where, for the issuance's audit row: found
+    /// before the order is processing, because the reverse-name lookup may
+    /// take a while, and a client hanging up during it must not cost a
+    /// certificate already signed.
+    async fn issuance_audit(&self, signing: &Signing<'_>) -> AuditContext {
+        self.audit_context(&signing.issued_fact()).await
+    }
+
+    /// The embedded CA with its key in memory signs inside this request in
+    /// microseconds: the order goes ready → processing → valid in the one
+    /// transaction that stores the certificate, after signing, and is
+    /// never seen (nor left, by a crash or an error) processing. Of two
+    /// concurrent finalizes both sign but only one commits; the other
+    /// certificate never leaves the process (its serial is logged).
+    async fn finalize_inline(&self, signing: &Signing<'_>) -> AcmeResult<OrderRow> {
+        let Signing {
+            profile,
+            account,
+            order,
+            ..
+        } = signing;
+        let audit = self.issuance_audit(signing).await;
+        let issued = match self.sign(signing).await {
+            Ok(issued) => issued,
+            Err(SignerError::BadCsr(detail)) => return Err(bad_csr(detail)),
+            Err(e) => return Err(self.signer_failed(signing, e, "the order was not changed")),
+        };
+        let cert_id = crate::ids::object_id(self.clock.unix_ms());
+        let outbox = self.issuance_outbox(signing, &issued);
+        // The issuance's audit row commits with the certificate.
+        let audit_row = audit.row(&Fact {
+            serial: Some(&issued.serial),
+            ..signing.issued_fact()
+        });
+        let stored = self
+            .store
+            .complete_ready_order(
+                &self.certificate_row(signing, &issued, &cert_id),
+                &audit_row,
+                &outbox.jobs(),
+                super::guard(account),
+            )
+            .await;
+        match stored {
+            Ok(true) => {}
+            Ok(false) => {
+                // Another finalize completed the order while this one
+                // signed (or it became invalid): this certificate is
+                // dropped.
+                discarded(
+                    profile,
+                    account,
+                    order,
+                    &issued.serial,
+                    "the order was no longer ready",
+                );
+                return Err(AcmeError::new(
+                    ProblemType::OrderNotReady,
+                    "the order is no longer ready: another finalize request completed it, or it became invalid",
+                ));
+            }
+            Err(e) => {
+                // The transaction rolled back whole: the order is still
+                // ready, and nothing signed left the process.
+                discarded(profile, account, order, &issued.serial, &e.to_string());
+                return Err(self.guarded_write_error(account, e));
+            }
+        }
+        Ok(self.issued(signing, &issued, cert_id, &outbox, &audit_row))
+    }
+
+    /// A token or an outside signer takes its time and may keep a record
+    /// of what it signed, so the order is processing before it is asked,
+    /// and exactly one request asks.
+    async fn finalize_guarded(&self, signing: &Signing<'_>) -> AcmeResult<OrderRow> {
+        let Signing { account, order, .. } = signing;
+        let audit = self.issuance_audit(signing).await;
+        if !self
+            .store
+            .begin_finalize(&order.id, super::guard(account))
+            .await
+            .map_err(|e| self.guarded_write_error(account, e))?
+        {
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                "the order is already being finalized",
+            ));
+        }
+        // From here the order is processing: if this request goes away
+        // before the outcome is recorded (the client hung up while the
+        // signer ran), the guard marks it invalid rather than leave it
+        // processing for ever.
+        let mut guard = FinalizeGuard {
+            store: self.store.clone(),
+            order_id: order.id.clone(),
+            armed: true,
+        };
+        let issued = match self.sign(signing).await {
+            Ok(issued) => issued,
+            Err(SignerError::BadCsr(detail)) => {
+                self.store.abort_finalize(&order.id).await?;
+                guard.armed = false;
+                return Err(bad_csr(detail));
+            }
+            Err(e) => {
+                let then = if matches!(e, SignerError::Failed(_)) {
+                    // An outside signer failed: it may have signed
+                    // something, so the order is not offered again; the
+                    // client starts anew.
+                    let problem = acme_proxy_protocol::Problem::new(
+                        ProblemType::ServerInternal,
+                        "the signing service failed to issue this certificate; place a new order",
+                    );
+                    self.store.fail_order(&order.id, &problem).await?;
+                    "the order is invalid"
+                } else {
+                    // Our failure, nothing signed: put the order back so it
+                    // can be finalized again once the operator has fixed
+                    // the signer.
+                    self.store.abort_finalize(&order.id).await?;
+                    "the order is ready again"
+                };
+                guard.armed = false;
+                return Err(self.signer_failed(signing, e, then));
+            }
+        };
+        let cert_id = crate::ids::object_id(self.clock.unix_ms());
+        let outbox = self.issuance_outbox(signing, &issued);
+        // The issuance's audit row commits with the certificate.
+        let audit_row = audit.row(&Fact {
+            serial: Some(&issued.serial),
+            ..signing.issued_fact()
+        });
+        let stored = self
+            .store
+            .complete_order(
+                &self.certificate_row(signing, &issued, &cert_id),
+                &audit_row,
+                &outbox.jobs(),
+            )
+            .await;
+        guard.armed = false;
+        match stored {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(AcmeError::internal(
+                    "order left processing while it was being signed",
+                ));
+            }
+            Err(e) => {
+                // Signed by an outside PKI but not stored (e.g. a serial
+                // that another profile's certificate already has): the
+                // order cannot become valid; it is made invalid, not left
+                // processing.
+                let problem = acme_proxy_protocol::Problem::new(
+                    ProblemType::ServerInternal,
+                    "the certificate could not be stored; place a new order",
+                );
+                let _ = self.store.fail_order(&order.id, &problem).await;
+                return Err(self.guarded_write_error(account, e));
+            }
+        }
+        Ok(self.issued(signing, &issued, cert_id, &outbox, &audit_row))
+    }
+
+    /// Asks the signer, with the window the order asked for or the
+    /// signer's default for the certificate profile.
+    async fn sign(&self, signing: &Signing<'_>) -> Result<Issued, SignerError> {
+        let Signing {
+            profile,
+            order,
+            usage,
+            ..
+        } = signing;
+        let now = self.clock.now();
+        let (default_nb, default_na) = profile
+            .signer
+            .default_window(now, usage.and_then(|u| u.validity));
+        let not_before = order
+            .not_before
+            .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok())
+            .unwrap_or(default_nb);
+        let not_after = order
+            .not_after
+            .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok())
+            .unwrap_or(default_na);
+        profile
+            .signer
+            .issue(
+                &IssueRequest {
+                    now,
+                    identifiers: &order.identifiers,
+                    spki_der: &signing.csr.spki_der,
+                    not_before,
+                    not_after,
+                    key_usages: usage.and_then(|u| u.key_usages.as_deref()),
+                    extended_key_usages: ExtendedKeyUsage::granted(signing.purposes()),
+                },
+                &IssueContext {
+                    profile: &profile.name,
+                    order_id: &order.id,
+                    csr_der: signing.csr_der,
+                    certificate_profile: order.certificate_profile.as_deref(),
+                },
+            )
+            .await
+    }
+
+    /// Logs a signer's failure (`then`: what became of the order) and
+    /// says `serverInternal`.
+    fn signer_failed(&self, signing: &Signing<'_>, e: SignerError, then: &str) -> AcmeError {
+        tracing::error!(
+            event = "certificate.issue",
+            outcome = "failure",
+            profile = %signing.profile.name,
+            account = %signing.account.id,
+            order = %signing.order.id,
+            error = %e,
+            then,
+            "the signer failed"
+        );
+        AcmeError::internal(e)
+    }
+
+    /// The webhooks the issuance is told to, queued with the certificate.
+    fn issuance_outbox(&self, signing: &Signing<'_>, issued: &Issued) -> Outbox {
+        let order = &signing.order;
+        let mut notice = Notice::new(
+            Event::CertificateIssued,
+            &signing.profile.name,
+            self.clock.unix(),
+        )
+        .identifiers(&order.identifiers);
+        notice.account = Some(signing.account.id.clone());
+        notice.order = Some(order.id.clone());
+        notice.serial = Some(issued.serial.clone());
+        notice.not_after = Some(crate::clock::rfc3339(issued.not_after));
+        self.notifier.outbox(&notice)
+    }
+
+    fn certificate_row<'s>(
+        &self,
+        signing: &'s Signing<'_>,
+        issued: &'s Issued,
+        cert_id: &'s str,
+    ) -> NewCertificateRow<'s> {
+        NewCertificateRow {
+            id: cert_id,
+            profile: &signing.profile.name,
+            order_id: &signing.order.id,
+            account_id: &signing.account.id,
+            serial: &issued.serial,
+            chain_pem: &issued.chain_pem,
+            key_thumbprint: signing.csr.key_thumbprint.as_deref(),
+            identifiers: &signing.order.identifiers,
+            not_before: issued.not_before,
+            not_after: issued.not_after,
+            now: self.clock.unix(),
+        }
+    }
+
+    /// After the certificate is stored: the webhooks and the audit row
+    /// are counted, the issuance logged; the order as the transaction left
+    /// it (no read back).
+    fn issued(
+        &self,
+        signing: &Signing<'_>,
+        issued: &Issued,
+        cert_id: String,
+        outbox: &Outbox,
+        audit_row: &acme_proxy_store::NewAuditRow<'_>,
+    ) -> OrderRow {
+        let Signing {
+            profile,
+            account,
+            order,
+            ..
+        } = signing;
+        self.notifier.posted(outbox);
+        self.metrics.audited(audit_row);
+        tracing::info!(
+            event = "certificate.issued",
+            outcome = "success",
+            profile = %profile.name,
+            account = %account.id,
+            order = %order.id,
+            serial = %issued.serial,
+            // Up to 100 names of 253 octets: the audit row has them all,
+            // the log line the first few.
+            identifiers = %crate::bounded::identifier_list(&order.identifiers),
+            "certificate issued"
+        );
+        OrderRow {
+            status: OrderStatus::Valid,
+            certificate_id: Some(cert_id),
+            ..order.clone()
+        }
+    }
+}
+
+/// Marks an order invalid if the finalize that moved it to processing is
+/// dropped before recording the outcome.
+struct FinalizeGuard {
+    store: acme_proxy_store::Store,
+    order_id: String,
+    armed: bool,
+}
+
+impl Drop for FinalizeGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.store.clone();
+        let id = std::mem::take(&mut self.order_id);
+        tracing::warn!(
+            event = "certificate.issue",
+            outcome = "abandoned",
+            order = %id,
+            "the finalize request went away while signing; the order is made invalid"
+        );
+        runtime.spawn(async move {
+            let problem = acme_proxy_protocol::Problem::new(
+                ProblemType::ServerInternal,
+                "the finalize request went away while the certificate was being signed; place a new order",
+            );
+            let _ = store.fail_order(&id, &problem).await;
+        });
+    }
+}
