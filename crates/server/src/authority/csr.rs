@@ -387,6 +387,75 @@ mod tests {
         assert_eq!(e.kind, ProblemType::BadCsr);
     }
 
+    #[test]
+    fn each_csr_is_accepted_or_refused_with_the_rfc_8555_problem_type_the_table_says() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let account_key = rcgen::KeyPair::generate().unwrap();
+        let order = [
+            Identifier::dns("a.example.test"),
+            Identifier::dns("b.example.test"),
+        ];
+        let both = csr(&["a.example.test", "b.example.test"], &key);
+        let account_thumbprint = check_csr(
+            &csr(&["a.example.test", "b.example.test"], &account_key),
+            &order,
+            "x",
+            ANY_TLS,
+        )
+        .unwrap()
+        .key_thumbprint
+        .unwrap();
+        let mut broken = both.clone();
+        let last = broken.len() - 1;
+        broken[last] ^= 1;
+        let trailing = [both.as_slice(), &[0]].concat();
+        // (what, CSR, account key thumbprint, None: accepted | the problem)
+        let table: [(&str, Vec<u8>, &str, Option<ProblemType>); 8] = [
+            ("exactly the order's names", both.clone(), "x", None),
+            (
+                "the names in another order and case",
+                csr(&["B.example.test", "a.example.test"], &key),
+                "x",
+                None,
+            ),
+            (
+                "a name short",
+                csr(&["a.example.test"], &key),
+                "x",
+                Some(ProblemType::BadCsr),
+            ),
+            (
+                "a name more",
+                csr(
+                    &["a.example.test", "b.example.test", "c.example.test"],
+                    &key,
+                ),
+                "x",
+                Some(ProblemType::BadCsr),
+            ),
+            ("a broken signature", broken, "x", Some(ProblemType::BadCsr)),
+            ("trailing data", trailing, "x", Some(ProblemType::BadCsr)),
+            (
+                "not DER",
+                b"not a CSR".to_vec(),
+                "x",
+                Some(ProblemType::BadCsr),
+            ),
+            (
+                "the account key (RFC 8555 §11.1)",
+                csr(&["a.example.test", "b.example.test"], &account_key),
+                &account_thumbprint,
+                Some(ProblemType::BadCsr),
+            ),
+        ];
+        for (what, der, thumbprint, want) in table {
+            let got = check_csr(&der, &order, thumbprint, ANY_TLS)
+                .err()
+                .map(|e| e.kind);
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
     /// What a CSR may ask for at a profile that names no purposes.
     const ANY_TLS: &[ExtendedKeyUsage] =
         &[ExtendedKeyUsage::ServerAuth, ExtendedKeyUsage::ClientAuth];

@@ -479,8 +479,28 @@ impl TestServer {
     }
 
     pub async fn start_in(dir: tempfile::TempDir, toml: &str) -> TestServer {
+        Self::start_in_with(dir, toml, Default::default()).await
+    }
+
+    /// [`Self::start`], with signers plugged in by profile name
+    /// (`server::start_with`).
+    pub async fn start_plugged(
+        http_port: u16,
+        extra: &str,
+        plugged: acme_proxy::server::Signers,
+    ) -> TestServer {
+        let dir = tempdir();
+        let toml = Self::config_text(dir.path(), http_port, None, extra);
+        Self::start_in_with(dir, &toml, plugged).await
+    }
+
+    pub async fn start_in_with(
+        dir: tempfile::TempDir,
+        toml: &str,
+        plugged: acme_proxy::server::Signers,
+    ) -> TestServer {
         let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-        let running = acme_proxy::server::start(config, Arc::new(SystemClock))
+        let running = acme_proxy::server::start_with(config, Arc::new(SystemClock), plugged)
             .await
             .expect("server starts");
         TestServer {

@@ -32,6 +32,7 @@ mod recheck;
 mod recovery;
 mod relay;
 mod resources;
+mod signer_trait;
 mod startup;
 mod tls;
 mod upstream;
