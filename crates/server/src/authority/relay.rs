@@ -1,4 +1,4 @@
-//! The relay's side of the state machine (ARCHITECTURE.md draws it step
+//! The relay's side of the state machine (docs/design.md draws it step
 //! by step): finalize records the mapping and queues the job; the job's
 //! attempts drive the upstream; settle and abandon are the only writers of
 //! the local order's outcome.

@@ -1,6 +1,6 @@
-//! The durable job queue (its contract: ARCHITECTURE.md, `jobs`): at-least-once
-//! background work that survives crashes, retries what is transient and
-//! retires what is not, exactly once.
+//! The durable job queue (its contract: docs/design.md, "The job queue"):
+//! at-least-once background work that survives crashes, retries what is
+//! transient and retires what is not, exactly once.
 //!
 //! - [`Queue::enqueue`]: (kind, key) is unique among unfinished jobs, so
 //!   enqueueing twice queues once (and says so).

@@ -9,7 +9,7 @@ use instant_acme::{Identifier, NewOrder};
 use crate::client;
 use crate::harness::{self, CliOutput, Responder, TestServer};
 
-/// Exit codes the README documents.
+/// Exit codes docs/operating/cli.md documents.
 const FAILED: i32 = 1;
 const NOT_CONFIRMED: i32 = 3;
 

@@ -288,7 +288,7 @@ fn row_octets(row: &acme_proxy_store::AuditRow) -> usize {
         + serde_json::to_string(&row.identifiers).unwrap().len()
 }
 
-/// What README.md documents as the most a refusal's audit row holds:
+/// What docs/operating/audit.md documents as the most a refusal's audit row holds:
 /// 10 identifiers of at most 253 octets plus a marker each, and a detail
 /// of two 1024-octet parts with their markers, with room to spare.
 const REFUSAL_ROW_OCTETS: usize = 8 * 1024;

@@ -1,6 +1,6 @@
 //! The relay signer: certificates obtained from an upstream ACME CA with
 //! one upstream account per profile, through a durable job (the steps are
-//! drawn in ARCHITECTURE.md).
+//! drawn in docs/design.md, "The relay").
 //!
 //! This module is the upstream *client* side: the account, one attempt of
 //! the relay (re-read the upstream order, answer its challenges with the
