@@ -6,7 +6,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use acme_proxy::cli;
+use acme_proxy::admin::cli;
+use acme_proxy::admin::cli::common::{EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_CONFIRMED, NotConfirmed};
 use acme_proxy::clock::SystemClock;
 use acme_proxy::config::Config;
 
@@ -51,25 +52,25 @@ enum Command {
     Config(ConfigCommand),
     /// Inspect and steer the durable job queue.
     #[command(subcommand)]
-    Job(acme_proxy::cli::JobCommand),
+    Job(cli::job::JobCommand),
     /// The relay profiles' upstream accounts and relayed orders.
     #[command(subcommand)]
-    Upstream(acme_proxy::cli::UpstreamCommand),
+    Upstream(cli::upstream::UpstreamCommand),
     /// The audit trail: who got which certificate, and why one was refused.
     #[command(subcommand)]
-    Audit(acme_proxy::cli::AuditCommand),
+    Audit(cli::audit::AuditCommand),
     /// ACME accounts: list, show, deactivate, delete.
     #[command(subcommand)]
-    Account(acme_proxy::cli::AccountCommand),
+    Account(cli::account::AccountCommand),
     /// Orders and their certificates: list, show, revoke, delete.
     #[command(subcommand)]
-    Order(acme_proxy::cli::OrderCommand),
+    Order(cli::order::OrderCommand),
     /// Replay nonces.
     #[command(subcommand)]
-    Nonce(acme_proxy::cli::NonceCommand),
+    Nonce(cli::nonce::NonceCommand),
     /// External Account Binding credentials: create, list, revoke.
     #[command(subcommand)]
-    Eab(acme_proxy::cli::EabCommand),
+    Eab(cli::eab::EabCommand),
     /// Write the man pages or the shell completions into a directory (for
     /// packagers; reads no configuration).
     #[command(subcommand)]
@@ -103,7 +104,7 @@ fn main() {
     if let Some(Command::Generate(what)) = &cli.command {
         if let Err(e) = generate(what) {
             eprintln!("acme-proxy: {e:#}");
-            std::process::exit(cli::EXIT_FAILED);
+            std::process::exit(EXIT_FAILED);
         }
         return;
     }
@@ -111,18 +112,18 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("acme-proxy: {e}");
-            std::process::exit(cli::EXIT_CONFIG);
+            std::process::exit(EXIT_CONFIG);
         }
     };
     if let Err(e) = run(cli.command.unwrap_or(Command::Serve), config) {
         eprintln!("acme-proxy: {e:#}");
-        std::process::exit(if e.is::<cli::NotConfirmed>() {
-            cli::EXIT_NOT_CONFIRMED
+        std::process::exit(if e.is::<NotConfirmed>() {
+            EXIT_NOT_CONFIRMED
         } else if e.is::<acme_proxy::server::Refused>() {
             // What `config check` refuses, with its exit code.
-            cli::EXIT_CONFIG
+            EXIT_CONFIG
         } else {
-            cli::EXIT_FAILED
+            EXIT_FAILED
         });
     }
 }
@@ -186,28 +187,20 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                     for p in problems {
                         eprintln!("acme-proxy: {p}");
                     }
-                    std::process::exit(cli::EXIT_CONFIG);
+                    std::process::exit(EXIT_CONFIG);
                 }
             }
         }
         Command::Account(command) => {
-            operator_runtime()?.block_on(acme_proxy::cli::account(&config, command))
+            operator_runtime()?.block_on(cli::account::run(&config, command))
         }
-        Command::Order(command) => {
-            operator_runtime()?.block_on(acme_proxy::cli::order(&config, command))
-        }
-        Command::Eab(command) => {
-            operator_runtime()?.block_on(acme_proxy::cli::eab(&config, command))
-        }
-        Command::Nonce(command) => {
-            operator_runtime()?.block_on(acme_proxy::cli::nonce(&config, command))
-        }
-        Command::Job(job) => operator_runtime()?.block_on(acme_proxy::cli::job(&config, job)),
-        Command::Audit(command) => {
-            operator_runtime()?.block_on(acme_proxy::cli::audit(&config, command))
-        }
+        Command::Order(command) => operator_runtime()?.block_on(cli::order::run(&config, command)),
+        Command::Eab(command) => operator_runtime()?.block_on(cli::eab::run(&config, command)),
+        Command::Nonce(command) => operator_runtime()?.block_on(cli::nonce::run(&config, command)),
+        Command::Job(job) => operator_runtime()?.block_on(cli::job::run(&config, job)),
+        Command::Audit(command) => operator_runtime()?.block_on(cli::audit::run(&config, command)),
         Command::Upstream(command) => {
-            operator_runtime()?.block_on(acme_proxy::cli::upstream(&config, command))
+            operator_runtime()?.block_on(cli::upstream::run(&config, command))
         }
         Command::Serve => {
             acme_proxy::logging::init(config.log_format);
@@ -255,7 +248,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let summary = acme_proxy::ops::describe_profiles(&config);
+    let summary = acme_proxy::admin::ops::describe_profiles(&config);
     let database = config.database_url();
     let trusted_proxies: Vec<String> = config
         .trusted_proxies

@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::notify::{Notifier, NotifyJobs};
 use crate::signer::relay::ChallengeBoard;
 use crate::signer::{LocalCa, Relay, Signer};
-use crate::validation::Validators;
+use crate::validators::Validators;
 
 /// How often expired nonces are deleted.
 const NONCE_SWEEP_EVERY: Duration = Duration::from_secs(300);
@@ -269,7 +269,7 @@ pub async fn check(config: &Config, clock: SharedClock) -> Result<Vec<String>, R
     if let Some(store) = store {
         store.close().await;
     }
-    prepared.map(|_| crate::ops::describe_profiles(config))
+    prepared.map(|_| crate::admin::ops::describe_profiles(config))
 }
 
 /// The authority and what it stands on, as `serve` and the operator

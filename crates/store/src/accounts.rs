@@ -295,3 +295,222 @@ impl Store {
         .unwrap_or((0, 0)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use rusqlite::Connection;
+
+    use super::*;
+    use crate::test_support::{ACCOUNT, GUARD, cert_row, issued_row, open_in};
+    use crate::{
+        AuditFilter, InsertOrder, NewAuthorization, NewChallenge, NewJob, NewOrderRow,
+        NewUpstreamOrder, Result, StoreError,
+    };
+
+    #[tokio::test]
+    async fn a_guarded_write_refuses_an_account_deactivated_deleted_or_rekeyed_since_and_writes_nothing()
+     {
+        use acme_proxy_protocol::types::Identifier;
+
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(&format!(
+            "{ACCOUNT}
+             INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
+                 VALUES ('gone', 'default', 'gone-thumb', '{{}}', 'deactivated', 1);
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1);"
+        ))
+        .unwrap();
+        let order = |id: &str| NewOrderRow {
+            id: id.to_owned(),
+            profile: "default".to_owned(),
+            account_id: "acct".to_owned(),
+            identifiers: vec![Identifier {
+                kind: "dns".parse().unwrap(),
+                value: "a.example".to_owned(),
+            }],
+            not_before: None,
+            not_after: None,
+            expires_at: 100,
+            now: 1,
+            authorizations: vec![NewAuthorization {
+                id: format!("{id}-authz"),
+                identifier: Identifier {
+                    kind: "dns".parse().unwrap(),
+                    value: "a.example".to_owned(),
+                },
+                wildcard: false,
+                expires_at: 100,
+                challenges: vec![NewChallenge {
+                    id: format!("{id}-ch"),
+                    kind: "http-01".parse().unwrap(),
+                    token: "token".to_owned(),
+                }],
+            }],
+            reuse_validated_since: None,
+            certificate_profile: None,
+            replaces: None,
+        };
+        let changed = |r: Result<bool>| matches!(r, Err(StoreError::AccountChanged));
+        // The account as the request was verified, and three ways it may
+        // have changed since: another key, deactivated, deleted.
+        let rekeyed = AccountGuard {
+            id: "acct",
+            key_thumbprint: "old-thumb",
+        };
+        let deactivated = AccountGuard {
+            id: "gone",
+            key_thumbprint: "gone-thumb",
+        };
+        let deleted = AccountGuard {
+            id: "nobody",
+            key_thumbprint: "thumb",
+        };
+        let cert = cert_row("c1", "ready", "c1");
+        let audit = issued_row("ready");
+        for stale in [rekeyed, deactivated, deleted] {
+            let refused = store.insert_order(&order("o-stale"), stale).await;
+            assert!(
+                matches!(refused, Err(StoreError::AccountChanged)),
+                "{refused:?}"
+            );
+        }
+        assert!(store.order("o-stale").await.unwrap().is_none());
+        assert!(matches!(
+            store.insert_order(&order("o1"), GUARD).await.unwrap(),
+            InsertOrder::Inserted(_)
+        ));
+        let job = NewJob {
+            kind: "challenge_validation",
+            key: "o1-ch",
+            payload: "{}",
+            run_at: 1,
+            deadline: None,
+            max_attempts: 1,
+            fair_key: None,
+        };
+        let relayed = NewUpstreamOrder {
+            order_id: "ready",
+            profile: "default",
+            account_id: "acct",
+            csr_der: b"csr",
+            client_ip: None,
+            reverse_name: None,
+            user_agent: None,
+            request_id: None,
+            now: 1,
+        };
+        for stale in [rekeyed, deactivated, deleted] {
+            // The bypass checks the account once its update found the
+            // challenge to move: one of `acct`'s, so only `acct` rekeyed is
+            // refused as changed; for the other ids it is not theirs.
+            let bypassed = store
+                .bypass_challenge("o1-ch", "default", 1, 50, stale)
+                .await;
+            if stale.id == "acct" {
+                assert!(
+                    matches!(bypassed, Err(StoreError::AccountChanged)),
+                    "{bypassed:?}"
+                );
+            } else {
+                assert!(matches!(bypassed, Ok(None)), "{bypassed:?}");
+            }
+            assert!(changed(
+                store
+                    .start_challenge_with_job("o1-ch", 1, &job, 1, stale)
+                    .await
+            ));
+            assert!(changed(store.begin_finalize("ready", stale).await));
+            assert!(changed(
+                store.complete_ready_order(&cert, &audit, &[], stale).await
+            ));
+            assert!(changed(store.begin_relay(&relayed, &job, 1, stale).await));
+        }
+        // `acct` itself deactivated (by hand, without the cascade): the
+        // bypass that would move its challenge is refused.
+        raw.execute_batch("UPDATE accounts SET status = 'deactivated' WHERE id = 'acct'")
+            .unwrap();
+        let bypassed = store
+            .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+            .await;
+        assert!(
+            matches!(bypassed, Err(StoreError::AccountChanged)),
+            "{bypassed:?}"
+        );
+        raw.execute_batch("UPDATE accounts SET status = 'valid' WHERE id = 'acct'")
+            .unwrap();
+        // Nothing of the refused writes: the challenge is pending, the
+        // order ready without a certificate or upstream mapping, no job,
+        // nothing audited.
+        assert!(store.upstream_order("ready").await.unwrap().is_none());
+        assert!(
+            store
+                .job_counts()
+                .await
+                .unwrap()
+                .by_kind_and_status
+                .is_empty()
+        );
+        let challenge = store.challenge("o1-ch").await.unwrap().unwrap();
+        assert_eq!(challenge.status.as_str(), "pending");
+        assert_eq!(
+            store.order("o1").await.unwrap().unwrap().status.as_str(),
+            "pending"
+        );
+        assert_eq!(
+            store.order("ready").await.unwrap().unwrap().status.as_str(),
+            "ready"
+        );
+        assert!(store.certificate("c1").await.unwrap().is_none());
+        let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();
+        assert!(audited.is_empty(), "{audited:?}");
+        // With the account as it is, the same writes go through.
+        // Not at another profile, nor for another account.
+        let other = AccountGuard {
+            id: "gone",
+            key_thumbprint: "gone-thumb",
+        };
+        raw.execute_batch("UPDATE accounts SET status = 'valid' WHERE id = 'gone'")
+            .unwrap();
+        for (profile, account) in [("other", GUARD), ("default", other)] {
+            let refused = store
+                .bypass_challenge("o1-ch", profile, 1, 50, account)
+                .await
+                .unwrap();
+            assert!(refused.is_none(), "{profile}: {refused:?}");
+        }
+        let (challenge, authz) = store
+            .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+            .await
+            .unwrap()
+            .unwrap();
+        // As the transaction left them.
+        assert_eq!(
+            (challenge.status.as_str(), challenge.validated_at),
+            ("valid", Some(1))
+        );
+        assert_eq!((authz.status.as_str(), authz.expires_at), ("valid", 50));
+        // A second trigger finds it valid: nothing to do.
+        assert!(
+            store
+                .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            store.order("o1").await.unwrap().unwrap().status.as_str(),
+            "ready"
+        );
+        assert!(store.begin_finalize("ready", GUARD).await.unwrap());
+        assert_eq!(
+            store.order("ready").await.unwrap().unwrap().status.as_str(),
+            "processing"
+        );
+        store.close().await;
+    }
+}

@@ -334,3 +334,94 @@ pub(crate) fn complete_order_in(conn: &Connection, cert: &NewCertificateRow<'_>)
     )?;
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use rusqlite::Connection;
+
+    use crate::test_support::{ACCOUNT, GUARD, cert_row, issued_row, open_in};
+    use crate::{AuditFilter, NewJob};
+
+    #[tokio::test]
+    async fn only_a_ready_order_is_completed_and_a_refused_completion_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(&format!(
+            "{ACCOUNT}
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1),
+                        ('pending', 'default', 'acct', 'pending', '[]', 2, 1),
+                        ('clash', 'default', 'acct', 'ready', '[]', 2, 1);"
+        ))
+        .unwrap();
+        drop(raw);
+        // Serials are the certificate ids, but c1 and c4 share one.
+        let cert = |id: &'static str, order_id: &'static str| {
+            cert_row(id, order_id, if id == "c4" { "c1" } else { id })
+        };
+        let audit = issued_row;
+        let completed = |id: &'static str, order| {
+            let store = store.clone();
+            async move {
+                let notice = NewJob {
+                    kind: "notify",
+                    key: id,
+                    payload: "{}",
+                    run_at: 1,
+                    deadline: None,
+                    max_attempts: 1,
+                    fair_key: None,
+                };
+                store
+                    .complete_ready_order(&cert(id, order), &audit(order), &[notice], GUARD)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(completed("c1", "ready").await);
+        let order = store.order("ready").await.unwrap().unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.certificate_id.as_deref()),
+            ("valid", Some("c1"))
+        );
+        // The order is valid now: a second finalize that signed too is
+        // refused, and neither its certificate nor its audit row is kept.
+        assert!(!completed("c2", "ready").await);
+        // Never ready: nothing written either.
+        assert!(!completed("c3", "pending").await);
+        assert_eq!(
+            store
+                .order("pending")
+                .await
+                .unwrap()
+                .unwrap()
+                .status
+                .as_str(),
+            "pending"
+        );
+        // A certificate that cannot be stored (its serial is taken): the
+        // processing step rolls back with it, the order is ready again.
+        let clash = store
+            .complete_ready_order(&cert("c4", "clash"), &audit("clash"), &[], GUARD)
+            .await;
+        assert!(clash.is_err(), "{clash:?}");
+        assert_eq!(
+            store.order("clash").await.unwrap().unwrap().status.as_str(),
+            "ready"
+        );
+        for (id, kept) in [("c1", true), ("c2", false), ("c3", false), ("c4", false)] {
+            assert_eq!(store.certificate(id).await.unwrap().is_some(), kept, "{id}");
+        }
+        let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();
+        assert_eq!(audited.len(), 1, "{audited:?}");
+        assert_eq!(audited[0].order_id.as_deref(), Some("ready"));
+        assert_eq!(
+            store.job_counts().await.unwrap().by_kind_and_status,
+            [("notify".to_owned(), "queued".to_owned(), 1)]
+        );
+        store.close().await;
+    }
+}

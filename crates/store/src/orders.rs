@@ -881,3 +881,53 @@ impl Store {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use rusqlite::Connection;
+
+    use crate::test_support::{ACCOUNT, open_in};
+
+    #[tokio::test]
+    async fn an_order_stored_before_migration_6_lists_its_authorizations_by_position_and_its_certificate_once_backfilled()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, store) = open_in(dir.path()).await;
+        // Rows as a database from before migration 0006 holds them: the
+        // links and the certificate only in their own tables, the order's
+        // new columns at their defaults. The positions run against the
+        // ids' order: the list must follow the positions, not the primary
+        // key's order. (The migration's backfill statement runs here as
+        // written in the file; sqlx runs the whole file when a store
+        // opens an older database.)
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(&format!(
+            "{ACCOUNT}
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ord', 'default', 'acct', 'valid', '[]', 2, 1),
+                        ('bare', 'default', 'acct', 'pending', '[]', 2, 1);
+             INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, status, expires_at, created_at)
+                 VALUES ('az-b', 'default', 'acct', 'dns', 'b.test', 'valid', 2, 1),
+                        ('az-a', 'default', 'acct', 'dns', 'a.test', 'valid', 2, 1);
+             INSERT INTO order_authorizations (order_id, authz_id, position)
+                 VALUES ('ord', 'az-a', 1), ('ord', 'az-b', 0);
+             INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, identifiers, not_before, not_after, created_at)
+                 VALUES ('cert', 'default', 'ord', 'acct', '01', '', '[]', 1, 2, 1);"
+        ))
+        .unwrap();
+        let migration = include_str!("../migrations/sqlite/0006_order_rows.sql");
+        let backfill = &migration[migration.find("UPDATE orders").unwrap()..];
+        raw.execute_batch(backfill).unwrap();
+        drop(raw);
+
+        let order = store.order("ord").await.unwrap().unwrap();
+        assert_eq!(order.authorization_ids, ["az-b", "az-a"]);
+        assert_eq!(order.certificate_id.as_deref(), Some("cert"));
+        let bare = store.order("bare").await.unwrap().unwrap();
+        assert!(bare.authorization_ids.is_empty());
+        assert_eq!(bare.certificate_id, None);
+        store.close().await;
+    }
+}

@@ -40,7 +40,7 @@ use crate::jobs::Queue;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::signer::Signer;
-use crate::validation::Validators;
+use crate::validators::Validators;
 
 pub use ari::Window;
 pub use maintenance::{CrlRefresh, NonceSweep};

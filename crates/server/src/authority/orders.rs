@@ -602,7 +602,7 @@ fn allowed_by(
 /// Syntax and policy for one identifier; returns it normalised.
 fn check_identifier(
     profile: &Profile,
-    egress: &crate::validation::Egress,
+    egress: &crate::validators::Egress,
     id: &RawIdentifier,
 ) -> Result<Identifier, (ProblemType, String)> {
     // RFC 8555 §7.4: a type the server does not know is

@@ -64,14 +64,14 @@ impl Authority {
                 .iter()
                 .find(|c| c.status == ChallengeStatus::Valid)
                 .map_or("", |c| c.kind.as_str());
-            let request = crate::validation::caa::CaaRequest {
+            let request = crate::validators::caa::CaaRequest {
                 name,
                 wildcard: authz.wildcard,
                 identities: &profile.config.caa_identities,
                 account_uri: account_url,
                 method: kind,
             };
-            crate::validation::caa::check(&self.validators, &request)
+            crate::validators::caa::check(&self.validators, &request)
                 .await
                 .map_err(|e| {
                     AcmeError::new(

@@ -19,7 +19,7 @@ use super::Authority;
 use crate::events::Event;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
 use crate::notify::Notice;
-use crate::validation::ValidationTarget;
+use crate::validators::ValidationTarget;
 
 /// The job kind; the key is the challenge id.
 pub const VALIDATION_KIND: &str = "challenge_validation";
@@ -93,7 +93,7 @@ impl JobHandler for ValidationJobs {
                 if r.is_ok() && profile.config.caa {
                     // RFC 8659 §3: checked when the name is validated.
                     let account_uri = a.account_url(&profile.name, &account.id);
-                    let request = crate::validation::caa::CaaRequest {
+                    let request = crate::validators::caa::CaaRequest {
                         name: &authz.identifier.value,
                         wildcard: authz.wildcard,
                         identities: &profile.config.caa_identities,
@@ -101,7 +101,7 @@ impl JobHandler for ValidationJobs {
                         method: ch.kind.as_str(),
                     };
                     if authz.identifier.kind == IdentifierType::Dns {
-                        r = crate::validation::caa::check(&a.validators, &request).await;
+                        r = crate::validators::caa::check(&a.validators, &request).await;
                     }
                 }
                 // The label is the status the challenge settles in (§7.1.6).

@@ -356,7 +356,7 @@ async fn run_script(name: &str, script: &ScriptConfig, notice: &Notice) -> Outco
         Ok(v) => v,
         Err(e) => return Outcome::Failed(format!("encoding the notice: {e}")),
     };
-    match crate::hardened::run(
+    match crate::operator_program::run(
         &script.command,
         &script.args,
         &input,

@@ -1,7 +1,7 @@
 //! The custom signer: an operator's program turns the CSR into a chain
 //! (a legacy PKI, an internal API behind a script).
 //!
-//! Each operation is one run of a program through [`crate::hardened::run`]:
+//! Each operation is one run of a program through [`crate::operator_program::run`]:
 //! no shell, a cleared environment, the request as JSON on stdin, killed at
 //! the deadline (or when the request that started it goes away), output
 //! capped. What comes back is checked before anyone trusts it: the chain
@@ -113,7 +113,7 @@ impl Custom {
             "key_usages": req.key_usages,
             "extended_key_usages": req.extended_key_usages,
         });
-        let out = crate::hardened::run(
+        let out = crate::operator_program::run(
             &self.config.command,
             &self.config.args,
             input.to_string().as_bytes(),
@@ -123,7 +123,7 @@ impl Custom {
         .await
         .map_err(|e| match e {
             // Not started: nothing can have been signed.
-            crate::hardened::RunError::Spawn(..) => {
+            crate::operator_program::RunError::Spawn(..) => {
                 SignerError::Internal(format!("the issuing program {e}"))
             }
             _ => SignerError::Failed(format!("the issuing program {e}")),
@@ -282,8 +282,8 @@ impl Custom {
         &self,
         op: &CustomOperation,
         input: &serde_json::Value,
-    ) -> Result<crate::hardened::Finished, SignerError> {
-        crate::hardened::run(
+    ) -> Result<crate::operator_program::Finished, SignerError> {
+        crate::operator_program::run(
             &op.command,
             &op.args,
             input.to_string().as_bytes(),

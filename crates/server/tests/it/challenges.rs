@@ -109,7 +109,7 @@ async fn dns_01_follows_a_cname_and_refuses_a_wrong_or_missing_record() {
             .unwrap()
             .clone();
         let token = ch["token"].as_str().unwrap();
-        let value = acme_proxy::validation::dns01::txt_value(&format!("{token}.{thumb}"));
+        let value = acme_proxy::validators::dns01::txt_value(&format!("{token}.{thumb}"));
         match setup {
             "cname" => {
                 dns.manage("set-cname", json!({"host": format!("_acme-challenge.{name}."), "target": "delegated.example.test."}))

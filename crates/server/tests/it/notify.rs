@@ -29,10 +29,12 @@ fn events(got: &[Received]) -> Vec<String> {
 /// The newest delivery job once it is past `retiring`: its
 /// `notification.failed` audit row is written while it retires, and it is
 /// marked failed just after.
-async fn newest_delivery_once_retired(store: &acme_proxy_store::Store) -> acme_proxy::ops::JobView {
+async fn newest_delivery_once_retired(
+    store: &acme_proxy_store::Store,
+) -> acme_proxy::admin::ops::JobView {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let jobs = acme_proxy::ops::list_jobs(store, Some("notify_delivery"), None, 10)
+        let jobs = acme_proxy::admin::ops::list_jobs(store, Some("notify_delivery"), None, 10)
             .await
             .expect("jobs");
         if jobs[0].status != "retiring" {
@@ -123,7 +125,7 @@ async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is
     let store = server.running().authority.store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+        let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
             .await
             .expect("jobs");
         if jobs.first().is_some_and(|j| j.attempts >= 2) {
@@ -265,7 +267,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
         );
     }
     let store = server.running().authority.store().clone();
-    let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+    let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
         .await
         .expect("jobs");
     assert_eq!(jobs.len(), 1);
@@ -551,7 +553,7 @@ async fn an_smtp_server_receives_the_templated_issuance_mail_over_plain_smtp() {
     assert_the_issuance_mail(&mails[0], "mailed.example.test", &serial);
     assert!(!mails[0].tls);
     // Subscribed to issuance only: account.created was never queued for it.
-    let jobs = acme_proxy::ops::list_jobs(
+    let jobs = acme_proxy::admin::ops::list_jobs(
         server.running().authority.store(),
         Some("notify_delivery"),
         None,
@@ -601,7 +603,7 @@ async fn an_smtp_server_whose_certificate_is_not_trusted_gets_nothing_and_the_ma
     let store = server.running().authority.store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let job = loop {
-        let jobs = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+        let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
             .await
             .expect("jobs");
         if let Some(j) = jobs.into_iter().find(|j| j.attempts >= 2) {
@@ -675,7 +677,7 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
         fair_key: None,
     };
     let queued = || async {
-        acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
+        acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
             .await
             .expect("jobs")
             .into_iter()
@@ -705,7 +707,7 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
         .await
         .expect("revoke");
     assert_eq!(again, RevokeOutcome::AlreadyRevoked);
-    let all = acme_proxy::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
+    let all = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 100)
         .await
         .expect("jobs");
     assert!(

@@ -100,9 +100,15 @@ async fn register_upstream_accounts(toml: &str) {
         .expect("open the database");
     for (name, p) in &config.profiles {
         if matches!(p.signer, SignerConfig::Relay(_)) {
-            acme_proxy::ops::register_upstream(&store, &SystemClock, &config, Some(name), None)
-                .await
-                .unwrap_or_else(|e| panic!("registering {name} upstream: {e}"));
+            acme_proxy::admin::ops::register_upstream(
+                &store,
+                &SystemClock,
+                &config,
+                Some(name),
+                None,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("registering {name} upstream: {e}"));
         }
     }
     store.close().await;
@@ -1030,9 +1036,10 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
     let job = {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let jobs = acme_proxy::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
-                .await
-                .expect("jobs");
+            let jobs =
+                acme_proxy::admin::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
+                    .await
+                    .expect("jobs");
             if let Some(j) = jobs.into_iter().find(|j| j.attempts >= 2) {
                 break j;
             }
@@ -1044,7 +1051,7 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
         job.max_attempts, 200,
         "relays ride out long outages by default"
     );
-    acme_proxy::ops::cancel_job(&store, &SystemClock, job.id, "operator:alice")
+    acme_proxy::admin::ops::cancel_job(&store, &SystemClock, job.id, "operator:alice")
         .await
         .expect("cancel");
     let relayed = order.await.expect("order task");
@@ -1357,7 +1364,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
     let store = server.running().authority.store().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let job = loop {
-        let jobs = acme_proxy::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
+        let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
             .await
             .expect("jobs");
         let job = jobs

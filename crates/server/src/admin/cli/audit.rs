@@ -1,0 +1,121 @@
+//! `acme-proxy audit`: the audit trail.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::common::{ListArgs, Table, open_store, print_fields};
+use crate::admin::ops;
+use crate::clock::SystemClock;
+use crate::config::Config;
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// List audit records, newest first.
+    List {
+        #[arg(long)]
+        profile: Option<String>,
+        #[arg(long, allow_hyphen_values = true)]
+        account: Option<String>,
+        #[arg(long, allow_hyphen_values = true)]
+        order: Option<String>,
+        /// Certificate serial, lowercase hex.
+        #[arg(long)]
+        serial: Option<String>,
+        /// e.g. certificate.issued, certificate.issue_failed, order.refused.
+        #[arg(long)]
+        event: Option<String>,
+        /// success, refused or failure.
+        #[arg(long)]
+        outcome: Option<String>,
+        /// Only records this recent: a duration ("1h", "7d") or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Show one audit record.
+    Show {
+        id: i64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
+    use crate::clock::Clock;
+    let store = open_store(config).await?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        AuditCommand::List {
+            profile,
+            account,
+            order,
+            serial,
+            event,
+            outcome,
+            since,
+            list,
+        } => {
+            let since = match since.as_deref() {
+                None => None,
+                Some(s) => Some(match humantime::parse_duration(s) {
+                    Ok(d) => SystemClock.unix() - d.as_secs() as i64,
+                    Err(_) => time::OffsetDateTime::parse(
+                        s,
+                        &time::format_description::well_known::Rfc3339,
+                    )
+                    .with_context(|| {
+                        format!("--since {s:?}: write a duration (\"1h\") or an RFC 3339 time")
+                    })?
+                    .unix_timestamp(),
+                }),
+            };
+            let filter = acme_proxy_store::AuditFilter {
+                profile: profile.as_deref(),
+                account: account.as_deref(),
+                order: order.as_deref(),
+                serial: serial.as_deref(),
+                event: event.as_deref(),
+                outcome: outcome.as_deref(),
+                since,
+            };
+            let rows = ops::list_audit(&store, &filter, list.limit).await?;
+            if list.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+            } else {
+                let mut table =
+                    Table::new(&["ID", "AT", "EVENT", "OUTCOME", "ACTOR", "CLIENT", "WHAT"])
+                        .status_column(3);
+                for r in rows {
+                    let what = match (&r.problem_type, &r.serial) {
+                        (Some(p), _) => format!("{p}: {}", r.detail.as_deref().unwrap_or("")),
+                        (None, Some(s)) => format!("serial {s} {}", r.identifiers.join(",")),
+                        (None, None) => r.identifiers.join(","),
+                    };
+                    table.row(vec![
+                        r.id.to_string(),
+                        r.at,
+                        r.event,
+                        r.outcome,
+                        r.actor,
+                        r.client_ip.unwrap_or_else(|| "-".into()),
+                        what,
+                    ]);
+                }
+                table.print()?;
+            }
+        }
+        AuditCommand::Show { id, json } => {
+            let r = ops::show_audit(&store, id).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+            } else {
+                print_fields(&mut out, &r, 14)?;
+            }
+        }
+    }
+    store.close().await;
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! What the commands share: the `--limit`/`--json` of every list and the
+//! `--yes`/`--actor` of every change, the confirmation and exit codes, the
+//! store or authority a command works on, and the output (aligned tables,
+//! `name: value` fields, JSON).
+
+use std::io::Write;
+
+use acme_proxy_store::{Store, StoreOptions};
+use anyhow::Context;
+
+use crate::authority::Authority;
+use crate::clock::SystemClock;
+use crate::config::Config;
+
+/// What every list takes, after its filters.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What every command that changes something takes.
+#[derive(Debug, clap::Args)]
+pub struct Act {
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
+    /// Who is acting; defaults to operator:$USER.
+    #[arg(long)]
+    pub actor: Option<String>,
+}
+
+/// A destructive command that was not confirmed: nothing was changed.
+/// The binary exits with [`EXIT_NOT_CONFIRMED`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotConfirmed(String);
+
+/// Exit codes of every command (documented in the README):
+/// 0 done; 1 the operation failed or was refused (nothing found, or it
+/// would lose something still needed); 2 bad arguments or configuration;
+/// 3 a destructive command not confirmed.
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_CONFIG: i32 = 2;
+pub const EXIT_NOT_CONFIRMED: i32 = 3;
+
+/// Asks before a destructive change: `--yes` skips the question; without
+/// it, a terminal is asked and anything but "y"/"yes" declines, and no
+/// terminal (a script, a pipe) refuses outright rather than guess.
+pub(super) fn confirm(yes: bool, what: &str) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(NotConfirmed(format!(
+            "refusing to {what} without confirmation: stdin is not a terminal; pass --yes"
+        ))
+        .into());
+    }
+    eprint!("{what}? [y/N] ");
+    let mut answer = String::new();
+    stdin.read_line(&mut answer)?;
+    if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+        Ok(())
+    } else {
+        Err(NotConfirmed("not confirmed; nothing was changed".to_owned()).into())
+    }
+}
+
+/// `operator:$USER` unless `--actor` names someone.
+pub(super) fn operator_actor(actor: Option<String>) -> String {
+    actor.unwrap_or_else(|| {
+        format!(
+            "operator:{}",
+            std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned())
+        )
+    })
+}
+
+pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    let url = config.database_url();
+    Store::open(&url, &StoreOptions::default())
+        .await
+        .with_context(|| format!("opening the database {url}"))
+}
+
+/// The authority as `serve` builds it (signers, notifier, queue), for the
+/// commands that change state: they go through the same code, audit rows
+/// and notifications as the ACME requests they mirror. Jobs they queue
+/// (notifications) are run by the server.
+pub(super) async fn operator_authority(
+    config: &Config,
+) -> anyhow::Result<std::sync::Arc<Authority>> {
+    let assembled =
+        crate::server::assemble(config, std::sync::Arc::new(SystemClock), config.base_url())
+            .await?;
+    Ok(assembled.authority)
+}
+
+/// One `name: value` line per field of `value`, names right-aligned to
+/// `width` ("-" for none).
+pub(super) fn print_fields(
+    out: &mut impl Write,
+    value: &impl serde::Serialize,
+    width: usize,
+) -> anyhow::Result<()> {
+    if let Some(map) = serde_json::to_value(value)?.as_object() {
+        for (k, v) in map {
+            let shown = match v {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Null => "-".to_owned(),
+                other => other.to_string(),
+            };
+            writeln!(out, "{k:>width$}: {shown}")?;
+        }
+    }
+    Ok(())
+}
+
+/// A view as `name: value` lines, or as JSON.
+pub(super) fn print_view(
+    out: &mut impl Write,
+    view: &impl serde::Serialize,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(view)?)?;
+        return Ok(());
+    }
+    print_fields(out, view, 16)
+}
+
+/// An aligned table for people: a bold header and colored status words on
+/// a terminal, plain text when piped or when `NO_COLOR` is set.
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+    /// The column whose words are colored by meaning.
+    status: Option<usize>,
+}
+
+impl Table {
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+            status: None,
+        }
+    }
+
+    pub fn status_column(mut self, index: usize) -> Self {
+        self.status = Some(index);
+        self
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Writes the table; every column but the last is padded to its widest
+    /// cell.
+    pub fn write(&self, out: &mut impl Write, color: bool) -> std::io::Result<()> {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let line = |out: &mut dyn Write, cells: &[String], header: bool| -> std::io::Result<()> {
+            let mut text = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                let pad = if i + 1 < cells.len() {
+                    " ".repeat(widths[i].saturating_sub(cell.chars().count()) + 2)
+                } else {
+                    String::new()
+                };
+                let style = match (color, header) {
+                    (false, _) => None,
+                    (true, true) => Some("1"),
+                    (true, false) if Some(i) == self.status => status_color(cell),
+                    _ => None,
+                };
+                match style {
+                    Some(code) => text.push_str(&format!("\x1b[{code}m{cell}\x1b[0m{pad}")),
+                    None => text.push_str(&format!("{cell}{pad}")),
+                }
+            }
+            writeln!(out, "{}", text.trim_end())
+        };
+        let headers: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
+        line(out, &headers, true)?;
+        for row in &self.rows {
+            line(out, row, false)?;
+        }
+        Ok(())
+    }
+
+    /// Prints to stdout, colored when it is a terminal and `NO_COLOR` is
+    /// unset or empty (<https://no-color.org>).
+    pub fn print(&self) -> std::io::Result<()> {
+        use std::io::IsTerminal;
+        let stdout = std::io::stdout();
+        let color = color_wanted(
+            stdout.is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        );
+        self.write(&mut stdout.lock(), color)
+    }
+}
+
+/// Color only on a terminal, and never when `NO_COLOR` is set non-empty.
+pub fn color_wanted(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Green for what went well, red for what did not, yellow for what is
+/// under way (SGR color codes).
+fn status_color(word: &str) -> Option<&'static str> {
+    match word {
+        "valid" | "done" | "success" => Some("32"),
+        "invalid" | "failed" | "failure" | "refused" | "revoked" | "deactivated" | "cancelled" => {
+            Some("31")
+        }
+        "pending" | "ready" | "processing" | "queued" | "running" | "retiring" => Some("33"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn table() -> Table {
+        let mut t = Table::new(&["ID", "STATUS", "WHAT"]).status_column(1);
+        t.row(vec!["1".into(), "valid".into(), "a.example".into()]);
+        t.row(vec!["1234".into(), "invalid".into(), "b.example".into()]);
+        t
+    }
+
+    #[test]
+    fn a_table_is_aligned_on_its_widest_cells() {
+        let mut out = Vec::new();
+        table().write(&mut out, false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "ID    STATUS   WHAT\n1     valid    a.example\n1234  invalid  b.example\n"
+        );
+    }
+
+    #[test]
+    fn a_colored_table_colors_the_header_and_status_words_only() {
+        let mut out = Vec::new();
+        table().write(&mut out, true).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("\x1b[1mID\x1b[0m"), "{text:?}");
+        assert!(text.contains("\x1b[32mvalid\x1b[0m"), "{text:?}");
+        assert!(text.contains("\x1b[31minvalid\x1b[0m"), "{text:?}");
+        assert!(!text.contains("\x1b[32ma.example"), "{text:?}");
+    }
+
+    #[test]
+    fn color_is_only_for_terminals_and_never_with_no_color() {
+        use std::ffi::OsStr;
+        assert!(color_wanted(true, None));
+        assert!(color_wanted(true, Some(OsStr::new(""))));
+        assert!(!color_wanted(true, Some(OsStr::new("1"))));
+        assert!(!color_wanted(false, None));
+    }
+}

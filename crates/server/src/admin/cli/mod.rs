@@ -1,0 +1,11 @@
+//! The admin CLI: one module per command noun, each thin formatting over
+//! [`crate::admin::ops`], and what they share in [`common`].
+
+pub mod account;
+pub mod audit;
+pub mod common;
+pub mod eab;
+pub mod job;
+pub mod nonce;
+pub mod order;
+pub mod upstream;

@@ -1,0 +1,161 @@
+//! `acme-proxy upstream`: the relay profiles' upstream accounts and relayed
+//! orders.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use acme_proxy_protocol::types::OrderStatus;
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::common::{ListArgs, Table, open_store};
+use crate::admin::ops;
+use crate::clock::SystemClock;
+use crate::config::Config;
+use crate::signer::relay::Eab;
+
+#[derive(Debug, Subcommand)]
+pub enum UpstreamCommand {
+    /// Register the upstream account of a relay profile (creating its key
+    /// file, 0600, if missing) and record it. Run once per relay profile.
+    Register {
+        /// The relay profile (optional when there is only one).
+        #[arg(long)]
+        profile: Option<String>,
+        /// External account binding key id given by the upstream CA.
+        #[arg(long, requires = "eab_hmac_key_file")]
+        eab_kid: Option<String>,
+        /// File holding the EAB HMAC key (base64url), or `-` for stdin;
+        /// never on the command line.
+        #[arg(long, requires = "eab_kid")]
+        eab_hmac_key_file: Option<PathBuf>,
+    },
+    /// Show the relay profiles' upstream accounts.
+    Show {
+        #[arg(long)]
+        profile: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List relayed orders (local order ↔ upstream order), newest first.
+    Orders {
+        /// processing, valid or invalid.
+        #[arg(long)]
+        status: Option<OrderStatus>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+}
+
+pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()> {
+    // `upstream register` may be the first command run on a new machine.
+    crate::private::create_dir(&config.data_dir)
+        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+    let store = open_store(config).await?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        UpstreamCommand::Register {
+            profile,
+            eab_kid,
+            eab_hmac_key_file,
+        } => {
+            let eab = match (eab_kid, eab_hmac_key_file) {
+                (Some(kid), Some(file)) => Some(read_eab(kid, &file)?),
+                _ => None,
+            };
+            let (view, registered) = ops::register_upstream(
+                &store,
+                &SystemClock,
+                config,
+                profile.as_deref(),
+                eab.as_ref(),
+            )
+            .await?;
+            if registered.key_created {
+                writeln!(
+                    out,
+                    "created the upstream account key {} (0600)",
+                    registered.key_path.display()
+                )?;
+            }
+            writeln!(
+                out,
+                "profile {} is registered at {} as {}",
+                view.profile,
+                view.directory,
+                view.account_url.as_deref().unwrap_or("-")
+            )?;
+        }
+        UpstreamCommand::Show { profile, json } => {
+            let views = ops::upstream_accounts(&store, config, profile.as_deref()).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&views)?)?;
+            } else {
+                for v in &views {
+                    writeln!(out, "{}", v.profile)?;
+                    writeln!(out, "  directory:   {}", v.directory)?;
+                    match &v.account_url {
+                        Some(url) => writeln!(out, "  account:     {url}")?,
+                        None => writeln!(
+                            out,
+                            "  account:     not registered; run `acme-proxy upstream register --profile {}`",
+                            v.profile
+                        )?,
+                    }
+                    writeln!(
+                        out,
+                        "  thumbprint:  {}",
+                        v.key_thumbprint.as_deref().unwrap_or("-")
+                    )?;
+                    writeln!(out, "  key file:    {}", v.key_file)?;
+                }
+            }
+        }
+        UpstreamCommand::Orders { status, list } => {
+            let orders = ops::upstream_orders(&store, status, list.limit).await?;
+            if list.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&orders)?)?;
+            } else {
+                let mut table = Table::new(&[
+                    "ORDER",
+                    "PROFILE",
+                    "STATUS",
+                    "CREATED",
+                    "UPSTREAM ORDER / ERROR",
+                ])
+                .status_column(2);
+                for o in orders {
+                    let what = o.error.or(o.upstream_order).unwrap_or_else(|| "-".into());
+                    table.row(vec![
+                        o.order,
+                        o.profile,
+                        o.status.to_string(),
+                        o.created_at,
+                        what,
+                    ]);
+                }
+                table.print()?;
+            }
+        }
+    }
+    store.close().await;
+    Ok(())
+}
+
+/// Reads an EAB HMAC key (base64url, as CAs hand it out) from a file or
+/// stdin: a secret never travels in argv, where `ps` shows it.
+fn read_eab(kid: String, file: &std::path::Path) -> anyhow::Result<Eab> {
+    use base64::Engine;
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the EAB key from stdin")?
+    } else {
+        std::fs::read_to_string(file)
+            .with_context(|| format!("reading the EAB key file {}", file.display()))?
+    };
+    let trimmed = text.trim().trim_end_matches('=');
+    let hmac_key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(trimmed)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(trimmed))
+        .context("the EAB key is not base64url")?;
+    Ok(Eab { kid, hmac_key })
+}
