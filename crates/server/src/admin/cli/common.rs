@@ -38,7 +38,7 @@ pub struct Act {
 #[error("{0}")]
 pub struct NotConfirmed(String);
 
-/// Exit codes of every command (documented in the README):
+/// Exit codes of every command (documented in docs/operating/cli.md):
 /// 0 done; 1 the operation failed or was refused (nothing found, or it
 /// would lose something still needed); 2 bad arguments or configuration;
 /// 3 a destructive command not confirmed.
