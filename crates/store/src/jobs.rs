@@ -8,7 +8,21 @@
 
 use rusqlite::{Connection, Row, params};
 
-use crate::{Result, Store, all, exec, one, scalar};
+use crate::{Result, Store, all, exec, one, parse_text, scalar};
+
+acme_proxy_protocol::string_enum! {
+    /// Where a job is in its life: `queued` until claimed, `running` under
+    /// a lease, `retiring` while its kind's `abandon` runs, then `done`,
+    /// `failed` or `cancelled` for good.
+    pub enum JobStatus {
+        Queued = "queued",
+        Running = "running",
+        Retiring = "retiring",
+        Done = "done",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobRow {
@@ -16,7 +30,7 @@ pub struct JobRow {
     pub kind: String,
     pub key: String,
     pub payload: String,
-    pub status: String,
+    pub status: JobStatus,
     pub attempts: i64,
     pub max_attempts: i64,
     pub run_at: i64,
@@ -125,7 +139,7 @@ fn job_from_row(row: &Row<'_>) -> Result<JobRow> {
         kind: row.get("kind")?,
         key: row.get("key")?,
         payload: row.get("payload")?,
-        status: row.get("status")?,
+        status: parse_text(&row.get::<_, String>("status")?, "jobs.status")?,
         attempts: row.get("attempts")?,
         max_attempts: row.get("max_attempts")?,
         run_at: row.get("run_at")?,
@@ -367,7 +381,7 @@ impl Store {
     pub async fn list_jobs(
         &self,
         kind: Option<&str>,
-        status: Option<&str>,
+        status: Option<JobStatus>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
         all(
@@ -377,7 +391,7 @@ impl Store {
                 job_columns!(),
                 " FROM jobs WHERE (?1 IS NULL OR kind = ?1) AND (?2 IS NULL OR status = ?2) ORDER BY id DESC LIMIT ?3"
             ),
-            params![kind, status, limit],
+            params![kind, status.map(JobStatus::as_str), limit],
             job_from_row,
         )
     }

@@ -44,7 +44,7 @@ pub use admin::DeleteOutcome;
 pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use eab::{EabRow, NewEab};
-pub use jobs::{Enqueued, JobCounts, JobRow, NewJob};
+pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, ProcessingChallenge,
@@ -1018,7 +1018,9 @@ mod tests {
                  VALUES ('ord', 'default', 'acct', 'on-hold', '[]', 2, 1);
              INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, status, expires_at, created_at)
                  VALUES ('az', 'default', 'acct', 'dns', 'a.test', 'VALID', 2, 1);
-             INSERT INTO challenges (id, authz_id, type, token, status) VALUES ('ch', 'az', 'http-01', 't', 'done');",
+             INSERT INTO challenges (id, authz_id, type, token, status) VALUES ('ch', 'az', 'http-01', 't', 'done');
+             INSERT INTO jobs (id, kind, key, payload, status, attempts, max_attempts, run_at, created_at, updated_at)
+                 VALUES (7, 'k', 'key', '{}', 'paused', 0, 1, 1, 1, 1);",
         )
         .unwrap();
         drop(raw);
@@ -1042,6 +1044,10 @@ mod tests {
         assert_eq!(
             unknown(store.challenge("ch").await.map(drop)),
             ("challenges.status", "done".to_owned())
+        );
+        assert_eq!(
+            unknown(store.job(7).await.map(drop)),
+            ("jobs.status", "paused".to_owned())
         );
         // The message names both, for the operator reading the log.
         let e = store.account("acct").await.unwrap_err().to_string();

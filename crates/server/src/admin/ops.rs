@@ -3,7 +3,7 @@
 //! arguments and format results.
 
 use acme_proxy_protocol::types::{AccountStatus, OrderStatus};
-use acme_proxy_store::{JobRow, Store, StoreError, UpstreamAccountRow};
+use acme_proxy_store::{JobRow, JobStatus, Store, StoreError, UpstreamAccountRow};
 use serde::Serialize;
 
 use crate::authority::Authority;
@@ -17,7 +17,7 @@ pub struct JobView {
     pub id: i64,
     pub kind: String,
     pub key: String,
-    pub status: String,
+    pub status: JobStatus,
     pub attempts: i64,
     pub max_attempts: i64,
     pub run_at: String,
@@ -71,7 +71,7 @@ pub enum OpsError {
 pub async fn list_jobs(
     store: &Store,
     kind: Option<&str>,
-    status: Option<&str>,
+    status: Option<JobStatus>,
     limit: i64,
 ) -> Result<Vec<JobView>, OpsError> {
     Ok(store

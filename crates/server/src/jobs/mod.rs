@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acme_proxy_store::{Enqueued, JobRow, NewJob, Store, StoreError};
+use acme_proxy_store::{Enqueued, JobRow, JobStatus, NewJob, Store, StoreError};
 use time::OffsetDateTime;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -558,7 +558,7 @@ impl Runner {
 
     async fn execute_inner(self: &Arc<Self>, handler: Arc<dyn JobHandler>, job: &JobRow) {
         let now = self.queue.clock.unix_ms();
-        if job.status == "retiring" {
+        if job.status == JobStatus::Retiring {
             let reason = RetireReason::Resumed(job.last_error.clone().unwrap_or_default());
             return self.abandon_and_finish(&handler, job, &reason).await;
         }

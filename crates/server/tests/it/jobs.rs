@@ -259,7 +259,7 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
         let store = store.clone();
         async move {
             store
-                .list_jobs(Some(KIND), Some("done"), 5000)
+                .list_jobs(Some(KIND), Some("done".parse().unwrap()), 5000)
                 .await
                 .expect("list jobs")
                 .len()
@@ -302,7 +302,7 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
     assert_eq!(all.len(), JOBS);
     assert!(
         all.iter()
-            .all(|j| j.status == "done" && j.attempts == 1 && j.lease_owner.is_none()),
+            .all(|j| j.status.as_str() == "done" && j.attempts == 1 && j.lease_owner.is_none()),
         "every job done in one attempt with its lease cleared"
     );
 }
@@ -382,7 +382,7 @@ async fn retries_back_off_within_bounds_and_exhausted_attempts_abandon_exactly_o
         )]
     );
     let row = job(&queue, id).await;
-    assert_eq!(row.status, "failed");
+    assert_eq!(row.status.as_str(), "failed");
     assert!(row.finished_at.is_some());
     assert!(row.lease_owner.is_none());
 
@@ -424,7 +424,7 @@ async fn a_deadline_that_passes_while_a_job_waits_for_its_retry_abandons_it_exac
 
     assert_eq!(runner.run_due().await, 1);
     let row = job(&queue, id).await;
-    assert_eq!(row.status, "queued");
+    assert_eq!(row.status.as_str(), "queued");
     assert_eq!(row.deadline, Some(ms(deadline)));
     assert_eq!(
         row.run_at,
@@ -444,7 +444,7 @@ async fn a_deadline_that_passes_while_a_job_waits_for_its_retry_abandons_it_exac
         vec![("k".to_owned(), RetireReason::DeadlinePassed)]
     );
     let row = job(&queue, id).await;
-    assert_eq!(row.status, "failed");
+    assert_eq!(row.status.as_str(), "failed");
     assert!(row.lease_owner.is_none());
 
     clock.advance(Duration::from_secs(3600));
@@ -485,7 +485,7 @@ async fn a_huge_retry_after_holds_a_job_back_a_day_without_overflowing_its_run_t
     assert_eq!(runner.run_due().await, 3);
     for id in ids {
         let row = job(&queue, id).await;
-        assert_eq!(row.status, "queued", "{row:?}");
+        assert_eq!(row.status.as_str(), "queued", "{row:?}");
         assert_eq!(
             row.run_at - clock.unix_ms(),
             86_400_000,
@@ -528,7 +528,7 @@ async fn a_failed_outcome_abandons_exactly_once_and_done_never_does() {
         vec![("fails".to_owned(), RetireReason::Failed("no".into()))]
     );
     let failed = job(&queue, ids["fails"]).await;
-    assert_eq!(failed.status, "failed");
+    assert_eq!(failed.status.as_str(), "failed");
     assert_eq!(failed.attempts, 1, "a refusal is not retried");
     assert!(
         failed.last_error.as_deref().unwrap_or("").contains("no"),
@@ -536,7 +536,7 @@ async fn a_failed_outcome_abandons_exactly_once_and_done_never_does() {
         failed.last_error
     );
     let done = job(&queue, ids["done"]).await;
-    assert_eq!(done.status, "done");
+    assert_eq!(done.status.as_str(), "done");
     assert!(done.finished_at.is_some() && done.lease_owner.is_none());
     let again = job(&queue, ids["again"]).await;
     assert_eq!(
@@ -560,7 +560,7 @@ async fn a_failed_outcome_abandons_exactly_once_and_done_never_does() {
         ),
         (1, 1, 2)
     );
-    assert_eq!(job(&queue, ids["again"]).await.status, "done");
+    assert_eq!(job(&queue, ids["again"]).await.status.as_str(), "done");
     assert_eq!(handler.abandons().len(), 1);
 }
 
@@ -672,7 +672,7 @@ async fn a_panicking_handler_and_one_that_hangs_past_its_budget_are_retried_whil
                     } else {
                         "failed"
                     };
-                    settled &= row.status == want;
+                    settled &= row.status.as_str() == want;
                 }
                 settled
             }
@@ -757,7 +757,7 @@ async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_c
 
     assert_eq!(runner.run_due().await, 1);
     assert_eq!(handler.calls_for("same"), 1);
-    assert_eq!(job(&queue, id).await.status, "done");
+    assert_eq!(job(&queue, id).await.status.as_str(), "done");
 
     let third = queue
         .enqueue(JobSpec::new(KIND, "same", json!({"n": 3})))
@@ -923,7 +923,7 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
     // The holder settles.
     assert!(store.finish_job(id, "b", t + 2200).await.unwrap());
     let row = store.job(id).await.unwrap().unwrap();
-    assert_eq!(row.status, "done");
+    assert_eq!(row.status.as_str(), "done");
     assert!(!store.finish_job(id, "b", t + 2300).await.unwrap());
 }
 
@@ -978,7 +978,7 @@ async fn a_registry_refuses_two_handlers_for_one_kind_and_a_runner_never_claims_
         ("queued", 0, None),
         "the orphan was touched: {row:?}"
     );
-    assert_eq!(job(&queue, mine).await.status, "done");
+    assert_eq!(job(&queue, mine).await.status.as_str(), "done");
     assert_eq!(
         accepted.total_calls() + refused.total_calls(),
         1,
@@ -1085,7 +1085,7 @@ async fn graceful_shutdown_releases_the_leases_it_holds() {
     let (queue, id, handler) =
         shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
     let row = job(&queue, id).await;
-    assert_eq!(row.status, "queued", "{row:?}");
+    assert_eq!(row.status.as_str(), "queued", "{row:?}");
     assert_eq!(row.lease_owner, None);
     assert_eq!(row.lease_until, None);
     assert_eq!(row.attempts, 0, "the interrupted attempt is not counted");
@@ -1100,7 +1100,7 @@ async fn graceful_shutdown_stops_the_attempts_whose_leases_it_gives_back() {
     let dir = crate::harness::tempdir();
     let (queue, id, handler) =
         shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
-    assert_eq!(job(&queue, id).await.status, "queued");
+    assert_eq!(job(&queue, id).await.status.as_str(), "queued");
     let dropped = Arc::clone(&handler.dropped);
     eventually(
         Duration::from_secs(2),

@@ -1384,7 +1384,11 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(job.status, "queued", "retried, not failed: {job:?}");
+    assert_eq!(
+        job.status.as_str(),
+        "queued",
+        "retried, not failed: {job:?}"
+    );
     let row = store.order(&order_id).await.expect("order").expect("row");
     assert_eq!(row.status.as_str(), "processing");
     server.stop().await;

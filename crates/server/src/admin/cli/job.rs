@@ -2,6 +2,7 @@
 
 use std::io::Write;
 
+use acme_proxy_store::JobStatus;
 use clap::Subcommand;
 
 use super::common::{ListArgs, Table, open_store, operator_actor, print_fields};
@@ -18,7 +19,7 @@ pub enum JobCommand {
         kind: Option<String>,
         /// queued, running, retiring, done, failed or cancelled.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<JobStatus>,
         #[command(flatten)]
         list: ListArgs,
     },
@@ -45,8 +46,7 @@ pub async fn run(config: &Config, command: JobCommand) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match command {
         JobCommand::List { kind, status, list } => {
-            let jobs =
-                ops::list_jobs(&store, kind.as_deref(), status.as_deref(), list.limit).await?;
+            let jobs = ops::list_jobs(&store, kind.as_deref(), status, list.limit).await?;
             if list.json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&jobs)?)?;
             } else {
@@ -64,7 +64,7 @@ pub async fn run(config: &Config, command: JobCommand) -> anyhow::Result<()> {
                     table.row(vec![
                         j.id.to_string(),
                         j.kind,
-                        j.status,
+                        j.status.to_string(),
                         format!("{}/{}", j.attempts, j.max_attempts),
                         j.run_at,
                         j.key,
