@@ -71,11 +71,26 @@ async fn audit_list_shows_an_issuance_a_refused_csr_and_a_revocation_with_actor_
         })
         .await
         .expect("revoke");
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let (ok, out) = cli(&config, &["audit", "list", "--json"]);
-    assert!(ok, "{out}");
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("JSON");
+    // Until every record asserted below is there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rows = loop {
+        let (ok, out) = cli(&config, &["audit", "list", "--json"]);
+        assert!(ok, "{out}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("JSON");
+        let all = [
+            "certificate.issued",
+            "certificate.issue_failed",
+            "certificate.revoked",
+            "account.created",
+        ]
+        .iter()
+        .all(|event| rows.iter().any(|r| r["event"] == *event));
+        if all || std::time::Instant::now() >= deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let find = |event: &str| {
         rows.iter()
             .find(|r| r["event"] == event)

@@ -57,7 +57,7 @@ async fn one_accounts_hanging_validations_delay_neither_another_accounts_certbot
     // The other account's host is certbot's own server, on 127.0.0.2.
     dns.add_a("patient.example.test.", "127.0.0.2").await;
     dns.add_a("again.example.test.", "127.0.0.2").await;
-    let hooks = Receiver::start_on(0).await;
+    let hooks = Receiver::start().await;
     let data = harness::tempdir();
     let toml = TestServer::config_text(
         data.path(),

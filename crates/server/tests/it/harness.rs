@@ -27,6 +27,12 @@ pub fn tempdir() -> tempfile::TempDir {
 }
 
 /// A TCP port that was free a moment ago (and whose UDP twin was too).
+///
+/// Only for a program that must be given a port number and cannot report
+/// the one it bound: a parallel test may take the port before it binds, so
+/// such a start is retried ([`PORT_ATTEMPTS`], [`address_in_use`]). What
+/// this process binds itself binds port 0, or holds the port with
+/// [`reserve_port`].
 pub fn free_port() -> u16 {
     loop {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -35,6 +41,29 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// How many times a program given a port picked by [`free_port`] is
+/// started, with fresh ports each time, when it finds the port taken.
+pub const PORT_ATTEMPTS: usize = 3;
+
+/// Whether a program's output says that its address was in use (Go and
+/// Python: "address already in use"; BIND: "address in use").
+pub fn address_in_use(output: &str) -> bool {
+    let output = output.to_ascii_lowercase();
+    output.contains("address already in use") || output.contains("address in use")
+}
+
+/// A loopback port held by a bound socket that does not listen yet:
+/// connections to it are refused, as by a host that is down, until the
+/// socket listens (`TcpSocket::listen`). Unlike a number from
+/// [`free_port`], no one else can take the port in between.
+pub fn reserve_port() -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind a loopback port");
+    socket
 }
 
 /// Fails (under CI) or skips (elsewhere) when an external program is
@@ -105,17 +134,6 @@ impl Drop for ChildGuard {
     }
 }
 
-pub fn wait_for_tcp(addr: SocketAddr, within: Duration) {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("nothing listened on {addr} within {within:?}");
-}
-
 /// pebble-challtestsrv as a DNS server: every A query is answered with
 /// 127.0.0.1, so any test name reaches the local responders.
 pub struct Dns {
@@ -127,36 +145,85 @@ pub struct Dns {
 
 impl Dns {
     pub fn start() -> Option<Dns> {
-        Self::start_at(std::net::Ipv4Addr::LOCALHOST, free_port())
+        Self::start_with(std::net::Ipv4Addr::LOCALHOST, None)
     }
 
     /// Listens for DNS on `ip:port` (port 53 on an address of its own, for
     /// a resolver configuration file, which cannot name a port: that needs
     /// root, which the suite has).
     pub fn start_at(ip: std::net::Ipv4Addr, port: u16) -> Option<Dns> {
+        Self::start_with(ip, Some(port))
+    }
+
+    /// challtestsrv must be given its ports and cannot report them, so they
+    /// are picked with [`free_port`] (the DNS port unless `port` is given);
+    /// a start that finds one taken by a parallel test is retried with
+    /// fresh ones.
+    fn start_with(ip: std::net::Ipv4Addr, port: Option<u16>) -> Option<Dns> {
         if !require_program("pebble-challtestsrv") {
             return None;
         }
+        let mut lost = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            match Self::launch(ip, port.unwrap_or_else(free_port)) {
+                Ok(dns) => return Some(dns),
+                Err(log) => lost.push(log),
+            }
+        }
+        panic!(
+            "pebble-challtestsrv found its ports in use (taken by parallel tests between picking and binding) {PORT_ATTEMPTS} times; its logs:\n{}",
+            lost.join("\n---\n")
+        );
+    }
+
+    /// One start; its log when a port was in use.
+    fn launch(ip: std::net::Ipv4Addr, port: u16) -> Result<Dns, String> {
         let mgmt = free_port();
+        let log = tempfile::NamedTempFile::new().expect("log file");
         let child = Command::new("pebble-challtestsrv")
             .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
             .args(["-dns01", &format!("{ip}:{port}")])
             .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
             .args(["-management", &format!("127.0.0.1:{mgmt}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(log.reopen().expect("log"))
+            .stderr(log.reopen().expect("log"))
             .spawn()
             .expect("start pebble-challtestsrv");
-        let guard = ChildGuard(child);
+        let mut guard = ChildGuard(child);
         let management = SocketAddr::from(([127, 0, 0, 1], mgmt));
-        wait_for_tcp(management, Duration::from_secs(10));
-        // The DNS listener also serves TCP.
-        wait_for_tcp(SocketAddr::from((ip, port)), Duration::from_secs(10));
-        Some(Dns {
-            addr: SocketAddr::from((ip, port)),
-            management,
-            _child: guard,
-        })
+        let addr = SocketAddr::from((ip, port));
+        let read_log = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        // Both listeners up (the DNS listener also serves TCP), and still
+        // ours: one that lost its port logs it (and exits), while the
+        // connection went to whoever holds the port.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let up = [management, addr]
+                .iter()
+                .all(|a| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok());
+            let exited = guard.0.try_wait().expect("try_wait").is_some();
+            if address_in_use(&read_log()) {
+                return Err(read_log());
+            }
+            assert!(
+                !exited,
+                "pebble-challtestsrv exited at start:\n{}",
+                read_log()
+            );
+            if up {
+                return Ok(Dns {
+                    addr,
+                    management,
+                    _child: guard,
+                });
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pebble-challtestsrv did not listen on {management} and {addr} within 10s:\n{}",
+                read_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -297,9 +364,32 @@ impl Bind {
         if !require_program("named") {
             return None;
         }
+        // named must be given its port in named.conf and cannot report it:
+        // a start that finds the port taken by a parallel test is retried
+        // with a fresh one.
+        let mut lost = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            match Self::launch_on(free_port(), zone, records, keys, zone_extra) {
+                Ok(bind) => return Some(bind),
+                Err(log) => lost.push(log),
+            }
+        }
+        panic!(
+            "named found its port in use (taken by parallel tests between picking and binding) {PORT_ATTEMPTS} times; its logs:\n{}",
+            lost.join("\n---\n")
+        );
+    }
+
+    /// One start of named on `port`; its log when the port was in use.
+    fn launch_on(
+        port: u16,
+        zone: &str,
+        records: &str,
+        keys: &str,
+        zone_extra: &str,
+    ) -> Result<Bind, String> {
         let dir = tempdir();
         let d = dir.path().display().to_string();
-        let port = free_port();
         std::fs::write(
             dir.path().join("named.conf"),
             format!(
@@ -319,14 +409,37 @@ impl Bind {
             .stderr(std::fs::File::create(dir.path().join("named.log")).expect("log"))
             .spawn()
             .expect("start named");
-        let guard = ChildGuard(child);
+        let mut guard = ChildGuard(child);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        wait_for_tcp(addr, Duration::from_secs(15));
-        Some(Bind {
-            addr,
-            _child: guard,
-            dir,
-        })
+        let log = || std::fs::read_to_string(dir.path().join("named.log")).unwrap_or_default();
+        // Listening, and on its own port: named logs a port it could not
+        // bind (and may run on without it), while a connection would reach
+        // whoever holds the port; a line ending "running" ends its start-up.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = log();
+            if address_in_use(&text) {
+                return Err(text);
+            }
+            assert!(
+                guard.0.try_wait().expect("try_wait").is_none(),
+                "named exited at start:\n{text}"
+            );
+            if text.lines().any(|l| l.trim_end().ends_with(" running"))
+                && TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+            {
+                return Ok(Bind {
+                    addr,
+                    _child: guard,
+                    dir,
+                });
+            }
+            assert!(
+                Instant::now() < deadline,
+                "named did not listen on {addr} within 15s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -676,8 +789,21 @@ pub struct Received {
 }
 
 impl Receiver {
-    /// Listens on `port` (0 for any).
-    pub async fn start_on(port: u16) -> Receiver {
+    /// Listens on a port of its own.
+    pub async fn start() -> Receiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the receiver");
+        Self::serve(listener)
+    }
+
+    /// Listens on a port held since [`reserve_port`] (a receiver that was
+    /// down comes up).
+    pub fn start_reserved(socket: tokio::net::TcpSocket) -> Receiver {
+        Self::serve(socket.listen(1024).expect("listen"))
+    }
+
+    fn serve(listener: tokio::net::TcpListener) -> Receiver {
         use axum::body::Bytes;
         use axum::http::{HeaderMap, StatusCode, Uri};
         type St = (
@@ -726,9 +852,6 @@ impl Receiver {
             Arc::clone(&unavailable),
             Arc::clone(&hang),
         ));
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .expect("bind the receiver");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

@@ -45,10 +45,33 @@ async fn newest_delivery_once_retired(
     }
 }
 
+/// Waits until no delivery job is queued, running or retiring: every
+/// notification so far was delivered or given up, so what the receivers
+/// got is final.
+async fn deliveries_settled(store: &acme_proxy_store::Store) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let jobs = acme_proxy::admin::ops::list_jobs(store, Some("notify_delivery"), None, 100)
+            .await
+            .expect("jobs");
+        if jobs
+            .iter()
+            .all(|j| matches!(j.status.as_str(), "done" | "failed" | "cancelled"))
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "deliveries still under way after 10s: {jobs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bodies() {
-    let ops = Receiver::start_on(0).await;
-    let chat = Receiver::start_on(0).await;
+    let ops = Receiver::start().await;
+    let chat = Receiver::start().await;
     let responder = Responder::start().await;
     let extra = format!(
         "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\nheaders = {{ Authorization = \"Bearer s3cret\" }}\n\n[profiles.default.notify.webhooks.chat]\nurl = \"{}\"\ntemplate = \"slack.json\"\nevents = [\"certificate.issued\"]\n",
@@ -100,7 +123,7 @@ async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bo
     assert_eq!(issued.body["identifiers"][0], "notified.example.test");
     assert!(issued.body["serial"].is_string() && issued.body["not_after"].is_string());
     // The chat webhook subscribed to issuance only, and got Slack's shape.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    deliveries_settled(&server.running().authority.store).await;
     let chat_got = chat.received();
     assert_eq!(chat_got.len(), 1, "{chat_got:#?}");
     let text = chat_got[0].body["text"]
@@ -115,7 +138,9 @@ async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is_back() {
-    let port = harness::free_port();
+    // The receiver's port, held (refusing connections) until it comes up.
+    let socket = harness::reserve_port();
+    let port = socket.local_addr().expect("addr").port();
     let extra = format!(
         "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"http://127.0.0.1:{port}/hook\"\ntimeout = \"1s\"\n"
     );
@@ -142,20 +167,20 @@ async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The receiver comes back: the same notification arrives, once.
-    let receiver = Receiver::start_on(port).await;
+    let receiver = Receiver::start_reserved(socket);
     receiver
         .wait_for("account.created", Duration::from_secs(10), |got| {
             events(got) == ["account.created"]
         })
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    deliveries_settled(&store).await;
     assert_eq!(receiver.received().len(), 1);
     server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_audited() {
-    let receiver = Receiver::start_on(0).await;
+    let receiver = Receiver::start().await;
     receiver.answer(400);
     let extra = format!(
         "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\n",
@@ -236,7 +261,7 @@ fn a_webhook_for_an_unknown_event_is_refused_naming_the_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery_of_the_body() {
-    let receiver = Receiver::start_on(0).await;
+    let receiver = Receiver::start().await;
     receiver.unavailable_for(3);
     let extra = format!(
         "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntemplate = \"slack.json\"\n",
@@ -250,7 +275,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
             got.len() >= 4
         })
         .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    deliveries_settled(&server.running().authority.store).await;
     let got = receiver.received();
     assert_eq!(
         got.len(),
@@ -277,7 +302,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_receiver_does_not_slow_acme_responses() {
-    let receiver = Receiver::start_on(0).await;
+    let receiver = Receiver::start().await;
     receiver.hang();
     let extra = format!(
         "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntimeout = \"5s\"\n",
@@ -339,7 +364,8 @@ async fn a_script_gets_the_notice_on_stdin_in_a_cleared_environment_and_exit_75_
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The script has finished writing once its delivery is done.
+    deliveries_settled(&server.running().authority.store).await;
     let notice: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).expect("output")).expect("JSON");
     assert_eq!(notice["event"], "account.created");
@@ -444,21 +470,51 @@ impl SmtpSink {
         let out = crate::harness::tempdir();
         let script = out.path().join("smtp_sink.py");
         std::fs::write(&script, include_str!("fixtures/smtp_sink.py")).expect("script");
-        let port = harness::free_port();
-        let mut command = std::process::Command::new("/usr/bin/python3");
-        command.arg(&script).arg(port.to_string()).arg(out.path());
-        if let Some((cert, key)) = &tls {
-            command.arg(cert).arg(key);
-        }
-        let child = command
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start the SMTP sink");
-        let guard = harness::ChildGuard(child);
-        harness::wait_for_tcp(
-            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-            Duration::from_secs(15),
-        );
+        // aiosmtpd must be given its port; a start that finds it taken by
+        // a parallel test (between picking and binding) is retried with a
+        // fresh one. The script prints "ready" once it listens.
+        let log = out.path().join("sink.log");
+        let mut lost = Vec::new();
+        let (port, guard) = loop {
+            assert!(
+                lost.len() < harness::PORT_ATTEMPTS,
+                "the SMTP sink found its port in use (taken by parallel tests) {} times; its logs:\n{}",
+                harness::PORT_ATTEMPTS,
+                lost.join("\n---\n")
+            );
+            let port = harness::free_port();
+            let mut command = std::process::Command::new("/usr/bin/python3");
+            command.arg(&script).arg(port.to_string()).arg(out.path());
+            if let Some((cert, key)) = &tls {
+                command.arg(cert).arg(key);
+            }
+            let mut child = command
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::fs::File::create(&log).expect("log"))
+                .spawn()
+                .expect("start the SMTP sink");
+            let stdout = child.stdout.take().expect("stdout");
+            let guard = harness::ChildGuard(child);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let _ = tx.send(line.unwrap_or_default());
+                }
+            });
+            match rx.recv_timeout(Duration::from_secs(15)) {
+                Ok(line) if line.trim() == "ready" => break (port, guard),
+                _ => {
+                    drop(guard);
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    assert!(
+                        harness::address_in_use(&text),
+                        "the SMTP sink did not start:\n{text}"
+                    );
+                    lost.push(text);
+                }
+            }
+        };
         Some(SmtpSink {
             port,
             out,

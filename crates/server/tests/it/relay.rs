@@ -1451,7 +1451,7 @@ async fn relayed_issuance_and_an_abandoned_relay_are_notified() {
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let receiver = harness::Receiver::start_on(0).await;
+    let receiver = harness::Receiver::start().await;
     let dir = crate::harness::tempdir();
     let profiles = format!(
         "{}\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\nevents = [\"certificate.issued\", \"relay.abandoned\"]\n",

@@ -383,7 +383,7 @@ impl Pebble {
         Ok(pebble)
     }
 
-    /// Like `wait_for_tcp`, but gives up at once with Pebble's log when it
+    /// Like waiting for a TCP listener, but gives up at once with Pebble's log when it
     /// has exited (a bad configuration, a port taken).
     fn wait_listening(&mut self, addr: SocketAddr) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
