@@ -54,10 +54,10 @@ async fn deliveries_settled(store: &acme_proxy_store::Store) {
         let jobs = acme_proxy::admin::ops::list_jobs(store, Some("notify_delivery"), None, 100)
             .await
             .expect("jobs");
-        if jobs
-            .iter()
-            .all(|j| matches!(j.status.as_str(), "done" | "failed" | "cancelled"))
-        {
+        if jobs.iter().all(|j| {
+            use acme_proxy_store::JobStatus::{Cancelled, Done, Failed};
+            matches!(j.status, Done | Failed | Cancelled)
+        }) {
             return;
         }
         assert!(
@@ -123,7 +123,7 @@ async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bo
     assert_eq!(issued.body["identifiers"][0], "notified.example.test");
     assert!(issued.body["serial"].is_string() && issued.body["not_after"].is_string());
     // The chat webhook subscribed to issuance only, and got Slack's shape.
-    deliveries_settled(&server.running().authority.store).await;
+    deliveries_settled(server.running().authority.store()).await;
     let chat_got = chat.received();
     assert_eq!(chat_got.len(), 1, "{chat_got:#?}");
     let text = chat_got[0].body["text"]
@@ -275,7 +275,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
             got.len() >= 4
         })
         .await;
-    deliveries_settled(&server.running().authority.store).await;
+    deliveries_settled(server.running().authority.store()).await;
     let got = receiver.received();
     assert_eq!(
         got.len(),
@@ -365,7 +365,7 @@ async fn a_script_gets_the_notice_on_stdin_in_a_cleared_environment_and_exit_75_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The script has finished writing once its delivery is done.
-    deliveries_settled(&server.running().authority.store).await;
+    deliveries_settled(server.running().authority.store()).await;
     let notice: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).expect("output")).expect("JSON");
     assert_eq!(notice["event"], "account.created");
