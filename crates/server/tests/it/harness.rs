@@ -735,16 +735,22 @@ pub fn run_cli(config: &Path, args: &[&str], env: &[(&str, &str)]) -> CliOutput 
 /// runs under `umask 022`, the usual default, so that the modes of the
 /// files it makes are its own choice, not the test runner's umask.
 pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (ChildGuard, String) {
-    use std::io::{BufRead, BufReader};
     let mut cmd = under_umask_022();
     cmd.args(args)
         .current_dir(cwd)
-        .env_remove("ACME_PROXY_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(cwd.join("acme-proxy.log")).expect("log file"));
+        .env_remove("ACME_PROXY_CONFIG");
     for (k, v) in env {
         cmd.env(k, v);
     }
+    spawn_serving(cmd, &cwd.join("acme-proxy.log"))
+}
+
+/// Spawns `cmd` (an `acme-proxy serve`), its stderr into the file `log`,
+/// and waits for the default profile's directory URL it prints.
+pub fn spawn_serving(mut cmd: Command, log: &Path) -> (ChildGuard, String) {
+    use std::io::{BufRead, BufReader};
+    cmd.stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("log file"));
     let mut child = cmd.spawn().expect("spawn acme-proxy");
     let stdout = child.stdout.take().expect("stdout");
     let guard = ChildGuard(child);
@@ -761,7 +767,7 @@ pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (Child
         .unwrap_or_else(|e| {
             panic!(
                 "acme-proxy printed no directory URL ({e}); its log:\n{}",
-                std::fs::read_to_string(cwd.join("acme-proxy.log")).unwrap_or_default()
+                std::fs::read_to_string(log).unwrap_or_default()
             )
         });
     (guard, url)

@@ -15,10 +15,9 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use crate::clients::{certbot_certonly_standalone, certbot_log_tail, leaf, run};
-use crate::harness::{self, ChildGuard, Dns, not_private};
+use crate::harness::{self, Dns, not_private};
 
 /// Where DynamicUser takes its users from (61184–65519): a uid no file on
 /// the machine belongs to.
@@ -237,10 +236,10 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
             "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
             format!("[\"{}\"]", dns.addr),
         )
-        .env("ACME_PROXY_VALIDATION__ALLOW_NETWORKS", "[\"127.0.0.1\"]")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let (server, directory) = started(command);
+        .env("ACME_PROXY_VALIDATION__ALLOW_NETWORKS", "[\"127.0.0.1\"]");
+    let logs = harness::tempdir();
+    let log = logs.path().join("acme-proxy.log");
+    let (_server, directory) = harness::spawn_serving(command, &log);
 
     let client = harness::tempdir();
     let d = client.path().to_path_buf();
@@ -256,7 +255,7 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
         "certbot failed\n{}\n--- letsencrypt.log (tail) ---\n{}\n--- acme-proxy ---\n{}",
         ran.report(),
         certbot_log_tail(&d),
-        server.log()
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
     let issued = leaf(&d.join("conf/live/t/cert.pem"), &|| ran.report());
     assert_eq!(issued.sans, vec![name.to_owned()]);
@@ -275,49 +274,4 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
         "the CA key belongs to the service's user"
     );
     assert_eq!(not_private(&data), vec![]);
-}
-
-/// The service's process, with what it wrote to stderr so far.
-struct Service {
-    _child: ChildGuard,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Service {
-    fn log(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-}
-
-/// Spawns `command` and waits for the directory URL `serve` prints.
-fn started(mut command: Command) -> (Service, String) {
-    use std::io::{BufRead, BufReader};
-    let mut child = command.spawn().expect("spawn the unit's ExecStart");
-    let stdout = child.stdout.take().unwrap();
-    let stderr_pipe = child.stderr.take().unwrap();
-    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = std::sync::Arc::clone(&stderr);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr_pipe).lines().map_while(Result::ok) {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(url) = line.split("ACME directory (default): ").nth(1) {
-                let _ = tx.send(url.trim().to_owned());
-            }
-        }
-    });
-    let service = Service {
-        _child: ChildGuard(child),
-        stderr,
-    };
-    let url = rx
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("no directory URL ({e}); stderr:\n{}", service.log()));
-    (service, url)
 }
