@@ -259,10 +259,11 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
     let directory = server.directory("default");
     let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
-    let port = free_port();
+    // Validation is bypassed: certbot never has to listen here.
+    let at = harness::own_addr();
     let ran = run(
         certbot.display().to_string(),
-        certbot_certonly_standalone(&d, &directory, port, "ari-certbot.example.test"),
+        certbot_certonly_standalone(&d, &directory, at, "ari-certbot.example.test"),
         d.clone(),
     )
     .await;
@@ -274,7 +275,7 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
         // renewal, to spread a fleet's cron jobs; not here.
         let mut args = vec!["renew".to_owned(), "--no-random-sleep-on-renew".to_owned()];
         args.extend(crate::clients::certbot_common(&d, &directory));
-        args.extend(crate::clients::certbot_standalone(port));
+        args.extend(crate::clients::certbot_standalone(at));
         run(certbot.display().to_string(), args, d.clone())
     };
     // A fresh 90-day certificate: its window is weeks away, so no renewal.
@@ -298,15 +299,19 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
         ::time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]"),
     )
     .expect("certbot's timestamp");
-    let local_now = std::process::Command::new("date")
-        .arg("+%Y-%m-%dT%H:%M:%S")
-        .output()
-        .expect("date");
-    let local_now = ::time::PrimitiveDateTime::parse(
-        String::from_utf8_lossy(&local_now.stdout).trim(),
-        ::time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]"),
-    )
-    .expect("date's timestamp");
+    // certbot writes local time, to the second: read the clock as it does.
+    let local_clock = || {
+        let out = std::process::Command::new("date")
+            .arg("+%Y-%m-%dT%H:%M:%S")
+            .output()
+            .expect("date");
+        ::time::PrimitiveDateTime::parse(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            ::time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]"),
+        )
+        .expect("date's timestamp")
+    };
+    let local_now = local_clock();
     assert!(
         (retry - local_now).whole_seconds().abs() < 120,
         "ari_retry_after {retry} is not our 1 s Retry-After (now {local_now})"
@@ -323,7 +328,16 @@ async fn certbot_5_asks_renewal_info_and_renews_only_when_the_window_says_so() {
         &[],
     );
     assert_eq!(revoked.code, 0, "{revoked:?}");
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // certbot asks renewalInfo again only once its recorded Retry-After
+    // has passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while local_clock() <= retry {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock did not pass certbot's ari_retry_after {retry}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let ran = renew().await;
     assert!(
         ran.success(),

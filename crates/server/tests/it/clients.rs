@@ -10,6 +10,7 @@
 //! message carries the client's stdout and stderr (and certbot's log).
 
 use std::io::Read;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -248,7 +249,12 @@ fn assert_issued(leaf: &Leaf, name: &str, ca: &(Vec<u8>, String)) {
 
 /// `lego … --http … -d NAME run`: obtain `name` from `directory` over
 /// http-01 with lego's own server on `port`, its state in `home`.
-pub(crate) fn lego_http_run(directory: &str, home: &Path, port: u16, name: &str) -> Vec<String> {
+pub(crate) fn lego_http_run(
+    directory: &str,
+    home: &Path,
+    at: SocketAddr,
+    name: &str,
+) -> Vec<String> {
     [
         "--server",
         directory,
@@ -261,7 +267,7 @@ pub(crate) fn lego_http_run(directory: &str, home: &Path, port: u16, name: &str)
         "ec256",
         "--http",
         "--http.port",
-        &format!("127.0.0.1:{port}"),
+        &at.to_string(),
         "-d",
         name,
         "run",
@@ -293,28 +299,29 @@ pub(crate) fn certbot_common(d: &Path, directory: &str) -> Vec<String> {
 }
 
 /// `certbot certonly` for `name` from `directory`, answered by certbot's
-/// own http-01 server on 127.0.0.1:`port`, the lineage named `t`.
+/// own http-01 server on `at`, the lineage named `t`.
 pub(crate) fn certbot_certonly_standalone(
     d: &Path,
     directory: &str,
-    port: u16,
+    at: SocketAddr,
     name: &str,
 ) -> Vec<String> {
     let mut args = vec!["certonly".to_owned()];
     args.extend(certbot_common(d, directory));
-    args.extend(certbot_standalone(port));
+    args.extend(certbot_standalone(at));
     args.extend(["-d", name, "--cert-name", "t"].map(str::to_owned));
     args
 }
 
-/// certbot's own http-01 server on 127.0.0.1:`port`.
-pub(crate) fn certbot_standalone(port: u16) -> Vec<String> {
+/// certbot's own http-01 server on `at` (an [`harness::own_addr`], where
+/// the test's DNS sends every name).
+pub(crate) fn certbot_standalone(at: SocketAddr) -> Vec<String> {
     [
         "--standalone",
         "--http-01-port",
-        &port.to_string(),
+        &at.port().to_string(),
         "--http-01-address",
-        "127.0.0.1",
+        &at.ip().to_string(),
     ]
     .map(str::to_owned)
     .to_vec()
@@ -363,18 +370,20 @@ pub(crate) fn certbot_log_tail(dir: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("certbot") {
         return;
     }
-    let port = harness::free_port();
-    let proxy = Proxy::start(&dns, port, "");
+    let at = harness::own_addr();
+    let proxy = Proxy::start(&dns, at.port(), "");
     let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "certbot.example.test";
 
     let common = |d: &Path| certbot_common(d, &proxy.directory);
-    let standalone = certbot_standalone(port);
+    let standalone = certbot_standalone(at);
     let check = |ran: &Ran, what: &str| {
         assert!(
             ran.success(),
@@ -403,14 +412,14 @@ async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
         .expect("renewal configuration");
     assert!(
         renewal.contains("authenticator = standalone")
-            && renewal.contains(&format!("http01_port = {port}")),
+            && renewal.contains(&format!("http01_port = {}", at.port())),
         "certbot stored the standalone settings:\n{renewal}"
     );
     let mut args = vec!["renew".to_owned()];
     args.extend(common(&d));
     if !renewal.contains("http01_address") {
         // Not stored by every certbot version: give it again.
-        args.extend(["--http-01-address", "127.0.0.1"].map(str::to_owned));
+        args.extend(["--http-01-address".to_owned(), at.ip().to_string()]);
     }
     // Without this, a renewal with no terminal on stdin first sleeps up to
     // eight minutes.
@@ -458,12 +467,14 @@ async fn certbot_obtains_renews_and_revokes_a_certificate_over_http_01() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certbot_obtains_a_certificate_over_https_trusting_the_servers_self_signed_certificate() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("certbot") {
         return;
     }
-    let port = harness::free_port();
-    let proxy = Proxy::start(&dns, port, "[tls]\nself_signed = true\n");
+    let at = harness::own_addr();
+    let proxy = Proxy::start(&dns, at.port(), "[tls]\nself_signed = true\n");
     assert!(
         proxy.directory.starts_with("https://127.0.0.1:"),
         "{}",
@@ -475,7 +486,7 @@ async fn certbot_obtains_a_certificate_over_https_trusting_the_servers_self_sign
     let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "https.example.test";
-    let args = certbot_certonly_standalone(&d, &proxy.directory, port, name);
+    let args = certbot_certonly_standalone(&d, &proxy.directory, at, name);
     // certbot (python-requests) trusts what this bundle holds.
     let env = vec![(
         "REQUESTS_CA_BUNDLE".to_owned(),
@@ -498,12 +509,14 @@ async fn certbot_obtains_a_certificate_over_https_trusting_the_servers_self_sign
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("lego") {
         return;
     }
-    let port = harness::free_port();
-    let proxy = Proxy::start(&dns, port, "");
+    let at = harness::own_addr();
+    let proxy = Proxy::start(&dns, at.port(), "");
     let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
     let name = "lego.example.test";
@@ -522,7 +535,7 @@ async fn lego_obtains_renews_and_revokes_a_certificate_over_http_01() {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    let http: Vec<String> = ["--http", "--http.port", &format!("127.0.0.1:{port}")]
+    let http: Vec<String> = ["--http", "--http.port", &at.to_string()]
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
@@ -722,16 +735,21 @@ async fn certbot_obtains_a_wildcard_and_its_base_name_over_dns_01_with_manual_ho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lego_obtains_a_certificate_over_tls_alpn_01_with_its_own_tls_server() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("lego") {
         return;
     }
-    let port = harness::free_port();
+    let at = harness::own_addr();
     // tls_port lands in [validation]; only tls-alpn-01 is offered.
     let proxy = Proxy::start(
         &dns,
         1,
-        &format!("tls_port = {port}\n[profiles.default]\nchallenges = [\"tls-alpn-01\"]\n"),
+        &format!(
+            "tls_port = {}\n[profiles.default]\nchallenges = [\"tls-alpn-01\"]\n",
+            at.port()
+        ),
     );
     let dir = crate::harness::tempdir();
     let d = dir.path().to_path_buf();
@@ -748,7 +766,7 @@ async fn lego_obtains_a_certificate_over_tls_alpn_01_with_its_own_tls_server() {
         "ec256",
         "--tls",
         "--tls.port",
-        &format!("127.0.0.1:{port}"),
+        &at.to_string(),
         "-d",
         name,
         "run",

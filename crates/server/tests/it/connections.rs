@@ -32,8 +32,39 @@ const STALLED_BODY: &[u8] = b"POST /profile/default/new-account HTTP/1.1\r\nHost
 
 /// `max_in_flight = SLOTS` and `connections` settings prepended / appended
 /// to a test server's configuration.
+/// A metrics listener, to read how many connections the server holds.
+const METRICS: &str = "[metrics]\nlisten = \"127.0.0.1:0\"\n";
+
 fn bounded(toml: String, connections: &str) -> String {
     format!("max_in_flight = {SLOTS}\n{toml}\n[connections]\n{connections}\n")
+}
+
+/// Waits (up to 10 s) until the server's `connections_open` gauge for the
+/// ACME listener reads `n`: every staller has been accepted and is being
+/// read.
+async fn wait_open_connections(server: &TestServer, n: usize) {
+    let url = format!(
+        "http://{}/metrics",
+        server.running().metrics_addr.expect("a metrics listener")
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, _, body) = crate::flow::reqwest_get(&url).await;
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let open = body
+            .lines()
+            .find(|l| l.starts_with("acme_proxy_connections_open{listener=\"acme\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<usize>().ok());
+        if open == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connections_open did not reach {n} within 10 s (last {open:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Sends `bytes` on a new connection to `addr` and keeps it open.
@@ -84,15 +115,17 @@ async fn until_closed<S: AsyncRead + Unpin>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_heads_and_bodies_take_no_request_slot_so_new_nonce_and_lego_are_served_at_once() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("lego") {
         return;
     }
-    let port = harness::free_port();
+    let at = harness::own_addr();
     let dir = crate::harness::tempdir();
     // Deadlines far beyond the test: the stallers stay for all of it.
     let toml = bounded(
-        TestServer::config_text(dir.path(), port, Some(&dns), ""),
+        TestServer::config_text(dir.path(), at.port(), Some(&dns), METRICS),
         "header_read_timeout = \"5m\"\nbody_read_timeout = \"5m\"",
     );
     let server = TestServer::start_in(dir, &toml).await;
@@ -102,8 +135,7 @@ async fn stalled_heads_and_bodies_take_no_request_slot_so_new_nonce_and_lego_are
         stallers.push(stall(addr, STALLED_BODY).await);
         stallers.push(stall(addr, PARTIAL_HEAD).await);
     }
-    // Let the server take in every staller's bytes first.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_open_connections(&server, stallers.len()).await;
 
     let directory = server.directory("default");
     let (status, took) = new_nonce(&directory).await;
@@ -118,7 +150,7 @@ async fn stalled_heads_and_bodies_take_no_request_slot_so_new_nonce_and_lego_are
     let home = crate::harness::tempdir();
     let ran = run_with_env(
         "lego",
-        lego_http_run(&directory, home.path(), port, "busy.example.test"),
+        lego_http_run(&directory, home.path(), at, "busy.example.test"),
         Vec::new(),
         home.path().to_path_buf(),
     )
@@ -214,7 +246,7 @@ async fn silent_trickling_and_idle_connections_are_closed_at_their_deadlines() {
 async fn one_client_address_holds_at_most_its_share_of_connections() {
     let dir = crate::harness::tempdir();
     let toml = bounded(
-        TestServer::config_text(dir.path(), 1, None, ""),
+        TestServer::config_text(dir.path(), 1, None, METRICS),
         "max_open_per_client = 3\nheader_read_timeout = \"5m\"",
     );
     let server = TestServer::start_in(dir, &toml).await;
@@ -236,7 +268,7 @@ async fn one_client_address_holds_at_most_its_share_of_connections() {
         c.write_all(PARTIAL_HEAD).await.unwrap();
         held.push(c);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_open_connections(&server, held.len()).await;
     // The fourth from that address is closed at once, unanswered.
     let mut fourth = from(2).await;
     let (answer, took) = until_closed(&mut fourth, Duration::from_secs(3)).await;
@@ -290,18 +322,20 @@ impl hyper::body::Body for Trickle {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_and_http2_stalled_streams_take_no_request_slot_either() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("lego") {
         return;
     }
     let pki = TestPki::new();
     let (cert, key) = pki.server_cert(&["127.0.0.1"]);
-    let port = harness::free_port();
+    let at = harness::own_addr();
     let dir = crate::harness::tempdir();
     let toml = format!(
         "{}\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
         bounded(
-            TestServer::config_text(dir.path(), port, Some(&dns), ""),
+            TestServer::config_text(dir.path(), at.port(), Some(&dns), METRICS),
             "header_read_timeout = \"5m\"\nbody_read_timeout = \"5m\"",
         ),
         cert.display(),
@@ -346,7 +380,7 @@ async fn over_tls_and_http2_stalled_streams_take_no_request_slot_either() {
             h1.push(stream);
         }
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_open_connections(&server, 2 + h1.len()).await;
 
     // newNonce over TLS, both protocols, answered at once.
     for alpn in [&b"h2"[..], &b"http/1.1"[..]] {
@@ -367,7 +401,7 @@ async fn over_tls_and_http2_stalled_streams_take_no_request_slot_either() {
         lego_http_run(
             &server.directory("default"),
             home.path(),
-            port,
+            at,
             "tls-busy.example.test",
         ),
         vec![(

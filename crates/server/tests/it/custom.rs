@@ -162,7 +162,8 @@ async fn certbot_and_lego_issue_through_a_custom_signer_that_signs_with_openssl(
     let home = crate::harness::tempdir();
     if certbot {
         let d = home.path().join("certbot");
-        let args = certbot_certonly_standalone(&d, &directory, free_port(), "cb.legacy.test");
+        let args =
+            certbot_certonly_standalone(&d, &directory, harness::own_addr(), "cb.legacy.test");
         let ran = run("certbot", args, d.clone()).await;
         assert!(ran.success(), "certbot\n{}", ran.report());
         let cert = d.join("conf/live/t/cert.pem");
@@ -185,7 +186,7 @@ async fn certbot_and_lego_issue_through_a_custom_signer_that_signs_with_openssl(
     }
     if lego {
         let d = home.path().join("lego");
-        let args = lego_http_run(&directory, &d, free_port(), "lego.legacy.test");
+        let args = lego_http_run(&directory, &d, harness::own_addr(), "lego.legacy.test");
         let ran = run("lego", args, d.clone()).await;
         assert!(ran.success(), "lego\n{}", ran.report());
         let cert = d.join("certificates/lego.legacy.test.crt");

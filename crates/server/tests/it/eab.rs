@@ -272,7 +272,7 @@ async fn lego_and_certbot_register_with_an_eab_credential_and_obtain_certificate
     if lego {
         let d = home.path().join("lego");
         // Without the binding: refused, naming what is missing.
-        let args = lego_http_run(&directory, &d, free_port(), "lego-eab.example.test");
+        let args = lego_http_run(&directory, &d, harness::own_addr(), "lego-eab.example.test");
         let ran = run("lego", args.clone(), d.clone()).await;
         assert!(
             !ran.success(),
@@ -302,8 +302,12 @@ async fn lego_and_certbot_register_with_an_eab_credential_and_obtain_certificate
     }
     if certbot {
         let d = home.path().join("certbot");
-        let mut args =
-            certbot_certonly_standalone(&d, &directory, free_port(), "certbot-eab.example.test");
+        let mut args = certbot_certonly_standalone(
+            &d,
+            &directory,
+            harness::own_addr(),
+            "certbot-eab.example.test",
+        );
         args.extend([format!("--eab-kid={kid}"), format!("--eab-hmac-key={hmac}")]);
         let ran = run("certbot", args, d.clone()).await;
         assert!(ran.success(), "certbot with EAB failed\n{}", ran.report());

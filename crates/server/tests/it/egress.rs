@@ -159,7 +159,7 @@ async fn a_redirect_to_a_name_at_an_allowed_address_still_validates() {
     dns.add_a("moved.example.test.", "127.0.0.3").await;
     let dir_path = crate::harness::tempdir();
     let toml = TestServer::config_text(dir_path.path(), responder.port, Some(&dns), "").replacen(
-        "allow_networks = [\"127.0.0.1\"]",
+        &crate::harness::allow_networks_line(),
         "allow_networks = [\"127.0.0.1\", \"127.0.0.3\"]",
         1,
     );
@@ -207,7 +207,7 @@ async fn validation_never_asks_for_a_search_suffixed_name_whatever_the_resolver_
     .unwrap();
     let toml = TestServer::config_text(data.path(), responder.port, None, "")
         .replacen(
-            "allow_networks = [\"127.0.0.1\"]",
+            &crate::harness::allow_networks_line(),
             &format!(
                 "allow_networks = [\"127.0.0.1\"]\ntls_port = {alpn_port}\nresolv_conf = \"{}\"",
                 resolv_conf.display()

@@ -69,7 +69,7 @@ async fn one_accounts_hanging_validations_delay_neither_another_accounts_certbot
         ),
     )
     .replacen(
-        "allow_networks = [\"127.0.0.1\"]",
+        &crate::harness::allow_networks_line(),
         "allow_networks = [\"127.0.0.1\", \"127.0.0.2\"]",
         1,
     )

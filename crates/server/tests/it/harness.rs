@@ -28,11 +28,11 @@ pub fn tempdir() -> tempfile::TempDir {
 
 /// A TCP port that was free a moment ago (and whose UDP twin was too).
 ///
-/// Only for a program that must be given a port number and cannot report
-/// the one it bound: a parallel test may take the port before it binds, so
-/// such a start is retried ([`PORT_ATTEMPTS`], [`address_in_use`]). What
-/// this process binds itself binds port 0, or holds the port with
-/// [`reserve_port`].
+/// Only for a port number that nothing binds (a test that needs some
+/// `http_port` but never validates over it), or for a program that is
+/// retried when it finds the port taken ([`PORT_ATTEMPTS`],
+/// [`address_in_use`]). A port that a program must be told and that must
+/// not be lost to a parallel test is an [`own_addr`].
 pub fn free_port() -> u16 {
     loop {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -41,6 +41,47 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// This test process's own loopback address, 127.A.B.C made from its
+/// process id (A ≥ 1, so never 127.0.0.x, where the shared listeners are).
+/// Two processes alive at once never share it: nextest runs each test in a
+/// process of its own, and the programs a test starts bind only addresses
+/// that test gave them.
+pub fn own_host() -> std::net::Ipv4Addr {
+    let pid = std::process::id();
+    std::net::Ipv4Addr::new(
+        127,
+        1 + ((pid >> 16) & 0x7f) as u8,
+        (pid >> 8) as u8,
+        pid as u8,
+    )
+}
+
+/// First port handed out on [`own_host`]: below the kernel's ephemeral
+/// range (32768 and up by default), so a socket bound to port 0 is never
+/// given it.
+const OWN_PORTS_FROM: u16 = 20_000;
+
+/// A fresh address on [`own_host`] for a program that must be told where
+/// to listen and cannot report a port of its own choosing (certbot's and
+/// lego's standalone servers, a listener that must keep its address across
+/// restarts): each call gives the next port of this process, so no other
+/// test can take it between the pick and the bind.
+pub fn own_addr() -> SocketAddr {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(OWN_PORTS_FROM);
+    let port = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        port < 32_768,
+        "own_addr ran out of ports below the ephemeral range"
+    );
+    SocketAddr::from((own_host(), port))
+}
+
+/// The `allow_networks` line of the test configurations: validation may
+/// reach the shared loopback listeners and this process's [`own_host`].
+pub fn allow_networks_line() -> String {
+    format!("allow_networks = [\"127.0.0.1\", \"{}\"]", own_host())
 }
 
 /// How many times a program given a port picked by [`free_port`] is
@@ -135,7 +176,8 @@ impl Drop for ChildGuard {
 }
 
 /// pebble-challtestsrv as a DNS server: every A query is answered with
-/// 127.0.0.1, so any test name reaches the local responders.
+/// 127.0.0.1 (or this process's [`own_host`]), so any test name reaches
+/// the local responders.
 pub struct Dns {
     pub addr: SocketAddr,
     /// The HTTP management API (`/set-txt`, `/set-cname`, …).
@@ -145,27 +187,41 @@ pub struct Dns {
 
 impl Dns {
     pub fn start() -> Option<Dns> {
-        Self::start_with(std::net::Ipv4Addr::LOCALHOST, None)
+        Self::start_with(
+            std::net::Ipv4Addr::LOCALHOST,
+            None,
+            std::net::Ipv4Addr::LOCALHOST,
+        )
+    }
+
+    /// Answers every name with [`own_host`], where a client's standalone
+    /// server listens on an [`own_addr`].
+    pub fn start_answering_own_host() -> Option<Dns> {
+        Self::start_with(std::net::Ipv4Addr::LOCALHOST, None, own_host())
     }
 
     /// Listens for DNS on `ip:port` (port 53 on an address of its own, for
     /// a resolver configuration file, which cannot name a port: that needs
     /// root, which the suite has).
     pub fn start_at(ip: std::net::Ipv4Addr, port: u16) -> Option<Dns> {
-        Self::start_with(ip, Some(port))
+        Self::start_with(ip, Some(port), std::net::Ipv4Addr::LOCALHOST)
     }
 
     /// challtestsrv must be given its ports and cannot report them, so they
     /// are picked with [`free_port`] (the DNS port unless `port` is given);
     /// a start that finds one taken by a parallel test is retried with
     /// fresh ones.
-    fn start_with(ip: std::net::Ipv4Addr, port: Option<u16>) -> Option<Dns> {
+    fn start_with(
+        ip: std::net::Ipv4Addr,
+        port: Option<u16>,
+        answer: std::net::Ipv4Addr,
+    ) -> Option<Dns> {
         if !require_program("pebble-challtestsrv") {
             return None;
         }
         let mut lost = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
-            match Self::launch(ip, port.unwrap_or_else(free_port)) {
+            match Self::launch(ip, port.unwrap_or_else(free_port), answer) {
                 Ok(dns) => return Some(dns),
                 Err(log) => lost.push(log),
             }
@@ -177,11 +233,15 @@ impl Dns {
     }
 
     /// One start; its log when a port was in use.
-    fn launch(ip: std::net::Ipv4Addr, port: u16) -> Result<Dns, String> {
+    fn launch(
+        ip: std::net::Ipv4Addr,
+        port: u16,
+        answer: std::net::Ipv4Addr,
+    ) -> Result<Dns, String> {
         let mgmt = free_port();
         let log = tempfile::NamedTempFile::new().expect("log file");
         let child = Command::new("pebble-challtestsrv")
-            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+            .args(["-defaultIPv4", &answer.to_string(), "-defaultIPv6", ""])
             .args(["-dns01", &format!("{ip}:{port}")])
             .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
             .args(["-management", &format!("127.0.0.1:{mgmt}")])
@@ -632,8 +692,9 @@ impl TestServer {
             "[profiles.default]\n".to_owned()
         };
         format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n# The test responders listen on loopback, refused by default.\nallow_networks = [\"127.0.0.1\"]\n{resolvers}\n\n{profiles}{extra}\n",
-            data_dir.display()
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n# The test responders listen on loopback, refused by default.\n{allow}\n{resolvers}\n\n{profiles}{extra}\n",
+            data_dir.display(),
+            allow = allow_networks_line()
         )
     }
 

@@ -89,14 +89,16 @@ fn family_of(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_audit_log() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("lego") {
         return;
     }
-    let port = harness::free_port();
+    let at = harness::own_addr();
     let extra = "[metrics]\nlisten = \"127.0.0.1:0\"\n";
     let dir = crate::harness::tempdir();
-    let toml = TestServer::config_text(dir.path(), port, Some(&dns), extra);
+    let toml = TestServer::config_text(dir.path(), at.port(), Some(&dns), extra);
     let server = TestServer::start_in(dir, &toml).await;
     let metrics_url = format!(
         "http://{}/metrics",
@@ -108,12 +110,7 @@ async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_au
 
     let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
-    let args = clients::lego_http_run(
-        &server.directory("default"),
-        &d,
-        port,
-        "metrics.example.test",
-    );
+    let args = clients::lego_http_run(&server.directory("default"), &d, at, "metrics.example.test");
     let ran = clients::run("lego", args, d.clone()).await;
     assert!(ran.success(), "lego failed\n{}", ran.report());
 

@@ -105,7 +105,9 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
                 .is_ok_and(|s| s.success()),
         "installing a package needs root (or sudo without a password)"
     );
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
 
     // Build the package from the binary this suite built.
     let exe = Path::new(env!("CARGO_BIN_EXE_acme-proxy"));
@@ -218,7 +220,7 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
     );
     let argv: Vec<&str> = exec_start.split_whitespace().collect();
     let umask = one("UMask");
-    let http_port = harness::free_port();
+    let at = harness::own_addr();
     let uid = TRANSIENT_UID.to_string();
     let mut command = Command::new("setpriv");
     command
@@ -231,12 +233,15 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("CREDENTIALS_DIRECTORY", credentials.path())
         .env("ACME_PROXY_LISTEN", "127.0.0.1:0")
-        .env("ACME_PROXY_VALIDATION__HTTP_PORT", http_port.to_string())
+        .env("ACME_PROXY_VALIDATION__HTTP_PORT", at.port().to_string())
         .env(
             "ACME_PROXY_VALIDATION__DNS_RESOLVERS",
             format!("[\"{}\"]", dns.addr),
         )
-        .env("ACME_PROXY_VALIDATION__ALLOW_NETWORKS", "[\"127.0.0.1\"]");
+        .env(
+            "ACME_PROXY_VALIDATION__ALLOW_NETWORKS",
+            format!("[\"{}\"]", at.ip()),
+        );
     let logs = harness::tempdir();
     let log = logs.path().join("acme-proxy.log");
     let (_server, directory) = harness::spawn_serving(command, &log);
@@ -246,7 +251,7 @@ async fn the_debian_package_installs_and_its_unit_serves_certbot_as_a_transient_
     let name = "installed.example.test";
     let ran = run(
         "certbot",
-        certbot_certonly_standalone(&d, &directory, http_port, name),
+        certbot_certonly_standalone(&d, &directory, at, name),
         d.clone(),
     )
     .await;

@@ -178,7 +178,7 @@ async fn certbot_5_with_required_profile_shortlived_gets_a_short_lived_certifica
     let mut args = certbot_certonly_standalone(
         &d,
         &server.directory("default"),
-        free_port(),
+        harness::own_addr(),
         "cb5.example.test",
     );
     args.extend(["--required-profile".to_owned(), "shortlived".to_owned()]);
@@ -191,7 +191,7 @@ async fn certbot_5_with_required_profile_shortlived_gets_a_short_lived_certifica
     let mut args = certbot_certonly_standalone(
         &d,
         &server.directory("default"),
-        free_port(),
+        harness::own_addr(),
         "cb5b.example.test",
     );
     args.extend([

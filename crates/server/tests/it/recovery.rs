@@ -12,7 +12,7 @@ use acme_proxy::authority::VALIDATION_KIND;
 use acme_proxy_protocol::Jwk;
 use serde_json::{Value, json};
 
-use crate::harness::{ChildGuard, Dns, Responder, TestServer, binary, free_port, spawn_binary};
+use crate::harness::{ChildGuard, Dns, Responder, TestServer, binary, own_addr, spawn_binary};
 use crate::raw::{self, Acct, Key};
 
 /// A pending challenge for `name`: (challenge URL, order URL), published on
@@ -67,7 +67,7 @@ async fn wait_for_challenge(
 
 fn config_file(
     dir: &std::path::Path,
-    port: u16,
+    listen: std::net::SocketAddr,
     http_port: u16,
     dns: &Dns,
     lease: &str,
@@ -76,7 +76,7 @@ fn config_file(
     std::fs::write(
         &file,
         format!(
-            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\nallow_networks = [\"127.0.0.1\"]\ndns_resolvers = [\"{}\"]\n# Minutes: the attempt budget must not be what bounds recovery.\ntimeout = \"5m\"\n[jobs]\nlease = \"{lease}\"\npoll_interval = \"200ms\"\n[profiles.default]\n",
+            "listen = \"{listen}\"\ndata_dir = \"{}\"\n[validation]\nhttp_port = {http_port}\nallow_networks = [\"127.0.0.1\"]\ndns_resolvers = [\"{}\"]\n# Minutes: the attempt budget must not be what bounds recovery.\ntimeout = \"5m\"\n[jobs]\nlease = \"{lease}\"\npoll_interval = \"200ms\"\n[profiles.default]\n",
             dir.join("data").display(),
             dns.addr
         ),
@@ -104,8 +104,8 @@ async fn a_validation_in_flight_when_the_process_is_sigkilled_resumes_within_sec
     let Some(dns) = Dns::start() else { return };
     let responder = Responder::start().await;
     let work = crate::harness::tempdir();
-    let port = free_port();
-    let config = config_file(work.path(), port, responder.port, &dns, "2s");
+    // One address for both starts: the client's URLs must stay valid.
+    let config = config_file(work.path(), own_addr(), responder.port, &dns, "2s");
     let (mut first, directory) = spawn_binary(
         work.path(),
         &["serve", "--config", config.to_str().unwrap()],
@@ -201,7 +201,8 @@ async fn operators_list_show_retry_and_cancel_jobs_and_a_running_job_is_cancelle
     let Some(dns) = Dns::start() else { return };
     let responder = Responder::start().await;
     let work = crate::harness::tempdir();
-    let config = config_file(work.path(), free_port(), responder.port, &dns, "1s");
+    let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let config = config_file(work.path(), any_port, responder.port, &dns, "1s");
     let (server, directory): (ChildGuard, String) = spawn_binary(
         work.path(),
         &["serve", "--config", config.to_str().unwrap()],

@@ -292,7 +292,9 @@ fn subject_of(pem_text: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbles_chain() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("certbot") || !harness::require_program("lego") {
         return;
     }
@@ -303,14 +305,14 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     let intermediate = subject_of(&pebble.intermediate_pem().await);
     // Clients prove control to us for real (http-01 to their standalone
     // servers); the relay's upstream trusts its account (bypass).
-    let port = harness::free_port();
+    let at = harness::own_addr();
     let dir = crate::harness::tempdir();
     let profiles = relay_profile("default", &pebble.directory_url(), &pki, "bypass", "", "")
         .replace(
             "challenges = [\"http-01\", \"dns-01\"]",
             "challenges = [\"http-01\"]",
         );
-    let toml = server_toml(dir.path(), port, Some(&dns), &profiles)
+    let toml = server_toml(dir.path(), at.port(), Some(&dns), &profiles)
         .replace("timeout = \"5s\"", "timeout = \"10s\"");
     let server = start_relay(dir, &toml).await;
     let directory = server.directory("default");
@@ -320,7 +322,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     let name = "relay-certbot.example.test";
     let mut args = clients::certbot_common(&d, &directory);
     args.push("certonly".to_owned());
-    args.extend(clients::certbot_standalone(port));
+    args.extend(clients::certbot_standalone(at));
     args.extend(["-d".to_owned(), name.to_owned()]);
     let ran: Ran = clients::run("certbot", args, d.clone()).await;
     assert!(
@@ -342,7 +344,7 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
     let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let name = "relay-lego.example.test";
-    let args = clients::lego_http_run(&directory, &d, port, name);
+    let args = clients::lego_http_run(&directory, &d, at, name);
     let ran = clients::run("lego", args, d.clone()).await;
     assert!(
         ran.success(),
@@ -362,16 +364,18 @@ async fn certbot_and_lego_obtain_certificates_from_a_relay_profile_and_get_pebbl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_route() {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     let pki = TestPki::new();
     // Pebble really validates, fetching from our listener: names resolve to
-    // 127.0.0.1 through pebble-challtestsrv.
-    let port = harness::free_port();
+    // its address through pebble-challtestsrv.
+    let at = harness::own_addr();
     let Some(pebble) = Pebble::start(
         &pki,
         PebbleOptions {
             always_valid: false,
-            http_port: port,
+            http_port: at.port(),
             dns_server: Some(dns.addr),
             ..PebbleOptions::default()
         },
@@ -387,10 +391,8 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
         LOCAL_BYPASS,
         "",
     );
-    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles).replace(
-        "listen = \"127.0.0.1:0\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles)
+        .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{at}\""));
     let server = start_relay(dir, &toml).await;
     let account = client::account(&server.directory("default")).await;
     let relayed = relay_issue(
@@ -914,9 +916,17 @@ async fn the_server_boots_and_takes_orders_while_the_upstream_answers_503() {
         let account = account.clone();
         async move { relay_issue(&account, &["outage.example.test"], Duration::from_secs(45)).await }
     });
-    // The relay keeps retrying for a while; then the upstream comes back.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(proxy.faults_applied() > 0, "the outage was not exercised");
+    // The relay keeps retrying (three refused requests here); then the
+    // upstream comes back.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.faults_applied() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the outage was not exercised: {} faults in 30 s",
+            proxy.faults_applied()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     proxy.set_always(Match::Any, None);
     let relayed = order.await.expect("order task");
     relayed.chain();
@@ -1072,15 +1082,13 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
     let proxy = FaultProxy::start(&pki, pebble.addr);
     let dir = crate::harness::tempdir();
     let data = dir.path().join("data");
-    let port = harness::free_port();
+    // One address for every start: the client's URLs must stay valid.
+    let at = harness::own_addr();
     // Few relays at once and a slow poll, so that kills land mid-flight.
     let profiles = bypass_profile(&proxy.directory_url(), &pki, "")
         .replace("poll_interval = \"100ms\"", "poll_interval = \"300ms\"");
     let toml = server_toml(&data, harness::free_port(), None, &profiles)
-        .replace(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-        )
+        .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{at}\""))
         .replace("[jobs]\n", "[jobs]\nconcurrency = 4\n");
     register_upstream_accounts(&toml).await;
     let config_path = dir.path().join("acme-proxy.toml");
@@ -1106,8 +1114,19 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
 
     let database = Config::from_toml(&toml).expect("config").database_url();
     let mut interrupted = Vec::new();
+    let mut seen = 0;
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(900)).await;
+        // The process at work has sent ten more requests upstream: the
+        // kill lands while it is relaying.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while proxy.requests().len() < seen + 10 {
+            assert!(
+                Instant::now() < deadline,
+                "no upstream progress within 30 s of a (re)start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        seen = proxy.requests().len();
         drop(child); // SIGKILL
         let store = Store::open(&database, &StoreOptions::default())
             .await
@@ -1334,7 +1353,7 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
     let data = crate::harness::tempdir();
     let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
     // One address for all three starts: the client's URLs must stay valid.
-    let listen = format!("listen = \"127.0.0.1:{}\"", harness::free_port());
+    let listen = format!("listen = \"{}\"", harness::own_addr());
     let toml = server_toml(data.path(), harness::free_port(), None, &profiles)
         .replace("listen = \"127.0.0.1:0\"", &listen);
     register_upstream_accounts(&toml).await;
@@ -1555,7 +1574,9 @@ async fn an_upstream_refusal_at_finalize_reaches_the_client_generically_once_aud
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited_and_counted_alike()
 {
-    let Some(dns) = Dns::start() else { return };
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
     if !harness::require_program("certbot") {
         return;
     }
@@ -1564,7 +1585,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
         return;
     };
     let proxy = FaultProxy::start(&pki, pebble.addr);
-    let port = harness::free_port();
+    let at = harness::own_addr();
     let dir = crate::harness::tempdir();
     // "default": the embedded CA, validating for real; "edge": a relay.
     let profiles = format!(
@@ -1578,7 +1599,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
             ""
         )
     );
-    let toml = server_toml(dir.path(), port, Some(&dns), &profiles);
+    let toml = server_toml(dir.path(), at.port(), Some(&dns), &profiles);
     let (_etc, config) = harness::config_file(&toml);
     let server = start_relay(dir, &toml).await;
 
@@ -1586,7 +1607,7 @@ async fn certbot_issuance_a_bad_csr_a_revocation_and_a_relay_abandon_are_audited
     let home = crate::harness::tempdir();
     let d = home.path().to_path_buf();
     let name = "audited-certbot.example.test";
-    let args = clients::certbot_certonly_standalone(&d, &server.directory("default"), port, name);
+    let args = clients::certbot_certonly_standalone(&d, &server.directory("default"), at, name);
     let ran = clients::run("certbot", args, d.clone()).await;
     assert!(
         ran.success(),
