@@ -1,6 +1,6 @@
-//! Shared test machinery: free ports, child processes killed on drop, a
-//! real DNS server (pebble-challtestsrv) that answers every name with
-//! 127.0.0.1, BIND with a static or a TSIG-updatable zone, an http-01
+//! Shared test machinery: addresses of a test's own, child processes
+//! killed on drop, a real DNS server (pebble-challtestsrv) that answers
+//! every name with one loopback address, BIND with a static or a TSIG-updatable zone, an http-01
 //! responder, and servers started in-process or as the `acme-proxy` binary.
 
 use std::collections::HashMap;
@@ -29,10 +29,12 @@ pub fn tempdir() -> tempfile::TempDir {
 /// A TCP port that was free a moment ago (and whose UDP twin was too).
 ///
 /// Only for a port number that nothing binds (a test that needs some
-/// `http_port` but never validates over it), or for a program that is
-/// retried when it finds the port taken ([`PORT_ATTEMPTS`],
-/// [`address_in_use`]). A port that a program must be told and that must
-/// not be lost to a parallel test is an [`own_addr`].
+/// `http_port` but never validates over it), and for named, which listens
+/// only on the addresses of the machine's interfaces (127.0.0.1, not an
+/// [`own_host`]) and so is retried when it finds its port taken
+/// ([`PORT_ATTEMPTS`], [`address_in_use`]). A port that any other program
+/// must be told and then binds is an [`own_addr`], which no parallel test
+/// can take.
 pub fn free_port() -> u16 {
     loop {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -84,12 +86,12 @@ pub fn allow_networks_line() -> String {
     format!("allow_networks = [\"127.0.0.1\", \"{}\"]", own_host())
 }
 
-/// How many times a program given a port picked by [`free_port`] is
-/// started, with fresh ports each time, when it finds the port taken.
+/// How many times named, given a port picked by [`free_port`], is started
+/// with a fresh port when it finds the port taken.
 pub const PORT_ATTEMPTS: usize = 3;
 
-/// Whether a program's output says that its address was in use (Go and
-/// Python: "address already in use"; BIND: "address in use").
+/// Whether a program's output says that its address was in use (BIND:
+/// "address in use").
 pub fn address_in_use(output: &str) -> bool {
     let output = output.to_ascii_lowercase();
     output.contains("address already in use") || output.contains("address in use")
@@ -207,10 +209,8 @@ impl Dns {
         Self::start_with(ip, Some(port), std::net::Ipv4Addr::LOCALHOST)
     }
 
-    /// challtestsrv must be given its ports and cannot report them, so they
-    /// are picked with [`free_port`] (the DNS port unless `port` is given);
-    /// a start that finds one taken by a parallel test is retried with
-    /// fresh ones.
+    /// challtestsrv must be given its ports and cannot report them: they
+    /// are [`own_addr`]s (the DNS address unless `ip` and `port` are given).
     fn start_with(
         ip: std::net::Ipv4Addr,
         port: Option<u16>,
@@ -219,59 +219,37 @@ impl Dns {
         if !require_program("pebble-challtestsrv") {
             return None;
         }
-        let mut lost = Vec::new();
-        for _ in 0..PORT_ATTEMPTS {
-            match Self::launch(ip, port.unwrap_or_else(free_port), answer) {
-                Ok(dns) => return Some(dns),
-                Err(log) => lost.push(log),
-            }
-        }
-        panic!(
-            "pebble-challtestsrv found its ports in use (taken by parallel tests between picking and binding) {PORT_ATTEMPTS} times; its logs:\n{}",
-            lost.join("\n---\n")
-        );
-    }
-
-    /// One start; its log when a port was in use.
-    fn launch(
-        ip: std::net::Ipv4Addr,
-        port: u16,
-        answer: std::net::Ipv4Addr,
-    ) -> Result<Dns, String> {
-        let mgmt = free_port();
+        let addr = match port {
+            Some(port) => SocketAddr::from((ip, port)),
+            None => own_addr(),
+        };
+        let management = own_addr();
         let log = tempfile::NamedTempFile::new().expect("log file");
         let child = Command::new("pebble-challtestsrv")
             .args(["-defaultIPv4", &answer.to_string(), "-defaultIPv6", ""])
-            .args(["-dns01", &format!("{ip}:{port}")])
+            .args(["-dns01", &addr.to_string()])
             .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
-            .args(["-management", &format!("127.0.0.1:{mgmt}")])
+            .args(["-management", &management.to_string()])
             .stdout(log.reopen().expect("log"))
             .stderr(log.reopen().expect("log"))
             .spawn()
             .expect("start pebble-challtestsrv");
         let mut guard = ChildGuard(child);
-        let management = SocketAddr::from(([127, 0, 0, 1], mgmt));
-        let addr = SocketAddr::from((ip, port));
         let read_log = || std::fs::read_to_string(log.path()).unwrap_or_default();
-        // Both listeners up (the DNS listener also serves TCP), and still
-        // ours: one that lost its port logs it (and exits), while the
-        // connection went to whoever holds the port.
+        // Both listeners up (the DNS listener also serves TCP).
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let up = [management, addr]
                 .iter()
                 .all(|a| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok());
             let exited = guard.0.try_wait().expect("try_wait").is_some();
-            if address_in_use(&read_log()) {
-                return Err(read_log());
-            }
             assert!(
                 !exited,
                 "pebble-challtestsrv exited at start:\n{}",
                 read_log()
             );
             if up {
-                return Ok(Dns {
+                return Some(Dns {
                     addr,
                     management,
                     _child: guard,

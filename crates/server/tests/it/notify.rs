@@ -430,7 +430,7 @@ fn a_script_must_be_named_by_an_absolute_path() {
 /// directory; with a certificate it offers STARTTLS and refuses mail sent
 /// without it.
 struct SmtpSink {
-    port: u16,
+    addr: std::net::SocketAddr,
     out: tempfile::TempDir,
     _child: harness::ChildGuard,
 }
@@ -470,53 +470,42 @@ impl SmtpSink {
         let out = crate::harness::tempdir();
         let script = out.path().join("smtp_sink.py");
         std::fs::write(&script, include_str!("fixtures/smtp_sink.py")).expect("script");
-        // aiosmtpd must be given its port; a start that finds it taken by
-        // a parallel test (between picking and binding) is retried with a
-        // fresh one. The script prints "ready" once it listens.
+        // aiosmtpd must be given its address: an own_addr. The script
+        // prints "ready" once it listens.
+        let addr = harness::own_addr();
         let log = out.path().join("sink.log");
-        let mut lost = Vec::new();
-        let (port, guard) = loop {
-            assert!(
-                lost.len() < harness::PORT_ATTEMPTS,
-                "the SMTP sink found its port in use (taken by parallel tests) {} times; its logs:\n{}",
-                harness::PORT_ATTEMPTS,
-                lost.join("\n---\n")
-            );
-            let port = harness::free_port();
-            let mut command = std::process::Command::new("/usr/bin/python3");
-            command.arg(&script).arg(port.to_string()).arg(out.path());
-            if let Some((cert, key)) = &tls {
-                command.arg(cert).arg(key);
+        let mut command = std::process::Command::new("/usr/bin/python3");
+        command
+            .arg(&script)
+            .arg(addr.ip().to_string())
+            .arg(addr.port().to_string())
+            .arg(out.path());
+        if let Some((cert, key)) = &tls {
+            command.arg(cert).arg(key);
+        }
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start the SMTP sink");
+        let stdout = child.stdout.take().expect("stdout");
+        let guard = harness::ChildGuard(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let _ = tx.send(line.unwrap_or_default());
             }
-            let mut child = command
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::fs::File::create(&log).expect("log"))
-                .spawn()
-                .expect("start the SMTP sink");
-            let stdout = child.stdout.take().expect("stdout");
-            let guard = harness::ChildGuard(child);
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                use std::io::BufRead;
-                for line in std::io::BufReader::new(stdout).lines() {
-                    let _ = tx.send(line.unwrap_or_default());
-                }
-            });
-            match rx.recv_timeout(Duration::from_secs(15)) {
-                Ok(line) if line.trim() == "ready" => break (port, guard),
-                _ => {
-                    drop(guard);
-                    let text = std::fs::read_to_string(&log).unwrap_or_default();
-                    assert!(
-                        harness::address_in_use(&text),
-                        "the SMTP sink did not start:\n{text}"
-                    );
-                    lost.push(text);
-                }
-            }
-        };
+        });
+        match rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(line) if line.trim() == "ready" => {}
+            _ => panic!(
+                "the SMTP sink did not start on {addr}:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
+        }
         Some(SmtpSink {
-            port,
+            addr,
             out,
             _child: guard,
         })
@@ -601,8 +590,9 @@ async fn an_smtp_server_receives_the_templated_issuance_mail_over_plain_smtp() {
         return;
     };
     let email = format!(
-        "host = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n{MAIL_ENVELOPE}",
-        sink.port
+        "host = \"{}\"\nport = {}\ntls = \"none\"\n{MAIL_ENVELOPE}",
+        sink.addr.ip(),
+        sink.addr.port()
     );
     let (server, serial) = issue_with_email(&email, "mailed.example.test").await;
     let mails = sink.wait_for(1, Duration::from_secs(15)).await;
@@ -629,12 +619,14 @@ async fn an_smtp_server_receives_the_templated_issuance_mail_over_plain_smtp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_smtp_server_receives_the_templated_issuance_mail_over_starttls() {
     let pki = crate::upstream::TestPki::new();
-    let Some(sink) = SmtpSink::start(Some(pki.server_cert(&["127.0.0.1"]))) else {
+    let Some(sink) = SmtpSink::start(Some(pki.server_cert(&[&harness::own_host().to_string()])))
+    else {
         return;
     };
     let email = format!(
-        "host = \"127.0.0.1\"\nport = {}\ntls = \"starttls\"\ntrust_anchors = \"{}\"\n{MAIL_ENVELOPE}",
-        sink.port,
+        "host = \"{}\"\nport = {}\ntls = \"starttls\"\ntrust_anchors = \"{}\"\n{MAIL_ENVELOPE}",
+        sink.addr.ip(),
+        sink.addr.port(),
         pki.ca_pem_path().display()
     );
     let (server, serial) = issue_with_email(&email, "sealed.example.test").await;
@@ -647,13 +639,15 @@ async fn an_smtp_server_receives_the_templated_issuance_mail_over_starttls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_smtp_server_whose_certificate_is_not_trusted_gets_nothing_and_the_mail_is_retried() {
     let pki = crate::upstream::TestPki::new();
-    let Some(sink) = SmtpSink::start(Some(pki.server_cert(&["127.0.0.1"]))) else {
+    let Some(sink) = SmtpSink::start(Some(pki.server_cert(&[&harness::own_host().to_string()])))
+    else {
         return;
     };
     // No trust_anchors: the test CA is not among the system roots.
     let email = format!(
-        "host = \"127.0.0.1\"\nport = {}\ntls = \"starttls\"\n{MAIL_ENVELOPE}",
-        sink.port
+        "host = \"{}\"\nport = {}\ntls = \"starttls\"\n{MAIL_ENVELOPE}",
+        sink.addr.ip(),
+        sink.addr.port()
     );
     let (server, _) = issue_with_email(&email, "untrusted.example.test").await;
     let store = server.running().authority.store().clone();

@@ -584,7 +584,8 @@ async fn dns01_cleanup_removes_only_the_value_this_attempt_added() {
         .arg(format!("hmac-sha512:k1:{secret}"))
         .stdin({
             let input = format!(
-                "server 127.0.0.1 {}\nupdate add {record} 60 TXT \"someone-else\"\nsend\n",
+                "server {} {}\nupdate add {record} 60 TXT \"someone-else\"\nsend\n",
+                bind.addr.ip(),
                 bind.addr.port()
             );
             let path = dir.path().join("nsupdate.txt");

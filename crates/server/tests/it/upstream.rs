@@ -285,7 +285,7 @@ impl Default for PebbleOptions {
     }
 }
 
-/// Debian's `pebble` (2.4): a real ACME CA on 127.0.0.1, its ACME and
+/// Debian's `pebble` (2.4): a real ACME CA on [`crate::harness::own_host`], its ACME and
 /// management listeners serving a certificate from a [`TestPki`]. Killed on
 /// drop. It keeps nothing between runs: a new root and intermediate each
 /// start.
@@ -313,27 +313,13 @@ impl Pebble {
         if !require_program("pebble") {
             return None;
         }
-        // The ports were free a moment ago; another process can take one
-        // before Pebble binds it, and then Pebble exits saying so: start
-        // again on other ports.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match Self::try_start(pki, &opts) {
-                Ok(pebble) => return Some(pebble),
-                Err(log) if attempt < 5 && log.contains("address already in use") => continue,
-                Err(log) => panic!("{log}"),
-            }
-        }
-    }
-
-    /// One start on fresh ports: Pebble listening on both, or why not
-    /// (with its log).
-    fn try_start(pki: &TestPki, opts: &PebbleOptions) -> Result<Pebble, String> {
+        // Pebble must be given its addresses and cannot report them: they
+        // are own_addrs, which no other test can take.
         let dir = crate::harness::tempdir();
-        let (cert, key) = pki.server_cert(&["127.0.0.1", "localhost"]);
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let management = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let own_host = crate::harness::own_host().to_string();
+        let (cert, key) = pki.server_cert(&["127.0.0.1", "localhost", &own_host]);
+        let addr = crate::harness::own_addr();
+        let management = crate::harness::own_addr();
         let config = serde_json::json!({"pebble": {
             "listenAddress": addr.to_string(),
             "managementListenAddress": management.to_string(),
@@ -378,9 +364,12 @@ impl Pebble {
             child: ChildGuard(child),
             dir,
         };
-        pebble.wait_listening(addr)?;
-        pebble.wait_listening(management)?;
-        Ok(pebble)
+        for listener in [addr, management] {
+            if let Err(e) = pebble.wait_listening(listener) {
+                panic!("{e}");
+            }
+        }
+        Some(pebble)
     }
 
     /// Like waiting for a TCP listener, but gives up at once with Pebble's log when it
