@@ -1,13 +1,10 @@
 //! Accounts (RFC 8555 §7.1.2, §7.3).
 
 use acme_proxy_protocol::types::AccountStatus;
-use rusqlite::{Connection, Row, params};
 
+use crate::db::{Conn, Row, args, col, col_enum};
 use crate::jobs::insert_jobs_in;
-use crate::{
-    NewJob, Result, Store, StoreError, all, begin, col, col_enum, exec, json_vec, one, scalar,
-    to_json,
-};
+use crate::{NewJob, Result, Store, StoreError, json_vec, to_json};
 
 /// An account as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,7 +55,7 @@ macro_rules! account_columns {
 }
 
 /// A row of `account_columns!`, read by position (one per request).
-fn account_from_row(row: &Row<'_>) -> Result<AccountRow> {
+fn account_from_row(row: Row<'_>) -> Result<AccountRow> {
     Ok(AccountRow {
         id: col(row, 0, "id")?,
         profile: col(row, 1, "profile")?,
@@ -92,14 +89,17 @@ pub struct AccountGuard<'a> {
 impl AccountGuard<'_> {
     /// Errs with [`StoreError::AccountChanged`] unless the account is valid
     /// with the guard's key, as `conn`'s transaction sees it.
-    pub(crate) fn check_in(&self, conn: &Connection) -> Result<()> {
-        match scalar::<i64>(
-            conn,
-            "SELECT 1 FROM accounts WHERE id = ?1 AND key_thumbprint = ?2 AND status = 'valid'",
-            params![self.id, self.key_thumbprint],
-        )? {
-            Some(_) => Ok(()),
-            None => Err(StoreError::AccountChanged),
+    pub(crate) async fn check_in(&self, conn: &mut Conn<'_>) -> Result<()> {
+        let valid = conn
+            .exists(
+                "SELECT 1 FROM accounts WHERE id = ?1 AND key_thumbprint = ?2 AND status = 'valid'",
+                args![self.id, self.key_thumbprint],
+            )
+            .await?;
+        if valid {
+            Ok(())
+        } else {
+            Err(StoreError::AccountChanged)
         }
     }
 }
@@ -121,13 +121,12 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<(AccountRow, bool)> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let inserted = exec(
-            &tx,
+        let mut tx = conn.begin().await?;
+        let inserted = tx.exec(
             "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, contact, tos_agreed, created_at, eab_kid)
              VALUES (?1, ?2, ?3, ?4, 'valid', ?5, ?6, ?7, ?8)
              ON CONFLICT (profile, key_thumbprint) DO NOTHING",
-            params![
+            args![
                 new.id,
                 new.profile,
                 new.key_thumbprint,
@@ -137,18 +136,19 @@ impl Store {
                 new.now,
                 new.eab_kid,
             ],
-        )? == 1;
+        ).await? == 1;
         if inserted {
-            insert_jobs_in(&tx, notices)?;
+            insert_jobs_in(&mut tx, notices).await?;
         }
-        let row = one(
-            &tx,
-            ACCOUNT_BY_KEY,
-            params![new.profile, new.key_thumbprint],
-            account_from_row,
-        )?
-        .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-        tx.commit()?;
+        let row = tx
+            .one(
+                ACCOUNT_BY_KEY,
+                args![new.profile, new.key_thumbprint],
+                account_from_row,
+            )
+            .await?
+            .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+        tx.commit().await?;
         Ok((row, inserted))
     }
 
@@ -157,44 +157,52 @@ impl Store {
         profile: &str,
         thumbprint: &str,
     ) -> Result<Option<AccountRow>> {
-        one(
-            &*self.reader().await?,
-            ACCOUNT_BY_KEY,
-            params![profile, thumbprint],
-            account_from_row,
-        )
+        self.reader()
+            .await?
+            .one(ACCOUNT_BY_KEY, args![profile, thumbprint], account_from_row)
+            .await
     }
 
     pub async fn account(&self, id: &str) -> Result<Option<AccountRow>> {
-        one(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                account_columns!(),
-                " FROM accounts WHERE id = ?1"
-            ),
-            params![id],
-            account_from_row,
-        )
+        self.point_reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    account_columns!(),
+                    " FROM accounts WHERE id = ?1"
+                ),
+                args![id],
+                account_from_row,
+            )
+            .await
     }
 
     /// Replaces the contact list of a valid account. Returns false if the
     /// account is not valid (any more).
     pub async fn update_account_contact(&self, id: &str, contact: &[String]) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE accounts SET contact = ?1 WHERE id = ?2 AND status = 'valid'",
-            params![to_json(contact), id],
-        )? == 1)
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE accounts SET contact = ?1 WHERE id = ?2 AND status = 'valid'",
+                args![to_json(contact), id],
+            )
+            .await?
+            == 1)
     }
 
     /// Records agreement to the terms of service on a valid account.
     pub async fn agree_account_tos(&self, id: &str) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE accounts SET tos_agreed = 1 WHERE id = ?1 AND status = 'valid'",
-            params![id],
-        )? == 1)
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE accounts SET tos_agreed = 1 WHERE id = ?1 AND status = 'valid'",
+                args![id],
+            )
+            .await?
+            == 1)
     }
 
     /// valid → deactivated (RFC 8555 §7.3.6), guarded. Also deactivates the
@@ -203,27 +211,28 @@ impl Store {
     /// account may progress. `notices` are queued with the change.
     pub async fn deactivate_account(&self, id: &str, notices: &[NewJob<'_>]) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let changed = exec(
-            &tx,
-            "UPDATE accounts SET status = 'deactivated' WHERE id = ?1 AND status = 'valid'",
-            params![id],
-        )? == 1;
+        let mut tx = conn.begin().await?;
+        let changed = tx
+            .exec(
+                "UPDATE accounts SET status = 'deactivated' WHERE id = ?1 AND status = 'valid'",
+                args![id],
+            )
+            .await?
+            == 1;
         if changed {
-            exec(
-                &tx,
+            tx.exec(
                 "UPDATE authorizations SET status = 'deactivated'
                  WHERE account_id = ?1 AND status IN ('pending', 'valid')",
-                params![id],
-            )?;
-            exec(
-                &tx,
+                args![id],
+            )
+            .await?;
+            tx.exec(
                 "UPDATE orders SET status = 'invalid' WHERE account_id = ?1 AND status IN ('pending', 'ready')",
-                params![id],
-            )?;
-            insert_jobs_in(&tx, notices)?;
+                args![id],
+            ).await?;
+            insert_jobs_in(&mut tx, notices).await?;
         }
-        tx.commit()?;
+        tx.commit().await?;
         Ok(changed)
     }
 
@@ -238,22 +247,25 @@ impl Store {
         new_jwk: &str,
     ) -> Result<KeyChangeOutcome> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let holder: Option<String> = scalar(
-            &tx,
-            "SELECT id FROM accounts WHERE profile = ?1 AND key_thumbprint = ?2",
-            params![profile, new_thumbprint],
-        )?;
+        let mut tx = conn.begin().await?;
+        let holder: Option<String> = tx
+            .scalar(
+                "SELECT id FROM accounts WHERE profile = ?1 AND key_thumbprint = ?2",
+                args![profile, new_thumbprint],
+            )
+            .await?;
         if let Some(account_id) = holder {
             return Ok(KeyChangeOutcome::NewKeyInUse { account_id });
         }
-        let changed = exec(
-            &tx,
-            "UPDATE accounts SET key_thumbprint = ?1, jwk = ?2
+        let changed = tx
+            .exec(
+                "UPDATE accounts SET key_thumbprint = ?1, jwk = ?2
              WHERE id = ?3 AND key_thumbprint = ?4 AND status = 'valid'",
-            params![new_thumbprint, new_jwk, id, old_thumbprint],
-        )? == 1;
-        tx.commit()?;
+                args![new_thumbprint, new_jwk, id, old_thumbprint],
+            )
+            .await?
+            == 1;
+        tx.commit().await?;
         Ok(if changed {
             KeyChangeOutcome::Changed
         } else {
@@ -270,29 +282,34 @@ impl Store {
         status: Option<AccountStatus>,
         limit: i64,
     ) -> Result<Vec<AccountRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
+        self.reader()
+            .await?
+            .all(
+                concat!(
                 "SELECT ",
                 account_columns!(),
                 " FROM accounts WHERE (?1 IS NULL OR profile = ?1) AND (?2 IS NULL OR status = ?2)
                   ORDER BY created_at DESC, id DESC LIMIT ?3"
             ),
-            params![profile, status.map(AccountStatus::as_str), limit],
-            account_from_row,
-        )
+                args![profile, status.map(AccountStatus::as_str), limit],
+                account_from_row,
+            )
+            .await
     }
 
     /// How many orders and certificates an account has.
     pub async fn account_counts(&self, id: &str) -> Result<(i64, i64)> {
-        Ok(one(
-            &*self.reader().await?,
-            "SELECT (SELECT COUNT(*) FROM orders WHERE account_id = ?1),
+        Ok(self
+            .reader()
+            .await?
+            .one(
+                "SELECT (SELECT COUNT(*) FROM orders WHERE account_id = ?1),
                     (SELECT COUNT(*) FROM certificates WHERE account_id = ?1)",
-            params![id],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )?
-        .unwrap_or((0, 0)))
+                args![id],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .await?
+            .unwrap_or((0, 0)))
     }
 }
 

@@ -2,9 +2,8 @@
 //! off it, in one transaction, refused while something still needs it.
 //! The audit log has no foreign keys, so its rows outlive what they describe.
 
-use rusqlite::{Connection, params};
-
-use crate::{Result, Store, begin, exec, one, scalar};
+use crate::db::{Conn, args};
+use crate::{Result, Store};
 
 /// What a deletion did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,34 +36,34 @@ macro_rules! scoped {
 /// expired (it belongs on the CRL and may still be revoked), an order being
 /// finalized, or a challenge being validated (their jobs would lose their
 /// subject).
-fn blocker(conn: &Connection, scope: Scope, id: &str, now: i64) -> Result<Option<String>> {
-    let unexpired: Option<(String, i64)> = one(
-        conn,
+async fn blocker(conn: &mut Conn<'_>, scope: Scope, id: &str, now: i64) -> Result<Option<String>> {
+    let unexpired: Option<(String, i64)> = conn.one(
         scoped!(
             scope,
             "SELECT c.serial, c.not_after FROM certificates c JOIN orders o ON o.id = c.order_id WHERE ",
             " AND c.not_after > ?2 ORDER BY c.not_after DESC LIMIT 1"
         ),
-        params![id, now],
+        args![id, now],
         |row| Ok((row.get("serial")?, row.get("not_after")?)),
-    )?;
+    ).await?;
     if let Some((serial, not_after)) = unexpired {
         return Ok(Some(format!(
             "certificate {serial} has not expired (notAfter {not_after}, Unix time); it stays for revocation and the CRL until then"
         )));
     }
-    let busy: Option<String> = scalar(
-        conn,
-        scoped!(
-            scope,
-            "SELECT o.id FROM orders o WHERE ",
-            " AND (o.status = 'processing' OR EXISTS (
+    let busy: Option<String> = conn
+        .scalar(
+            scoped!(
+                scope,
+                "SELECT o.id FROM orders o WHERE ",
+                " AND (o.status = 'processing' OR EXISTS (
              SELECT 1 FROM order_authorizations oa JOIN challenges ch ON ch.authz_id = oa.authz_id
              WHERE oa.order_id = o.id AND ch.status = 'processing'))
          LIMIT 1"
-        ),
-        params![id],
-    )?;
+            ),
+            args![id],
+        )
+        .await?;
     Ok(busy.map(|order| {
         format!("order {order} is being validated or finalized; wait for it, or cancel its job (acme-proxy job list)")
     }))
@@ -72,7 +71,7 @@ fn blocker(conn: &Connection, scope: Scope, id: &str, now: i64) -> Result<Option
 
 /// Deletes the authorizations (and their challenges) of `account_id` that
 /// no order links any more.
-fn delete_orphan_authorizations(conn: &Connection, account_id: &str) -> Result<()> {
+async fn delete_orphan_authorizations(conn: &mut Conn<'_>, account_id: &str) -> Result<()> {
     macro_rules! orphans {
         () => {
             "(SELECT a.id FROM authorizations a WHERE a.account_id = ?1
@@ -83,14 +82,14 @@ fn delete_orphan_authorizations(conn: &Connection, account_id: &str) -> Result<(
         concat!("DELETE FROM challenges WHERE authz_id IN ", orphans!()),
         concat!("DELETE FROM authorizations WHERE id IN ", orphans!()),
     ] {
-        exec(conn, sql, params![account_id])?;
+        conn.exec(sql, args![account_id]).await?;
     }
     Ok(())
 }
 
 /// Deletes the orders in `scope` and what hangs off them: expired
 /// certificates, relay mappings, links to authorizations.
-fn delete_orders(conn: &Connection, scope: Scope, id: &str) -> Result<()> {
+async fn delete_orders(conn: &mut Conn<'_>, scope: Scope, id: &str) -> Result<()> {
     for sql in [
         scoped!(
             scope,
@@ -113,7 +112,7 @@ fn delete_orders(conn: &Connection, scope: Scope, id: &str) -> Result<()> {
             ")"
         ),
     ] {
-        exec(conn, sql, params![id])?;
+        conn.exec(sql, args![id]).await?;
     }
     Ok(())
 }
@@ -127,21 +126,19 @@ impl Store {
         // rather than failing when the server commits between our first
         // read and first write.
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let account: Option<String> = scalar(
-            &tx,
-            "SELECT account_id FROM orders WHERE id = ?1",
-            params![id],
-        )?;
+        let mut tx = conn.begin().await?;
+        let account: Option<String> = tx
+            .scalar("SELECT account_id FROM orders WHERE id = ?1", args![id])
+            .await?;
         let Some(account) = account else {
             return Ok(DeleteOutcome::NotFound);
         };
-        if let Some(why) = blocker(&tx, Scope::Order, id, now)? {
+        if let Some(why) = blocker(&mut tx, Scope::Order, id, now).await? {
             return Ok(DeleteOutcome::Refused(why));
         }
-        delete_orders(&tx, Scope::Order, id)?;
-        delete_orphan_authorizations(&tx, &account)?;
-        tx.commit()?;
+        delete_orders(&mut tx, Scope::Order, id).await?;
+        delete_orphan_authorizations(&mut tx, &account).await?;
+        tx.commit().await?;
         Ok(DeleteOutcome::Deleted)
     }
 
@@ -149,19 +146,21 @@ impl Store {
     /// certificates.
     pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let exists: Option<String> =
-            scalar(&tx, "SELECT id FROM accounts WHERE id = ?1", params![id])?;
+        let mut tx = conn.begin().await?;
+        let exists: Option<String> = tx
+            .scalar("SELECT id FROM accounts WHERE id = ?1", args![id])
+            .await?;
         if exists.is_none() {
             return Ok(DeleteOutcome::NotFound);
         }
-        if let Some(why) = blocker(&tx, Scope::Account, id, now)? {
+        if let Some(why) = blocker(&mut tx, Scope::Account, id, now).await? {
             return Ok(DeleteOutcome::Refused(why));
         }
-        delete_orders(&tx, Scope::Account, id)?;
-        delete_orphan_authorizations(&tx, id)?;
-        exec(&tx, "DELETE FROM accounts WHERE id = ?1", params![id])?;
-        tx.commit()?;
+        delete_orders(&mut tx, Scope::Account, id).await?;
+        delete_orphan_authorizations(&mut tx, id).await?;
+        tx.exec("DELETE FROM accounts WHERE id = ?1", args![id])
+            .await?;
+        tx.commit().await?;
         Ok(DeleteOutcome::Deleted)
     }
 }

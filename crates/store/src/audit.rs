@@ -2,9 +2,9 @@
 //! who asked, from where, and why not.
 
 use acme_proxy_protocol::types::RawIdentifier;
-use rusqlite::{Connection, Row, params};
 
-use crate::{Result, Store, StoreError, all, exec, one, to_json};
+use crate::db::{Conn, Row, args};
+use crate::{Result, Store, StoreError, to_json};
 
 /// An audit record to write. Identifiers are a frozen copy: the row must
 /// say what was asked even after the order is deleted.
@@ -57,11 +57,10 @@ pub(crate) const INSERT_AUDIT: &str =
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
 
 /// Writes one audit row on `conn` (the writer, or the caller's transaction).
-pub(crate) fn insert_audit_in(conn: &Connection, row: &NewAuditRow<'_>) -> Result<()> {
-    exec(
-        conn,
+pub(crate) async fn insert_audit_in(conn: &mut Conn<'_>, row: &NewAuditRow<'_>) -> Result<()> {
+    conn.exec(
         INSERT_AUDIT,
-        params![
+        args![
             row.at,
             row.event,
             row.outcome,
@@ -78,7 +77,8 @@ pub(crate) fn insert_audit_in(conn: &Connection, row: &NewAuditRow<'_>) -> Resul
             row.problem_type,
             row.detail,
         ],
-    )?;
+    )
+    .await?;
     Ok(())
 }
 
@@ -89,7 +89,7 @@ macro_rules! audit_columns {
     };
 }
 
-fn audit_from_row(row: &Row<'_>) -> Result<AuditRow> {
+fn audit_from_row(row: Row<'_>) -> Result<AuditRow> {
     let identifiers: Option<String> = row.get("identifiers")?;
     Ok(AuditRow {
         id: row.get("id")?,
@@ -131,81 +131,89 @@ pub struct AuditFilter<'a> {
 impl Store {
     /// Audit rows matching `filter`, newest first.
     pub async fn audit_list(&self, filter: &AuditFilter<'_>, limit: i64) -> Result<Vec<AuditRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                audit_columns!(),
-                " FROM audit_log
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    audit_columns!(),
+                    " FROM audit_log
              WHERE (?1 IS NULL OR profile = ?1) AND (?2 IS NULL OR account_id = ?2)
                AND (?3 IS NULL OR order_id = ?3) AND (?4 IS NULL OR serial = ?4)
                AND (?5 IS NULL OR event = ?5) AND (?6 IS NULL OR outcome = ?6)
                AND (?7 IS NULL OR at >= ?7)
              ORDER BY id DESC LIMIT ?8"
-            ),
-            params![
-                filter.profile,
-                filter.account,
-                filter.order,
-                filter.serial,
-                filter.event,
-                filter.outcome,
-                filter.since,
-                limit,
-            ],
-            audit_from_row,
-        )
+                ),
+                args![
+                    filter.profile,
+                    filter.account,
+                    filter.order,
+                    filter.serial,
+                    filter.event,
+                    filter.outcome,
+                    filter.since,
+                    limit,
+                ],
+                audit_from_row,
+            )
+            .await
     }
 
     pub async fn audit_row(&self, id: i64) -> Result<Option<AuditRow>> {
-        one(
-            &*self.reader().await?,
-            concat!("SELECT ", audit_columns!(), " FROM audit_log WHERE id = ?1"),
-            params![id],
-            audit_from_row,
-        )
+        self.reader()
+            .await?
+            .one(
+                concat!("SELECT ", audit_columns!(), " FROM audit_log WHERE id = ?1"),
+                args![id],
+                audit_from_row,
+            )
+            .await
     }
 
     pub async fn insert_audit(&self, row: &NewAuditRow<'_>) -> Result<()> {
-        insert_audit_in(&*self.writer().await?, row)
+        insert_audit_in(&mut self.writer().await?, row).await
     }
 
     /// The audit rows about one order, oldest first.
     pub async fn audit_for_order(&self, order_id: &str) -> Result<Vec<AuditRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                audit_columns!(),
-                " FROM audit_log WHERE order_id = ?1 ORDER BY id"
-            ),
-            params![order_id],
-            audit_from_row,
-        )
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    audit_columns!(),
+                    " FROM audit_log WHERE order_id = ?1 ORDER BY id"
+                ),
+                args![order_id],
+                audit_from_row,
+            )
+            .await
     }
 
     /// Deletes the rows written before `before` (Unix seconds): the
     /// retention sweep, the only deletion the audit log knows (rows are
     /// never updated).
     pub async fn delete_audit_before(&self, before: i64) -> Result<u64> {
-        Ok(exec(
-            &*self.writer().await?,
-            "DELETE FROM audit_log WHERE at < ?1",
-            params![before],
-        )? as u64)
+        Ok(self
+            .writer()
+            .await?
+            .exec("DELETE FROM audit_log WHERE at < ?1", args![before])
+            .await? as u64)
     }
 
     /// The newest audit rows, newest first, optionally of one event.
     pub async fn audit_recent(&self, event: Option<&str>, limit: i64) -> Result<Vec<AuditRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                audit_columns!(),
-                " FROM audit_log WHERE (?1 IS NULL OR event = ?1) ORDER BY id DESC LIMIT ?2"
-            ),
-            params![event, limit],
-            audit_from_row,
-        )
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    audit_columns!(),
+                    " FROM audit_log WHERE (?1 IS NULL OR event = ?1) ORDER BY id DESC LIMIT ?2"
+                ),
+                args![event, limit],
+                audit_from_row,
+            )
+            .await
     }
 }

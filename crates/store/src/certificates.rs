@@ -1,13 +1,11 @@
 //! Issued certificates, revocation (RFC 8555 §7.6) and CRLs (RFC 5280 §5).
 
 use acme_proxy_protocol::types::Identifier;
-use rusqlite::{Connection, Row, params};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
+use crate::db::{Conn, Row, args, col};
 use crate::jobs::insert_jobs_in;
-use crate::{
-    AccountGuard, NewJob, Result, Store, StoreError, all, begin, col, exec, one, scalar, to_json,
-};
+use crate::{AccountGuard, NewJob, Result, Store, StoreError, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertificateRow {
@@ -74,7 +72,7 @@ macro_rules! cert_columns {
 
 /// A row of `cert_columns!`, read by position (a column added goes at the
 /// end); one per issuance, when the certificate is downloaded.
-fn cert_from_row(row: &Row<'_>) -> Result<CertificateRow> {
+fn cert_from_row(row: Row<'_>) -> Result<CertificateRow> {
     let identifiers: String = col(row, 7, "identifiers")?;
     Ok(CertificateRow {
         id: col(row, 0, "id")?,
@@ -144,35 +142,40 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
+        let mut tx = conn.begin().await?;
         if let Some(account) = from_ready {
-            account.check_in(&tx)?;
+            account.check_in(&mut tx).await?;
         }
         if from_ready.is_some()
-            && exec(&tx, crate::orders::BEGIN_FINALIZE, params![cert.order_id])? != 1
+            && tx
+                .exec(crate::orders::BEGIN_FINALIZE, args![cert.order_id])
+                .await?
+                != 1
         {
             return Ok(false);
         }
-        if !complete_order_in(&tx, cert)? {
+        if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
-        insert_audit_in(&tx, audit)?;
-        insert_jobs_in(&tx, notices)?;
-        tx.commit()?;
+        insert_audit_in(&mut tx, audit).await?;
+        insert_jobs_in(&mut tx, notices).await?;
+        tx.commit().await?;
         Ok(true)
     }
 
     pub async fn certificate(&self, id: &str) -> Result<Option<CertificateRow>> {
-        one(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                cert_columns!(),
-                " FROM certificates WHERE id = ?1"
-            ),
-            params![id],
-            cert_from_row,
-        )
+        self.point_reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    cert_columns!(),
+                    " FROM certificates WHERE id = ?1"
+                ),
+                args![id],
+                cert_from_row,
+            )
+            .await
     }
 
     pub async fn certificate_by_serial(
@@ -180,16 +183,18 @@ impl Store {
         profile: &str,
         serial: &str,
     ) -> Result<Option<CertificateRow>> {
-        one(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                cert_columns!(),
-                " FROM certificates WHERE profile = ?1 AND serial = ?2"
-            ),
-            params![profile, serial],
-            cert_from_row,
-        )
+        self.reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    cert_columns!(),
+                    " FROM certificates WHERE profile = ?1 AND serial = ?2"
+                ),
+                args![profile, serial],
+                cert_from_row,
+            )
+            .await
     }
 
     /// Revokes once: a second revocation of one serial is `AlreadyRevoked`
@@ -203,24 +208,26 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<RevokeOutcome> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let changed = exec(
-            &tx,
-            "UPDATE certificates SET revoked_at = ?1, revocation_reason = ?2
+        let mut tx = conn.begin().await?;
+        let changed = tx
+            .exec(
+                "UPDATE certificates SET revoked_at = ?1, revocation_reason = ?2
              WHERE profile = ?3 AND serial = ?4 AND revoked_at IS NULL",
-            params![now, reason, profile, serial],
-        )?;
+                args![now, reason, profile, serial],
+            )
+            .await?;
         if changed == 1 {
-            insert_jobs_in(&tx, notices)?;
-            tx.commit()?;
+            insert_jobs_in(&mut tx, notices).await?;
+            tx.commit().await?;
             return Ok(RevokeOutcome::Revoked);
         }
-        let exists: Option<i64> = scalar(
-            &tx,
-            "SELECT 1 FROM certificates WHERE profile = ?1 AND serial = ?2",
-            params![profile, serial],
-        )?;
-        Ok(if exists.is_some() {
+        let exists = tx
+            .exists(
+                "SELECT 1 FROM certificates WHERE profile = ?1 AND serial = ?2",
+                args![profile, serial],
+            )
+            .await?;
+        Ok(if exists {
             RevokeOutcome::AlreadyRevoked
         } else {
             RevokeOutcome::NotFound
@@ -229,11 +236,10 @@ impl Store {
 
     /// Every revoked, not yet expired certificate of a profile, for its CRL.
     pub async fn revoked_entries(&self, profile: &str, now: i64) -> Result<Vec<RevokedEntry>> {
-        all(
-            &*self.reader().await?,
+        self.reader().await?.all(
             "SELECT serial, revoked_at, revocation_reason FROM certificates
              WHERE profile = ?1 AND revoked_at IS NOT NULL AND not_after > ?2 ORDER BY revoked_at, serial",
-            params![profile, now],
+            args![profile, now],
             |row| {
                 Ok(RevokedEntry {
                     serial: row.get("serial")?,
@@ -241,76 +247,78 @@ impl Store {
                     reason: row.get("revocation_reason")?,
                 })
             },
-        )
+        ).await
     }
 
     /// When the most recent revocation of a profile happened.
     pub async fn latest_revocation(&self, profile: &str) -> Result<Option<i64>> {
         // An aggregate: always one row, NULL when nothing is revoked.
-        Ok(scalar::<Option<i64>>(
-            &*self.reader().await?,
+        Ok(self.reader().await?.scalar::<Option<i64>>(
             "SELECT MAX(revoked_at) FROM certificates WHERE profile = ?1 AND revoked_at IS NOT NULL",
-            params![profile],
-        )?
+            args![profile],
+        ).await?
         .ok_or(rusqlite::Error::QueryReturnedNoRows)?)
     }
 
     /// The newest CRL of a profile.
     pub async fn crl(&self, profile: &str) -> Result<Option<CrlRow>> {
-        one(
-            &*self.reader().await?,
-            "SELECT number, this_update, next_update, der FROM crls WHERE profile = ?1",
-            params![profile],
-            |row| {
-                Ok(CrlRow {
-                    number: row.get("number")?,
-                    this_update: row.get("this_update")?,
-                    next_update: row.get("next_update")?,
-                    der: row.get("der")?,
-                })
-            },
-        )
+        self.reader()
+            .await?
+            .one(
+                "SELECT number, this_update, next_update, der FROM crls WHERE profile = ?1",
+                args![profile],
+                |row| {
+                    Ok(CrlRow {
+                        number: row.get("number")?,
+                        this_update: row.get("this_update")?,
+                        next_update: row.get("next_update")?,
+                        der: row.get("der")?,
+                    })
+                },
+            )
+            .await
     }
 
     /// The CRL number to use next: one more than the last stored, so CRL
     /// numbers only grow (RFC 5280 §5.2.3).
     pub async fn next_crl_number(&self, profile: &str) -> Result<i64> {
-        let last: Option<i64> = scalar(
-            &*self.writer().await?,
-            "SELECT number FROM crls WHERE profile = ?1",
-            params![profile],
-        )?;
+        let last: Option<i64> = self
+            .writer()
+            .await?
+            .scalar("SELECT number FROM crls WHERE profile = ?1", args![profile])
+            .await?;
         Ok(last.unwrap_or(0) + 1)
     }
 
     /// Stores a CRL unless a newer one (higher number) is already stored;
     /// returns whether it was stored.
     pub async fn store_crl(&self, profile: &str, crl: &CrlRow) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
+        Ok(self.writer().await?.exec(
             "INSERT INTO crls (profile, number, this_update, next_update, der) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (profile) DO UPDATE SET number = excluded.number, this_update = excluded.this_update,
                  next_update = excluded.next_update, der = excluded.der
              WHERE excluded.number > crls.number",
-            params![profile, crl.number, crl.this_update, crl.next_update, crl.der],
-        )? == 1)
+            args![profile, crl.number, crl.this_update, crl.next_update, crl.der],
+        ).await? == 1)
     }
 }
 
 /// The certificate row and processing → valid, inside the caller's
 /// transaction (`conn` is that transaction); false (nothing written) when
 /// the order is not processing.
-pub(crate) fn complete_order_in(conn: &Connection, cert: &NewCertificateRow<'_>) -> Result<bool> {
+pub(crate) async fn complete_order_in(
+    conn: &mut Conn<'_>,
+    cert: &NewCertificateRow<'_>,
+) -> Result<bool> {
     // Written only while the order is processing (the guard and the insert
     // are one statement); the status change follows (a trigger wants the
     // certificate there first).
-    let inserted = exec(
-        conn,
+    let inserted = conn.exec(
         "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
              identifiers, not_before, not_after, created_at)
          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
           WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'processing')",
-        params![
+        args![
             cert.id,
             cert.profile,
             cert.order_id,
@@ -323,15 +331,14 @@ pub(crate) fn complete_order_in(conn: &Connection, cert: &NewCertificateRow<'_>)
             cert.not_after,
             cert.now,
         ],
-    )?;
+    ).await?;
     if inserted != 1 {
         return Ok(false);
     }
-    exec(
-        conn,
+    conn.exec(
         "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'processing'",
-        params![cert.order_id, cert.id],
-    )?;
+        args![cert.order_id, cert.id],
+    ).await?;
     Ok(true)
 }
 

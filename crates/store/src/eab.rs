@@ -1,9 +1,8 @@
 //! External Account Binding credentials (RFC 8555 §7.3.4), minted by the
 //! operator and named by accounts at registration.
 
-use rusqlite::{Row, params};
-
-use crate::{Result, Store, StoreError, all, exec, one};
+use crate::db::{Row, args};
+use crate::{Result, Store, StoreError};
 
 /// A credential as stored.
 #[derive(Clone, PartialEq, Eq)]
@@ -56,9 +55,9 @@ macro_rules! eab_columns {
     };
 }
 
-fn from_row(row: &Row<'_>) -> Result<EabRow> {
+fn from_row(row: Row<'_>) -> Result<EabRow> {
     let names = row
-        .get::<_, Option<String>>("names")?
+        .get::<Option<String>>("names")?
         .map(|s| {
             serde_json::from_str(&s)
                 .map_err(|e| StoreError::Corrupt(format!("eab_credentials.names: {e}")))
@@ -78,55 +77,65 @@ fn from_row(row: &Row<'_>) -> Result<EabRow> {
 
 impl Store {
     pub async fn insert_eab(&self, new: &NewEab<'_>) -> Result<()> {
-        exec(
-            &*self.writer().await?,
-            "INSERT INTO eab_credentials (kid, hmac_key, label, profile, names, created_at)
+        self.writer()
+            .await?
+            .exec(
+                "INSERT INTO eab_credentials (kid, hmac_key, label, profile, names, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                new.kid,
-                new.hmac_key,
-                new.label,
-                new.profile,
-                new.names.map(crate::to_json),
-                new.now,
-            ],
-        )?;
+                args![
+                    new.kid,
+                    new.hmac_key,
+                    new.label,
+                    new.profile,
+                    new.names.map(crate::to_json),
+                    new.now,
+                ],
+            )
+            .await?;
         Ok(())
     }
 
     pub async fn eab(&self, kid: &str) -> Result<Option<EabRow>> {
-        one(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                eab_columns!(),
-                " FROM eab_credentials WHERE kid = ?1"
-            ),
-            params![kid],
-            from_row,
-        )
+        self.reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    eab_columns!(),
+                    " FROM eab_credentials WHERE kid = ?1"
+                ),
+                args![kid],
+                from_row,
+            )
+            .await
     }
 
     /// Every credential, newest first.
     pub async fn list_eab(&self) -> Result<Vec<EabRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                eab_columns!(),
-                " FROM eab_credentials ORDER BY created_at DESC, kid"
-            ),
-            [],
-            from_row,
-        )
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    eab_columns!(),
+                    " FROM eab_credentials ORDER BY created_at DESC, kid"
+                ),
+                &[],
+                from_row,
+            )
+            .await
     }
 
     /// Marks a credential revoked; false if it does not exist or already was.
     pub async fn revoke_eab(&self, kid: &str, now: i64) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE eab_credentials SET revoked_at = ?2 WHERE kid = ?1 AND revoked_at IS NULL",
-            params![kid, now],
-        )? == 1)
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE eab_credentials SET revoked_at = ?2 WHERE kid = ?1 AND revoked_at IS NULL",
+                args![kid, now],
+            )
+            .await?
+            == 1)
     }
 }

@@ -6,9 +6,8 @@
 //! (even in two processes) never claim one job; on PostgreSQL the inner
 //! `SELECT` becomes `FOR UPDATE SKIP LOCKED`.
 
-use rusqlite::{Connection, Row, params};
-
-use crate::{Result, Store, all, exec, one, parse_text, scalar};
+use crate::db::{Conn, Row, args};
+use crate::{Result, Store, parse_text};
 
 acme_proxy_protocol::string_enum! {
     /// Where a job is in its life: `queued` until claimed, `running` under
@@ -94,15 +93,14 @@ const INSERT_JOB: &str =
 /// has one): the job that belongs to a state change commits with it. The
 /// new job's id if queued, `None` if a live job of the same (kind, key)
 /// already existed.
-pub(crate) fn insert_job_in(
-    conn: &Connection,
+pub(crate) async fn insert_job_in(
+    conn: &mut Conn<'_>,
     job: &NewJob<'_>,
     now_ms: i64,
 ) -> Result<Option<i64>> {
-    scalar(
-        conn,
+    conn.scalar(
         INSERT_JOB,
-        params![
+        args![
             job.kind,
             job.key,
             job.payload,
@@ -113,15 +111,16 @@ pub(crate) fn insert_job_in(
             job.fair_key,
         ],
     )
+    .await
 }
 
 /// Queues `jobs` inside the caller's transaction (each at its own `run_at`,
 /// which is also its creation time): the change a job reports and the job
 /// commit together or not at all. A job whose identity is already queued
 /// is skipped, as with [`Store::insert_job`].
-pub(crate) fn insert_jobs_in(conn: &Connection, jobs: &[NewJob<'_>]) -> Result<()> {
+pub(crate) async fn insert_jobs_in(conn: &mut Conn<'_>, jobs: &[NewJob<'_>]) -> Result<()> {
     for job in jobs {
-        insert_job_in(conn, job, job.run_at)?;
+        insert_job_in(conn, job, job.run_at).await?;
     }
     Ok(())
 }
@@ -133,13 +132,13 @@ macro_rules! job_columns {
     };
 }
 
-fn job_from_row(row: &Row<'_>) -> Result<JobRow> {
+fn job_from_row(row: Row<'_>) -> Result<JobRow> {
     Ok(JobRow {
         id: row.get("id")?,
         kind: row.get("kind")?,
         key: row.get("key")?,
         payload: row.get("payload")?,
-        status: parse_text(&row.get::<_, String>("status")?, "jobs.status")?,
+        status: parse_text(&row.get::<String>("status")?, "jobs.status")?,
         attempts: row.get("attempts")?,
         max_attempts: row.get("max_attempts")?,
         run_at: row.get("run_at")?,
@@ -158,15 +157,14 @@ impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
     pub async fn insert_job(&self, job: &NewJob<'_>, now: i64) -> Result<Enqueued> {
-        let conn = self.writer().await?;
-        if let Some(id) = insert_job_in(&conn, job, now)? {
+        let mut conn = self.writer().await?;
+        if let Some(id) = insert_job_in(&mut conn, job, now).await? {
             return Ok(Enqueued::Queued(id));
         }
-        let live: i64 = scalar(
-            &conn,
+        let live: i64 = conn.scalar(
             "SELECT id FROM jobs WHERE kind = ?1 AND key = ?2 AND (status = 'queued' OR status = 'running' OR status = 'retiring')",
-            params![job.kind, job.key],
-        )?
+            args![job.kind, job.key],
+        ).await?
         .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
         Ok(Enqueued::AlreadyQueued(live))
     }
@@ -181,12 +179,16 @@ impl Store {
         at_ms: i64,
         now_ms: i64,
     ) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE jobs SET run_at = ?1, updated_at = ?4
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE jobs SET run_at = ?1, updated_at = ?4
              WHERE kind = ?2 AND key = ?3 AND status = 'queued'",
-            params![at_ms, kind, key, now_ms],
-        )? == 1)
+                args![at_ms, kind, key, now_ms],
+            )
+            .await?
+            == 1)
     }
 
     /// Claims due jobs (and jobs whose lease ran out) for `owner`, oldest
@@ -215,8 +217,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let limits = serde_json::Value::Object(limits).to_string();
-        all(
-            &*self.writer().await?,
+        self.writer().await?.all(
             concat!(
                 "UPDATE jobs SET
                  status = CASE WHEN status = 'retiring' THEN 'retiring' ELSE 'running' END,
@@ -246,9 +247,9 @@ impl Store {
              RETURNING ",
                 job_columns!()
             ),
-            params![owner, now, lease_ms, limits, per_key_cap],
+            args![owner, now, lease_ms, limits, per_key_cap],
             job_from_row,
-        )
+        ).await
     }
 
     /// Extends a lease (the heartbeat). `None` if `owner` no longer holds
@@ -260,24 +261,25 @@ impl Store {
         now: i64,
         lease_ms: i64,
     ) -> Result<Option<Option<String>>> {
-        one(
-            &*self.writer().await?,
-            "UPDATE jobs SET lease_until = ?1 + ?2, updated_at = ?1
+        self.writer()
+            .await?
+            .one(
+                "UPDATE jobs SET lease_until = ?1 + ?2, updated_at = ?1
              WHERE id = ?3 AND lease_owner = ?4 AND status IN ('running', 'retiring')
              RETURNING cancel_requested_by",
-            params![now, lease_ms, id, owner],
-            |row| Ok(row.get::<_, Option<String>>(0)?),
-        )
+                args![now, lease_ms, id, owner],
+                |row| row.get::<Option<String>>(0),
+            )
+            .await
     }
 
     /// running → done, if `owner` still holds the job.
     pub async fn finish_job(&self, id: i64, owner: &str, now: i64) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
+        Ok(self.writer().await?.exec(
             "UPDATE jobs SET status = 'done', finished_at = ?1, updated_at = ?1, lease_owner = NULL, lease_until = NULL
              WHERE id = ?2 AND lease_owner = ?3 AND status = 'running'",
-            params![now, id, owner],
-        )? == 1)
+            args![now, id, owner],
+        ).await? == 1)
     }
 
     /// running → queued for another attempt at `run_at`, if `owner` still
@@ -292,14 +294,18 @@ impl Store {
         error: Option<&str>,
         reset_attempts: bool,
     ) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE jobs SET status = 'queued', run_at = ?1, last_error = ?2, updated_at = ?3,
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE jobs SET status = 'queued', run_at = ?1, last_error = ?2, updated_at = ?3,
                  lease_owner = NULL, lease_until = NULL,
                  attempts = CASE WHEN ?4 THEN 0 ELSE attempts END
              WHERE id = ?5 AND lease_owner = ?6 AND status = 'running'",
-            params![run_at, error, now, reset_attempts, id, owner],
-        )? == 1)
+                args![run_at, error, now, reset_attempts, id, owner],
+            )
+            .await?
+            == 1)
     }
 
     /// running → retiring with its reason, if `owner` still holds the job.
@@ -311,12 +317,16 @@ impl Store {
         now: i64,
         reason: &str,
     ) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE jobs SET status = 'retiring', last_error = ?1, updated_at = ?2
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE jobs SET status = 'retiring', last_error = ?1, updated_at = ?2
              WHERE id = ?3 AND lease_owner = ?4 AND status = 'running'",
-            params![reason, now, id, owner],
-        )? == 1)
+                args![reason, now, id, owner],
+            )
+            .await?
+            == 1)
     }
 
     /// retiring → failed (or cancelled) once `abandon` has run.
@@ -327,21 +337,24 @@ impl Store {
         now: i64,
         cancelled: bool,
     ) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE jobs SET status = CASE WHEN ?1 THEN 'cancelled' ELSE 'failed' END,
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE jobs SET status = CASE WHEN ?1 THEN 'cancelled' ELSE 'failed' END,
                  finished_at = ?2, updated_at = ?2, lease_owner = NULL, lease_until = NULL
              WHERE id = ?3 AND lease_owner = ?4 AND status = 'retiring'",
-            params![cancelled, now, id, owner],
-        )? == 1)
+                args![cancelled, now, id, owner],
+            )
+            .await?
+            == 1)
     }
 
     /// Gives a held job back at shutdown: a running job is queued again
     /// without counting the interrupted attempt; a retiring one becomes
     /// claimable at once.
     pub async fn release_job(&self, id: i64, owner: &str, now: i64) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
+        Ok(self.writer().await?.exec(
             "UPDATE jobs SET
                  status = CASE WHEN status = 'running' THEN 'queued' ELSE status END,
                  attempts = CASE WHEN status = 'running' AND attempts > 0 THEN attempts - 1 ELSE attempts END,
@@ -350,31 +363,32 @@ impl Store {
                  lease_until = CASE WHEN status = 'running' THEN NULL ELSE ?1 END,
                  updated_at = ?1
              WHERE id = ?2 AND lease_owner = ?3 AND status IN ('running', 'retiring')",
-            params![now, id, owner],
-        )? == 1)
+            args![now, id, owner],
+        ).await? == 1)
     }
 
     pub async fn job(&self, id: i64) -> Result<Option<JobRow>> {
-        one(
-            &*self.reader().await?,
-            concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = ?1"),
-            params![id],
-            job_from_row,
-        )
+        self.reader()
+            .await?
+            .one(
+                concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = ?1"),
+                args![id],
+                job_from_row,
+            )
+            .await
     }
 
     /// The unfinished job of (kind, key), if any.
     pub async fn live_job(&self, kind: &str, key: &str) -> Result<Option<JobRow>> {
-        one(
-            &*self.reader().await?,
+        self.reader().await?.one(
             concat!(
                 "SELECT ",
                 job_columns!(),
                 " FROM jobs WHERE kind = ?1 AND key = ?2 AND (status = 'queued' OR status = 'running' OR status = 'retiring')"
             ),
-            params![kind, key],
+            args![kind, key],
             job_from_row,
-        )
+        ).await
     }
 
     /// Jobs, newest first, optionally filtered.
@@ -384,43 +398,45 @@ impl Store {
         status: Option<JobStatus>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
-        all(
-            &*self.reader().await?,
+        self.reader().await?.all(
             concat!(
                 "SELECT ",
                 job_columns!(),
                 " FROM jobs WHERE (?1 IS NULL OR kind = ?1) AND (?2 IS NULL OR status = ?2) ORDER BY id DESC LIMIT ?3"
             ),
-            params![kind, status.map(JobStatus::as_str), limit],
+            args![kind, status.map(JobStatus::as_str), limit],
             job_from_row,
-        )
+        ).await
     }
 
     /// Asks for a queued or running job to be cancelled; the runner holding
     /// it (or the next to claim it) stops it and runs its `abandon`. False
     /// if the job is unknown, finished, or already being retired.
     pub async fn request_job_cancel(&self, id: i64, actor: &str, now: i64) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE jobs SET cancel_requested_by = ?1, updated_at = ?2
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE jobs SET cancel_requested_by = ?1, updated_at = ?2
              WHERE id = ?3 AND status IN ('queued', 'running')",
-            params![actor, now, id],
-        )? == 1)
+                args![actor, now, id],
+            )
+            .await?
+            == 1)
     }
 
     /// An operator's retry: a failed or cancelled job is queued again with
     /// its attempts reset (unless another job of its identity is live); a
     /// queued one is made due now. False otherwise.
     pub async fn retry_job(&self, id: i64, now: i64) -> Result<bool> {
-        let result = exec(
-            &*self.writer().await?,
+        let result = self.writer().await?.exec(
             "UPDATE jobs SET status = 'queued', attempts = CASE WHEN status = 'queued' THEN attempts ELSE 0 END,
                  run_at = ?1, finished_at = NULL, updated_at = ?1,
                  -- A queued job keeps a pending cancellation: retry is not undo.
                  cancel_requested_by = CASE WHEN status = 'queued' THEN cancel_requested_by ELSE NULL END
              WHERE id = ?2 AND status IN ('queued', 'failed', 'cancelled')",
-            params![now, id],
-        );
+            args![now, id],
+        ).await;
         match result {
             Ok(changed) => Ok(changed == 1),
             // The partial unique index: a newer job of this identity is live.
@@ -431,21 +447,23 @@ impl Store {
 
     /// Deletes jobs finished before `before`; returns how many.
     pub async fn delete_finished_jobs(&self, before: i64) -> Result<u64> {
-        Ok(exec(
-            &*self.writer().await?,
-            "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?1",
-            params![before],
-        )? as u64)
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?1",
+                args![before],
+            )
+            .await? as u64)
     }
 
     /// Jobs per (kind, status), for the queue-depth metrics.
     pub async fn job_counts(&self) -> Result<JobCounts> {
-        let rows: Vec<(String, String, i64)> = all(
-            &*self.reader().await?,
+        let rows: Vec<(String, String, i64)> = self.reader().await?.all(
             "SELECT kind, status, COUNT(*) FROM jobs GROUP BY kind, status ORDER BY kind, status",
-            [],
+            &[],
             |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-        )?;
+        ).await?;
         Ok(JobCounts {
             by_kind_and_status: rows,
         })

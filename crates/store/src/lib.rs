@@ -17,6 +17,7 @@ mod accounts;
 mod admin;
 mod audit;
 mod certificates;
+mod db;
 mod eab;
 mod jobs;
 mod nonces;
@@ -32,12 +33,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use rusqlite::types::FromSql;
-use rusqlite::{Connection, OpenFlags, Params, Row};
+use rusqlite::{Connection, OpenFlags};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection as _};
 
-use slot::{Held, Slot};
+use db::Conn;
+use slot::Slot;
 
 pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
@@ -295,8 +296,8 @@ impl Store {
     }
 
     /// The writer connection, once it is free (see [`Slot`]).
-    async fn writer(&self) -> Result<Held<'_>> {
-        self.writer.lock().await
+    async fn writer(&self) -> Result<Conn<'_>> {
+        Ok(Conn::Sqlite(self.writer.lock().await?))
     }
 
     /// The connection for the reads of a few rows by key that requests
@@ -311,27 +312,27 @@ impl Store {
     /// checkpointer's catch-up, which holds the writer through two syncs).
     /// Scans and listings keep to the read pool ([`Store::reader`]), so
     /// that none holds the writer.
-    async fn point_reader(&self) -> Result<Held<'_>> {
-        let conn = self.writer().await?;
+    async fn point_reader(&self) -> Result<Conn<'_>> {
+        let conn = self.writer.lock().await?;
         // A transaction left open (a failed ROLLBACK) would show this read
         // rows that were never committed; the next write's `begin` ends it
         // the same way.
         if !conn.is_autocommit() {
-            exec(&conn, "ROLLBACK", [])?;
+            conn.prepare_cached("ROLLBACK")?.execute([])?;
         }
-        Ok(conn)
+        Ok(Conn::Sqlite(conn))
     }
 
     /// An idle read connection if there is one, else the next in turn.
-    async fn reader(&self) -> Result<Held<'_>> {
+    async fn reader(&self) -> Result<Conn<'_>> {
         let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
         let n = self.readers.len();
         for i in 0..n {
             if let Some(conn) = self.readers[(start + i) % n].try_lock() {
-                return conn;
+                return Ok(Conn::Sqlite(conn?));
             }
         }
-        self.readers[start % n].lock().await
+        Ok(Conn::Sqlite(self.readers[start % n].lock().await?))
     }
 
     /// Closes every connection once its statements are done; the store
@@ -370,7 +371,7 @@ impl Store {
     pub async fn ping(&self) -> Result<()> {
         for slot in std::iter::once(&*self.writer).chain(self.readers.iter()) {
             let conn = slot.lock().await?;
-            scalar::<i64>(&conn, "PRAGMA schema_version", [])?;
+            conn.query_row("PRAGMA schema_version", [], |_| Ok(()))?;
         }
         Ok(())
     }
@@ -519,7 +520,8 @@ fn spawn_checkpointer(conn: Connection, writer: Arc<Slot>) -> Result<Checkpointe
             {
                 // `data_version` moves when another connection commits:
                 // an idle store does no checkpoint work.
-                let checkpoint = scalar::<i64>(&conn, "PRAGMA data_version", [])
+                let checkpoint = conn.query_row("PRAGMA data_version", [], |row| row.get::<_, i64>(0))
+                    .map_err(StoreError::from)
                     .map(|version| seen.replace(version) != Some(version))
                     .and_then(|committed| {
                         if committed
@@ -553,133 +555,7 @@ fn spawn_checkpointer(conn: Connection, writer: Arc<Slot>) -> Result<Checkpointe
 /// A `PASSIVE` checkpoint; the frames in the WAL when it ran.
 fn checkpoint_passive(conn: &Connection) -> Result<i64> {
     // The row is (busy, frames in the WAL, frames copied).
-    Ok(one(conn, "PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-        Ok(row.get(1)?)
-    })?
-    .unwrap_or(0))
-}
-
-/// Starts the writer's transaction. `IMMEDIATE` takes the write lock at
-/// once, so a transaction that reads before it writes cannot fail half-way
-/// on another process's lock.
-pub(crate) fn begin(conn: &mut Connection) -> Result<Tx<'_>> {
-    if !conn.is_autocommit() {
-        // A transaction an earlier `ROLLBACK` failed to end would refuse
-        // every `BEGIN` from now on: end it first.
-        exec(conn, "ROLLBACK", [])?;
-    }
-    exec(conn, "BEGIN IMMEDIATE", [])?;
-    Ok(Tx { conn })
-}
-
-/// A transaction of the writer: committed by [`Tx::commit`], rolled back
-/// if dropped before.
-///
-/// `BEGIN`, `COMMIT` and `ROLLBACK` are statements prepared once per
-/// connection and cached like every other; rusqlite's own `Transaction`
-/// compiled their text on every use (0.4 % of the server's CPU with three
-/// write transactions per issuance, docs/performance.md).
-pub(crate) struct Tx<'c> {
-    conn: &'c Connection,
-}
-
-impl Tx<'_> {
-    pub(crate) fn commit(self) -> Result<()> {
-        exec(self.conn, "COMMIT", [])?;
-        Ok(())
-    }
-}
-
-impl std::ops::Deref for Tx<'_> {
-    type Target = Connection;
-
-    fn deref(&self) -> &Connection {
-        self.conn
-    }
-}
-
-impl Drop for Tx<'_> {
-    fn drop(&mut self) {
-        // Nothing to end after a commit, or after an error SQLite answered
-        // by rolling back on its own.
-        if !self.conn.is_autocommit() {
-            let _ = exec(self.conn, "ROLLBACK", []);
-        }
-    }
-}
-
-/// Runs a (cached) statement that returns no rows; the number of rows it
-/// changed.
-pub(crate) fn exec(conn: &Connection, sql: &str, params: impl Params) -> Result<usize> {
-    Ok(conn.prepare_cached(sql)?.execute(params)?)
-}
-
-/// The first row of a (cached) statement, mapped.
-pub(crate) fn one<T>(
-    conn: &Connection,
-    sql: &str,
-    params: impl Params,
-    map: impl FnOnce(&Row<'_>) -> Result<T>,
-) -> Result<Option<T>> {
-    let mut statement = conn.prepare_cached(sql)?;
-    let mut rows = statement.query(params)?;
-    match rows.next()? {
-        Some(row) => map(row).map(Some),
-        None => Ok(None),
-    }
-}
-
-/// Every row of a (cached) statement, mapped.
-pub(crate) fn all<T>(
-    conn: &Connection,
-    sql: &str,
-    params: impl Params,
-    mut map: impl FnMut(&Row<'_>) -> Result<T>,
-) -> Result<Vec<T>> {
-    let mut statement = conn.prepare_cached(sql)?;
-    let mut rows = statement.query(params)?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(map(row)?);
-    }
-    Ok(out)
-}
-
-/// Column `index` of a row, read by its position. Looking a column up by
-/// name compares the name with each column's before it, on every row: part
-/// of the 1.2 % of the server's CPU such lookups took
-/// (docs/performance.md). Debug builds — the tests — check that the column
-/// at `index` is `name`, so a column list and its reader cannot drift apart
-/// unnoticed.
-pub(crate) fn col<T: FromSql>(row: &Row<'_>, index: usize, name: &str) -> Result<T> {
-    debug_assert_eq!(
-        row.as_ref().column_name(index).ok(),
-        Some(name),
-        "column {index} of the row"
-    );
-    Ok(row.get(index)?)
-}
-
-/// Column `index` of a row, TEXT naming a member of a closed set (a
-/// status, an identifier or challenge type): parsed here, once, so that
-/// every row the store returns carries the enum. `column` (table.column)
-/// names it in the error for a value the set does not have.
-pub(crate) fn col_enum<T: FromStr>(
-    row: &Row<'_>,
-    index: usize,
-    name: &str,
-    column: &'static str,
-) -> Result<T> {
-    debug_assert_eq!(
-        row.as_ref().column_name(index).ok(),
-        Some(name),
-        "column {index} of the row"
-    );
-    // Borrowed: no String per row for a value that becomes a `Copy` enum.
-    let text = row.get_ref(index)?.as_str().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e))
-    })?;
-    parse_text(text, column)
+    Ok(conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))?)
 }
 
 /// `text`, read from `column`, as the closed set's member it names.
@@ -688,15 +564,6 @@ pub(crate) fn parse_text<T: FromStr>(text: &str, column: &'static str) -> Result
         column,
         value: text.to_owned(),
     })
-}
-
-/// The first column of the first row, if there is a row.
-pub(crate) fn scalar<T: FromSql>(
-    conn: &Connection,
-    sql: &str,
-    params: impl Params,
-) -> Result<Option<T>> {
-    one(conn, sql, params, |row| Ok(row.get(0)?))
 }
 
 fn json_vec(s: &str) -> Result<Vec<String>> {
@@ -1095,7 +962,8 @@ mod tests {
         let (_, store) = open_in(dir.path()).await;
         // What a failed ROLLBACK would leave behind.
         store
-            .writer()
+            .writer
+            .lock()
             .await
             .unwrap()
             .execute_batch("BEGIN")
@@ -1117,7 +985,7 @@ mod tests {
             .await
             .unwrap();
         assert!(inserted);
-        assert!(store.writer().await.unwrap().is_autocommit());
+        assert!(store.writer.lock().await.unwrap().is_autocommit());
         // Committed, not swallowed by the stale transaction: a read-only
         // connection sees it.
         assert_eq!(

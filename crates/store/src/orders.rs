@@ -8,13 +8,10 @@ use acme_proxy_protocol::Problem;
 use acme_proxy_protocol::types::{
     AuthorizationStatus, ChallengeStatus, ChallengeType, Identifier, OrderStatus,
 };
-use rusqlite::{Connection, Row, params};
 
+use crate::db::{Conn, Row, args, col, col_enum};
 use crate::jobs::insert_jobs_in;
-use crate::{
-    AccountGuard, NewJob, Result, Store, StoreError, all, begin, col, col_enum, exec, one, scalar,
-    to_json,
-};
+use crate::{AccountGuard, NewJob, Result, Store, StoreError, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderRow {
@@ -174,7 +171,7 @@ fn problem(s: Option<String>) -> Result<Option<Problem>> {
 }
 
 /// A row of `order_columns!`, read by position (three per issuance).
-fn order_from_row(row: &Row<'_>) -> Result<OrderRow> {
+fn order_from_row(row: Row<'_>) -> Result<OrderRow> {
     let identifiers: String = col(row, 4, "identifiers")?;
     Ok(OrderRow {
         id: col(row, 0, "id")?,
@@ -198,7 +195,7 @@ fn order_from_row(row: &Row<'_>) -> Result<OrderRow> {
 /// An authorization whose `authz_columns!()` start at column `at`, read by
 /// position (twice per issuance: with its challenges, and with the one
 /// challenge answered).
-fn authz_at(row: &Row<'_>, at: usize) -> Result<AuthorizationRow> {
+fn authz_at(row: Row<'_>, at: usize) -> Result<AuthorizationRow> {
     Ok(AuthorizationRow {
         id: col(row, at, "id")?,
         profile: col(row, at + 1, "profile")?,
@@ -223,7 +220,7 @@ fn authz_at(row: &Row<'_>, at: usize) -> Result<AuthorizationRow> {
 const AUTHZ_COLUMNS: usize = 9;
 
 /// A challenge whose `challenge_columns!()` start at column `at`.
-fn challenge_at(row: &Row<'_>, at: usize) -> Result<ChallengeRow> {
+fn challenge_at(row: Row<'_>, at: usize) -> Result<ChallengeRow> {
     Ok(ChallengeRow {
         id: col(row, at, "id")?,
         authz_id: col(row, at + 1, "authz_id")?,
@@ -239,12 +236,11 @@ fn challenge_at(row: &Row<'_>, at: usize) -> Result<ChallengeRow> {
 const CHALLENGE_COLUMNS: usize = 7;
 
 /// A challenge with its authorization, as `conn`'s transaction sees them.
-fn challenge_with_authorization_in(
-    conn: &Connection,
+async fn challenge_with_authorization_in(
+    conn: &mut Conn<'_>,
     id: &str,
 ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
-    one(
-        conn,
+    conn.one(
         concat!(
             "SELECT ",
             authz_columns!(),
@@ -252,31 +248,36 @@ fn challenge_with_authorization_in(
             challenge_columns!(),
             " FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id WHERE ch.id = ?1"
         ),
-        params![id],
+        args![id],
         |row| Ok((challenge_at(row, AUTHZ_COLUMNS)?, authz_at(row, 0)?)),
     )
+    .await
 }
 
 /// A challenge of `authz_id` just became valid: the authorization becomes
 /// valid until `valid_until`, and each pending order whose authorizations
 /// are now all valid becomes ready (RFC 8555 §7.1.6).
-fn validate_authorization_in(conn: &Connection, authz_id: &str, valid_until: i64) -> Result<()> {
-    let moved = exec(
-        conn,
+async fn validate_authorization_in(
+    conn: &mut Conn<'_>,
+    authz_id: &str,
+    valid_until: i64,
+) -> Result<()> {
+    let moved = conn.exec(
         "UPDATE authorizations SET status = 'valid', expires_at = ?1 WHERE id = ?2 AND status = 'pending'",
-        params![valid_until, authz_id],
-    )?;
+        args![valid_until, authz_id],
+    ).await?;
     if moved == 1 {
         // The orders first, then each by its key: as one statement, the
         // `id IN (SELECT …)` filled a temporary b-tree on every run.
-        let order_ids: Vec<String> = all(
-            conn,
-            "SELECT order_id FROM order_authorizations WHERE authz_id = ?1",
-            params![authz_id],
-            |row| Ok(row.get(0)?),
-        )?;
+        let order_ids: Vec<String> = conn
+            .all(
+                "SELECT order_id FROM order_authorizations WHERE authz_id = ?1",
+                args![authz_id],
+                |row| row.get(0),
+            )
+            .await?;
         for order_id in order_ids {
-            exec(conn, READY_WHEN_ALL_VALID, params![order_id])?;
+            conn.exec(READY_WHEN_ALL_VALID, args![order_id]).await?;
         }
     }
     Ok(())
@@ -299,8 +300,8 @@ impl Store {
         account: AccountGuard<'_>,
     ) -> Result<InsertOrder> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        account.check_in(&tx)?;
+        let mut tx = conn.begin().await?;
+        account.check_in(&mut tx).await?;
         // Reusable authorizations are looked up in the transaction that
         // links them: no read transaction of its own per identifier, and no
         // window in which the one found could change before it is linked.
@@ -308,19 +309,21 @@ impl Store {
         let mut authorization_ids: Vec<String> = Vec::with_capacity(new.authorizations.len());
         for authz in &new.authorizations {
             let reused = match new.reuse_validated_since {
-                Some(since) => scalar::<String>(
-                    &tx,
-                    REUSABLE_AUTHORIZATION,
-                    params![
-                        new.profile,
-                        new.account_id,
-                        authz.identifier.kind.as_str(),
-                        authz.identifier.value,
-                        authz.wildcard,
-                        new.expires_at,
-                        since,
-                    ],
-                )?,
+                Some(since) => {
+                    tx.scalar::<String>(
+                        REUSABLE_AUTHORIZATION,
+                        args![
+                            new.profile,
+                            new.account_id,
+                            authz.identifier.kind.as_str(),
+                            authz.identifier.value,
+                            authz.wildcard,
+                            new.expires_at,
+                            since,
+                        ],
+                    )
+                    .await?
+                }
                 None => None,
             };
             match reused {
@@ -331,12 +334,11 @@ impl Store {
                 }
             }
         }
-        let inserted = exec(
-            &tx,
+        let inserted = tx.exec(
             "INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
                                  certificate_profile, replaces, replaces_certificate_id, authorization_ids)
              VALUES (?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            params![
+            args![
                 new.id,
                 new.profile,
                 new.account_id,
@@ -350,7 +352,7 @@ impl Store {
                 new.replaces.as_ref().map(|r| &r.1),
                 to_json(&authorization_ids),
             ],
-        );
+        ).await;
         match inserted {
             Err(e)
                 if e.is_unique_violation()
@@ -367,11 +369,10 @@ impl Store {
             }
         }
         for authz in &fresh {
-            exec(
-                &tx,
+            tx.exec(
                 "INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8)",
-                params![
+                args![
                     authz.id,
                     new.profile,
                     new.account_id,
@@ -381,36 +382,35 @@ impl Store {
                     authz.expires_at,
                     new.now,
                 ],
-            )?;
+            ).await?;
         }
         for authz in &fresh {
             for ch in &authz.challenges {
-                exec(
-                    &tx,
+                tx.exec(
                     "INSERT INTO challenges (id, authz_id, type, token, status)
                      VALUES (?1, ?2, ?3, ?4, 'pending')",
-                    params![ch.id, authz.id, ch.kind.as_str(), ch.token],
-                )?;
+                    args![ch.id, authz.id, ch.kind.as_str(), ch.token],
+                )
+                .await?;
             }
         }
         for (position, id) in authorization_ids.iter().enumerate() {
-            exec(
-                &tx,
+            tx.exec(
                 "INSERT INTO order_authorizations (order_id, authz_id, position) VALUES (?1, ?2, ?3)",
-                params![new.id, id, position as i64],
-            )?;
+                args![new.id, id, position as i64],
+            ).await?;
         }
         // Every authorization reused and valid: the order is ready at once
         // (RFC 8555 §7.1.6). A new authorization is pending, so the check is
         // needed only when all were reused.
         let mut status = OrderStatus::Pending;
         if fresh.is_empty() {
-            let ready = exec(&tx, READY_WHEN_ALL_VALID, params![new.id])?;
+            let ready = tx.exec(READY_WHEN_ALL_VALID, args![new.id]).await?;
             if ready == 1 {
                 status = OrderStatus::Ready;
             }
         }
-        tx.commit()?;
+        tx.commit().await?;
         Ok(InsertOrder::Inserted(Box::new(OrderRow {
             id: new.id.clone(),
             profile: new.profile.clone(),
@@ -430,16 +430,18 @@ impl Store {
     }
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
-        one(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                order_columns!(),
-                " FROM orders o WHERE o.id = ?1"
-            ),
-            params![id],
-            order_from_row,
-        )
+        self.point_reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    order_columns!(),
+                    " FROM orders o WHERE o.id = ?1"
+                ),
+                args![id],
+                order_from_row,
+            )
+            .await
     }
 
     /// One page of an account's order ids, oldest first (RFC 8555 §7.1.2.1).
@@ -449,25 +451,26 @@ impl Store {
         offset: i64,
         limit: i64,
     ) -> Result<Vec<String>> {
-        all(
-            &*self.reader().await?,
+        self.reader().await?.all(
             "SELECT id FROM orders WHERE account_id = ?1 ORDER BY created_at, id LIMIT ?2 OFFSET ?3",
-            params![account_id, limit, offset],
-            |row| Ok(row.get(0)?),
-        )
+            args![account_id, limit, offset],
+            |row| row.get(0),
+        ).await
     }
 
     pub async fn challenge(&self, id: &str) -> Result<Option<ChallengeRow>> {
-        one(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                challenge_columns!(),
-                " FROM challenges ch WHERE ch.id = ?1"
-            ),
-            params![id],
-            |row| challenge_at(row, 0),
-        )
+        self.point_reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    challenge_columns!(),
+                    " FROM challenges ch WHERE ch.id = ?1"
+                ),
+                args![id],
+                |row| challenge_at(row, 0),
+            )
+            .await
     }
 
     /// An authorization with its challenges, in one statement.
@@ -477,29 +480,32 @@ impl Store {
     ) -> Result<Option<(AuthorizationRow, Vec<ChallengeRow>)>> {
         // Every row repeats the authorization: it is read from the first.
         let mut authz: Option<AuthorizationRow> = None;
-        let challenges = all(
-            &*self.point_reader().await?,
-            concat!(
-                "SELECT ",
-                authz_columns!(),
-                ", ",
-                challenge_columns!(),
-                " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
+        let challenges = self
+            .point_reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    authz_columns!(),
+                    ", ",
+                    challenge_columns!(),
+                    " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
                   WHERE a.id = ?1 ORDER BY ch.rowid"
-            ),
-            params![id],
-            |row| {
-                if authz.is_none() {
-                    authz = Some(authz_at(row, 0)?);
-                }
-                // LEFT JOIN: an authorization without challenges is one row of NULLs.
-                if col::<Option<String>>(row, AUTHZ_COLUMNS, "id")?.is_some() {
-                    Ok(Some(challenge_at(row, AUTHZ_COLUMNS)?))
-                } else {
-                    Ok(None)
-                }
-            },
-        )?;
+                ),
+                args![id],
+                |row| {
+                    if authz.is_none() {
+                        authz = Some(authz_at(row, 0)?);
+                    }
+                    // LEFT JOIN: an authorization without challenges is one row of NULLs.
+                    if col::<Option<String>>(row, AUTHZ_COLUMNS, "id")?.is_some() {
+                        Ok(Some(challenge_at(row, AUTHZ_COLUMNS)?))
+                    } else {
+                        Ok(None)
+                    }
+                },
+            )
+            .await?;
         let Some(authz) = authz else {
             return Ok(None);
         };
@@ -511,7 +517,7 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
-        challenge_with_authorization_in(&*self.point_reader().await?, id)
+        challenge_with_authorization_in(&mut self.point_reader().await?, id).await
     }
 
     /// Whether `account_id` holds a valid, unexpired authorization for
@@ -526,13 +532,16 @@ impl Store {
         account_id: &str,
         now: i64,
     ) -> Result<i64> {
-        Ok(scalar(
-            &*self.point_reader().await?,
-            "SELECT COUNT(*) FROM authorizations
+        Ok(self
+            .point_reader()
+            .await?
+            .scalar(
+                "SELECT COUNT(*) FROM authorizations
              WHERE account_id = ?1 AND profile = ?2 AND status = 'pending' AND expires_at > ?3",
-            params![account_id, profile, now],
-        )?
-        .unwrap_or(0))
+                args![account_id, profile, now],
+            )
+            .await?
+            .unwrap_or(0))
     }
 
     pub async fn has_valid_authorization(
@@ -543,11 +552,10 @@ impl Store {
         wildcard: bool,
         now: i64,
     ) -> Result<bool> {
-        let found: Option<i64> = scalar(
-            &*self.reader().await?,
+        self.reader().await?.exists(
             "SELECT 1 FROM authorizations WHERE profile = ?1 AND account_id = ?2 AND identifier_type = ?3
              AND identifier_value = ?4 AND wildcard = ?5 AND status = 'valid' AND expires_at > ?6 LIMIT 1",
-            params![
+            args![
                 profile,
                 account_id,
                 identifier.kind.as_str(),
@@ -555,19 +563,19 @@ impl Store {
                 wildcard,
                 now,
             ],
-        )?;
-        Ok(found.is_some())
+        ).await
     }
 
     /// pending → processing for a challenge whose authorization is still
     /// pending and unexpired. False if another request got there first or
     /// the authorization moved on (RFC 8555 §7.5.1).
     pub async fn start_challenge(&self, challenge_id: &str, now: i64) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            START_CHALLENGE,
-            params![challenge_id, now],
-        )? == 1)
+        Ok(self
+            .writer()
+            .await?
+            .exec(START_CHALLENGE, args![challenge_id, now])
+            .await?
+            == 1)
     }
 
     /// pending → processing (as [`Store::start_challenge`]) and the job that
@@ -585,14 +593,14 @@ impl Store {
         account: AccountGuard<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        account.check_in(&tx)?;
-        let started = exec(&tx, START_CHALLENGE, params![challenge_id, now])? == 1;
+        let mut tx = conn.begin().await?;
+        account.check_in(&mut tx).await?;
+        let started = tx.exec(START_CHALLENGE, args![challenge_id, now]).await? == 1;
         if !started {
             return Ok(false);
         }
-        crate::jobs::insert_job_in(&tx, job, now_ms)?;
-        tx.commit()?;
+        crate::jobs::insert_job_in(&mut tx, job, now_ms).await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -617,45 +625,48 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
+        let mut tx = conn.begin().await?;
         // The guarded change and the read of its authorization are one
         // statement.
         let authz_id: Option<String> = match outcome {
-            Ok(()) => scalar(
-                &tx,
-                "UPDATE challenges SET status = 'valid', validated_at = ?1
+            Ok(()) => {
+                tx.scalar(
+                    "UPDATE challenges SET status = 'valid', validated_at = ?1
                  WHERE id = ?2 AND status = 'processing' RETURNING authz_id",
-                params![now, challenge_id],
-            )?,
-            Err(problem) => scalar(
-                &tx,
-                "UPDATE challenges SET status = 'invalid', error = ?1
+                    args![now, challenge_id],
+                )
+                .await?
+            }
+            Err(problem) => {
+                tx.scalar(
+                    "UPDATE challenges SET status = 'invalid', error = ?1
                  WHERE id = ?2 AND status = 'processing' RETURNING authz_id",
-                params![to_json(problem), challenge_id],
-            )?,
+                    args![to_json(problem), challenge_id],
+                )
+                .await?
+            }
         };
         let Some(authz_id) = authz_id else {
             return Ok(false);
         };
         match outcome {
-            Ok(()) => validate_authorization_in(&tx, &authz_id, valid_until)?,
+            Ok(()) => validate_authorization_in(&mut tx, &authz_id, valid_until).await?,
             Err(problem) => {
-                exec(
-                    &tx,
+                tx.exec(
                     "UPDATE authorizations SET status = 'invalid' WHERE id = ?1 AND status = 'pending'",
-                    params![authz_id],
-                )?;
-                exec(
-                    &tx,
+                    args![authz_id],
+                ).await?;
+                tx.exec(
                     "UPDATE orders SET status = 'invalid', error = ?1
                      WHERE status = 'pending'
                        AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = ?2)",
-                    params![to_json(problem), authz_id],
-                )?;
+                    args![to_json(problem), authz_id],
+                )
+                .await?;
             }
         }
-        insert_jobs_in(&tx, notices)?;
-        tx.commit()?;
+        insert_jobs_in(&mut tx, notices).await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -679,40 +690,44 @@ impl Store {
         account: AccountGuard<'_>,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
+        let mut tx = conn.begin().await?;
         // Not `RETURNING authz_id`, which SQLite serves through a temporary
         // b-tree made on every run: the row is read back by its key.
-        let moved = exec(
-            &tx,
-            "UPDATE challenges SET status = 'valid', validated_at = ?2
+        let moved = tx
+            .exec(
+                "UPDATE challenges SET status = 'valid', validated_at = ?2
              WHERE id = ?1 AND status = 'pending'
                AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
                            AND a.status = 'pending' AND a.expires_at > ?2
                            AND a.account_id = ?3 AND a.profile = ?4)",
-            params![challenge_id, now, account.id, profile],
-        )?;
+                args![challenge_id, now, account.id, profile],
+            )
+            .await?;
         if moved == 0 {
             return Ok(None);
         }
-        let authz_id: String = scalar(
-            &tx,
-            "SELECT authz_id FROM challenges WHERE id = ?1",
-            params![challenge_id],
-        )?
-        .ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "challenge {challenge_id} vanished in its own update"
-            ))
-        })?;
+        let authz_id: String = tx
+            .scalar(
+                "SELECT authz_id FROM challenges WHERE id = ?1",
+                args![challenge_id],
+            )
+            .await?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "challenge {challenge_id} vanished in its own update"
+                ))
+            })?;
         // Dropping `tx` on an error rolls the update back.
-        account.check_in(&tx)?;
-        validate_authorization_in(&tx, &authz_id, valid_until)?;
-        let rows = challenge_with_authorization_in(&tx, challenge_id)?.ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "challenge {challenge_id} vanished in its own update"
-            ))
-        })?;
-        tx.commit()?;
+        account.check_in(&mut tx).await?;
+        validate_authorization_in(&mut tx, &authz_id, valid_until).await?;
+        let rows = challenge_with_authorization_in(&mut tx, challenge_id)
+            .await?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "challenge {challenge_id} vanished in its own update"
+                ))
+            })?;
+        tx.commit().await?;
         Ok(Some(rows))
     }
 
@@ -720,22 +735,21 @@ impl Store {
     /// its unfinished orders become invalid. False if it was neither.
     pub async fn deactivate_authorization(&self, authz_id: &str) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let changed = exec(
-            &tx,
+        let mut tx = conn.begin().await?;
+        let changed = tx.exec(
             "UPDATE authorizations SET status = 'deactivated' WHERE id = ?1 AND status IN ('pending', 'valid')",
-            params![authz_id],
-        )? == 1;
+            args![authz_id],
+        ).await? == 1;
         if changed {
-            exec(
-                &tx,
+            tx.exec(
                 "UPDATE orders SET status = 'invalid'
                  WHERE status IN ('pending', 'ready')
                    AND id IN (SELECT order_id FROM order_authorizations WHERE authz_id = ?1)",
-                params![authz_id],
-            )?;
+                args![authz_id],
+            )
+            .await?;
         }
-        tx.commit()?;
+        tx.commit().await?;
         Ok(changed)
     }
 
@@ -753,13 +767,12 @@ impl Store {
     ) -> Result<u64> {
         // The reader is given back at the end of this statement, before the
         // awaits below.
-        let ids: Vec<String> = all(
-            &*self.reader().await?,
+        let ids: Vec<String> = self.reader().await?.all(
             "SELECT id FROM orders
              WHERE replaces_certificate_id = ?1 AND status IN ('pending', 'ready') AND expires_at <= ?2",
-            params![certificate_id, now],
-            |row| Ok(row.get(0)?),
-        )?;
+            args![certificate_id, now],
+            |row| row.get(0),
+        ).await?;
         let mut n = 0;
         for id in ids {
             if self.expire_order(&id, now, error).await? {
@@ -771,23 +784,25 @@ impl Store {
 
     pub async fn expire_order(&self, order_id: &str, now: i64, error: &Problem) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let changed = exec(
-            &tx,
-            "UPDATE orders SET status = 'invalid', error = ?1
+        let mut tx = conn.begin().await?;
+        let changed = tx
+            .exec(
+                "UPDATE orders SET status = 'invalid', error = ?1
              WHERE id = ?2 AND status IN ('pending', 'ready') AND expires_at <= ?3",
-            params![to_json(error), order_id, now],
-        )? == 1;
+                args![to_json(error), order_id, now],
+            )
+            .await?
+            == 1;
         if changed {
-            exec(
-                &tx,
+            tx.exec(
                 "UPDATE authorizations SET status = 'expired'
                  WHERE status = 'pending' AND expires_at <= ?1
                    AND id IN (SELECT authz_id FROM order_authorizations WHERE order_id = ?2)",
-                params![now, order_id],
-            )?;
+                args![now, order_id],
+            )
+            .await?;
         }
-        tx.commit()?;
+        tx.commit().await?;
         Ok(changed)
     }
 
@@ -797,30 +812,33 @@ impl Store {
     /// its key.
     pub async fn begin_finalize(&self, order_id: &str, account: AccountGuard<'_>) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        account.check_in(&tx)?;
-        let begun = exec(&tx, BEGIN_FINALIZE, params![order_id])? == 1;
-        tx.commit()?;
+        let mut tx = conn.begin().await?;
+        account.check_in(&mut tx).await?;
+        let begun = tx.exec(BEGIN_FINALIZE, args![order_id]).await? == 1;
+        tx.commit().await?;
         Ok(begun)
     }
 
     /// processing → ready: the signer refused the CSR, the client may try
     /// again with a better one (RFC 8555 §7.4 badCSR).
     pub async fn abort_finalize(&self, order_id: &str) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
-            "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'processing'",
-            params![order_id],
-        )? == 1)
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'processing'",
+                args![order_id],
+            )
+            .await?
+            == 1)
     }
 
     /// processing → invalid with an error the client will see.
     pub async fn fail_order(&self, order_id: &str, error: &Problem) -> Result<bool> {
-        Ok(exec(
-            &*self.writer().await?,
+        Ok(self.writer().await?.exec(
             "UPDATE orders SET status = 'invalid', error = ?1 WHERE id = ?2 AND status = 'processing'",
-            params![to_json(error), order_id],
-        )? == 1)
+            args![to_json(error), order_id],
+        ).await? == 1)
     }
 
     /// Challenges left `processing` without a live job of `job_kind` whose
@@ -831,8 +849,7 @@ impl Store {
         job_kind: &str,
         limit: i64,
     ) -> Result<Vec<ProcessingChallenge>> {
-        all(
-            &*self.reader().await?,
+        self.reader().await?.all(
             concat!(
                 "SELECT ",
                 challenge_columns!(),
@@ -846,14 +863,14 @@ impl Store {
                  ORDER BY a.created_at, ch.id
                  LIMIT ?1"
             ),
-            params![limit, job_kind],
+            args![limit, job_kind],
             |row| {
                 Ok(ProcessingChallenge {
                     challenge: challenge_at(row, 0)?,
                     authorization: authz_at(row, CHALLENGE_COLUMNS)?,
                 })
             },
-        )
+        ).await
     }
 }
 
@@ -866,19 +883,21 @@ impl Store {
         status: Option<OrderStatus>,
         limit: i64,
     ) -> Result<Vec<OrderRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                order_columns!(),
-                " FROM orders o
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    order_columns!(),
+                    " FROM orders o
                   WHERE (?1 IS NULL OR o.profile = ?1) AND (?2 IS NULL OR o.account_id = ?2)
                     AND (?3 IS NULL OR o.status = ?3)
                   ORDER BY o.created_at DESC, o.id DESC LIMIT ?4"
-            ),
-            params![profile, account, status.map(OrderStatus::as_str), limit],
-            order_from_row,
-        )
+                ),
+                args![profile, account, status.map(OrderStatus::as_str), limit],
+                order_from_row,
+            )
+            .await
     }
 }
 

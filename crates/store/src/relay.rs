@@ -3,12 +3,12 @@
 
 use acme_proxy_protocol::Problem;
 use acme_proxy_protocol::types::OrderStatus;
-use rusqlite::{Row, params};
 
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::certificates::{NewCertificateRow, complete_order_in};
+use crate::db::{Row, args};
 use crate::jobs::{insert_job_in, insert_jobs_in};
-use crate::{NewJob, Result, Store, all, begin, exec, one, parse_text, scalar, to_json};
+use crate::{NewJob, Result, Store, parse_text, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamAccountRow {
@@ -61,14 +61,14 @@ macro_rules! upstream_order_columns {
     };
 }
 
-fn upstream_order_from_row(row: &Row<'_>) -> Result<UpstreamOrderRow> {
+fn upstream_order_from_row(row: Row<'_>) -> Result<UpstreamOrderRow> {
     Ok(UpstreamOrderRow {
         order_id: row.get("order_id")?,
         profile: row.get("profile")?,
         account_id: row.get("account_id")?,
         csr_der: row.get("csr_der")?,
         upstream_url: row.get("upstream_url")?,
-        status: parse_text(&row.get::<_, String>("status")?, "upstream_orders.status")?,
+        status: parse_text(&row.get::<String>("status")?, "upstream_orders.status")?,
         certificate_url: row.get("certificate_url")?,
         error: row.get("error")?,
         client_ip: row.get("client_ip")?,
@@ -82,40 +82,41 @@ fn upstream_order_from_row(row: &Row<'_>) -> Result<UpstreamOrderRow> {
 
 impl Store {
     pub async fn upstream_account(&self, profile: &str) -> Result<Option<UpstreamAccountRow>> {
-        one(
-            &*self.reader().await?,
-            "SELECT profile, directory, account_url, key_thumbprint, created_at
+        self.reader()
+            .await?
+            .one(
+                "SELECT profile, directory, account_url, key_thumbprint, created_at
              FROM upstream_accounts WHERE profile = ?1",
-            params![profile],
-            |r| {
-                Ok(UpstreamAccountRow {
-                    profile: r.get("profile")?,
-                    directory: r.get("directory")?,
-                    account_url: r.get("account_url")?,
-                    key_thumbprint: r.get("key_thumbprint")?,
-                    created_at: r.get("created_at")?,
-                })
-            },
-        )
+                args![profile],
+                |r| {
+                    Ok(UpstreamAccountRow {
+                        profile: r.get("profile")?,
+                        directory: r.get("directory")?,
+                        account_url: r.get("account_url")?,
+                        key_thumbprint: r.get("key_thumbprint")?,
+                        created_at: r.get("created_at")?,
+                    })
+                },
+            )
+            .await
     }
 
     /// Records (or replaces, after a re-registration) a profile's upstream account.
     pub async fn save_upstream_account(&self, row: &UpstreamAccountRow) -> Result<()> {
-        exec(
-            &*self.writer().await?,
+        self.writer().await?.exec(
             "INSERT INTO upstream_accounts (profile, directory, account_url, key_thumbprint, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (profile) DO UPDATE SET directory = excluded.directory,
                  account_url = excluded.account_url, key_thumbprint = excluded.key_thumbprint,
                  created_at = excluded.created_at",
-            params![
+            args![
                 row.profile,
                 row.directory,
                 row.account_url,
                 row.key_thumbprint,
                 row.created_at,
             ],
-        )?;
+        ).await?;
         Ok(())
     }
 
@@ -132,31 +133,32 @@ impl Store {
         account: crate::AccountGuard<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        account.check_in(&tx)?;
-        let started = exec(
-            &tx,
-            "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'",
-            params![row.order_id],
-        )? == 1;
+        let mut tx = conn.begin().await?;
+        account.check_in(&mut tx).await?;
+        let started = tx
+            .exec(
+                "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'",
+                args![row.order_id],
+            )
+            .await?
+            == 1;
         if !started {
             return Ok(false);
         }
         // A mapping left by an earlier finalize that the upstream refused
         // (the order went back to ready) is replaced.
-        exec(
-            &tx,
+        tx.exec(
             "DELETE FROM upstream_orders WHERE order_id = ?1",
-            params![row.order_id],
-        )?;
-        exec(
-            &tx,
+            args![row.order_id],
+        )
+        .await?;
+        tx.exec(
             concat!(
                 "INSERT INTO upstream_orders (",
                 upstream_order_columns!(),
                 ") VALUES (?1, ?2, ?3, ?4, NULL, 'processing', NULL, NULL, ?5, ?6, ?7, ?8, ?9, ?9)"
             ),
-            params![
+            args![
                 row.order_id,
                 row.profile,
                 row.account_id,
@@ -167,9 +169,10 @@ impl Store {
                 row.request_id,
                 row.now,
             ],
-        )?;
-        insert_job_in(&tx, job, now_ms)?;
-        tx.commit()?;
+        )
+        .await?;
+        insert_job_in(&mut tx, job, now_ms).await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -179,28 +182,30 @@ impl Store {
     /// (then it owns the outcome and nothing changes).
     pub async fn undo_relay(&self, order_id: &str, job_kind: &str, now_ms: i64) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let cancelled = exec(
-            &tx,
-            "UPDATE jobs SET status = 'cancelled', finished_at = ?1, updated_at = ?1,
+        let mut tx = conn.begin().await?;
+        let cancelled = tx
+            .exec(
+                "UPDATE jobs SET status = 'cancelled', finished_at = ?1, updated_at = ?1,
                  last_error = 'the upstream refused the order at finalize'
              WHERE kind = ?2 AND key = ?3 AND status = 'queued' AND attempts = 0",
-            params![now_ms, job_kind, order_id],
-        )? == 1;
+                args![now_ms, job_kind, order_id],
+            )
+            .await?
+            == 1;
         if !cancelled {
             return Ok(false);
         }
-        exec(
-            &tx,
+        tx.exec(
             "DELETE FROM upstream_orders WHERE order_id = ?1 AND status = 'processing'",
-            params![order_id],
-        )?;
-        exec(
-            &tx,
+            args![order_id],
+        )
+        .await?;
+        tx.exec(
             "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'processing'",
-            params![order_id],
-        )?;
-        tx.commit()?;
+            args![order_id],
+        )
+        .await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -213,32 +218,35 @@ impl Store {
         url: &str,
         now: i64,
     ) -> Result<Option<String>> {
-        let conn = self.writer().await?;
-        exec(
-            &conn,
+        let mut conn = self.writer().await?;
+        conn.exec(
             "UPDATE upstream_orders SET upstream_url = ?1, updated_at = ?2
              WHERE order_id = ?3 AND upstream_url IS NULL",
-            params![url, now, order_id],
-        )?;
-        Ok(scalar::<Option<String>>(
-            &conn,
-            "SELECT upstream_url FROM upstream_orders WHERE order_id = ?1",
-            params![order_id],
-        )?
-        .flatten())
+            args![url, now, order_id],
+        )
+        .await?;
+        Ok(conn
+            .scalar::<Option<String>>(
+                "SELECT upstream_url FROM upstream_orders WHERE order_id = ?1",
+                args![order_id],
+            )
+            .await?
+            .flatten())
     }
 
     pub async fn upstream_order(&self, order_id: &str) -> Result<Option<UpstreamOrderRow>> {
-        one(
-            &*self.writer().await?,
-            concat!(
-                "SELECT ",
-                upstream_order_columns!(),
-                " FROM upstream_orders WHERE order_id = ?1"
-            ),
-            params![order_id],
-            upstream_order_from_row,
-        )
+        self.writer()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    upstream_order_columns!(),
+                    " FROM upstream_orders WHERE order_id = ?1"
+                ),
+                args![order_id],
+                upstream_order_from_row,
+            )
+            .await
     }
 
     /// Mapping rows, newest first, optionally of one status.
@@ -247,17 +255,19 @@ impl Store {
         status: Option<OrderStatus>,
         limit: i64,
     ) -> Result<Vec<UpstreamOrderRow>> {
-        all(
-            &*self.reader().await?,
-            concat!(
-                "SELECT ",
-                upstream_order_columns!(),
-                " FROM upstream_orders WHERE (?1 IS NULL OR status = ?1)
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    upstream_order_columns!(),
+                    " FROM upstream_orders WHERE (?1 IS NULL OR status = ?1)
              ORDER BY created_at DESC, order_id LIMIT ?2"
-            ),
-            params![status.map(OrderStatus::as_str), limit],
-            upstream_order_from_row,
-        )
+                ),
+                args![status.map(OrderStatus::as_str), limit],
+                upstream_order_from_row,
+            )
+            .await
     }
 
     /// Settles a relayed order in one transaction: the certificate and
@@ -271,19 +281,18 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        if !complete_order_in(&tx, cert)? {
+        let mut tx = conn.begin().await?;
+        if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
-        exec(
-            &tx,
+        tx.exec(
             "UPDATE upstream_orders SET status = 'valid', certificate_url = ?1, error = NULL, updated_at = ?2
              WHERE order_id = ?3",
-            params![certificate_url, cert.now, cert.order_id],
-        )?;
-        insert_audit_in(&tx, audit)?;
-        insert_jobs_in(&tx, notices)?;
-        tx.commit()?;
+            args![certificate_url, cert.now, cert.order_id],
+        ).await?;
+        insert_audit_in(&mut tx, audit).await?;
+        insert_jobs_in(&mut tx, notices).await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -300,24 +309,23 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
-        let tx = begin(&mut conn)?;
-        let failed = exec(
-            &tx,
+        let mut tx = conn.begin().await?;
+        let failed = tx.exec(
             "UPDATE orders SET status = 'invalid', error = ?1 WHERE id = ?2 AND status = 'processing'",
-            params![to_json(client_problem), order_id],
-        )? == 1;
+            args![to_json(client_problem), order_id],
+        ).await? == 1;
         if !failed {
             return Ok(false);
         }
-        exec(
-            &tx,
+        tx.exec(
             "UPDATE upstream_orders SET status = 'invalid', error = ?1, updated_at = ?2
              WHERE order_id = ?3 AND status = 'processing'",
-            params![reason, audit.at, order_id],
-        )?;
-        insert_audit_in(&tx, audit)?;
-        insert_jobs_in(&tx, notices)?;
-        tx.commit()?;
+            args![reason, audit.at, order_id],
+        )
+        .await?;
+        insert_audit_in(&mut tx, audit).await?;
+        insert_jobs_in(&mut tx, notices).await?;
+        tx.commit().await?;
         Ok(true)
     }
 }

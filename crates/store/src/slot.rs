@@ -1,6 +1,6 @@
 //! The lock each connection sits behind.
 //!
-//! Statements run on the calling task's thread and nothing awaits while a
+//! Statements run on the calling task's thread and nothing waits while a
 //! connection is held, so holding one is a matter of microseconds. What a
 //! lock must not do here is hand the connection to a waiting task that is
 //! not running yet. An async mutex that queues its waiters fairly (as
@@ -11,7 +11,7 @@
 //! four tasks waiting on average, 0.53 ms per turn, for some fifty
 //! microseconds of statements per turn; with a slot, 1.3 tasks and 0.17 ms.
 //!
-//! A [`Slot`] is a `std` mutex that a task only ever *tries*: whoever asks
+//! A [`Slot`] is a lock that a task only ever *tries*: whoever asks
 //! while it is free takes it at once, and a task that finds it held waits,
 //! off the runtime's threads, for the holder's release to wake it (one
 //! waiter per release, which then tries again). So the order is not
@@ -23,53 +23,70 @@
 //! waits, tasks find the slot busy, so it gets the connection at the next
 //! release.
 //!
-//! A `std` guard is not `Send`, so the server's futures (which must be)
-//! cannot hold one across an `.await`; clippy's `await_holding_invalid_type`
-//! (clippy.toml) says the same of every future, the store's tests included.
-//! Nothing awaits while a connection is held.
+//! A held connection is owned by its holder (taken out of the slot and put
+//! back on release), so a future holding one is `Send`: a transaction's
+//! statements are awaited one after another. On SQLite each of those awaits
+//! is ready at once (the statement ran on the calling thread), so holding
+//! is still a matter of microseconds.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use rusqlite::Connection;
 use tokio::sync::Notify;
 
 use crate::{Result, StoreError};
 
-/// One connection (`None` once closed) and the wake-ups of its waiters.
+/// Where a slot's connection is.
+enum State {
+    Free(Connection),
+    Held,
+    /// Taken out for closing.
+    Closed,
+}
+
+/// One connection and the wake-ups of its waiters.
 pub(crate) struct Slot {
-    conn: Mutex<Option<Connection>>,
+    state: Mutex<State>,
+    /// Wakes one task waiting in [`Slot::lock`] at each release.
     freed: Notify,
+    /// Wakes the thread waiting in [`Slot::blocking_lock`].
+    thread_freed: Condvar,
     /// A thread waits in [`Slot::blocking_lock`]: tasks keep off.
     thread_waiting: AtomicBool,
 }
 
-/// Without looking inside: `std`'s `Debug` of a mutex takes and releases it,
-/// and a release that does not wake a waiter could leave one waiting for
-/// ever.
 impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slot").finish_non_exhaustive()
     }
 }
 
-/// A connection held for one statement or transaction; its drop frees the
-/// slot, then wakes one waiter.
+/// A connection held for one statement or transaction; its drop puts it
+/// back in the slot, then wakes one waiter.
 pub(crate) struct Held<'a> {
-    /// `Some` until dropped (taken in `drop` so that the mutex is unlocked
-    /// before the waiter is woken), holding `Some` connection.
-    guard: Option<MutexGuard<'a, Option<Connection>>>,
+    /// `Some` until dropped, or until taken out for closing.
+    conn: Option<Connection>,
     slot: &'a Slot,
 }
 
 impl Slot {
     pub(crate) fn new(conn: Connection) -> Self {
         Self {
-            conn: Mutex::new(Some(conn)),
+            state: Mutex::new(State::Free(conn)),
             freed: Notify::new(),
+            thread_freed: Condvar::new(),
             thread_waiting: AtomicBool::new(false),
         }
+    }
+
+    /// The state, whose mutex is only ever held to move the connection in
+    /// or out (no code that could panic runs under it).
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The connection once it is free; waits without holding a thread.
@@ -95,13 +112,21 @@ impl Slot {
         if self.thread_waiting.load(Ordering::Acquire) {
             return None;
         }
-        match self.conn.try_lock() {
-            Ok(guard) => Some(self.held(guard)),
-            // A panic while held poisons the mutex; the connection is still
-            // sound (a transaction left open is ended by the next `begin`
-            // or read by key), as it was with an async mutex.
-            Err(TryLockError::Poisoned(poisoned)) => Some(self.held(poisoned.into_inner())),
-            Err(TryLockError::WouldBlock) => None,
+        self.take_free(&mut self.state())
+    }
+
+    /// Takes the connection out of `state` if it is free.
+    fn take_free(&self, state: &mut State) -> Option<Result<Held<'_>>> {
+        match std::mem::replace(state, State::Held) {
+            State::Free(conn) => Some(Ok(Held {
+                conn: Some(conn),
+                slot: self,
+            })),
+            State::Held => None,
+            State::Closed => {
+                *state = State::Closed;
+                Some(Err(StoreError::Closed))
+            }
         }
     }
 
@@ -109,42 +134,33 @@ impl Slot {
     /// of the store's own, never a runtime's.
     pub(crate) fn blocking_lock(&self) -> Result<Held<'_>> {
         self.thread_waiting.store(true, Ordering::Release);
-        let guard = self
-            .conn
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = self.state();
+        let held = loop {
+            if let Some(held) = self.take_free(&mut state) {
+                break held;
+            }
+            state = self
+                .thread_freed
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        };
+        drop(state);
         // Tasks that found the slot busy meanwhile wait for a release: this
         // thread's, when its `Held` drops.
         self.thread_waiting.store(false, Ordering::Release);
-        self.held(guard)
+        held
     }
 
     /// Takes the connection out for closing; the slot answers
     /// [`StoreError::Closed`] from then on.
     pub(crate) async fn take(&self) -> Option<Connection> {
-        let mut held = match self.lock().await {
-            Ok(held) => held,
-            Err(_) => return None,
-        };
-        held.guard.as_mut().and_then(|guard| guard.take())
+        let mut held = self.lock().await.ok()?;
+        held.conn.take()
     }
 
     /// Whether nobody holds the connection (for the pool's metrics).
     pub(crate) fn is_idle(&self) -> bool {
-        self.try_lock().is_some()
-    }
-
-    fn held<'a>(&'a self, guard: MutexGuard<'a, Option<Connection>>) -> Result<Held<'a>> {
-        let held = Held {
-            guard: Some(guard),
-            slot: self,
-        };
-        match held.guard.as_deref() {
-            Some(Some(_)) => Ok(held),
-            // Dropping `held` frees the slot and wakes the next waiter, who
-            // finds it closed too.
-            _ => Err(StoreError::Closed),
-        }
+        matches!(*self.state(), State::Free(_))
     }
 }
 
@@ -152,27 +168,31 @@ impl Deref for Held<'_> {
     type Target = Connection;
 
     fn deref(&self) -> &Connection {
-        match self.guard.as_deref() {
-            Some(Some(conn)) => conn,
-            // `Slot::held` hands out only a guard holding a connection, and
-            // only `drop` takes the guard.
-            _ => unreachable!("a held slot holds a connection"),
+        match &self.conn {
+            Some(conn) => conn,
+            // Only `take` and `drop` take the connection out, and nothing
+            // reads it after either.
+            None => unreachable!("a held slot holds a connection"),
         }
     }
 }
 
 impl DerefMut for Held<'_> {
     fn deref_mut(&mut self) -> &mut Connection {
-        match self.guard.as_deref_mut() {
-            Some(Some(conn)) => conn,
-            _ => unreachable!("a held slot holds a connection"),
+        match &mut self.conn {
+            Some(conn) => conn,
+            None => unreachable!("a held slot holds a connection"),
         }
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        drop(self.guard.take());
+        *self.slot.state() = match self.conn.take() {
+            Some(conn) => State::Free(conn),
+            None => State::Closed,
+        };
+        self.slot.thread_freed.notify_one();
         self.slot.freed.notify_one();
     }
 }

@@ -1,0 +1,380 @@
+//! How a statement reaches the database: its arguments, the rows it
+//! returns, the connection it runs on and the transaction it is part of,
+//! as one API that each operation of the store is written against once.
+//!
+//! A statement is awaited. On SQLite it has already run on the calling
+//! thread when the await is reached (see `slot.rs` for why), so a
+//! transaction's awaits never suspend it: a future is dropped, if at all,
+//! before its transaction began or after it ended.
+
+use std::str::FromStr;
+
+use rusqlite::types::{FromSql, ToSqlOutput, Value, ValueRef};
+use rusqlite::{ToSql, params_from_iter};
+
+use crate::slot::Held;
+use crate::{Result, parse_text};
+
+/// One argument of a statement, typed (a NULL too), so that every engine
+/// can be told what it is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg<'a> {
+    Int(Option<i64>),
+    Text(Option<&'a str>),
+    Bool(bool),
+    Bytes(Option<&'a [u8]>),
+}
+
+/// A value that can be a statement's argument, borrowed.
+pub(crate) trait ToArg {
+    fn to_arg(&self) -> Arg<'_>;
+}
+
+impl ToArg for i64 {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Int(Some(*self))
+    }
+}
+
+impl ToArg for Option<i64> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Int(*self)
+    }
+}
+
+impl ToArg for u32 {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Int(Some(i64::from(*self)))
+    }
+}
+
+impl ToArg for u8 {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Int(Some(i64::from(*self)))
+    }
+}
+
+impl ToArg for Option<u8> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Int(self.map(i64::from))
+    }
+}
+
+impl ToArg for bool {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Bool(*self)
+    }
+}
+
+impl ToArg for &str {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(Some(self))
+    }
+}
+
+impl ToArg for String {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(Some(self))
+    }
+}
+
+impl ToArg for Option<&str> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(*self)
+    }
+}
+
+impl ToArg for Option<String> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(self.as_deref())
+    }
+}
+
+impl ToArg for Option<&String> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Text(self.map(String::as_str))
+    }
+}
+
+impl ToArg for &[u8] {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Bytes(Some(self))
+    }
+}
+
+impl ToArg for Vec<u8> {
+    fn to_arg(&self) -> Arg<'_> {
+        Arg::Bytes(Some(self))
+    }
+}
+
+impl<T: ToArg + ?Sized> ToArg for &T {
+    fn to_arg(&self) -> Arg<'_> {
+        (**self).to_arg()
+    }
+}
+
+impl ToSql for Arg<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match *self {
+            Arg::Int(Some(v)) => ToSqlOutput::Owned(Value::Integer(v)),
+            Arg::Bool(v) => ToSqlOutput::Owned(Value::Integer(i64::from(v))),
+            Arg::Text(Some(v)) => ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes())),
+            Arg::Bytes(Some(v)) => ToSqlOutput::Borrowed(ValueRef::Blob(v)),
+            Arg::Int(None) | Arg::Text(None) | Arg::Bytes(None) => ToSqlOutput::Owned(Value::Null),
+        })
+    }
+}
+
+/// The arguments of a statement, each borrowed: `args![a, b]` is
+/// `&[a.to_arg(), b.to_arg()]`.
+macro_rules! args {
+    ($($arg:expr),* $(,)?) => {
+        &[$($crate::db::ToArg::to_arg(&$arg)),*] as &[$crate::db::Arg<'_>]
+    };
+}
+pub(crate) use args;
+
+/// One row of a result.
+#[derive(Clone, Copy)]
+pub(crate) enum Row<'r> {
+    Sqlite(&'r rusqlite::Row<'r>),
+}
+
+/// How a column is picked out of a row.
+pub(crate) trait ColumnAt {
+    fn position(&self, row: Row<'_>) -> Result<usize>;
+}
+
+impl ColumnAt for usize {
+    fn position(&self, _: Row<'_>) -> Result<usize> {
+        Ok(*self)
+    }
+}
+
+impl ColumnAt for &str {
+    fn position(&self, row: Row<'_>) -> Result<usize> {
+        match row {
+            Row::Sqlite(row) => Ok(row.as_ref().column_index(self)?),
+        }
+    }
+}
+
+/// A type a column is read as.
+pub(crate) trait Column: Sized {
+    fn read(row: Row<'_>, index: usize) -> Result<Self>;
+}
+
+impl<T: FromSql> Column for T {
+    fn read(row: Row<'_>, index: usize) -> Result<Self> {
+        match row {
+            Row::Sqlite(row) => Ok(row.get(index)?),
+        }
+    }
+}
+
+impl Row<'_> {
+    /// A column by its position, or by its name (for a statement of a few
+    /// columns read once, not a row read on every request).
+    pub(crate) fn get<T: Column>(self, at: impl ColumnAt) -> Result<T> {
+        T::read(self, at.position(self)?)
+    }
+
+    /// The name of column `index`, for the debug check of [`col`].
+    fn column_name(&self, index: usize) -> Option<&str> {
+        match self {
+            Row::Sqlite(row) => row.as_ref().column_name(index).ok(),
+        }
+    }
+
+    /// Column `index` as borrowed text.
+    fn text(&self, index: usize) -> Result<&str> {
+        match self {
+            Row::Sqlite(row) => Ok(row.get_ref(index)?.as_str().map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    index,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })?),
+        }
+    }
+}
+
+/// Column `index` of a row, read by its position. Looking a column up by
+/// name compares the name with each column's before it, on every row: part
+/// of the 1.2 % of the server's CPU such lookups took
+/// (docs/performance.md). Debug builds — the tests — check that the column
+/// at `index` is `name`, so a column list and its reader cannot drift apart
+/// unnoticed.
+pub(crate) fn col<T: Column>(row: Row<'_>, index: usize, name: &str) -> Result<T> {
+    debug_assert_eq!(
+        row.column_name(index),
+        Some(name),
+        "column {index} of the row"
+    );
+    T::read(row, index)
+}
+
+/// Column `index` of a row, TEXT naming a member of a closed set (a
+/// status, an identifier or challenge type): parsed here, once, so that
+/// every row the store returns carries the enum. `column` (table.column)
+/// names it in the error for a value the set does not have.
+pub(crate) fn col_enum<T: FromStr>(
+    row: Row<'_>,
+    index: usize,
+    name: &str,
+    column: &'static str,
+) -> Result<T> {
+    debug_assert_eq!(
+        row.column_name(index),
+        Some(name),
+        "column {index} of the row"
+    );
+    // Borrowed: no String per row for a value that becomes a `Copy` enum.
+    parse_text(row.text(index)?, column)
+}
+
+/// A connection, held for one statement or transaction.
+pub(crate) enum Conn<'s> {
+    Sqlite(Held<'s>),
+}
+
+impl<'s> Conn<'s> {
+    /// Runs a statement that returns no rows; the number of rows it
+    /// changed.
+    pub(crate) async fn exec(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+        match self {
+            Conn::Sqlite(conn) => {
+                Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
+            }
+        }
+    }
+
+    /// The first row of a statement, mapped.
+    pub(crate) async fn one<T>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+        map: impl FnOnce(Row<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        match self {
+            Conn::Sqlite(conn) => {
+                let mut statement = conn.prepare_cached(sql)?;
+                let mut rows = statement.query(params_from_iter(args))?;
+                match rows.next()? {
+                    Some(row) => map(Row::Sqlite(row)).map(Some),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Every row of a statement, mapped.
+    pub(crate) async fn all<T>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+        mut map: impl FnMut(Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        match self {
+            Conn::Sqlite(conn) => {
+                let mut statement = conn.prepare_cached(sql)?;
+                let mut rows = statement.query(params_from_iter(args))?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next()? {
+                    out.push(map(Row::Sqlite(row))?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The first column of the first row, if there is a row.
+    pub(crate) async fn scalar<T: Column>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> Result<Option<T>> {
+        self.one(sql, args, |row| T::read(row, 0)).await
+    }
+
+    /// Whether a statement returns a row.
+    pub(crate) async fn exists(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<bool> {
+        Ok(self.one(sql, args, |_| Ok(())).await?.is_some())
+    }
+
+    /// Starts a transaction on this connection (the writer's, on SQLite).
+    /// `IMMEDIATE` takes SQLite's write lock at once, so a transaction that
+    /// reads before it writes cannot fail half-way on another process's
+    /// lock.
+    pub(crate) async fn begin(&mut self) -> Result<Tx<'_, 's>> {
+        match self {
+            Conn::Sqlite(conn) => {
+                if !conn.is_autocommit() {
+                    // A transaction an earlier `ROLLBACK` failed to end would
+                    // refuse every `BEGIN` from now on: end it first.
+                    conn.prepare_cached("ROLLBACK")?.execute([])?;
+                }
+                conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            }
+        }
+        Ok(Tx {
+            conn: self,
+            open: true,
+        })
+    }
+}
+
+/// A transaction: committed by [`Tx::commit`], rolled back if dropped
+/// before. Its statements are the connection's (it derefs to it).
+///
+/// `BEGIN`, `COMMIT` and `ROLLBACK` are statements prepared once per
+/// connection and cached like every other; rusqlite's own `Transaction`
+/// compiled their text on every use (0.4 % of the server's CPU with three
+/// write transactions per issuance, docs/performance.md).
+pub(crate) struct Tx<'c, 's> {
+    conn: &'c mut Conn<'s>,
+    open: bool,
+}
+
+impl Tx<'_, '_> {
+    pub(crate) async fn commit(mut self) -> Result<()> {
+        self.conn.exec("COMMIT", &[]).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl<'s> std::ops::Deref for Tx<'_, 's> {
+    type Target = Conn<'s>;
+
+    fn deref(&self) -> &Conn<'s> {
+        self.conn
+    }
+}
+
+impl<'s> std::ops::DerefMut for Tx<'_, 's> {
+    fn deref_mut(&mut self) -> &mut Conn<'s> {
+        self.conn
+    }
+}
+
+impl Drop for Tx<'_, '_> {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        match &mut *self.conn {
+            // Nothing to end after an error SQLite answered by rolling back
+            // on its own.
+            Conn::Sqlite(conn) => {
+                if !conn.is_autocommit()
+                    && let Ok(mut rollback) = conn.prepare_cached("ROLLBACK")
+                {
+                    let _ = rollback.execute([]);
+                }
+            }
+        }
+    }
+}
