@@ -86,15 +86,27 @@ pub struct AccountGuard<'a> {
     pub key_thumbprint: &'a str,
 }
 
+macro_rules! account_is_valid_with_key {
+    () => {
+        "SELECT 1 FROM accounts WHERE id = ?1 AND key_thumbprint = ?2 AND status = 'valid'"
+    };
+}
+
 impl AccountGuard<'_> {
     /// Errs with [`StoreError::AccountChanged`] unless the account is valid
     /// with the guard's key, as `conn`'s transaction sees it.
     pub(crate) async fn check_in(&self, conn: &mut Conn<'_>) -> Result<()> {
+        // On PostgreSQL the row is locked until the transaction ends, so a
+        // deactivation, deletion or rollover waits for this write (and
+        // this write for one already under way), as SQLite's single
+        // writer does by itself.
+        let sql = if conn.is_postgres() {
+            concat!(account_is_valid_with_key!(), " FOR SHARE")
+        } else {
+            account_is_valid_with_key!()
+        };
         let valid = conn
-            .exists(
-                "SELECT 1 FROM accounts WHERE id = ?1 AND key_thumbprint = ?2 AND status = 'valid'",
-                args![self.id, self.key_thumbprint],
-            )
+            .exists(sql, args![self.id, self.key_thumbprint])
             .await?;
         if valid {
             Ok(())
@@ -198,7 +210,7 @@ impl Store {
             .writer()
             .await?
             .exec(
-                "UPDATE accounts SET tos_agreed = 1 WHERE id = ?1 AND status = 'valid'",
+                "UPDATE accounts SET tos_agreed = TRUE WHERE id = ?1 AND status = 'valid'",
                 args![id],
             )
             .await?
@@ -263,8 +275,25 @@ impl Store {
              WHERE id = ?3 AND key_thumbprint = ?4 AND status = 'valid'",
                 args![new_thumbprint, new_jwk, id, old_thumbprint],
             )
-            .await?
-            == 1;
+            .await;
+        let changed = match changed {
+            // Another account took the key after the look-up (a rollover
+            // committed meanwhile on PostgreSQL): that account holds it.
+            Err(e) if e.is_unique_violation() => {
+                drop(tx);
+                let holder: Option<String> = conn
+                    .scalar(
+                        "SELECT id FROM accounts WHERE profile = ?1 AND key_thumbprint = ?2",
+                        args![profile, new_thumbprint],
+                    )
+                    .await?;
+                return Ok(match holder {
+                    Some(account_id) => KeyChangeOutcome::NewKeyInUse { account_id },
+                    None => KeyChangeOutcome::Stale,
+                });
+            }
+            changed => changed? == 1,
+        };
         tx.commit().await?;
         Ok(if changed {
             KeyChangeOutcome::Changed

@@ -335,11 +335,14 @@ pub(crate) async fn complete_order_in(
     if inserted != 1 {
         return Ok(false);
     }
-    conn.exec(
+    // Checked again: on PostgreSQL an abandon or a cancel can move the
+    // order on between the insert's check and this update (which then
+    // waits for it and matches nothing); the caller rolls back.
+    let completed = conn.exec(
         "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'processing'",
         args![cert.order_id, cert.id],
     ).await?;
-    Ok(true)
+    Ok(completed == 1)
 }
 
 #[cfg(test)]

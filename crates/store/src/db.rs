@@ -7,13 +7,19 @@
 //! transaction's awaits never suspend it: a future is dropped, if at all,
 //! before its transaction began or after it ended.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Mutex, OnceLock};
 
 use rusqlite::types::{FromSql, ToSqlOutput, Value, ValueRef};
 use rusqlite::{ToSql, params_from_iter};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::{Postgres, Row as _};
+use sqlx_core::transaction::TransactionManager as _;
 
 use crate::slot::Held;
-use crate::{Result, parse_text};
+use crate::{Result, StoreError, parse_text};
 
 /// One argument of a statement, typed (a NULL too), so that every engine
 /// can be told what it is.
@@ -135,10 +141,60 @@ macro_rules! args {
 }
 pub(crate) use args;
 
+/// Binds `args` to a PostgreSQL statement, each with its type (a NULL
+/// too), which is what lets one statement text serve both engines:
+/// PostgreSQL infers nothing from `?1 IS NULL OR x = ?1` or `?1 + ?2`.
+fn bind<'q>(
+    mut query: sqlx::query::Query<'q, Postgres, PgArguments>,
+    args: &[Arg<'q>],
+) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+    for arg in args {
+        query = match *arg {
+            Arg::Int(v) => query.bind(v),
+            Arg::Text(v) => query.bind(v),
+            Arg::Bool(v) => query.bind(v),
+            Arg::Bytes(v) => query.bind(v),
+        };
+    }
+    query
+}
+
+/// A statement's text for PostgreSQL: each `?N` parameter (a `?` and a
+/// digit outside a quoted literal) written `$N`. The store's statements
+/// are written once, with SQLite's `?N` (SQLite numbers `$N` parameters by
+/// first appearance, not by N); each is converted once per process and
+/// kept, so the text is `'static` as sqlx wants it and no statement is
+/// converted twice.
+pub(crate) fn postgres_text(sql: &str) -> &'static str {
+    static CONVERTED: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
+    let mut converted = CONVERTED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(text) = converted.get(sql) {
+        return text;
+    }
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    for (i, c) in sql.char_indices() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        let parameter = c == '?' && !quoted && bytes.get(i + 1).is_some_and(u8::is_ascii_digit);
+        out.push(if parameter { '$' } else { c });
+    }
+    // The store's statements are a fixed set: this keeps one copy of each.
+    let text: &'static str = Box::leak(out.into_boxed_str());
+    converted.insert(sql.to_owned(), text);
+    text
+}
+
 /// One row of a result.
 #[derive(Clone, Copy)]
 pub(crate) enum Row<'r> {
     Sqlite(&'r rusqlite::Row<'r>),
+    Postgres(&'r PgRow),
 }
 
 /// How a column is picked out of a row.
@@ -156,6 +212,10 @@ impl ColumnAt for &str {
     fn position(&self, row: Row<'_>) -> Result<usize> {
         match row {
             Row::Sqlite(row) => Ok(row.as_ref().column_index(self)?),
+            Row::Postgres(row) => {
+                use sqlx::Column as _;
+                Ok(row.try_column(*self).map_err(StoreError::Pg)?.ordinal())
+            }
         }
     }
 }
@@ -165,10 +225,14 @@ pub(crate) trait Column: Sized {
     fn read(row: Row<'_>, index: usize) -> Result<Self>;
 }
 
-impl<T: FromSql> Column for T {
+impl<T> Column for T
+where
+    T: FromSql + for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
     fn read(row: Row<'_>, index: usize) -> Result<Self> {
         match row {
             Row::Sqlite(row) => Ok(row.get(index)?),
+            Row::Postgres(row) => row.try_get(index).map_err(StoreError::Pg),
         }
     }
 }
@@ -182,8 +246,10 @@ impl Row<'_> {
 
     /// The name of column `index`, for the debug check of [`col`].
     fn column_name(&self, index: usize) -> Option<&str> {
+        use sqlx::Column as _;
         match self {
             Row::Sqlite(row) => row.as_ref().column_name(index).ok(),
+            Row::Postgres(row) => row.columns().get(index).map(|c| c.name()),
         }
     }
 
@@ -197,6 +263,7 @@ impl Row<'_> {
                     Box::new(e),
                 )
             })?),
+            Row::Postgres(row) => row.try_get(index).map_err(StoreError::Pg),
         }
     }
 }
@@ -238,6 +305,7 @@ pub(crate) fn col_enum<T: FromStr>(
 /// A connection, held for one statement or transaction.
 pub(crate) enum Conn<'s> {
     Sqlite(Held<'s>),
+    Postgres(PoolConnection<Postgres>),
 }
 
 impl<'s> Conn<'s> {
@@ -248,6 +316,11 @@ impl<'s> Conn<'s> {
             Conn::Sqlite(conn) => {
                 Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
             }
+            Conn::Postgres(conn) => Ok(bind(sqlx::query(postgres_text(sql)), args)
+                .execute(&mut **conn)
+                .await
+                .map_err(StoreError::Pg)?
+                .rows_affected()),
         }
     }
 
@@ -266,6 +339,13 @@ impl<'s> Conn<'s> {
                     Some(row) => map(Row::Sqlite(row)).map(Some),
                     None => Ok(None),
                 }
+            }
+            Conn::Postgres(conn) => {
+                let row = bind(sqlx::query(postgres_text(sql)), args)
+                    .fetch_optional(&mut **conn)
+                    .await
+                    .map_err(StoreError::Pg)?;
+                row.as_ref().map(|row| map(Row::Postgres(row))).transpose()
             }
         }
     }
@@ -287,6 +367,13 @@ impl<'s> Conn<'s> {
                 }
                 Ok(out)
             }
+            Conn::Postgres(conn) => bind(sqlx::query(postgres_text(sql)), args)
+                .fetch_all(&mut **conn)
+                .await
+                .map_err(StoreError::Pg)?
+                .iter()
+                .map(|row| map(Row::Postgres(row)))
+                .collect(),
         }
     }
 
@@ -304,10 +391,18 @@ impl<'s> Conn<'s> {
         Ok(self.one(sql, args, |_| Ok(())).await?.is_some())
     }
 
+    /// Whether this is a PostgreSQL connection: for the few statements
+    /// only PostgreSQL needs (row locks that SQLite's single writer makes
+    /// unnecessary) or that each engine words its own way.
+    pub(crate) fn is_postgres(&self) -> bool {
+        matches!(self, Conn::Postgres(_))
+    }
+
     /// Starts a transaction on this connection (the writer's, on SQLite).
     /// `IMMEDIATE` takes SQLite's write lock at once, so a transaction that
     /// reads before it writes cannot fail half-way on another process's
-    /// lock.
+    /// lock. PostgreSQL's transactions are READ COMMITTED: an operation
+    /// that reads before it writes locks what it read.
     pub(crate) async fn begin(&mut self) -> Result<Tx<'_, 's>> {
         match self {
             Conn::Sqlite(conn) => {
@@ -317,6 +412,11 @@ impl<'s> Conn<'s> {
                     conn.prepare_cached("ROLLBACK")?.execute([])?;
                 }
                 conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            }
+            Conn::Postgres(conn) => {
+                <Postgres as sqlx::Database>::TransactionManager::begin(&mut **conn, None)
+                    .await
+                    .map_err(StoreError::Pg)?;
             }
         }
         Ok(Tx {
@@ -340,7 +440,16 @@ pub(crate) struct Tx<'c, 's> {
 
 impl Tx<'_, '_> {
     pub(crate) async fn commit(mut self) -> Result<()> {
-        self.conn.exec("COMMIT", &[]).await?;
+        match &mut *self.conn {
+            Conn::Sqlite(_) => {
+                self.conn.exec("COMMIT", &[]).await?;
+            }
+            Conn::Postgres(conn) => {
+                <Postgres as sqlx::Database>::TransactionManager::commit(&mut **conn)
+                    .await
+                    .map_err(StoreError::Pg)?;
+            }
+        }
         self.open = false;
         Ok(())
     }
@@ -374,6 +483,11 @@ impl Drop for Tx<'_, '_> {
                 {
                     let _ = rollback.execute([]);
                 }
+            }
+            // Sent before the connection's next statement (or it is closed
+            // instead of going back to the pool).
+            Conn::Postgres(conn) => {
+                <Postgres as sqlx::Database>::TransactionManager::start_rollback(&mut **conn);
             }
         }
     }

@@ -7,7 +7,7 @@
 //! `SELECT` becomes `FOR UPDATE SKIP LOCKED`.
 
 use crate::db::{Conn, Row, args};
-use crate::{Result, Store, parse_text};
+use crate::{Result, Store, StoreError, parse_text};
 
 acme_proxy_protocol::string_enum! {
     /// Where a job is in its life: `queued` until claimed, `running` under
@@ -153,20 +153,80 @@ fn job_from_row(row: Row<'_>) -> Result<JobRow> {
     })
 }
 
+/// [`Store::claim_jobs`] on PostgreSQL: SQLite's statement, with the
+/// kinds' free slots read from the JSON by `jsonb_each_text`, and the rows
+/// picked locked (`FOR UPDATE … SKIP LOCKED`: a row another replica is
+/// claiming, settling or heartbeating is passed over, not waited for) and
+/// checked again as locked. PostgreSQL refuses `FOR UPDATE` beside window
+/// functions, hence the ranking in CTEs first.
+const CLAIM_JOBS_POSTGRES: &str = concat!(
+    "WITH limits AS (
+         SELECT key AS kind, value::bigint AS n FROM jsonb_each_text(?4::jsonb)
+     ),
+     eligible AS (
+         SELECT j.id, j.kind, j.run_at, j.fair_key, j.status, j.cancel_requested_by,
+                ROW_NUMBER() OVER (PARTITION BY j.kind, j.fair_key ORDER BY j.run_at, j.id) AS key_rank
+           FROM jobs j
+          WHERE j.kind IN (SELECT kind FROM limits)
+            AND ((j.status = 'queued' AND (j.run_at <= ?2 OR j.cancel_requested_by IS NOT NULL))
+                 OR (j.status IN ('running', 'retiring') AND j.lease_until <= ?2))
+     ),
+     ranked AS (
+         SELECT e.id, e.kind,
+                ROW_NUMBER() OVER (PARTITION BY e.kind ORDER BY e.run_at, e.id) AS kind_rank
+           FROM eligible e
+          -- A cancellation or an abandon is not held back by the cap.
+          WHERE e.fair_key IS NULL OR e.status = 'retiring' OR e.cancel_requested_by IS NOT NULL
+             OR e.key_rank + (SELECT COUNT(*) FROM jobs r
+                               WHERE r.status = 'running' AND r.kind = e.kind
+                                 AND r.fair_key = e.fair_key AND r.lease_until > ?2) <= ?5
+     ),
+     picked AS (
+         SELECT j.id AS picked_id
+           FROM jobs j
+           JOIN ranked r ON r.id = j.id
+           JOIN limits l ON l.kind = r.kind
+          WHERE r.kind_rank <= l.n
+            AND ((j.status = 'queued' AND (j.run_at <= ?2 OR j.cancel_requested_by IS NOT NULL))
+                 OR (j.status IN ('running', 'retiring') AND j.lease_until <= ?2))
+            FOR UPDATE OF j SKIP LOCKED
+     )
+     UPDATE jobs SET
+         status = CASE WHEN status = 'retiring' THEN 'retiring' ELSE 'running' END,
+         attempts = CASE WHEN status = 'retiring' OR cancel_requested_by IS NOT NULL
+                         THEN attempts ELSE attempts + 1 END,
+         lease_owner = ?1, lease_until = ?2 + ?3, updated_at = ?2
+       FROM picked
+      WHERE id = picked_id
+     RETURNING ",
+    job_columns!()
+);
+
 impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
     pub async fn insert_job(&self, job: &NewJob<'_>, now: i64) -> Result<Enqueued> {
         let mut conn = self.writer().await?;
-        if let Some(id) = insert_job_in(&mut conn, job, now).await? {
-            return Ok(Enqueued::Queued(id));
+        // The live job that refused the insert can finish before it is
+        // read (another replica's, on PostgreSQL): then insert again. On
+        // SQLite the writer holds both statements together, so the first
+        // round decides.
+        for _ in 0..3 {
+            if let Some(id) = insert_job_in(&mut conn, job, now).await? {
+                return Ok(Enqueued::Queued(id));
+            }
+            let live: Option<i64> = conn.scalar(
+                "SELECT id FROM jobs WHERE kind = ?1 AND key = ?2 AND (status = 'queued' OR status = 'running' OR status = 'retiring')",
+                args![job.kind, job.key],
+            ).await?;
+            if let Some(live) = live {
+                return Ok(Enqueued::AlreadyQueued(live));
+            }
         }
-        let live: i64 = conn.scalar(
-            "SELECT id FROM jobs WHERE kind = ?1 AND key = ?2 AND (status = 'queued' OR status = 'running' OR status = 'retiring')",
-            args![job.kind, job.key],
-        ).await?
-        .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-        Ok(Enqueued::AlreadyQueued(live))
+        Err(StoreError::Corrupt(format!(
+            "job {} {} neither inserted nor live",
+            job.kind, job.key
+        )))
     }
 
     /// Makes a queued job due at `at_ms`, earlier or later than planned
@@ -217,7 +277,23 @@ impl Store {
             return Ok(Vec::new());
         }
         let limits = serde_json::Value::Object(limits).to_string();
-        self.writer().await?.all(
+        let args = args![owner, now, lease_ms, limits, per_key_cap];
+        let mut conn = self.writer().await?;
+        if conn.is_postgres() {
+            // Claims are serialised across replicas (one statement each,
+            // milliseconds) so that the per-key cap counts every replica's
+            // claims; the rows themselves are locked as they are taken.
+            let mut tx = conn.begin().await?;
+            tx.exec(
+                "SELECT pg_advisory_xact_lock(hashtext('acme_proxy.jobs.claim'))",
+                &[],
+            )
+            .await?;
+            let claimed = tx.all(CLAIM_JOBS_POSTGRES, args, job_from_row).await?;
+            tx.commit().await?;
+            return Ok(claimed);
+        }
+        conn.all(
             concat!(
                 "UPDATE jobs SET
                  status = CASE WHEN status = 'retiring' THEN 'retiring' ELSE 'running' END,
@@ -247,7 +323,7 @@ impl Store {
              RETURNING ",
                 job_columns!()
             ),
-            args![owner, now, lease_ms, limits, per_key_cap],
+            args,
             job_from_row,
         ).await
     }

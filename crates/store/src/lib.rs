@@ -61,6 +61,8 @@ pub enum StoreError {
     Db(#[from] rusqlite::Error),
     #[error("cannot open or migrate the database: {0}")]
     Open(#[from] sqlx::Error),
+    #[error("database error: {0}")]
+    Pg(#[source] sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("stored value is corrupt: {0}")]
@@ -70,7 +72,9 @@ pub enum StoreError {
     /// broken. Refused, never read as some default.
     #[error("column {column} holds {value:?}, which is not one of its values")]
     UnknownValue { column: &'static str, value: String },
-    #[error("unsupported database URL {0:?}: this build supports sqlite:PATH (a file)")]
+    #[error(
+        "unsupported database URL {0:?}: write sqlite:PATH (a file) or postgres://USER@HOST/DATABASE"
+    )]
     UnsupportedUrl(String),
     #[error("the store is closed")]
     Closed,
@@ -87,12 +91,28 @@ pub enum StoreError {
 impl StoreError {
     /// A `UNIQUE` constraint refused the write (someone else's row won).
     pub(crate) fn is_unique_violation(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Db(rusqlite::Error::SqliteFailure(e, _))
-                if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+        match self {
+            StoreError::Db(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
                     || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
-        )
+            }
+            StoreError::Pg(sqlx::Error::Database(e)) => e.is_unique_violation(),
+            _ => false,
+        }
+    }
+
+    /// A `UNIQUE` index refused the write: the one on `column` (as SQLite
+    /// names it in its message), whose name is `index` (as PostgreSQL
+    /// reports it).
+    pub(crate) fn is_unique_violation_of(&self, column: &str, index: &str) -> bool {
+        self.is_unique_violation()
+            && match self {
+                StoreError::Db(rusqlite::Error::SqliteFailure(_, Some(message))) => {
+                    message.contains(column)
+                }
+                StoreError::Pg(sqlx::Error::Database(e)) => e.constraint() == Some(index),
+                _ => false,
+            }
     }
 }
 
@@ -118,6 +138,19 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// [`spawn_checkpointer`]).
 #[derive(Clone, Debug)]
 pub struct Store {
+    backend: Backend,
+}
+
+/// The engine a store is on.
+#[derive(Clone, Debug)]
+enum Backend {
+    Sqlite(SqliteDb),
+    Postgres(sqlx::PgPool),
+}
+
+/// A SQLite file's connections.
+#[derive(Clone, Debug)]
+struct SqliteDb {
     /// `None` once closed.
     writer: Arc<Slot>,
     readers: Arc<[Slot]>,
@@ -130,10 +163,16 @@ pub struct Store {
 /// Tuning knobs for [`Store::open`].
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
-    /// Readers in the read pool.
+    /// SQLite: readers in the read pool.
     pub read_connections: u32,
-    /// How long a writer waits for another process's lock.
+    /// SQLite: how long a writer waits for another process's lock.
     pub busy_timeout: Duration,
+    /// PostgreSQL: connections in the pool.
+    pub max_connections: u32,
+    /// PostgreSQL: how long a statement waits for a connection (the pool's
+    /// or a new one) before it fails, so that an unreachable server is
+    /// answered in seconds.
+    pub acquire_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -141,11 +180,23 @@ impl Default for StoreOptions {
         Self {
             read_connections: 4,
             busy_timeout: Duration::from_secs(5),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
         }
     }
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// PostgreSQL's schema starts at SQLite's 0008 (one baseline file); from
+/// then on one version is one schema on either engine. sqlx runs them
+/// under an advisory lock, so replicas starting together migrate once.
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// Whether `url` names a PostgreSQL database.
+fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
 
 /// The page size of a database file this store creates: 1 KiB, not
 /// SQLite's 4 KiB. A commit writes every page it changed whole into the
@@ -205,6 +256,13 @@ impl Store {
     /// Opens (creating if needed) the database at `url` (`sqlite:PATH` or
     /// `sqlite://PATH`) and applies pending migrations.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Self> {
+        if is_postgres_url(url) {
+            let pool = postgres_pool(url, options, false).await?;
+            POSTGRES_MIGRATIONS.run(&pool).await?;
+            return Ok(Self {
+                backend: Backend::Postgres(pool),
+            });
+        }
         if !url.starts_with("sqlite:") {
             return Err(StoreError::UnsupportedUrl(url.to_owned()));
         }
@@ -247,10 +305,12 @@ impl Store {
             )?));
         }
         Ok(Self {
-            writer,
-            readers: readers.into(),
-            next_reader: Arc::new(AtomicUsize::new(0)),
-            checkpointer: Arc::new(std::sync::Mutex::new(Some(checkpointer))),
+            backend: Backend::Sqlite(SqliteDb {
+                writer,
+                readers: readers.into(),
+                next_reader: Arc::new(AtomicUsize::new(0)),
+                checkpointer: Arc::new(std::sync::Mutex::new(Some(checkpointer))),
+            }),
         })
     }
 
@@ -259,6 +319,16 @@ impl Store {
     /// every connection read-only, so a write fails. `Ok(None)` when the
     /// database does not exist yet (start-up would create it empty).
     pub async fn open_read_only(url: &str, options: &StoreOptions) -> Result<Option<Self>> {
+        if is_postgres_url(url) {
+            let pool = postgres_pool(url, options, true).await?;
+            let migrated: Option<String> =
+                sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+                    .fetch_one(&pool)
+                    .await?;
+            return Ok(migrated.map(|_| Self {
+                backend: Backend::Postgres(pool),
+            }));
+        }
         if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
             return Err(StoreError::UnsupportedUrl(url.to_owned()));
         }
@@ -288,16 +358,30 @@ impl Store {
         let writer = Arc::new(Slot::new(open()?));
         let readers = vec![Slot::new(open()?)];
         Ok(Some(Self {
-            writer,
-            readers: readers.into(),
-            next_reader: Arc::new(AtomicUsize::new(0)),
-            checkpointer: Arc::new(std::sync::Mutex::new(None)),
+            backend: Backend::Sqlite(SqliteDb {
+                writer,
+                readers: readers.into(),
+                next_reader: Arc::new(AtomicUsize::new(0)),
+                checkpointer: Arc::new(std::sync::Mutex::new(None)),
+            }),
         }))
+    }
+
+    /// The SQLite file's connections, for tests that look inside.
+    #[cfg(test)]
+    fn sqlite(&self) -> &SqliteDb {
+        match &self.backend {
+            Backend::Sqlite(db) => db,
+            Backend::Postgres(_) => panic!("a SQLite store was expected"),
+        }
     }
 
     /// The writer connection, once it is free (see [`Slot`]).
     async fn writer(&self) -> Result<Conn<'_>> {
-        Ok(Conn::Sqlite(self.writer.lock().await?))
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(Conn::Sqlite(db.writer.lock().await?)),
+            Backend::Postgres(pool) => pooled(pool).await,
+        }
     }
 
     /// The connection for the reads of a few rows by key that requests
@@ -313,7 +397,11 @@ impl Store {
     /// Scans and listings keep to the read pool ([`Store::reader`]), so
     /// that none holds the writer.
     async fn point_reader(&self) -> Result<Conn<'_>> {
-        let conn = self.writer.lock().await?;
+        let db = match &self.backend {
+            Backend::Sqlite(db) => db,
+            Backend::Postgres(pool) => return pooled(pool).await,
+        };
+        let conn = db.writer.lock().await?;
         // A transaction left open (a failed ROLLBACK) would show this read
         // rows that were never committed; the next write's `begin` ends it
         // the same way.
@@ -325,20 +413,28 @@ impl Store {
 
     /// An idle read connection if there is one, else the next in turn.
     async fn reader(&self) -> Result<Conn<'_>> {
-        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
-        let n = self.readers.len();
+        let db = match &self.backend {
+            Backend::Sqlite(db) => db,
+            Backend::Postgres(pool) => return pooled(pool).await,
+        };
+        let start = db.next_reader.fetch_add(1, Ordering::Relaxed);
+        let n = db.readers.len();
         for i in 0..n {
-            if let Some(conn) = self.readers[(start + i) % n].try_lock() {
+            if let Some(conn) = db.readers[(start + i) % n].try_lock() {
                 return Ok(Conn::Sqlite(conn?));
             }
         }
-        Ok(Conn::Sqlite(self.readers[start % n].lock().await?))
+        Ok(Conn::Sqlite(db.readers[start % n].lock().await?))
     }
 
     /// Closes every connection once its statements are done; the store
     /// answers [`StoreError::Closed`] from then on.
     pub async fn close(&self) {
-        let checkpointer = self
+        let db = match &self.backend {
+            Backend::Sqlite(db) => db,
+            Backend::Postgres(pool) => return pool.close().await,
+        };
+        let checkpointer = db
             .checkpointer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -350,31 +446,71 @@ impl Store {
             drop(running);
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
-        for slot in self.readers.iter().chain(std::iter::once(&*self.writer)) {
+        for slot in db.readers.iter().chain(std::iter::once(&*db.writer)) {
             if let Some(conn) = slot.take().await {
                 let _ = conn.close();
             }
         }
     }
 
-    /// (connections, open, of which idle) for the writer and the readers.
-    pub fn pool_stats(&self) -> [(&'static str, u32, u32); 2] {
-        let idle_readers = self.readers.iter().filter(|r| r.is_idle()).count();
-        [
-            ("writer", 1, u32::from(self.writer.is_idle())),
-            ("reader", self.readers.len() as u32, idle_readers as u32),
-        ]
+    /// (pool, connections open, of which idle): SQLite's writer and
+    /// readers, or PostgreSQL's one pool.
+    pub fn pool_stats(&self) -> Vec<(&'static str, u32, u32)> {
+        match &self.backend {
+            Backend::Sqlite(db) => {
+                let idle_readers = db.readers.iter().filter(|r| r.is_idle()).count();
+                vec![
+                    ("writer", 1, u32::from(db.writer.is_idle())),
+                    ("reader", db.readers.len() as u32, idle_readers as u32),
+                ]
+            }
+            Backend::Postgres(pool) => vec![("pool", pool.size(), pool.num_idle() as u32)],
+        }
     }
 
     /// The liveness probe of `/health`: every connection (waiting for its
     /// turn) reads the schema version from the file.
     pub async fn ping(&self) -> Result<()> {
-        for slot in std::iter::once(&*self.writer).chain(self.readers.iter()) {
+        let db = match &self.backend {
+            Backend::Sqlite(db) => db,
+            Backend::Postgres(pool) => {
+                sqlx::query("SELECT 1")
+                    .execute(pool)
+                    .await
+                    .map_err(StoreError::Pg)?;
+                return Ok(());
+            }
+        };
+        for slot in std::iter::once(&*db.writer).chain(db.readers.iter()) {
             let conn = slot.lock().await?;
             conn.query_row("PRAGMA schema_version", [], |_| Ok(()))?;
         }
         Ok(())
     }
+}
+
+/// A connection of the PostgreSQL pool.
+async fn pooled(pool: &sqlx::PgPool) -> Result<Conn<'static>> {
+    Ok(Conn::Postgres(
+        pool.acquire().await.map_err(StoreError::Pg)?,
+    ))
+}
+
+/// The pool of a PostgreSQL store; `read_only` for a dry run of start-up,
+/// whose every transaction refuses writes. TLS, the password and the
+/// rest come from the URL (`sslmode`, `sslrootcert`, …).
+async fn postgres_pool(url: &str, options: &StoreOptions, read_only: bool) -> Result<sqlx::PgPool> {
+    let mut connect = sqlx::postgres::PgConnectOptions::from_str(url)?
+        .application_name("acme-proxy")
+        .statement_cache_capacity(STATEMENT_CACHE);
+    if read_only {
+        connect = connect.options([("default_transaction_read_only", "on")]);
+    }
+    Ok(sqlx::postgres::PgPoolOptions::new()
+        .max_connections(options.max_connections.max(1))
+        .acquire_timeout(options.acquire_timeout)
+        .connect_with(connect)
+        .await?)
 }
 
 /// Migrations whose comments were reworded after release, with the
@@ -962,6 +1098,7 @@ mod tests {
         let (_, store) = open_in(dir.path()).await;
         // What a failed ROLLBACK would leave behind.
         store
+            .sqlite()
             .writer
             .lock()
             .await
@@ -985,7 +1122,7 @@ mod tests {
             .await
             .unwrap();
         assert!(inserted);
-        assert!(store.writer.lock().await.unwrap().is_autocommit());
+        assert!(store.sqlite().writer.lock().await.unwrap().is_autocommit());
         // Committed, not swallowed by the stale transaction: a read-only
         // connection sees it.
         assert_eq!(

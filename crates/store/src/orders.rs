@@ -125,12 +125,16 @@ const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
 /// account, ?3 identifier type, ?4 value, ?5 wildcard flag): it stays
 /// valid past ?6 (the order's expiry) and its challenge was validated at
 /// or after ?7; the one that lives longest.
-const REUSABLE_AUTHORIZATION: &str = "SELECT a.id FROM authorizations a
+macro_rules! reusable_authorization {
+    () => {
+        "SELECT a.id FROM authorizations a
      WHERE a.profile = ?1 AND a.account_id = ?2 AND a.identifier_type = ?3 AND a.identifier_value = ?4
        AND a.wildcard = ?5 AND a.status = 'valid' AND a.expires_at > ?6
        AND EXISTS (SELECT 1 FROM challenges ch WHERE ch.authz_id = a.id AND ch.status = 'valid'
                    AND ch.validated_at >= ?7)
-     ORDER BY a.expires_at DESC LIMIT 1";
+     ORDER BY a.expires_at DESC LIMIT 1"
+    };
+}
 
 /// pending → ready for an order (?1) whose authorizations are all valid
 /// (RFC 8555 §7.1.6).
@@ -269,18 +273,38 @@ async fn validate_authorization_in(
     if moved == 1 {
         // The orders first, then each by its key: as one statement, the
         // `id IN (SELECT …)` filled a temporary b-tree on every run.
-        let order_ids: Vec<String> = conn
-            .all(
-                "SELECT order_id FROM order_authorizations WHERE authz_id = ?1",
-                args![authz_id],
-                |row| row.get(0),
-            )
-            .await?;
+        // On PostgreSQL the pending orders are locked first (in one order,
+        // so that two lockers queue instead of deadlocking): two of an
+        // order's authorizations validated at once would otherwise each
+        // see the other still pending, and the order would stay pending
+        // with every authorization valid. SQLite's single writer makes the
+        // second see the first.
+        let sql = if conn.is_postgres() {
+            "SELECT o.id FROM orders o JOIN order_authorizations oa ON oa.order_id = o.id
+              WHERE oa.authz_id = ?1 AND o.status = 'pending' ORDER BY o.id FOR NO KEY UPDATE OF o"
+        } else {
+            "SELECT order_id FROM order_authorizations WHERE authz_id = ?1"
+        };
+        let order_ids: Vec<String> = conn.all(sql, args![authz_id], |row| row.get(0)).await?;
         for order_id in order_ids {
             conn.exec(READY_WHEN_ALL_VALID, args![order_id]).await?;
         }
     }
     Ok(())
+}
+
+/// An authorization and its challenges, one row per challenge (its
+/// order appended by each engine).
+macro_rules! authz_with_challenges {
+    () => {
+        concat!(
+            "SELECT ",
+            authz_columns!(),
+            ", ",
+            challenge_columns!(),
+            " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id WHERE a.id = ?1"
+        )
+    };
 }
 
 impl Store {
@@ -310,8 +334,15 @@ impl Store {
         for authz in &new.authorizations {
             let reused = match new.reuse_validated_since {
                 Some(since) => {
+                    // Locked on PostgreSQL, so that a deactivation of it
+                    // waits until the link exists, and then finds it.
+                    let sql = if tx.is_postgres() {
+                        concat!(reusable_authorization!(), " FOR SHARE OF a")
+                    } else {
+                        reusable_authorization!()
+                    };
                     tx.scalar::<String>(
-                        REUSABLE_AUTHORIZATION,
+                        sql,
                         args![
                             new.profile,
                             new.account_id,
@@ -354,14 +385,7 @@ impl Store {
             ],
         ).await;
         match inserted {
-            Err(e)
-                if e.is_unique_violation()
-                    && matches!(
-                        &e,
-                        StoreError::Db(rusqlite::Error::SqliteFailure(_, Some(message)))
-                            if message.contains("replaces_certificate_id")
-                    ) =>
-            {
+            Err(e) if e.is_unique_violation_of("replaces_certificate_id", "orders_replacing") => {
                 return Ok(InsertOrder::AlreadyReplaced);
             }
             other => {
@@ -480,31 +504,25 @@ impl Store {
     ) -> Result<Option<(AuthorizationRow, Vec<ChallengeRow>)>> {
         // Every row repeats the authorization: it is read from the first.
         let mut authz: Option<AuthorizationRow> = None;
-        let challenges = self
-            .point_reader()
-            .await?
-            .all(
-                concat!(
-                    "SELECT ",
-                    authz_columns!(),
-                    ", ",
-                    challenge_columns!(),
-                    " FROM authorizations a LEFT JOIN challenges ch ON ch.authz_id = a.id
-                  WHERE a.id = ?1 ORDER BY ch.rowid"
-                ),
-                args![id],
-                |row| {
-                    if authz.is_none() {
-                        authz = Some(authz_at(row, 0)?);
-                    }
-                    // LEFT JOIN: an authorization without challenges is one row of NULLs.
-                    if col::<Option<String>>(row, AUTHZ_COLUMNS, "id")?.is_some() {
-                        Ok(Some(challenge_at(row, AUTHZ_COLUMNS)?))
-                    } else {
-                        Ok(None)
-                    }
-                },
-            )
+        let mut conn = self.point_reader().await?;
+        // In the order they were made: SQLite's rowid, PostgreSQL's seq.
+        let sql = if conn.is_postgres() {
+            concat!(authz_with_challenges!(), " ORDER BY ch.seq")
+        } else {
+            concat!(authz_with_challenges!(), " ORDER BY ch.rowid")
+        };
+        let challenges = conn
+            .all(sql, args![id], |row| {
+                if authz.is_none() {
+                    authz = Some(authz_at(row, 0)?);
+                }
+                // LEFT JOIN: an authorization without challenges is one row of NULLs.
+                if col::<Option<String>>(row, AUTHZ_COLUMNS, "id")?.is_some() {
+                    Ok(Some(challenge_at(row, AUTHZ_COLUMNS)?))
+                } else {
+                    Ok(None)
+                }
+            })
             .await?;
         let Some(authz) = authz else {
             return Ok(None);

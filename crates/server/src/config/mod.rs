@@ -61,7 +61,8 @@ pub struct Config {
     pub forwarded_header: ForwardedHeader,
     /// Directory for the database and self-generated CA keys.
     pub data_dir: PathBuf,
-    /// `sqlite:PATH`; defaults to `sqlite:{data_dir}/acme-proxy.db`.
+    /// `sqlite:PATH` or `postgres://USER@HOST/DATABASE`; defaults to
+    /// `sqlite:{data_dir}/acme-proxy.db`.
     pub database_url: Option<String>,
     /// `text` or `json`.
     pub log_format: LogFormat,

@@ -240,7 +240,9 @@ async fn rows_past_the_audit_retention_are_swept_and_newer_ones_kept() {
     );
     // Rows written before the server starts: one 31 days old, one 29.
     let store = acme_proxy_store::Store::open(
-        &format!("sqlite:{}", dir.path().join("acme-proxy.db").display()),
+        &acme_proxy::config::Config::from_toml(&toml)
+            .expect("config")
+            .database_url(),
         &acme_proxy_store::StoreOptions::default(),
     )
     .await

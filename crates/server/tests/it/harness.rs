@@ -80,6 +80,67 @@ pub fn own_addr() -> SocketAddr {
     SocketAddr::from((own_host(), port))
 }
 
+/// Which database the suite's servers use: SQLite files (the default), or
+/// with `TEST_DB_BACKEND=postgres` a database of their own on the
+/// PostgreSQL server `TEST_POSTGRES_URL` names (scripts/test starts
+/// a throwaway one and runs the suite on each engine).
+pub fn on_postgres() -> bool {
+    match std::env::var("TEST_DB_BACKEND").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") | Err(_) => false,
+        Ok(other) => panic!("TEST_DB_BACKEND={other}: write sqlite or postgres"),
+    }
+}
+
+/// A new, empty PostgreSQL database for one server of a test, its URL.
+pub fn fresh_postgres_database() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let server = std::env::var("TEST_POSTGRES_URL").expect(
+        "TEST_POSTGRES_URL names the PostgreSQL server of the suite (scripts/test starts one)",
+    );
+    let name = format!(
+        "t_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let out = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
+        .arg(format!("CREATE DATABASE {name}"))
+        .arg(&server)
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "CREATE DATABASE {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same server and options, another database.
+    let (base, query) = server.split_once('?').unwrap_or((&server, ""));
+    let (base, _) = base
+        .rsplit_once('/')
+        .expect("TEST_POSTGRES_URL is postgres://USER@HOST/DATABASE");
+    format!("{base}/{name}?{query}")
+}
+
+/// The `database_url` line of a test configuration for `data_dir`: none
+/// on SQLite (the default file in the data directory); on PostgreSQL a
+/// database of that data directory's own, the same for each
+/// configuration a test writes for it (a server restarted on it).
+pub fn database_url_line(data_dir: &Path) -> String {
+    static MADE: Mutex<Option<HashMap<std::path::PathBuf, String>>> = Mutex::new(None);
+    if !on_postgres() {
+        return String::new();
+    }
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    let url = made
+        .get_or_insert_with(HashMap::new)
+        .entry(data_dir.to_owned())
+        .or_insert_with(fresh_postgres_database)
+        .clone();
+    format!("database_url = \"{url}\"\n")
+}
+
 /// The `allow_networks` line of the test configurations: validation may
 /// reach the shared loopback listeners and this process's [`own_host`].
 pub fn allow_networks_line() -> String {
@@ -670,9 +731,10 @@ impl TestServer {
             "[profiles.default]\n".to_owned()
         };
         format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n# The test responders listen on loopback, refused by default.\n{allow}\n{resolvers}\n\n{profiles}{extra}\n",
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n{database}\n[validation]\nhttp_port = {http_port}\ntimeout = \"5s\"\n# The test responders listen on loopback, refused by default.\n{allow}\n{resolvers}\n\n{profiles}{extra}\n",
             data_dir.display(),
-            allow = allow_networks_line()
+            allow = allow_networks_line(),
+            database = database_url_line(data_dir)
         )
     }
 

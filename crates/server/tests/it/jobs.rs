@@ -24,16 +24,26 @@ use tokio::sync::watch;
 
 const KIND: &str = "test.scripted";
 
-/// Opens the store at `dir/jobs.db` (each call is a separate "process":
-/// its own writer and reader pools on the same file).
+/// Opens the store of `dir`: `dir/jobs.db`, or on PostgreSQL the database
+/// made for `dir` (each call is a separate "process": its own connections
+/// to the same database).
 async fn open_store(dir: &std::path::Path) -> Store {
-    let path = dir.join("jobs.db");
-    Store::open(
-        &format!("sqlite:{}", path.display()),
-        &StoreOptions::default(),
-    )
-    .await
-    .expect("open the store")
+    let url = if crate::harness::on_postgres() {
+        let named = dir.join("postgres-url");
+        match std::fs::read_to_string(&named) {
+            Ok(url) => url,
+            Err(_) => {
+                let url = crate::harness::fresh_postgres_database();
+                std::fs::write(&named, &url).expect("remember the database");
+                url
+            }
+        }
+    } else {
+        format!("sqlite:{}", dir.join("jobs.db").display())
+    };
+    Store::open(&url, &StoreOptions::default())
+        .await
+        .expect("open the store")
 }
 
 /// A configuration fit for tests: short polls, the rest as given.

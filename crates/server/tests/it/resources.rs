@@ -1155,12 +1155,14 @@ async fn an_account_changed_by_another_process_is_refused_by_every_write_at_once
 
     for ttl in ["60s", "0s"] {
         let data = crate::harness::tempdir();
-        let db = format!("sqlite:{}", data.path().join("acme-proxy.db").display());
         // A top-level key, so before the tables config_text writes.
         let toml = format!(
             "account_cache_ttl = \"{ttl}\"\n{}",
             TestServer::config_text(data.path(), 1, None, BYPASS)
         );
+        let db = acme_proxy::config::Config::from_toml(&toml)
+            .expect("config")
+            .database_url();
         let server = TestServer::start_in(data, &toml).await;
         let dir = raw::directory(&server.directory("default")).await;
         let mut alice = Acct::create(&dir, Key::p256()).await;
@@ -1321,11 +1323,13 @@ async fn an_account_deactivated_by_another_process_gets_401_from_a_write_verifie
     use acme_proxy_store::{Store, StoreOptions};
 
     let data = crate::harness::tempdir();
-    let db = format!("sqlite:{}", data.path().join("acme-proxy.db").display());
     let toml = format!(
         "account_cache_ttl = \"60s\"\n{}",
         TestServer::config_text(data.path(), 1, None, BYPASS)
     );
+    let db = acme_proxy::config::Config::from_toml(&toml)
+        .expect("config")
+        .database_url();
     let server = TestServer::start_in(data, &toml).await;
     let dir = raw::directory(&server.directory("default")).await;
     let alice = Acct::create(&dir, Key::p256()).await;
