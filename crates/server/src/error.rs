@@ -92,9 +92,22 @@ impl From<acme_proxy_store::StoreError> for AcmeError {
             acme_proxy_store::StoreError::AccountChanged => Self::deactivated_account(
                 "the account was deactivated, deleted or given another key; it can no longer make this request (RFC 8555 §7.3.6)",
             ),
+            // Nothing was written; the client may try again shortly
+            // (RFC 8555 §6.6: a 503 with Retry-After).
+            e if e.is_unavailable() => {
+                let mut refused = Self::internal(e).with_status(503);
+                refused.detail =
+                    "the server's database is unavailable; retry after the indicated delay".into();
+                refused.retry_after = Some(DATABASE_RETRY_AFTER);
+                refused
+            }
             e => Self::internal(e),
         }
     }
 }
+
+/// Seconds a client is asked to wait while the database is unavailable:
+/// a PostgreSQL restart or fail-over takes some.
+const DATABASE_RETRY_AFTER: u64 = 5;
 
 pub type AcmeResult<T> = Result<T, AcmeError>;

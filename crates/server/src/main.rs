@@ -176,7 +176,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                     println!(
                         "configuration OK: listening on {}, database {}",
                         config.listen,
-                        config.database_url()
+                        config.database_url_shown()
                     );
                     for line in profiles {
                         println!("  {line}");
@@ -249,7 +249,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         })
         .collect();
     let summary = acme_proxy::admin::ops::describe_profiles(&config);
-    let database = config.database_url();
+    let database = config.database_url_shown();
     let trusted_proxies: Vec<String> = config
         .trusted_proxies
         .iter()

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acme_proxy_store::{Store, StoreOptions};
+use acme_proxy_store::Store;
 use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -245,12 +245,15 @@ async fn relay_signer(
 /// effective profiles when `serve` would start, else every problem.
 pub async fn check(config: &Config, clock: SharedClock) -> Result<Vec<String>, Refused> {
     preflight(config)?;
-    let store = Store::open_read_only(&config.database_url(), &StoreOptions::default())
+    let options = config
+        .store_options()
+        .map_err(|e| Refused(vec![format!("{e:#}")]))?;
+    let store = Store::open_read_only(&config.database_url(), &options)
         .await
         .map_err(|e| {
             Refused(vec![format!(
                 "opening the database {}: {e}",
-                config.database_url()
+                config.database_url_shown()
             )])
         })?;
     let board = Arc::new(ChallengeBoard::default());
@@ -298,9 +301,9 @@ async fn build(
     plugged: Signers,
 ) -> anyhow::Result<Built> {
     create_private_dir(&config.data_dir)?;
-    let store = Store::open(&config.database_url(), &StoreOptions::default())
+    let store = Store::open(&config.database_url(), &config.store_options()?)
         .await
-        .with_context(|| format!("opening the database {}", config.database_url()))?;
+        .with_context(|| format!("opening the database {}", config.database_url_shown()))?;
 
     let board = Arc::new(ChallengeBoard::default());
     let queue = Arc::new(Queue::new(
@@ -609,13 +612,14 @@ fn preflight(config: &Config) -> Result<(), Refused> {
 
 /// Refuses to serve from a data directory whose secrets others can read.
 fn refuse_open_secrets(config: &Config) -> Result<(), String> {
-    let relay_keys: Vec<std::path::PathBuf> = config
+    let secrets: Vec<std::path::PathBuf> = config
         .profiles
         .iter()
         .filter_map(|(name, p)| match &p.signer {
             SignerConfig::Relay(r) => Some(r.account_key_path(&config.data_dir, name)),
             _ => None,
         })
+        .chain(config.database_password_file.clone())
         .collect();
-    crate::private::refuse_open(&config.data_dir, &config.database_url(), &relay_keys)
+    crate::private::refuse_open(&config.data_dir, &config.database_url(), &secrets)
 }

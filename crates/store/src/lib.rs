@@ -101,6 +101,34 @@ impl StoreError {
         }
     }
 
+    /// The database cannot be reached or is not taking work right now (a
+    /// PostgreSQL server down, restarting or out of connections; a SQLite
+    /// file another process keeps locked past `busy_timeout`): a request
+    /// may be retried later, and nothing was written.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Pg(e) | StoreError::Open(e) => match e {
+                sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::WorkerCrashed => true,
+                // Connection exceptions (class 08), the server shutting
+                // down or starting (57P01-57P03), too many connections.
+                sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+                    code.starts_with("08")
+                        || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+                }),
+                _ => false,
+            },
+            StoreError::Db(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.code == rusqlite::ErrorCode::DatabaseBusy
+                    || e.code == rusqlite::ErrorCode::DatabaseLocked
+            }
+            _ => false,
+        }
+    }
+
     /// A `UNIQUE` index refused the write: the one on `column` (as SQLite
     /// names it in its message), whose name is `index` (as PostgreSQL
     /// reports it).
@@ -173,6 +201,8 @@ pub struct StoreOptions {
     /// or a new one) before it fails, so that an unreachable server is
     /// answered in seconds.
     pub acquire_timeout: Duration,
+    /// PostgreSQL: the password, when it is not in the URL.
+    pub password: Option<String>,
 }
 
 impl Default for StoreOptions {
@@ -182,6 +212,7 @@ impl Default for StoreOptions {
             busy_timeout: Duration::from_secs(5),
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
+            password: None,
         }
     }
 }
@@ -505,6 +536,9 @@ async fn postgres_pool(url: &str, options: &StoreOptions, read_only: bool) -> Re
         .statement_cache_capacity(STATEMENT_CACHE);
     if read_only {
         connect = connect.options([("default_transaction_read_only", "on")]);
+    }
+    if let Some(password) = &options.password {
+        connect = connect.password(password);
     }
     Ok(sqlx::postgres::PgPoolOptions::new()
         .max_connections(options.max_connections.max(1))

@@ -64,6 +64,9 @@ pub struct Config {
     /// `sqlite:PATH` or `postgres://USER@HOST/DATABASE`; defaults to
     /// `sqlite:{data_dir}/acme-proxy.db`.
     pub database_url: Option<String>,
+    /// PostgreSQL: a file holding the password (its first line), instead
+    /// of a password in `database_url`. Owner-only, like every secret.
+    pub database_password_file: Option<PathBuf>,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// Largest request body accepted (RFC 8555 requests are small).
@@ -136,6 +139,7 @@ impl Default for Config {
             forwarded_header: ForwardedHeader::default(),
             data_dir: PathBuf::from("acme-proxy-data"),
             database_url: None,
+            database_password_file: None,
             log_format: LogFormat::Text,
             max_body_bytes: 64 * 1024,
             max_in_flight: 1024,
@@ -544,11 +548,84 @@ impl Config {
             None => format!("sqlite:{}", self.data_dir.join("acme-proxy.db").display()),
         }
     }
+
+    /// [`Config::database_url`] as it may be shown (logs, `config check`):
+    /// a password in it written `***`.
+    pub fn database_url_shown(&self) -> String {
+        redact_password(&self.database_url())
+    }
+
+    /// How the store opens the database: the password from
+    /// `database_password_file`, when there is one.
+    pub fn store_options(&self) -> anyhow::Result<acme_proxy_store::StoreOptions> {
+        use anyhow::Context as _;
+        let mut options = acme_proxy_store::StoreOptions::default();
+        if let Some(file) = &self.database_password_file {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading database_password_file {}", file.display()))?;
+            options.password = Some(text.lines().next().unwrap_or_default().to_owned());
+        }
+        Ok(options)
+    }
+}
+
+/// `url` with the password of its user information (`user:PASSWORD@`) and
+/// of a `password=` parameter written `***`.
+pub fn redact_password(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let authority_start = scheme_end + 3;
+        let authority_end = out[authority_start..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| authority_start + i);
+        if let Some(at) = out[authority_start..authority_end].rfind('@') {
+            let userinfo = authority_start..authority_start + at;
+            if let Some(colon) = out[userinfo.clone()].find(':') {
+                out.replace_range(userinfo.start + colon + 1..userinfo.end, "***");
+            }
+        }
+    }
+    if let Some(query_start) = out.find('?') {
+        let (base, query) = out.split_at(query_start + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out = format!("{base}{}", query.join("&"));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_in_a_database_url_is_shown_as_stars_wherever_it_is_written() {
+        for (url, shown) in [
+            (
+                "postgres://acme:s3cr%40t@db.example:5432/acme?sslmode=verify-full",
+                "postgres://acme:***@db.example:5432/acme?sslmode=verify-full",
+            ),
+            (
+                "postgresql://acme@db.example/acme?password=s3cret&sslmode=require",
+                "postgresql://acme@db.example/acme?password=***&sslmode=require",
+            ),
+            (
+                "postgres://acme@db/acme?host=/run/postgresql",
+                "postgres://acme@db/acme?host=/run/postgresql",
+            ),
+            (
+                "sqlite:/var/lib/acme-proxy/a@b:c.db",
+                "sqlite:/var/lib/acme-proxy/a@b:c.db",
+            ),
+        ] {
+            assert_eq!(redact_password(url), shown, "{url}");
+        }
+    }
 
     #[test]
     fn kubernetes_service_links_are_told_apart_from_misspelt_keys() {

@@ -123,6 +123,152 @@ pub fn fresh_postgres_database() -> String {
     format!("{base}/{name}?{query}")
 }
 
+/// A PostgreSQL cluster of a test's own (Debian's `postgresql`), on a Unix
+/// socket in its temporary directory, trusting local connections: for
+/// what the suite's shared server cannot show, such as the database going
+/// away under a running server. Stopped and removed on drop.
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    bin: std::path::PathBuf,
+}
+
+impl PgCluster {
+    pub fn start() -> PgCluster {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL's programs in /usr/lib/postgresql (package postgresql; scripts/test installs it)")
+            .filter_map(|e| Some(e.ok()?.path().join("bin")))
+            .filter(|b| b.join("initdb").exists())
+            .max()
+            .expect("an initdb under /usr/lib/postgresql/*/bin");
+        let dir = tempdir();
+        // initdb refuses to run as root: the cluster is then the postgres
+        // user's.
+        if Self::as_root() {
+            std::os::unix::fs::chown(dir.path(), Some(Self::postgres_uid()), None)
+                .expect("chown the cluster's directory");
+        }
+        let cluster = PgCluster { dir, bin };
+        let data = cluster.dir.path().join("data");
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+            ],
+        );
+        cluster.start_again();
+        cluster
+    }
+
+    fn as_root() -> bool {
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false)
+    }
+
+    fn postgres_uid() -> u32 {
+        let out = Command::new("id")
+            .args(["-u", "postgres"])
+            .output()
+            .expect("id");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("Debian's postgres user")
+    }
+
+    /// Runs one of PostgreSQL's programs as the cluster's owner.
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = self.bin.join(program);
+        let mut cmd = if Self::as_root() {
+            let mut c = Command::new("setpriv");
+            c.args([
+                "--reuid",
+                "postgres",
+                "--regid",
+                "postgres",
+                "--init-groups",
+            ])
+            .arg(&path);
+            c
+        } else {
+            Command::new(&path)
+        };
+        let out = cmd.args(args).output().expect("run a PostgreSQL program");
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The URL of its `postgres` database.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@localhost/postgres?host={}",
+            self.dir.path().display()
+        )
+    }
+
+    /// Starts the server (again), waiting until it accepts connections.
+    pub fn start_again(&self) {
+        let d = self.dir.path().display().to_string();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &format!("{d}/data"),
+                "-l",
+                &format!("{d}/server.log"),
+                "-w",
+                "-o",
+                &format!("-c listen_addresses='' -c unix_socket_directories='{d}' -c fsync=off"),
+                "start",
+            ],
+        );
+    }
+
+    /// Stops the server at once, as a crash or a power cut would.
+    pub fn stop(&self) {
+        let data = format!("{}/data", self.dir.path().display());
+        self.run("pg_ctl", &["-D", &data, "-m", "immediate", "stop"]);
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let data = format!("{}/data", self.dir.path().display());
+        let path = self.bin.join("pg_ctl");
+        let mut cmd = if Self::as_root() {
+            let mut c = Command::new("setpriv");
+            c.args([
+                "--reuid",
+                "postgres",
+                "--regid",
+                "postgres",
+                "--init-groups",
+            ])
+            .arg(&path);
+            c
+        } else {
+            Command::new(&path)
+        };
+        let _ = cmd
+            .args(["-D", &data, "-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// The `database_url` line of a test configuration for `data_dir`: none
 /// on SQLite (the default file in the data directory); on PostgreSQL a
 /// database of that data directory's own, the same for each

@@ -26,6 +26,7 @@ mod metrics;
 mod notify;
 mod operations;
 mod package;
+mod postgres;
 mod profiles;
 mod raw;
 mod recheck;

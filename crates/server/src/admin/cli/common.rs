@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use acme_proxy_store::{Store, StoreOptions};
+use acme_proxy_store::Store;
 use anyhow::Context;
 
 use crate::authority::Authority;
@@ -82,10 +82,9 @@ pub(super) fn operator_actor(actor: Option<String>) -> String {
 }
 
 pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
-    let url = config.database_url();
-    Store::open(&url, &StoreOptions::default())
+    Store::open(&config.database_url(), &config.store_options()?)
         .await
-        .with_context(|| format!("opening the database {url}"))
+        .with_context(|| format!("opening the database {}", config.database_url_shown()))
 }
 
 /// The authority as `serve` builds it (signers, notifier, queue), for the

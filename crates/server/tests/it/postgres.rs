@@ -1,0 +1,177 @@
+//! What only PostgreSQL has: a password, kept out of the URL and out of
+//! every line the server prints. (The whole suite also runs on PostgreSQL:
+//! `TEST_DB_BACKEND=postgres`, see harness.rs.)
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::harness::{self, PgCluster, TestServer, binary};
+use crate::raw::{self, Acct, Key};
+
+/// `url` with the password of its user information taken out, and that
+/// password.
+fn without_password(url: &str) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (userinfo, host) = rest.split_once('@').expect("user information");
+    let (user, password) = userinfo
+        .split_once(':')
+        .expect("TEST_POSTGRES_URL carries the test cluster's password");
+    (format!("{scheme}://{user}@{host}"), password.to_owned())
+}
+
+/// A configuration on the database at `url`, `extra` at its top level.
+fn config(data: &Path, url: &str, extra: &str) -> std::path::PathBuf {
+    let path = data.join("acme-proxy.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{url}\"\n{extra}\n[profiles.default]\nbypass = true\n",
+            data.join("data").display()
+        ),
+    )
+    .expect("config");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_from_an_owner_only_file_opens_postgres_and_no_output_shows_it() {
+    let (url, password) = without_password(&harness::fresh_postgres_database());
+    let dir = harness::tempdir();
+    let secret = dir.path().join("database-password");
+    std::fs::write(&secret, format!("{password}\n")).expect("password file");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = config(
+        dir.path(),
+        &url,
+        &format!("database_password_file = \"{}\"", secret.display()),
+    );
+
+    let checked = harness::run_cli(&config, &["config", "check"], &[]);
+    assert_eq!(checked.code, 0, "{checked:?}");
+    assert!(
+        checked.stdout.contains(&format!("database {url}")),
+        "{checked:?}"
+    );
+
+    let (server, directory) = harness::spawn_binary(
+        dir.path(),
+        &["serve", "--config", config.to_str().expect("utf-8")],
+        &[],
+    );
+    let account = crate::client::account(&directory).await;
+    let mut order = account
+        .new_order(&instant_acme::NewOrder::new(&[
+            instant_acme::Identifier::Dns("pg.example.test".into()),
+        ]))
+        .await
+        .expect("an order, stored in PostgreSQL");
+    assert_eq!(order.state().status, instant_acme::OrderStatus::Pending);
+    drop(server);
+    let log = std::fs::read_to_string(dir.path().join("acme-proxy.log")).expect("log");
+    assert!(log.contains("ca.generated"), "the server ran:\n{log}");
+    for (what, text) in [("config check", &checked.stdout), ("serve's log", &log)] {
+        assert!(!text.contains(&password), "{what} shows the password");
+    }
+
+    // Readable by others: refused before the database is opened, saying
+    // how to close it.
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let refused = std::process::Command::new(binary())
+        .args(["serve", "--config", config.to_str().expect("utf-8")])
+        .env_remove("ACME_PROXY_CONFIG")
+        .output()
+        .expect("run acme-proxy");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("chmod 600 '{}'", secret.display())),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_url_is_shown_as_stars_and_a_wrong_one_stops_start_up_saying_so() {
+    let with = harness::fresh_postgres_database();
+    let (url, password) = without_password(&with);
+    let dir = harness::tempdir();
+
+    let config_with = config(dir.path(), &with, "");
+    let checked = harness::run_cli(&config_with, &["config", "check"], &[]);
+    assert_eq!(checked.code, 0, "{checked:?}");
+    assert!(!checked.stdout.contains(&password), "{checked:?}");
+    let shown = url.replacen("postgres@", "postgres:***@", 1);
+    assert!(checked.stdout.contains(&shown), "{checked:?}");
+
+    let wrong = url.replacen("postgres@", "postgres:not-the-password@", 1);
+    let config_wrong = config(dir.path(), &wrong, "");
+    let refused = harness::run_cli(&config_wrong, &["config", "check"], &[]);
+    assert_ne!(refused.code, 0, "{refused:?}");
+    let said = format!("{}{}", refused.stdout, refused.stderr);
+    assert!(said.contains("password authentication failed"), "{said}");
+    assert!(!said.contains("not-the-password"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_postgres_is_down_requests_get_503_with_retry_after_and_service_returns_with_it() {
+    let pg = PgCluster::start();
+    let data = harness::tempdir();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{}\"\n[profiles.default]\nbypass = true\n",
+        data.path().display(),
+        pg.url()
+    );
+    let server = TestServer::start_in(data, &toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let new_order = dir["newOrder"].as_str().expect("newOrder").to_owned();
+    let order = json!({"identifiers": [{"type": "dns", "value": "outage.example.test"}]});
+    assert_eq!(acct.post(&dir, &new_order, Some(&order)).await.status, 201);
+
+    pg.stop();
+    let refused = acct.post(&dir, &new_order, Some(&order)).await;
+    assert_eq!(refused.status, 503, "{}", refused.json());
+    assert_eq!(
+        refused
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("5")
+    );
+    assert_eq!(
+        refused.json()["type"],
+        "urn:ietf:params:acme:error:serverInternal"
+    );
+    let health = crate::flow::reqwest_get(&format!("{}/health", server.base())).await;
+    assert_eq!(
+        health.0, 503,
+        "/health tells a balancer to send requests elsewhere"
+    );
+
+    // Back: served again as soon as the pool reconnects, with what was
+    // written before the outage.
+    pg.start_again();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = acct.post(&dir, &new_order, Some(&order)).await;
+        if r.status == 201 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not served 20 s after PostgreSQL came back: {} {}",
+            r.status,
+            r.json()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let account = acct.post(&dir, &acct.url, None).await.json();
+    let orders_url = account["orders"]
+        .as_str()
+        .expect("the orders URL")
+        .to_owned();
+    let orders = acct.post(&dir, &orders_url, None).await;
+    assert_eq!(orders.json()["orders"].as_array().map(Vec::len), Some(2));
+    server.stop().await;
+}
