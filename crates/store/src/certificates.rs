@@ -279,15 +279,27 @@ impl Store {
             .await
     }
 
-    /// The CRL number to use next: one more than the last stored, so CRL
-    /// numbers only grow (RFC 5280 §5.2.3).
-    pub async fn next_crl_number(&self, profile: &str) -> Result<i64> {
-        let last: Option<i64> = self
+    /// Takes the profile's next CRL number, for a CRL about to be signed:
+    /// one statement, so that two signers (processes, replicas) never get
+    /// the same one, and numbers only grow (RFC 5280 §5.2.3). A number
+    /// taken by a signing that then failed is skipped, which §5.2.3 allows.
+    pub async fn reserve_crl_number(&self, profile: &str) -> Result<i64> {
+        let number: Option<i64> = self
             .writer()
             .await?
-            .scalar("SELECT number FROM crls WHERE profile = ?1", args![profile])
+            .scalar(
+                // Past the stored CRL's number too, whatever wrote it.
+                "INSERT INTO crl_numbers (profile, last)
+                 VALUES (?1, COALESCE((SELECT number FROM crls WHERE profile = ?1), 0) + 1)
+                 ON CONFLICT (profile) DO UPDATE SET last = CASE
+                     WHEN crl_numbers.last >= COALESCE((SELECT number FROM crls WHERE profile = ?1), 0)
+                     THEN crl_numbers.last + 1
+                     ELSE (SELECT number FROM crls WHERE profile = ?1) + 1 END
+                 RETURNING last",
+                args![profile],
+            )
             .await?;
-        Ok(last.unwrap_or(0) + 1)
+        number.ok_or_else(|| StoreError::Corrupt("no CRL number returned".into()))
     }
 
     /// Stores a CRL unless a newer one (higher number) is already stored;
@@ -433,5 +445,47 @@ mod tests {
             [("notify".to_owned(), "queued".to_owned(), 1)]
         );
         store.close().await;
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_processes_taking_crl_numbers_at_once_never_get_the_same_one_and_follow_the_stored_crl()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, first) = open_in(dir.path()).await;
+        let second = crate::Store::open(
+            &format!("sqlite:{}", path.display()),
+            &crate::StoreOptions::default(),
+        )
+        .await
+        .unwrap();
+        // A CRL stored without a reservation (copied in, say): numbers go
+        // on after it.
+        first
+            .store_crl(
+                "p",
+                &crate::CrlRow {
+                    number: 7,
+                    this_update: 1,
+                    next_update: 2,
+                    der: vec![0],
+                },
+            )
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for store in [first.clone(), second.clone()] {
+            for _ in 0..25 {
+                let store = store.clone();
+                tasks.push(tokio::spawn(
+                    async move { store.reserve_crl_number("p").await },
+                ));
+            }
+        }
+        let mut numbers = Vec::new();
+        for task in tasks {
+            numbers.push(task.await.unwrap().unwrap());
+        }
+        numbers.sort_unstable();
+        assert_eq!(numbers, (8..58).collect::<Vec<i64>>());
+        assert_eq!(second.reserve_crl_number("q").await.unwrap(), 1);
     }
 }

@@ -293,14 +293,20 @@ impl Authority {
         }
     }
 
-    /// Re-signs the CRL of `profile` with the next CRL number.
+    /// Re-signs the CRL of `profile` with the next CRL number; the CRL the
+    /// store holds afterwards, which is another process's when it stored a
+    /// newer one meanwhile (so every process serves the same, newest CRL).
     pub async fn refresh_crl(&self, profile: &Profile) -> AcmeResult<Vec<u8>> {
         if !matches!(profile.signer.crl(), Crl::Signed { .. }) {
             return Err(AcmeError::not_found("CRL"));
         }
+        // One signing at a time in this process; the number is reserved
+        // in the database, for the other processes.
         let _guard = profile.crl_lock.lock().await;
         let now = self.clock.now();
-        let number = self.store.next_crl_number(&profile.name).await?;
+        // Taken before the revocations are read: a CRL with a higher
+        // number never lists fewer of them.
+        let number = self.store.reserve_crl_number(&profile.name).await?;
         let entries = self
             .store
             .revoked_entries(&profile.name, now.unix_timestamp())
@@ -310,7 +316,8 @@ impl Authority {
             .sign_crl(number, now, &entries)
             .await
             .map_err(AcmeError::internal)?;
-        self.store
+        let stored = self
+            .store
             .store_crl(
                 &profile.name,
                 &CrlRow {
@@ -321,6 +328,13 @@ impl Authority {
                 },
             )
             .await?;
+        if !stored {
+            // Another process stored a CRL with a higher number while this
+            // one signed: that is the CRL now.
+            if let Some(newer) = self.store.crl(&profile.name).await? {
+                return Ok(newer.der);
+            }
+        }
         tracing::info!(
             event = "crl.signed",
             outcome = "success",

@@ -17,7 +17,7 @@ fn pem_blocks(chain: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
-async fn crl_der(base: &str) -> Vec<u8> {
+pub(crate) async fn crl_der(base: &str) -> Vec<u8> {
     let response = reqwest_get(&format!("{base}/profile/default/crl")).await;
     assert_eq!(response.0, 200);
     assert_eq!(response.1.as_deref(), Some("application/pkix-crl"));

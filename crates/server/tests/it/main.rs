@@ -33,6 +33,7 @@ mod recheck;
 mod recovery;
 mod relay;
 mod resources;
+mod shared_database;
 mod signer_trait;
 mod startup;
 mod tls;

@@ -1,0 +1,63 @@
+//! Two servers on one database, as two replicas are (on PostgreSQL) or a
+//! server and another process on one SQLite file.
+
+use std::collections::HashMap;
+
+use x509_parser::prelude::*;
+
+use crate::harness::{self, TestServer};
+
+/// The CRL number of a CRL (DER).
+fn crl_number(der: &[u8]) -> u64 {
+    let (_, crl) = parse_x509_crl(der).expect("CRL parses");
+    let number = crl.crl_number().expect("CRL number");
+    u64::try_from(number).expect("a small CRL number")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_signing_one_profiles_crl_at_once_never_sign_two_crls_with_one_number_and_serve_the_newest()
+ {
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(data.path(), 1, None, "");
+    let first = TestServer::start_in(data, &toml).await;
+    // The second reads the CA the first made in the shared data directory.
+    let second = TestServer::start_in(harness::tempdir(), &toml).await;
+
+    let signers: Vec<_> = [&first, &second]
+        .iter()
+        .flat_map(|server| {
+            let authority = std::sync::Arc::clone(&server.running().authority);
+            (0..10).map(move |_| {
+                let authority = std::sync::Arc::clone(&authority);
+                tokio::spawn(async move {
+                    let profile = authority.profile("default").expect("profile").clone();
+                    authority.refresh_crl(&profile).await.expect("a CRL")
+                })
+            })
+        })
+        .collect();
+    let mut signed: HashMap<u64, Vec<u8>> = HashMap::new();
+    for signer in signers {
+        let der = signer.await.expect("task");
+        let number = crl_number(&der);
+        // What a refresh returns is the CRL stored under its number: one
+        // CRL per number, whichever process signed it.
+        if let Some(seen) = signed.insert(number, der.clone()) {
+            assert_eq!(seen, der, "two different CRLs with number {number}");
+        }
+    }
+    let newest = *signed.keys().max().expect("CRLs");
+    assert!(
+        newest >= 20,
+        "every refresh signed with a number of its own: {newest}"
+    );
+
+    // Both serve the newest, whoever signed it.
+    for server in [&first, &second] {
+        let served = crate::flow::crl_der(server.base()).await;
+        assert_eq!(crl_number(&served), newest);
+        assert_eq!(served, signed[&newest]);
+    }
+    second.stop().await;
+    first.stop().await;
+}
