@@ -202,6 +202,37 @@ const CLAIM_JOBS_POSTGRES: &str = concat!(
     job_columns!()
 );
 
+/// Wake-ups of the job runners when a process on the same database queues
+/// work (PostgreSQL's `LISTEN`; see [`Store::job_wakeups`]).
+pub struct JobWakeups {
+    listener: sqlx::postgres::PgListener,
+}
+
+impl std::fmt::Debug for JobWakeups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobWakeups").finish_non_exhaustive()
+    }
+}
+
+/// The channel the `jobs_wake_runners` trigger notifies.
+const JOBS_CHANNEL: &str = "acme_proxy_jobs";
+
+impl JobWakeups {
+    /// Waits for the next wake-up. A lost connection is one too (what was
+    /// queued meanwhile went unheard): the listener reconnects on the next
+    /// call, after a pause so that a server that is down is not hammered.
+    pub async fn next(&mut self) {
+        match self.listener.try_recv().await {
+            Ok(Some(_)) => {}
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(event = "jobs.listen_failed", error = %e, "listening for queued jobs failed; polling until it works again");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
 impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
@@ -326,6 +357,23 @@ impl Store {
             args,
             job_from_row,
         ).await
+    }
+
+    /// Wake-ups for this process's job runner when any process on the
+    /// database queues work: `None` on SQLite, where a runner is woken by
+    /// its own process and polls for the others'.
+    pub async fn job_wakeups(&self) -> Result<Option<JobWakeups>> {
+        let Some(pool) = self.postgres_pool() else {
+            return Ok(None);
+        };
+        let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+            .await
+            .map_err(StoreError::Pg)?;
+        listener
+            .listen(JOBS_CHANNEL)
+            .await
+            .map_err(StoreError::Pg)?;
+        Ok(Some(JobWakeups { listener }))
     }
 
     /// Extends a lease (the heartbeat). `None` if `owner` no longer holds

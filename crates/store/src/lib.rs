@@ -45,7 +45,7 @@ pub use admin::DeleteOutcome;
 pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use eab::{EabRow, NewEab};
-pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, NewJob};
+pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, ProcessingChallenge,
@@ -396,6 +396,14 @@ impl Store {
                 checkpointer: Arc::new(std::sync::Mutex::new(None)),
             }),
         }))
+    }
+
+    /// The PostgreSQL pool, on PostgreSQL.
+    fn postgres_pool(&self) -> Option<&sqlx::PgPool> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(pool) => Some(pool),
+        }
     }
 
     /// The SQLite file's connections, for tests that look inside.

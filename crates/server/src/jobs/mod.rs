@@ -475,6 +475,25 @@ impl Runner {
     /// attempts in flight and releases the leases of those still running.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>, grace: Duration) {
         let mut set = JoinSet::new();
+        // On PostgreSQL, work queued by another process (a replica, the
+        // admin CLI) wakes this runner too, instead of waiting for the
+        // next poll.
+        let listening = match self.queue.store.job_wakeups().await {
+            Ok(Some(mut wakeups)) => {
+                let queue = Arc::clone(&self.queue);
+                Some(tokio::spawn(async move {
+                    loop {
+                        wakeups.next().await;
+                        queue.nudge();
+                    }
+                }))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(event = "jobs.listen_failed", error = %e, "cannot listen for jobs queued by other processes; polling for them");
+                None
+            }
+        };
         loop {
             if *stop.borrow() {
                 break;
@@ -508,6 +527,9 @@ impl Runner {
                     }
                 _ = set.join_next(), if !set.is_empty() => {}
             }
+        }
+        if let Some(listening) = listening {
+            listening.abort();
         }
         // Graceful shutdown: let attempts finish, then give back what is held.
         let _ =

@@ -1122,3 +1122,53 @@ async fn graceful_shutdown_stops_the_attempts_whose_leases_it_gives_back() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_job_queued_by_another_process_wakes_the_runner_long_before_its_next_poll() {
+    const KIND: &str = "test.woken";
+    // PostgreSQL whatever the suite's backend: LISTEN/NOTIFY is its own.
+    let url = crate::harness::fresh_postgres_database();
+    let open = || async {
+        Store::open(&url, &StoreOptions::default())
+            .await
+            .expect("open the store")
+    };
+    let (other, runner_store) = (open().await, open().await);
+    let handler = Scripted::new(KIND);
+    let clock: SharedClock = Arc::new(SystemClock);
+    // Polls once a minute: only a wake-up makes it claim sooner.
+    let slow = config(|c| c.poll_interval = Duration::from_secs(60));
+    let (own_queue, runner) = runner_with(
+        runner_store,
+        Arc::clone(&clock),
+        slow.clone(),
+        vec![handler.clone()],
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    let running = tokio::spawn(Arc::clone(&runner).run(stop_rx, Duration::from_secs(5)));
+    // A job of its own process first: once it has run, the runner is in
+    // its loop, listening.
+    own_queue
+        .enqueue(JobSpec::new(KIND, "own", json!({})))
+        .await
+        .expect("enqueue");
+    eventually(Duration::from_secs(10), "the runner's own job", || async {
+        handler.calls_for("own") == 1
+    })
+    .await;
+
+    // Queued by another process (its own store, no runner): heard at once.
+    let elsewhere = Arc::new(Queue::new(other, clock, slow));
+    elsewhere
+        .enqueue(JobSpec::new(KIND, "elsewhere", json!({})))
+        .await
+        .expect("enqueue");
+    eventually(
+        Duration::from_secs(10),
+        "the job queued elsewhere, within seconds of a minute's poll",
+        || async { handler.calls_for("elsewhere") == 1 },
+    )
+    .await;
+    stop.send(true).unwrap();
+    running.await.expect("the runner stops");
+}
