@@ -184,10 +184,10 @@ impl PgCluster {
             .expect("Debian's postgres user")
     }
 
-    /// Runs one of PostgreSQL's programs as the cluster's owner.
-    fn run(&self, program: &str, args: &[&str]) {
+    /// One of PostgreSQL's programs, to run as the cluster's owner.
+    fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);
-        let mut cmd = if Self::as_root() {
+        if Self::as_root() {
             let mut c = Command::new("setpriv");
             c.args([
                 "--reuid",
@@ -200,8 +200,16 @@ impl PgCluster {
             c
         } else {
             Command::new(&path)
-        };
-        let out = cmd.args(args).output().expect("run a PostgreSQL program");
+        }
+    }
+
+    /// Runs one of PostgreSQL's programs as the cluster's owner.
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .expect("run a PostgreSQL program");
         assert!(
             out.status.success(),
             "{program} {args:?}: {}{}",
@@ -246,22 +254,8 @@ impl PgCluster {
 impl Drop for PgCluster {
     fn drop(&mut self) {
         let data = format!("{}/data", self.dir.path().display());
-        let path = self.bin.join("pg_ctl");
-        let mut cmd = if Self::as_root() {
-            let mut c = Command::new("setpriv");
-            c.args([
-                "--reuid",
-                "postgres",
-                "--regid",
-                "postgres",
-                "--init-groups",
-            ])
-            .arg(&path);
-            c
-        } else {
-            Command::new(&path)
-        };
-        let _ = cmd
+        let _ = self
+            .command("pg_ctl")
             .args(["-D", &data, "-m", "immediate", "stop"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
