@@ -71,6 +71,9 @@ enum Command {
     /// External Account Binding credentials: create, list, revoke.
     #[command(subcommand)]
     Eab(cli::eab::EabCommand),
+    /// The database: a consistent copy of a SQLite file while it serves.
+    #[command(subcommand)]
+    Db(cli::db::DbCommand),
     /// Write the man pages or the shell completions into a directory (for
     /// packagers; reads no configuration).
     #[command(subcommand)]
@@ -197,6 +200,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Order(command) => operator_runtime()?.block_on(cli::order::run(&config, command)),
         Command::Eab(command) => operator_runtime()?.block_on(cli::eab::run(&config, command)),
         Command::Nonce(command) => operator_runtime()?.block_on(cli::nonce::run(&config, command)),
+        Command::Db(command) => operator_runtime()?.block_on(cli::db::run(&config, command)),
         Command::Job(job) => operator_runtime()?.block_on(cli::job::run(&config, job)),
         Command::Audit(command) => operator_runtime()?.block_on(cli::audit::run(&config, command)),
         Command::Upstream(command) => {

@@ -78,6 +78,9 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("the store is closed")]
     Closed,
+    /// Something only the other engine can do.
+    #[error("{0}")]
+    NotOnThisEngine(&'static str),
     #[error("cannot make the database file {0} private: {1}")]
     Io(PathBuf, #[source] std::io::Error),
     #[error("cannot start the WAL checkpointer thread: {0}")]
@@ -404,6 +407,42 @@ impl Store {
             Backend::Sqlite(_) => None,
             Backend::Postgres(pool) => Some(pool),
         }
+    }
+
+    /// Copies a SQLite database into the new file `dest` (owner-only),
+    /// with SQLite's online backup: one consistent snapshot, taken while
+    /// the server goes on serving (its writes wait for none of it).
+    /// PostgreSQL is backed up with its own tools (`pg_dump`).
+    pub async fn backup_to(&self, dest: &Path) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Backend::Sqlite(db) = &self.backend else {
+            return Err(StoreError::NotOnThisEngine(
+                "a PostgreSQL database is backed up with pg_dump (see the backups page)",
+            ));
+        };
+        // Made here, owner-only, so that no moment finds the copy (which
+        // holds the EAB keys) readable by others; refused if it exists.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dest)
+            .map_err(|e| StoreError::Io(dest.to_owned(), e))?;
+        let mut copy = Connection::open(dest)?;
+        let source = db.readers[0].lock().await?;
+        // Every page in one step: one read transaction, one snapshot.
+        let backup = rusqlite::backup::Backup::new(&source, &mut copy)?;
+        if backup.step(-1)? != rusqlite::backup::StepResult::Done {
+            // Busy or locked by another process: to be tried again.
+            return Err(StoreError::Db(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                Some("the database was busy during the backup; try again".into()),
+            )));
+        }
+        drop(backup);
+        drop(source);
+        copy.close().map_err(|(_, e)| StoreError::Db(e))?;
+        Ok(())
     }
 
     /// The SQLite file's connections, for tests that look inside.

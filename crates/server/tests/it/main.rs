@@ -13,6 +13,7 @@ mod clients;
 mod concurrency;
 mod connections;
 mod custom;
+mod db;
 mod eab;
 mod egress;
 mod fairness;

@@ -4,6 +4,7 @@
 pub mod account;
 pub mod audit;
 pub mod common;
+pub mod db;
 pub mod eab;
 pub mod job;
 pub mod nonce;
