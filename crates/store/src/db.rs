@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{OnceLock, RwLock};
 
 use rusqlite::types::{FromSql, ToSqlOutput, Value, ValueRef};
 use rusqlite::{ToSql, params_from_iter};
@@ -162,16 +162,18 @@ fn bind<'q>(
 /// A statement's text for PostgreSQL: each `?N` parameter (a `?` and a
 /// digit outside a quoted literal) written `$N`. The store's statements
 /// are written once, with SQLite's `?N` (SQLite numbers `$N` parameters by
-/// first appearance, not by N); each is converted once per process and
-/// kept, so the text is `'static` as sqlx wants it and no statement is
-/// converted twice.
-pub(crate) fn postgres_text(sql: &str) -> &'static str {
-    static CONVERTED: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
-    let mut converted = CONVERTED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(text) = converted.get(sql) {
+/// first appearance, not by N); each is `'static` text, converted once per
+/// process and looked up by its address, so a statement costs a pointer
+/// hash and a shared read lock, not a hash of its text.
+pub(crate) fn postgres_text(sql: &'static str) -> &'static str {
+    static CONVERTED: OnceLock<RwLock<HashMap<(usize, usize), &'static str>>> = OnceLock::new();
+    let key = (sql.as_ptr() as usize, sql.len());
+    let converted = CONVERTED.get_or_init(Default::default);
+    if let Some(text) = converted
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&key)
+    {
         return text;
     }
     let bytes = sql.as_bytes();
@@ -186,7 +188,10 @@ pub(crate) fn postgres_text(sql: &str) -> &'static str {
     }
     // The store's statements are a fixed set: this keeps one copy of each.
     let text: &'static str = Box::leak(out.into_boxed_str());
-    converted.insert(sql.to_owned(), text);
+    converted
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(key, text);
     text
 }
 
@@ -311,7 +316,7 @@ pub(crate) enum Conn<'s> {
 impl<'s> Conn<'s> {
     /// Runs a statement that returns no rows; the number of rows it
     /// changed.
-    pub(crate) async fn exec(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+    pub(crate) async fn exec(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<u64> {
         match self {
             Conn::Sqlite(conn) => {
                 Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
@@ -327,7 +332,7 @@ impl<'s> Conn<'s> {
     /// The first row of a statement, mapped.
     pub(crate) async fn one<T>(
         &mut self,
-        sql: &str,
+        sql: &'static str,
         args: &[Arg<'_>],
         map: impl FnOnce(Row<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
@@ -353,7 +358,7 @@ impl<'s> Conn<'s> {
     /// Every row of a statement, mapped.
     pub(crate) async fn all<T>(
         &mut self,
-        sql: &str,
+        sql: &'static str,
         args: &[Arg<'_>],
         mut map: impl FnMut(Row<'_>) -> Result<T>,
     ) -> Result<Vec<T>> {
@@ -380,14 +385,14 @@ impl<'s> Conn<'s> {
     /// The first column of the first row, if there is a row.
     pub(crate) async fn scalar<T: Column>(
         &mut self,
-        sql: &str,
+        sql: &'static str,
         args: &[Arg<'_>],
     ) -> Result<Option<T>> {
         self.one(sql, args, |row| T::read(row, 0)).await
     }
 
     /// Whether a statement returns a row.
-    pub(crate) async fn exists(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<bool> {
+    pub(crate) async fn exists(&mut self, sql: &'static str, args: &[Arg<'_>]) -> Result<bool> {
         Ok(self.one(sql, args, |_| Ok(())).await?.is_some())
     }
 
@@ -490,5 +495,25 @@ impl Drop for Tx<'_, '_> {
                 <Postgres as sqlx::Database>::TransactionManager::start_rollback(&mut **conn);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::postgres_text;
+
+    #[test]
+    fn a_statement_gets_dollar_parameters_outside_quotes_once_and_keeps_the_rest() {
+        const SQL: &str =
+            "SELECT '?1 stays', x FROM t WHERE a = ?1 AND b = ?12 AND c = '?' AND d = ?2";
+        let converted = postgres_text(SQL);
+        assert_eq!(
+            converted,
+            "SELECT '?1 stays', x FROM t WHERE a = $1 AND b = $12 AND c = '?' AND d = $2"
+        );
+        assert!(
+            std::ptr::eq(converted, postgres_text(SQL)),
+            "converted once"
+        );
     }
 }

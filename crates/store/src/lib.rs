@@ -162,9 +162,10 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// once per connection and cached. A statement on a local file takes
 /// microseconds — less than handing it to another thread and back, which is
 /// what sqlx's SQLite driver does for every statement and which measured at
-/// 40 % of the server's CPU (docs/performance.md). Nothing awaits while a
-/// connection is in use, so a transaction is never left half-done by a
-/// dropped future. Migrations still run through `sqlx::migrate!` when the
+/// 40 % of the server's CPU (docs/performance.md). A statement has run
+/// when its await is reached, so nothing waits while a connection is in
+/// use (db.rs). On PostgreSQL the same operations run on a sqlx pool.
+/// Migrations still run through `sqlx::migrate!` when the
 /// store opens. A thread of the store's own checkpoints the WAL (see
 /// [`spawn_checkpointer`]).
 #[derive(Clone, Debug)]
