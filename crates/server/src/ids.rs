@@ -93,7 +93,18 @@ pub fn token() -> String {
 
 /// A nonce (RFC 8555 §6.5): 128 random bits, base64url.
 pub fn nonce() -> String {
-    URL_SAFE_NO_PAD.encode(random::<16>())
+    URL_SAFE_NO_PAD.encode(nonce_octets())
+}
+
+/// The 128 random bits of a nonce, for one that carries more (a signed
+/// nonce, `authority/nonces.rs`).
+pub fn nonce_octets() -> [u8; 16] {
+    random::<16>()
+}
+
+/// A 256-bit secret key (the one nonces are signed with).
+pub fn secret_key() -> [u8; 32] {
+    random::<32>()
 }
 
 /// A certificate serial number: the time in Unix milliseconds (6 octets,

@@ -158,7 +158,7 @@ impl Metrics {
         );
         r.register(
             "nonces",
-            "Unused nonces in the nonce table",
+            "Replay nonces kept: outstanding ones in memory, or records of used ones in the database",
             m.nonces.clone(),
         );
         if let Ok(mut registry) = m.registry.lock() {

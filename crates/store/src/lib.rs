@@ -4,7 +4,7 @@
 //! rows, and every multi-row change as one transaction. Status transitions
 //! are *guarded* statements (`UPDATE … WHERE status = 'ready'`) whose row
 //! count tells the caller whether it won a race; nonce consumption is one
-//! `DELETE` whose row count says whether the nonce was fresh.
+//! `INSERT` whose row count says whether the nonce was fresh.
 //!
 //! Architecture Invariant: the store never reads the clock. Every function
 //! that depends on time takes `now` (Unix seconds) from its caller.
@@ -446,6 +446,12 @@ impl Store {
         Ok(())
     }
 
+    /// Whether the database is PostgreSQL (shared by replicas) rather than
+    /// a SQLite file.
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
+    }
+
     /// The SQLite file's connections, for tests that look inside.
     #[cfg(test)]
     fn sqlite(&self) -> &SqliteDb {
@@ -880,7 +886,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let (path, store) = open_in(dir.path()).await;
-        store.insert_nonce("n", 10).await.unwrap();
+        store.use_nonce("n", 10).await.unwrap();
         for suffix in ["", "-wal", "-shm"] {
             let file = PathBuf::from(format!("{}{suffix}", path.display()));
             let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
@@ -894,15 +900,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_, store) = open_in(dir.path()).await;
         store.ping().await.unwrap();
-        store.insert_nonce("n", 10).await.unwrap();
-        assert_eq!(store.nonce_count().await.unwrap(), 1);
+        store.use_nonce("n", 10).await.unwrap();
+        assert_eq!(store.used_nonce_count().await.unwrap(), 1);
         store.close().await;
         assert!(matches!(store.ping().await, Err(StoreError::Closed)));
         assert!(matches!(
-            store.insert_nonce("m", 10).await,
+            store.use_nonce("m", 10).await,
             Err(StoreError::Closed)
         ));
-        assert!(matches!(store.nonce_count().await, Err(StoreError::Closed)));
+        assert!(matches!(
+            store.used_nonce_count().await,
+            Err(StoreError::Closed)
+        ));
     }
 
     #[tokio::test]
@@ -922,7 +931,7 @@ mod tests {
         // three each); the catch-up keeps it to about [`CATCH_UP_PAGES`],
         // with room for syncs that take most of a second on a busy disk.
         for i in 0..24_000 {
-            store.insert_nonce(&format!("{i:0>40}"), 10).await.unwrap();
+            store.use_nonce(&format!("{i:0>40}"), 10).await.unwrap();
             std::thread::sleep(Duration::from_micros(100));
         }
         let wal = std::fs::metadata(dir.path().join("t.db-wal"))
@@ -1302,7 +1311,7 @@ mod tests {
         const { assert!(3 * 2_000 < WRITER_CHECKPOINT_PAGES) };
         for i in 0..2_000 {
             let nonce = format!("{i:0>40}");
-            store.insert_nonce(&nonce, 10).await.unwrap();
+            store.use_nonce(&nonce, 10).await.unwrap();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while size() <= before && std::time::Instant::now() < deadline {

@@ -134,6 +134,7 @@ impl Authority {
         notifier: Arc<Notifier>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let nonces = nonces::Nonces::new(config.nonce_store_for(queue.store.is_postgres()));
         Self {
             store: queue.store.clone(),
             clock: Arc::clone(&queue.clock),
@@ -149,7 +150,7 @@ impl Authority {
             queue,
             base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
-            nonces: nonces::Nonces::new(config.nonce_store),
+            nonces,
             known_accounts: known_accounts::KnownAccounts::new(config.account_cache_ttl),
             notifier,
             metrics,
@@ -195,11 +196,10 @@ impl Authority {
 
     /// Issues a fresh nonce (RFC 8555 §6.5, §7.2).
     pub async fn new_nonce(&self) -> AcmeResult<String> {
-        let nonce = crate::ids::nonce();
-        self.nonces
-            .issue(&self.store, &nonce, self.clock.unix() + self.nonce_lifetime)
-            .await?;
-        Ok(nonce)
+        Ok(self
+            .nonces
+            .issue(&self.store, self.clock.unix() + self.nonce_lifetime)
+            .await?)
     }
 
     /// Consumes a nonce; `badNonce` unless it was issued, unexpired and

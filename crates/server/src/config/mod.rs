@@ -82,8 +82,10 @@ pub struct Config {
     #[schemars(schema_with = "reference::duration")]
     pub account_cache_ttl: Duration,
     /// Where replay nonces are kept: `memory` (no disk write per request;
-    /// a restart refuses old ones) or `database` (shared by replicas).
-    pub nonce_store: NonceStore,
+    /// a restart refuses old ones) or `database` (signed nonces, their use
+    /// recorded: shared by replicas). Unset: `memory` on SQLite, `database`
+    /// on PostgreSQL.
+    pub nonce_store: Option<NonceStore>,
     #[serde(deserialize_with = "duration")]
     #[schemars(schema_with = "reference::duration")]
     pub shutdown_grace: Duration,
@@ -101,10 +103,9 @@ pub struct Config {
 }
 
 /// Where replay nonces live (see `authority/nonces.rs`).
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NonceStore {
-    #[default]
     Memory,
     Database,
 }
@@ -145,7 +146,7 @@ impl Default for Config {
             max_in_flight: 1024,
             nonce_lifetime: Duration::from_secs(3600),
             account_cache_ttl: Duration::from_secs(1),
-            nonce_store: NonceStore::default(),
+            nonce_store: None,
             shutdown_grace: Duration::from_secs(10),
             connections: ConnectionsConfig::default(),
             validation: ValidationConfig::default(),
@@ -547,6 +548,17 @@ impl Config {
             Some(url) => url.clone(),
             None => format!("sqlite:{}", self.data_dir.join("acme-proxy.db").display()),
         }
+    }
+
+    /// Where replay nonces are kept on a database that is PostgreSQL or
+    /// not: as configured, else in the database on PostgreSQL (where
+    /// replicas may share it) and in memory on SQLite.
+    pub fn nonce_store_for(&self, postgres: bool) -> NonceStore {
+        self.nonce_store.unwrap_or(if postgres {
+            NonceStore::Database
+        } else {
+            NonceStore::Memory
+        })
     }
 
     /// [`Config::database_url`] as it may be shown (logs, `config check`):

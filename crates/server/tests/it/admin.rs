@@ -166,18 +166,21 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
         "the audit trail outlives what it describes: {events:?}"
     );
 
-    // Two nonces past their expiry: both go, the live ones stay.
+    // Two records of used nonces past their expiry: both go, the
+    // unexpired ones stay.
     let store = server.running().authority.store().clone();
-    let live = store.nonce_count().await.expect("count");
+    let live = store.used_nonce_count().await.expect("count");
     for value in ["expired-nonce-1", "expired-nonce-2"] {
-        store.insert_nonce(value, 1).await.expect("insert");
+        assert!(store.use_nonce(value, 1).await.expect("insert"));
     }
     let cleanup = cli(&["nonce", "cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
     assert!(
-        cleanup.stdout.contains("deleted 2 expired nonce"),
+        cleanup
+            .stdout
+            .contains("deleted 2 expired used-nonce record"),
         "{cleanup:?}"
     );
-    assert_eq!(store.nonce_count().await.expect("count"), live);
+    assert_eq!(store.used_nonce_count().await.expect("count"), live);
     server.stop().await;
 }

@@ -25,7 +25,7 @@ use crate::upstream::{Fault, FaultProxy, Match, Pebble, PebbleOptions, TestPki};
 /// Pebble's newOrder path.
 const NEW_ORDER: &str = "order-plz";
 /// Pebble's finalize path.
-const FINALIZE: &str = "finalize-order";
+pub(crate) const FINALIZE: &str = "finalize-order";
 
 /// A relay profile named `name` whose upstream is `directory`, trusting
 /// the test PKI. Local validation is bypassed unless `extra_profile` says
@@ -49,7 +49,7 @@ const LOCAL_BYPASS: &str = "bypass = true";
 
 /// The usual relay profile: "default", bypass strategy, local validation
 /// bypassed, `extra_signer` added to its signer table.
-fn bypass_profile(directory: &str, pki: &TestPki, extra_signer: &str) -> String {
+pub(crate) fn bypass_profile(directory: &str, pki: &TestPki, extra_signer: &str) -> String {
     relay_profile(
         "default",
         directory,
@@ -79,7 +79,12 @@ fn dns01_profile(
 }
 
 /// Fast retries, short leases: the server configuration of these tests.
-fn server_toml(data_dir: &Path, http_port: u16, dns: Option<&Dns>, profiles: &str) -> String {
+pub(crate) fn server_toml(
+    data_dir: &Path,
+    http_port: u16,
+    dns: Option<&Dns>,
+    profiles: &str,
+) -> String {
     TestServer::config_text(
         data_dir,
         http_port,
@@ -92,7 +97,7 @@ fn server_toml(data_dir: &Path, http_port: u16, dns: Option<&Dns>, profiles: &st
 
 /// Registers the upstream account of every relay profile, as an operator
 /// does once with `acme-proxy upstream register`.
-async fn register_upstream_accounts(toml: &str) {
+pub(crate) async fn register_upstream_accounts(toml: &str) {
     let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
     acme_proxy::private::create_dir(&config.data_dir).expect("data dir");
     let store = Store::open(&config.database_url(), &StoreOptions::default())
@@ -152,7 +157,7 @@ impl Relayed {
 
 /// Orders `names` and brings the order to ready, answering each local
 /// challenge with the first type offered (the profile bypasses validation).
-async fn ready_order(account: &Account, names: &[&str]) -> instant_acme::Order {
+pub(crate) async fn ready_order(account: &Account, names: &[&str]) -> instant_acme::Order {
     ready_order_in(account, names, None).await
 }
 
@@ -234,7 +239,7 @@ async fn relay_issue_in(
 
 /// Pebble skipping validation (`PEBBLE_VA_ALWAYS_VALID`): the bypass
 /// strategy's upstream.
-fn always_valid() -> PebbleOptions {
+pub(crate) fn always_valid() -> PebbleOptions {
     PebbleOptions {
         always_valid: true,
         ..PebbleOptions::default()

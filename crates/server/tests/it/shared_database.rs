@@ -61,3 +61,44 @@ async fn two_servers_signing_one_profiles_crl_at_once_never_sign_two_crls_with_o
     second.stop().await;
     first.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nonce_one_server_issued_is_accepted_once_by_another_on_the_same_database() {
+    use crate::raw::{self, Key};
+    use serde_json::json;
+
+    let data = harness::tempdir();
+    // PostgreSQL keeps nonces in the database unless told otherwise;
+    // SQLite needs saying so (two processes on one file share it too).
+    let toml = format!(
+        "nonce_store = \"database\"\n{}",
+        TestServer::config_text(data.path(), 1, None, "")
+    );
+    let first = TestServer::start_in(data, &toml).await;
+    let second = TestServer::start_in(harness::tempdir(), &toml).await;
+
+    let at_first = raw::directory(&first.directory("default")).await;
+    let at_second = raw::directory(&second.directory("default")).await;
+    let nonce = raw::nonce(&at_first).await;
+    let key = Key::p256();
+    let new_account = at_second["newAccount"].as_str().expect("newAccount");
+    let body = key.sign(
+        &json!({"alg": key.alg(), "jwk": key.jwk, "nonce": nonce, "url": new_account}),
+        Some(&json!({"termsOfServiceAgreed": true})),
+    );
+    let accepted = raw::post(new_account, &body).await;
+    assert_eq!(accepted.status, 201, "{:?}", accepted.json());
+    // The same request again, at either server: the nonce is spent.
+    let replayed = raw::post(new_account, &body).await;
+    replayed.assert_refused(400, "badNonce", "a replay at the server that took it");
+    let at_first_new_account = at_first["newAccount"].as_str().expect("newAccount");
+    let elsewhere = key.sign(
+        &json!({"alg": key.alg(), "jwk": key.jwk, "nonce": nonce, "url": at_first_new_account}),
+        Some(&json!({"termsOfServiceAgreed": true})),
+    );
+    raw::post(at_first_new_account, &elsewhere)
+        .await
+        .assert_refused(400, "badNonce", "a replay at the server that issued it");
+    second.stop().await;
+    first.stop().await;
+}

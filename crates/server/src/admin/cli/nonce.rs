@@ -9,7 +9,8 @@ use crate::config::Config;
 
 #[derive(Debug, Subcommand)]
 pub enum NonceCommand {
-    /// Delete expired nonces now (the server also does every 5 minutes).
+    /// Delete the records of used nonces that have expired
+    /// (`nonce_store = "database"`; the server also does every 5 minutes).
     Cleanup,
 }
 
@@ -20,7 +21,7 @@ pub async fn run(config: &Config, command: NonceCommand) -> anyhow::Result<()> {
             let result = ops::nonce_cleanup(&store, &SystemClock).await;
             store.close().await;
             let (deleted, left) = result?;
-            println!("deleted {deleted} expired nonce(s); {left} unexpired remain");
+            println!("deleted {deleted} expired used-nonce record(s); {left} unexpired remain");
         }
     }
     Ok(())
