@@ -17,6 +17,7 @@ mod accounts;
 mod admin;
 mod audit;
 mod certificates;
+mod copy;
 mod db;
 mod eab;
 mod jobs;
@@ -44,6 +45,7 @@ pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::DeleteOutcome;
 pub use audit::{AuditFilter, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
+pub use copy::TableCopy;
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
 pub use orders::{

@@ -12,7 +12,7 @@ use crate::raw::{self, Acct, Key};
 
 /// `url` with the password of its user information taken out, and that
 /// password.
-fn without_password(url: &str) -> (String, String) {
+pub(crate) fn without_password(url: &str) -> (String, String) {
     let (scheme, rest) = url.split_once("://").expect("a URL");
     let (userinfo, host) = rest.split_once('@').expect("user information");
     let (user, password) = userinfo
