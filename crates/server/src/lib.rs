@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod generation;
 pub mod ids;
 pub mod jobs;
 pub mod listener;

@@ -152,7 +152,7 @@ impl Open {
 pub async fn serve(
     listener: TcpListener,
     settings: Listener,
-    router: Router,
+    routes: Routes,
     mut stop: watch::Receiver<bool>,
 ) {
     let settings = Arc::new(settings);
@@ -195,13 +195,13 @@ pub async fn serve(
         // Nagle's algorithm costs ~40 ms per small response on loopback.
         let _ = tcp.set_nodelay(true);
         let settings = Arc::clone(&settings);
-        let router = router.clone();
+        let routes = routes.clone();
         let builder = builder.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             let _admitted = admitted;
             match settings.tls.clone() {
-                None => connection(tcp, peer, &settings, &builder, router, stop).await,
+                None => connection(tcp, peer, &settings, &builder, routes, stop).await,
                 Some(tls) => {
                     let mut stopping = stop.clone();
                     // A peer that never finishes its handshake holds its
@@ -212,7 +212,7 @@ pub async fn serve(
                     };
                     match accepted {
                         Ok(Ok(stream)) => {
-                            connection(stream, peer, &settings, &builder, router, stop).await;
+                            connection(stream, peer, &settings, &builder, routes, stop).await;
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(event = "tls.handshake", outcome = "failure", %peer, error = %e, "TLS handshake failed");
@@ -230,6 +230,23 @@ pub async fn serve(
     drop(listener);
     let mut total = open.total.subscribe();
     let _ = total.wait_for(|n| *n == 0).await;
+}
+
+/// What a listener serves: fixed routes, or those of the current
+/// configuration generation, taken anew for each request.
+#[derive(Clone, Debug)]
+pub enum Routes {
+    Fixed(Router),
+    Current(crate::generation::Generations),
+}
+
+impl Routes {
+    fn get(&self) -> Router {
+        match self {
+            Routes::Fixed(router) => router.clone(),
+            Routes::Current(generations) => generations.router(),
+        }
+    }
 }
 
 /// hyper-util's server with the configured limits and tokio's timer (a
@@ -257,7 +274,7 @@ async fn connection<IO>(
     peer: SocketAddr,
     settings: &Listener,
     builder: &Builder<TokioExecutor>,
-    router: Router,
+    routes: Routes,
     mut stop: watch::Receiver<bool>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -272,7 +289,9 @@ async fn connection<IO>(
         let activity = Arc::clone(&activity);
         move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
-            let mut router = router.clone();
+            // Per request, not per connection: a kept-alive connection's
+            // next request sees a reload at once.
+            let mut router = routes.get();
             let busy = Busy::start(&activity);
             async move {
                 let response =

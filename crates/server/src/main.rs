@@ -118,7 +118,7 @@ fn main() {
             std::process::exit(EXIT_CONFIG);
         }
     };
-    if let Err(e) = run(cli.command.unwrap_or(Command::Serve), config) {
+    if let Err(e) = run(cli.command.unwrap_or(Command::Serve), config, cli.config) {
         eprintln!("acme-proxy: {e:#}");
         std::process::exit(if e.is::<NotConfirmed>() {
             EXIT_NOT_CONFIRMED
@@ -165,7 +165,9 @@ fn ignored_environment_warning(config: &Config) -> Option<String> {
     })
 }
 
-fn run(command: Command, config: Config) -> anyhow::Result<()> {
+/// `file` is where the configuration came from (with the environment):
+/// `serve` reads it again on SIGHUP.
+fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
     match command {
         Command::Generate(_) => Ok(()),
         Command::CheckConfig | Command::Config(ConfigCommand::Check) => {
@@ -219,7 +221,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            runtime.block_on(serve(config))
+            runtime.block_on(serve(config, file))
         }
     }
 }
@@ -233,7 +235,7 @@ fn operator_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+async fn serve(config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
     let grace = config.shutdown_grace;
     let data_dir = config.data_dir.clone();
     let profiles: Vec<String> = config.profiles.keys().cloned().collect();
@@ -261,6 +263,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .collect();
     let forwarded_header = config.forwarded_header;
     let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
+    // SIGHUP (`systemctl reload`): the same file and environment again.
+    running.reload_from(move || Config::load(file.as_deref()).map_err(|e| e.to_string()));
     // What an operator needs in their first minute: where to point clients
     // and what to trust.
     println!("acme-proxy is listening on {}", running.addr);

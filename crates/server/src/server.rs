@@ -12,9 +12,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Urls};
-use crate::authority::{Authority, CrlRefresh, NonceSweep, Profile, RelayJobs, ValidationJobs};
+use crate::authority::{
+    Authority, CrlRefresh, Lasting, NonceSweep, Profile, RelayJobs, ValidationJobs,
+};
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
+use crate::generation::{Generation, Generations};
 use crate::jobs::periodic::{Retained, Retention};
 use crate::jobs::{Queue, Registry, Runner};
 use crate::metrics::Metrics;
@@ -39,8 +42,13 @@ pub struct Running {
     pub base_url: String,
     /// The certificate the ACME listener serves, with `[tls]`.
     pub tls_cert: Option<std::path::PathBuf>,
+    /// The authority of the configuration the server started with (see
+    /// [`Running::generations`] for the one in force).
     pub authority: Arc<Authority>,
     pub runner: Arc<Runner>,
+    /// The configuration generations: the current one serves.
+    pub generations: Generations,
+    reloader: Arc<Reloader>,
     shutdown: watch::Sender<bool>,
     http: JoinHandle<()>,
     jobs: JoinHandle<()>,
@@ -50,6 +58,27 @@ impl Running {
     /// The directory URL of a profile.
     pub fn directory_url(&self, profile: &str) -> String {
         Urls::new(&self.base_url, profile).directory()
+    }
+
+    /// Builds a new generation from `config` and makes it current (see
+    /// `generation.rs`); requests and job attempts already started finish
+    /// on the one they started on. A configuration that does not build,
+    /// or that changes what only a restart can, is refused and the current
+    /// one keeps serving. Either way the outcome is logged and audited.
+    /// Returns the new generation's number.
+    pub async fn reload(&self, config: Config) -> Result<u64, Refused> {
+        self.reloader.reload(config).await
+    }
+
+    /// Where a SIGHUP reads the configuration again (the file the server
+    /// was started with, and the environment); without it a SIGHUP only
+    /// re-reads the TLS files.
+    pub fn reload_from(&self, source: impl Fn() -> Result<Config, String> + Send + Sync + 'static) {
+        *self
+            .reloader
+            .source
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(source));
     }
 
     /// Stops accepting connections and claiming jobs, lets in-flight
@@ -280,6 +309,8 @@ pub async fn check(config: &Config, clock: SharedClock) -> Result<Vec<String>, R
 struct Built {
     assembled: Assembled,
     terminator: Option<Arc<crate::tls::Terminator>>,
+    lasting: Lasting,
+    board: Arc<ChallengeBoard>,
 }
 
 /// Opens the store and builds the profiles' signers, the notifier and the
@@ -312,33 +343,59 @@ async fn build(
         config.jobs.clone(),
     ));
     let metrics = Arc::new(Metrics::new(queue.observer.family()));
-    let prepared = prepare(
-        config,
-        &clock,
-        Some(&store),
-        &base_url,
-        &board,
-        &metrics,
-        Mode::Serve,
-        plugged,
-    )
-    .await;
+    let lasting = Lasting::new(Arc::clone(&queue), metrics, config);
+    let (authority, terminator) =
+        match authority_for(config, &clock, &lasting, &board, &base_url, plugged).await {
+            Ok(built) => built,
+            Err(refused) => {
+                store.close().await;
+                return Err(refused.into());
+            }
+        };
+    Ok(Built {
+        assembled: Assembled {
+            notifier: Arc::clone(&authority.notifier),
+            authority,
+            queue,
+        },
+        terminator,
+        lasting,
+        board,
+    })
+}
+
+/// The authority of one configuration generation over what every
+/// generation shares: its profiles and signers, validators and notifier
+/// (and the TLS terminator `[tls]` asks for, used at start only).
+async fn authority_for(
+    config: &Config,
+    clock: &SharedClock,
+    lasting: &Lasting,
+    board: &Arc<ChallengeBoard>,
+    base_url: &str,
+    plugged: Signers,
+) -> Result<(Arc<Authority>, Option<Arc<crate::tls::Terminator>>), Refused> {
+    let store = lasting.queue.store.clone();
     let Prepared {
         mut signers,
         validators,
         destinations,
         terminator,
-    } = match prepared {
-        Ok(prepared) => prepared,
-        Err(refused) => {
-            store.close().await;
-            return Err(refused.into());
-        }
-    };
+    } = prepare(
+        config,
+        clock,
+        Some(&store),
+        base_url,
+        board,
+        &lasting.metrics,
+        Mode::Serve,
+        plugged,
+    )
+    .await?;
     let mut profiles = BTreeMap::new();
     for (name, pc) in &config.profiles {
         let Some(signer) = signers.remove(name) else {
-            anyhow::bail!("profile {name} has no signer");
+            return Err(Refused(vec![format!("profile {name} has no signer")]));
         };
         if pc.bypass {
             tracing::warn!(
@@ -348,7 +405,7 @@ async fn build(
                 "DANGER: validation bypass is ON for this profile: every challenge is accepted without a check. Use only in tests."
             );
         }
-        metrics.init_profile(name, &pc.challenges);
+        lasting.metrics.init_profile(name, &pc.challenges);
         profiles.insert(
             name.clone(),
             Arc::new(Profile::new(name.clone(), pc.clone(), signer)),
@@ -356,27 +413,187 @@ async fn build(
     }
     let notifier = Arc::new(Notifier::new(
         destinations,
-        Arc::clone(&queue),
-        store.clone(),
-        Arc::clone(&metrics),
+        Arc::clone(&lasting.queue),
+        store,
+        Arc::clone(&lasting.metrics),
     ));
     let authority = Arc::new(Authority::new(
         profiles,
         validators,
-        Arc::clone(&queue),
-        base_url,
+        lasting,
+        base_url.to_owned(),
         config,
-        Arc::clone(&notifier),
-        metrics,
+        notifier,
     ));
-    Ok(Built {
-        assembled: Assembled {
+    Ok((authority, terminator))
+}
+
+/// The routes of a generation: the ACME API over `authority`, with the
+/// request limits `config` sets.
+fn routes_for(config: &Config, authority: Arc<Authority>, base_url: &str) -> axum::Router {
+    api::router(Arc::new(AppState::new(
+        authority,
+        base_url.to_owned(),
+        config.max_body_bytes,
+        config.connections.body_read_timeout,
+        config.max_in_flight,
+        api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
+    )))
+}
+
+/// What a reload needs besides the new configuration, and what applies
+/// it.
+struct Reloader {
+    generations: Generations,
+    lasting: Lasting,
+    board: Arc<ChallengeBoard>,
+    clock: SharedClock,
+    base_url: String,
+    /// Signers a program embedding the server plugged in: kept by every
+    /// generation that still has their profile.
+    plugged: Signers,
+    job_retention: watch::Sender<Option<Duration>>,
+    audit_retention: watch::Sender<Option<Duration>>,
+    /// One reload at a time.
+    busy: tokio::sync::Mutex<()>,
+    /// Where a SIGHUP reads the configuration again.
+    #[allow(clippy::type_complexity)]
+    source: std::sync::Mutex<Option<Box<dyn Fn() -> Result<Config, String> + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader")
+            .field("generations", &self.generations)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reloader {
+    async fn reload(&self, config: Config) -> Result<u64, Refused> {
+        let _one = self.busy.lock().await;
+        let current = self.generations.current();
+        let outcome = self.build(&current, config).await;
+        let authority = self.generations.authority();
+        match &outcome {
+            Ok(next) => {
+                let profiles: Vec<&str> = next.config.profiles.keys().map(String::as_str).collect();
+                let detail = format!(
+                    "generation {} in force: profiles {}",
+                    next.number,
+                    profiles.join(", ")
+                );
+                tracing::info!(event = "config.reload", outcome = "success", generation = next.number, profiles = %profiles.join(","), "configuration reloaded");
+                authority
+                    .audit_server("config.reload", "success", RELOAD_ACTOR, &detail)
+                    .await;
+            }
+            Err(refused) => {
+                let reason = refused.0.join("; ");
+                tracing::error!(event = "config.reload", outcome = "refused", generation = current.number, reason = %reason, "configuration not reloaded; the previous one keeps serving");
+                authority
+                    .audit_server(
+                        "config.reload",
+                        "refused",
+                        RELOAD_ACTOR,
+                        &format!("generation {} keeps serving: {reason}", current.number),
+                    )
+                    .await;
+            }
+        }
+        let next = outcome?;
+        let number = next.number;
+        // Job tuning and retention first: the generation's jobs then run
+        // under its own settings.
+        self.lasting.queue.set_config(next.config.jobs.clone());
+        self.job_retention
+            .send_replace(Some(next.config.jobs.retention));
+        self.audit_retention
+            .send_replace(next.config.audit.retention);
+        self.generations.replace(next);
+        Ok(number)
+    }
+
+    /// The next generation, built completely, or why not.
+    async fn build(&self, current: &Generation, config: Config) -> Result<Generation, Refused> {
+        let restart = needs_restart(&current.config, &config);
+        if !restart.is_empty() {
+            return Err(Refused(restart));
+        }
+        preflight(&config)?;
+        let plugged: Signers = self
+            .plugged
+            .iter()
+            .filter(|(name, _)| config.profiles.contains_key(*name))
+            .map(|(name, signer)| (name.clone(), Arc::clone(signer)))
+            .collect();
+        let (authority, _terminator) = authority_for(
+            &config,
+            &self.clock,
+            &self.lasting,
+            &self.board,
+            &self.base_url,
+            plugged,
+        )
+        .await?;
+        Ok(Generation {
+            number: current.number + 1,
+            router: routes_for(&config, Arc::clone(&authority), &self.base_url),
             authority,
-            notifier,
-            queue,
-        },
-        terminator,
-    })
+            config: Arc::new(config),
+        })
+    }
+}
+
+/// The actor of a reload's audit row.
+const RELOAD_ACTOR: &str = "system:reload";
+
+/// What differs between `old` and `new` that only a restart can apply,
+/// each saying so: the sockets, the database, the data directory, the TLS
+/// and connection settings the listener was made with, and what every
+/// generation shares (nonces, account copies, job slots).
+fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
+    // Debug text stands in for equality: these settings are plain data.
+    let same =
+        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
+    let mut changed = Vec::new();
+    let mut check = |name: &str, a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| {
+        if !same(a, b) {
+            changed.push(format!(
+                "{name} changed from {a:?} to {b:?}, which only a restart applies; put the old value back to reload the rest"
+            ));
+        }
+    };
+    check("listen", &old.listen, &new.listen);
+    check("public_url", &old.public_url, &new.public_url);
+    check(
+        "database_url",
+        &old.database_url_shown(),
+        &new.database_url_shown(),
+    );
+    check(
+        "database_password_file",
+        &old.database_password_file,
+        &new.database_password_file,
+    );
+    check("data_dir", &old.data_dir, &new.data_dir);
+    check("[tls]", &old.tls, &new.tls);
+    check("[connections]", &old.connections, &new.connections);
+    check("[metrics] listen", &old.metrics.listen, &new.metrics.listen);
+    check("log_format", &old.log_format, &new.log_format);
+    check("nonce_store", &old.nonce_store, &new.nonce_store);
+    check(
+        "account_cache_ttl",
+        &old.account_cache_ttl,
+        &new.account_cache_ttl,
+    );
+    check("shutdown_grace", &old.shutdown_grace, &new.shutdown_grace);
+    check(
+        "[jobs] concurrency",
+        &old.jobs.concurrency,
+        &new.jobs.concurrency,
+    );
+    changed
 }
 
 /// Signers plugged in by a program that embeds the server, by profile name.
@@ -406,41 +623,66 @@ pub async fn start_with(
     let addr = listener.local_addr()?;
     // With port 0 the real port is known only now.
     let base_url = config.base_url_at(addr);
+    let kept_plugged: Signers = plugged
+        .iter()
+        .map(|(name, signer)| (name.clone(), Arc::clone(signer)))
+        .collect();
     let Built {
-        assembled:
-            Assembled {
-                authority,
-                notifier,
-                queue,
-            },
+        assembled: Assembled {
+            authority, queue, ..
+        },
         terminator,
+        lasting,
+        board,
     } = build(&config, Arc::clone(&clock), base_url.clone(), plugged).await?;
     let store = authority.store().clone();
     authority.refresh_stale_crls().await;
+    let generations = Generations::new(Generation {
+        number: 1,
+        router: routes_for(&config, Arc::clone(&authority), &base_url),
+        authority: Arc::clone(&authority),
+        config: Arc::new(config.clone()),
+    });
+    let (job_retention, job_retention_now) = watch::channel(Some(config.jobs.retention));
+    let (audit_retention, audit_retention_now) = watch::channel(config.audit.retention);
+    let reloader = Arc::new(Reloader {
+        generations: generations.clone(),
+        lasting,
+        board,
+        clock: Arc::clone(&clock),
+        base_url: base_url.clone(),
+        plugged: kept_plugged,
+        job_retention,
+        audit_retention,
+        busy: tokio::sync::Mutex::new(()),
+        source: std::sync::Mutex::new(None),
+    });
 
     let mut registry = Registry::default();
     registry
         .register(Arc::new(ValidationJobs {
-            authority: Arc::clone(&authority),
+            generations: generations.clone(),
         }))
         .map_err(anyhow::Error::msg)?;
     registry
         .register(Arc::new(RelayJobs {
-            authority: Arc::clone(&authority),
+            generations: generations.clone(),
         }))
         .map_err(anyhow::Error::msg)?;
     registry
-        .register(Arc::new(NotifyJobs { notifier }))
+        .register(Arc::new(NotifyJobs {
+            generations: generations.clone(),
+        }))
         .map_err(anyhow::Error::msg)?;
     registry
         .register(Arc::new(NonceSweep {
-            authority: Arc::clone(&authority),
+            generations: generations.clone(),
             every: NONCE_SWEEP_EVERY,
         }))
         .map_err(anyhow::Error::msg)?;
     registry
         .register(Arc::new(CrlRefresh {
-            authority: Arc::clone(&authority),
+            generations: generations.clone(),
             every: CRL_CHECK_EVERY,
         }))
         .map_err(anyhow::Error::msg)?;
@@ -449,7 +691,7 @@ pub async fn start_with(
             of: Retained::FinishedJobs,
             clock: Arc::clone(&clock),
             store: store.clone(),
-            retention: config.jobs.retention,
+            retention: job_retention_now,
             every: RETENTION_EVERY,
         }))
         .map_err(anyhow::Error::msg)?;
@@ -462,69 +704,47 @@ pub async fn start_with(
             "audit.retention is not set: audit rows are kept for ever and the database grows with every issuance and refusal; to delete older rows, write [audit] retention = \"400d\" (at least a day)"
         );
     }
-    if let Some(retention) = config.audit.retention {
-        registry
-            .register(Arc::new(Retention {
-                of: Retained::AuditRows,
-                clock: Arc::clone(&clock),
-                store: store.clone(),
-                retention,
-                every: RETENTION_EVERY,
-            }))
-            .map_err(anyhow::Error::msg)?;
-    }
+    // Registered whatever the setting: a reload may set it.
+    registry
+        .register(Arc::new(Retention {
+            of: Retained::AuditRows,
+            clock: Arc::clone(&clock),
+            store: store.clone(),
+            retention: audit_retention_now,
+            every: RETENTION_EVERY,
+        }))
+        .map_err(anyhow::Error::msg)?;
     let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
     runner.recover().await.map_err(anyhow::Error::msg)?;
 
-    let app = Arc::new(AppState::new(
-        Arc::clone(&authority),
-        base_url.clone(),
-        config.max_body_bytes,
-        config.connections.body_read_timeout,
-        config.max_in_flight,
-        api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
-    ));
     let (shutdown, stop) = watch::channel(false);
     let stop_metrics = stop.clone();
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
-    let router = api::router(app);
     let exempt = config.trusted_proxies.clone();
+    // Registered now: a SIGHUP from here on reloads, never kills
+    // (`systemctl reload` sends one through the unit's ExecReload).
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("listening for SIGHUP")?;
     let tls = match &terminator {
         Some(terminator) => {
-            // Registered now: a SIGHUP from here on reloads, never kills.
-            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .context("listening for SIGHUP")?;
             let acceptor = tokio_rustls::TlsAcceptor::from(
                 terminator.server_config().map_err(anyhow::Error::msg)?,
             );
-            tokio::spawn(Arc::clone(terminator).watch(Some(hangup), stop.clone()));
+            // The files are also re-read when they change.
+            tokio::spawn(Arc::clone(terminator).watch(None, stop.clone()));
             Some(crate::listener::Tls {
                 acceptor,
                 handshake_timeout: terminator.handshake_timeout,
             })
         }
-        None => {
-            // `systemctl reload` (the unit's ExecReload) sends SIGHUP, whose
-            // default action ends the process: take it, and say there is
-            // nothing to re-read without TLS files.
-            let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .context("listening for SIGHUP")?;
-            let mut stopped = stop.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        Some(()) = hangup.recv() => tracing::info!(
-                            event = "server.reload",
-                            outcome = "nothing",
-                            "SIGHUP: nothing to reload (no TLS files); other settings need a restart"
-                        ),
-                        () = crate::listener::stopped(&mut stopped) => break,
-                    }
-                }
-            });
-            None
-        }
+        None => None,
     };
+    tokio::spawn(on_hangup(
+        hangup,
+        Arc::clone(&reloader),
+        terminator.clone(),
+        stop.clone(),
+    ));
     let settings = crate::listener::Listener {
         name: "acme",
         tls,
@@ -532,13 +752,18 @@ pub async fn start_with(
         exempt: exempt.clone(),
         metrics: Arc::clone(&authority.metrics),
     };
-    let http = tokio::spawn(crate::listener::serve(listener, settings, router, stop));
+    let http = tokio::spawn(crate::listener::serve(
+        listener,
+        settings,
+        crate::listener::Routes::Current(generations.clone()),
+        stop,
+    ));
 
     let metrics_addr = match config.metrics.listen {
         Some(at) => Some(
             serve_metrics(
                 at,
-                Arc::clone(&authority),
+                generations.clone(),
                 crate::listener::Listener {
                     name: "metrics",
                     tls: None,
@@ -560,17 +785,68 @@ pub async fn start_with(
         base_url,
         authority,
         runner,
+        generations,
+        reloader,
         shutdown,
         http,
         jobs,
     })
 }
 
+/// On each SIGHUP: the TLS files read again, then the configuration (when
+/// the server knows where from), each outcome logged.
+async fn on_hangup(
+    mut hangup: tokio::signal::unix::Signal,
+    reloader: Arc<Reloader>,
+    terminator: Option<Arc<crate::tls::Terminator>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            Some(()) = hangup.recv() => {}
+            () = crate::listener::stopped(&mut stop) => return,
+        }
+        if let Some(terminator) = &terminator {
+            terminator.reload_logged("SIGHUP");
+        }
+        let loaded = {
+            let source = reloader.source.lock().unwrap_or_else(|p| p.into_inner());
+            source.as_ref().map(|load| load())
+        };
+        match loaded {
+            Some(Ok(config)) => {
+                // Logged and audited by the reload, applied or refused.
+                let _ = reloader.reload(config).await;
+            }
+            Some(Err(e)) => {
+                let current = reloader.generations.current();
+                let reason = format!("the configuration does not load: {e}");
+                tracing::error!(event = "config.reload", outcome = "refused", generation = current.number, reason = %reason, "configuration not reloaded; the previous one keeps serving");
+                current
+                    .authority
+                    .audit_server(
+                        "config.reload",
+                        "refused",
+                        RELOAD_ACTOR,
+                        &format!("generation {} keeps serving: {reason}", current.number),
+                    )
+                    .await;
+            }
+            None if terminator.is_none() => tracing::info!(
+                event = "server.reload",
+                outcome = "nothing",
+                "SIGHUP: nothing to reload (no configuration source, no TLS files)"
+            ),
+            None => {}
+        }
+    }
+}
+
 /// `/metrics` on a listener of its own, so that scraping never competes
 /// with ACME admission control and can be firewalled separately.
 async fn serve_metrics(
     at: SocketAddr,
-    authority: Arc<Authority>,
+    generations: Generations,
     settings: crate::listener::Listener,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr> {
@@ -581,7 +857,7 @@ async fn serve_metrics(
     let router = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let authority = Arc::clone(&authority);
+            let authority = generations.authority();
             async move {
                 (
                     [(
@@ -593,7 +869,12 @@ async fn serve_metrics(
             }
         }),
     );
-    tokio::spawn(crate::listener::serve(listener, settings, router, stop));
+    tokio::spawn(crate::listener::serve(
+        listener,
+        settings,
+        crate::listener::Routes::Fixed(router),
+        stop,
+    ));
     tracing::info!(event = "metrics.started", outcome = "success", %addr, "serving /metrics");
     Ok(addr)
 }

@@ -112,13 +112,18 @@ impl Terminator {
                     }
                 } => "SIGHUP",
             };
-            match self.reload() {
-                Ok(()) => {
-                    tracing::info!(event = "tls.reload", outcome = "success", cert = %self.cert.display(), why, "TLS certificate reloaded")
-                }
-                Err(e) => {
-                    tracing::error!(event = "tls.reload", outcome = "failure", cert = %self.cert.display(), why, error = %e, "TLS certificate not reloaded; still serving the previous one")
-                }
+            self.reload_logged(why);
+        }
+    }
+
+    /// [`Terminator::reload`], its outcome logged with `why`.
+    pub fn reload_logged(&self, why: &str) {
+        match self.reload() {
+            Ok(()) => {
+                tracing::info!(event = "tls.reload", outcome = "success", cert = %self.cert.display(), why, "TLS certificate reloaded")
+            }
+            Err(e) => {
+                tracing::error!(event = "tls.reload", outcome = "failure", cert = %self.cert.display(), why, error = %e, "TLS certificate not reloaded; still serving the previous one")
             }
         }
     }

@@ -73,6 +73,38 @@ impl AuditContext {
 }
 
 impl Authority {
+    /// Writes one audit row of the server's own doing (`actor`), outside
+    /// any request: a configuration reload applied or refused.
+    pub(crate) async fn audit_server(&self, event: &str, outcome: &str, actor: &str, detail: &str) {
+        let row = NewAuditRow {
+            at: self.clock.unix(),
+            event,
+            outcome,
+            profile: None,
+            actor,
+            account_id: None,
+            order_id: None,
+            serial: None,
+            identifiers: None,
+            client_ip: None,
+            reverse_name: None,
+            user_agent: None,
+            request_id: None,
+            problem_type: None,
+            detail: Some(&bounded::text(detail)),
+        };
+        match self.store.insert_audit(&row).await {
+            Ok(()) => self.metrics.audited(&row),
+            Err(e) => tracing::error!(
+                event = "audit.write",
+                outcome = "failure",
+                audit_event = event,
+                error = %e,
+                "could not write the audit row"
+            ),
+        }
+    }
+
     /// Writes one audit row for a request of an account, with where the
     /// request came from; the metric moves only if the row was written.
     pub(crate) async fn audit(&self, fact: Fact<'_>) {

@@ -1,19 +1,18 @@
 //! Periodic maintenance of the authority's data, as self-rescheduling jobs
 //! (see `jobs::periodic`): the expired-nonce sweep and CRL re-signing.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_store::JobRow;
 
-use super::Authority;
+use crate::generation::Generations;
 use crate::jobs::periodic::{log_abandon, queue_periodic};
 use crate::jobs::{BoxFuture, JobHandler, Outcome, Queue, RetireReason};
 
 /// Deletes expired nonces (RFC 8555 §6.5 nonces are single-use and short-lived).
 #[derive(Debug)]
 pub struct NonceSweep {
-    pub authority: Arc<Authority>,
+    pub generations: Generations,
     pub every: Duration,
 }
 
@@ -24,8 +23,9 @@ impl JobHandler for NonceSweep {
 
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let clock = &self.authority.clock;
-            match self.authority.sweep_nonces().await {
+            let authority = self.generations.authority();
+            let clock = &authority.clock;
+            match authority.sweep_nonces().await {
                 Ok(n) => tracing::debug!(
                     event = "nonce.sweep",
                     outcome = "success",
@@ -53,7 +53,7 @@ impl JobHandler for NonceSweep {
 /// Re-signs CRLs past half their life (RFC 5280 §5: never let nextUpdate pass).
 #[derive(Debug)]
 pub struct CrlRefresh {
-    pub authority: Arc<Authority>,
+    pub generations: Generations,
     pub every: Duration,
 }
 
@@ -64,8 +64,9 @@ impl JobHandler for CrlRefresh {
 
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            self.authority.refresh_stale_crls().await;
-            Outcome::Reschedule(self.authority.clock.now() + self.every)
+            let authority = self.generations.authority();
+            authority.refresh_stale_crls().await;
+            Outcome::Reschedule(authority.clock.now() + self.every)
         })
     }
 

@@ -113,14 +113,40 @@ pub struct Authority {
     base_url: String,
     nonce_lifetime: i64,
     /// Replay nonces, in memory or in the store (`nonce_store`).
-    nonces: nonces::Nonces,
+    nonces: Arc<nonces::Nonces>,
     /// Where events are told (webhooks), as durable jobs.
     pub notifier: Arc<Notifier>,
     pub metrics: Arc<Metrics>,
     /// Reverse names of client addresses, for audit rows.
     reverse: reverse::ReverseNames,
     /// Recently used accounts with their parsed keys (`account_cache_ttl`).
-    known_accounts: known_accounts::KnownAccounts,
+    known_accounts: Arc<known_accounts::KnownAccounts>,
+}
+
+/// What every configuration generation shares (`generation.rs`): a reload
+/// keeps the queue, the metrics, the outstanding nonces and the account
+/// copies (a change this process makes to an account must reach every
+/// copy, whichever generation holds it).
+#[derive(Clone, Debug)]
+pub struct Lasting {
+    pub queue: Arc<Queue>,
+    pub metrics: Arc<Metrics>,
+    nonces: Arc<nonces::Nonces>,
+    known_accounts: Arc<known_accounts::KnownAccounts>,
+}
+
+impl Lasting {
+    /// The shared parts, with nonces kept as `config` says for this store
+    /// and account copies kept for its `account_cache_ttl`.
+    pub fn new(queue: Arc<Queue>, metrics: Arc<Metrics>, config: &Config) -> Self {
+        let nonces = nonces::Nonces::new(config.nonce_store_for(queue.store.is_postgres()));
+        Self {
+            nonces: Arc::new(nonces),
+            known_accounts: Arc::new(known_accounts::KnownAccounts::new(config.account_cache_ttl)),
+            queue,
+            metrics,
+        }
+    }
 }
 
 impl Authority {
@@ -128,13 +154,12 @@ impl Authority {
     pub fn new(
         profiles: BTreeMap<String, Arc<Profile>>,
         validators: Validators,
-        queue: Arc<Queue>,
+        lasting: &Lasting,
         base_url: String,
         config: &Config,
         notifier: Arc<Notifier>,
-        metrics: Arc<Metrics>,
     ) -> Self {
-        let nonces = nonces::Nonces::new(config.nonce_store_for(queue.store.is_postgres()));
+        let queue = Arc::clone(&lasting.queue);
         Self {
             store: queue.store.clone(),
             clock: Arc::clone(&queue.clock),
@@ -150,10 +175,10 @@ impl Authority {
             queue,
             base_url,
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
-            nonces,
-            known_accounts: known_accounts::KnownAccounts::new(config.account_cache_ttl),
+            nonces: Arc::clone(&lasting.nonces),
+            known_accounts: Arc::clone(&lasting.known_accounts),
             notifier,
-            metrics,
+            metrics: Arc::clone(&lasting.metrics),
         }
     }
 

@@ -505,7 +505,7 @@ impl Authority {
             run_at: now_ms,
             // Past the authorization's expiry a result is useless.
             deadline: Some(authz.expires_at * 1000),
-            max_attempts: i64::from(self.queue.config.max_attempts),
+            max_attempts: i64::from(self.queue.config().max_attempts),
             // One account's validations take at most
             // `jobs.validations_per_account` slots at once.
             fair_key: Some(&account.id),

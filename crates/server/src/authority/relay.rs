@@ -3,7 +3,6 @@
 //! attempts drive the upstream; settle and abandon are the only writers of
 //! the local order's outcome.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
@@ -17,6 +16,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use super::{Authority, Profile, RequestContext};
 use crate::error::{AcmeError, AcmeResult};
 use crate::events::Event;
+use crate::generation::Generations;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason, backoff};
 use crate::notify::Notice;
 use crate::signer::Deferred;
@@ -493,7 +493,7 @@ fn parse_leaf(chain_pem: &str) -> Result<Leaf, String> {
 /// backend is picked per job from the profile the payload names.
 #[derive(Debug)]
 pub struct RelayJobs {
-    pub authority: Arc<Authority>,
+    pub generations: Generations,
 }
 
 impl JobHandler for RelayJobs {
@@ -503,12 +503,8 @@ impl JobHandler for RelayJobs {
 
     fn budget(&self, job: &JobRow) -> Option<Duration> {
         let (_, profile) = order_of(job)?;
-        let relay = self
-            .authority
-            .profile(&profile)?
-            .signer
-            .issuance()
-            .deferred()?;
+        let authority = self.generations.authority();
+        let relay = authority.profile(&profile)?.signer.issuance().deferred()?;
         Some(relay.attempt_budget() + SETTLE_MARGIN)
     }
 
@@ -517,14 +513,22 @@ impl JobHandler for RelayJobs {
             let Some((order, profile)) = order_of(job) else {
                 return Outcome::Failed(format!("payload {:?} names no order", job.payload));
             };
-            self.authority.relay_attempt(&order, &profile).await
+            // A profile this generation does not mount is retried, not
+            // failed: a reload that adds it back resumes the relay.
+            self.generations
+                .authority()
+                .relay_attempt(&order, &profile)
+                .await
         })
     }
 
     fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Some((order, _)) = order_of(job) {
-                self.authority.abandon_relay(&order, reason).await;
+                self.generations
+                    .authority()
+                    .abandon_relay(&order, reason)
+                    .await;
             }
         })
     }
@@ -533,7 +537,7 @@ impl JobHandler for RelayJobs {
     /// safe to run any number of times).
     fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let a = &self.authority;
+            let a = self.generations.authority();
             let rows = a
                 .store
                 .upstream_orders(Some(OrderStatus::Processing), RECOVER_BATCH)

@@ -9,14 +9,13 @@
 //! challenge `invalid` with `serverInternal`, so no order waits forever.
 
 use acme_proxy_protocol::types::{ChallengeStatus, IdentifierType};
-use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_protocol::{Problem, ProblemType};
 use acme_proxy_store::JobRow;
 
-use super::Authority;
 use crate::events::Event;
+use crate::generation::Generations;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
 use crate::notify::Notice;
 use crate::validators::ValidationTarget;
@@ -30,7 +29,7 @@ const RECOVER_BATCH: i64 = 10_000;
 /// The handler of [`VALIDATION_KIND`] jobs.
 #[derive(Debug)]
 pub struct ValidationJobs {
-    pub authority: Arc<Authority>,
+    pub generations: Generations,
 }
 
 fn challenge_id(job: &JobRow) -> Option<String> {
@@ -48,12 +47,12 @@ impl JobHandler for ValidationJobs {
 
     /// The validation's own timeout plus room to record the outcome.
     fn budget(&self, _job: &JobRow) -> Option<Duration> {
-        Some(self.authority.validators.timeout + Duration::from_secs(10))
+        Some(self.generations.authority().validators.timeout + Duration::from_secs(10))
     }
 
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let a = &self.authority;
+            let a = &self.generations.authority();
             let Some(id) = challenge_id(job) else {
                 return Outcome::Failed(format!("payload {:?} names no challenge", job.payload));
             };
@@ -165,7 +164,7 @@ impl JobHandler for ValidationJobs {
 
     fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let a = &self.authority;
+            let a = &self.generations.authority();
             let Some(id) = challenge_id(job) else { return };
             let problem = Problem::new(
                 ProblemType::ServerInternal,
@@ -197,7 +196,8 @@ impl JobHandler for ValidationJobs {
     fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let pending = self
-                .authority
+                .generations
+                .authority()
                 .store
                 .orphaned_processing_challenges(VALIDATION_KIND, RECOVER_BATCH)
                 .await

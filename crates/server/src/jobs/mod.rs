@@ -228,7 +228,10 @@ impl JobObserver for JobCounters {
 pub struct Queue {
     pub store: Store,
     pub clock: SharedClock,
-    pub config: JobsConfig,
+    /// The tuning of the current configuration: a reload replaces it, and
+    /// each claim and attempt reads it anew (but `concurrency`, whose
+    /// slots are made once).
+    config: std::sync::RwLock<Arc<JobsConfig>>,
     pub observer: Arc<JobCounters>,
     wake: Notify,
 }
@@ -238,10 +241,21 @@ impl Queue {
         Self {
             store,
             clock,
-            config,
+            config: std::sync::RwLock::new(Arc::new(config)),
             observer: Arc::new(JobCounters::default()),
             wake: Notify::new(),
         }
+    }
+
+    /// The job tuning now in force.
+    pub fn config(&self) -> Arc<JobsConfig> {
+        Arc::clone(&self.config.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Puts a reloaded configuration's tuning in force for the next claim
+    /// and attempt.
+    pub(crate) fn set_config(&self, config: JobsConfig) {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
 
     /// Wakes the runner: work was queued by other means (in a store
@@ -308,7 +322,9 @@ impl Queue {
                     payload: &payload,
                     run_at: spec.run_at.map_or(now, ms),
                     deadline: spec.deadline.map(ms),
-                    max_attempts: i64::from(spec.max_attempts.unwrap_or(self.config.max_attempts)),
+                    max_attempts: i64::from(
+                        spec.max_attempts.unwrap_or(self.config().max_attempts),
+                    ),
                     fair_key: spec.fair_key.as_deref(),
                 },
                 now,
@@ -383,7 +399,7 @@ impl Runner {
         let slots = registry
             .kinds()
             .into_iter()
-            .map(|kind| (kind, Arc::new(Semaphore::new(queue.config.concurrency))))
+            .map(|kind| (kind, Arc::new(Semaphore::new(queue.config().concurrency))))
             .collect();
         Self {
             queue,
@@ -392,6 +408,11 @@ impl Runner {
             slots,
             held: Arc::default(),
         }
+    }
+
+    /// The queue this runner claims from (its tuning: `Queue::config`).
+    pub fn queue(&self) -> &Queue {
+        &self.queue
     }
 
     pub fn owner(&self) -> &str {
@@ -421,9 +442,10 @@ impl Runner {
         if free.iter().all(|(_, n)| *n == 0) {
             return Vec::new();
         }
-        let lease = self.queue.config.lease.as_millis() as i64;
+        let lease = self.queue.config().lease.as_millis() as i64;
         let now = self.queue.clock.unix_ms();
-        let per_key = i64::try_from(self.queue.config.validations_per_account).unwrap_or(i64::MAX);
+        let per_key =
+            i64::try_from(self.queue.config().validations_per_account).unwrap_or(i64::MAX);
         match self
             .queue
             .store
@@ -520,7 +542,7 @@ impl Runner {
             // each kind's due work is claimed as soon as it has room.
             tokio::select! {
                 _ = self.queue.wake.notified() => {}
-                _ = tokio::time::sleep(self.queue.config.poll_interval) => {}
+                _ = tokio::time::sleep(self.queue.config().poll_interval) => {}
                 changed = stop.changed() => {
                         // A dropped sender means nobody can stop us any more: stop now.
                         if changed.is_err() { break; }
@@ -610,7 +632,7 @@ impl Runner {
 
         let budget = handler
             .budget(job)
-            .unwrap_or(self.queue.config.attempt_budget);
+            .unwrap_or(self.queue.config().attempt_budget);
         let attempt = {
             let handler = Arc::clone(&handler);
             let job = job.clone();
@@ -620,7 +642,7 @@ impl Runner {
         // If this task is itself aborted (shutdown), the attempt must not
         // live on detached.
         let _stop_attempt = AbortOnDrop(attempt.abort_handle());
-        let lease = self.queue.config.lease;
+        let lease = self.queue.config().lease;
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
         let budget_over = tokio::time::sleep(budget);
@@ -696,7 +718,7 @@ impl Runner {
                     };
                     return self.retire(handler, job, reason).await;
                 }
-                let cfg = &self.queue.config;
+                let cfg = self.queue.config();
                 let mut delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
                 if let Outcome::RetryAfter(at_least, _) = &outcome {
                     // A peer's number, bounded: it must neither hold the
@@ -770,8 +792,8 @@ impl Runner {
         // a slow abandon is not reclaimed and run twice at once.
         let budget = handler
             .budget(job)
-            .unwrap_or(self.queue.config.attempt_budget);
-        let lease = self.queue.config.lease;
+            .unwrap_or(self.queue.config().attempt_budget);
+        let lease = self.queue.config().lease;
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
         let over = tokio::time::sleep(budget);

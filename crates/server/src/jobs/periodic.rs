@@ -52,9 +52,8 @@ pub fn log_abandon(kind: &'static str, reason: &RetireReason) {
 pub enum Retained {
     /// Finished jobs older than `jobs.retention` (`job_retention`).
     FinishedJobs,
-    /// Audit rows older than `audit.retention` (`audit_retention`,
-    /// registered only when it is set: by default the audit trail is kept
-    /// for ever).
+    /// Audit rows older than `audit.retention` (`audit_retention`; none
+    /// while it is unset: by default the audit trail is kept for ever).
     AuditRows,
 }
 
@@ -64,7 +63,9 @@ pub struct Retention {
     pub of: Retained,
     pub clock: SharedClock,
     pub store: acme_proxy_store::Store,
-    pub retention: Duration,
+    /// The retention of the current configuration (a reload may change
+    /// it); None keeps everything.
+    pub retention: tokio::sync::watch::Receiver<Option<Duration>>,
     pub every: Duration,
 }
 
@@ -78,14 +79,17 @@ impl JobHandler for Retention {
 
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
+            let Some(retention) = *self.retention.borrow() else {
+                return Outcome::Reschedule(self.clock.now() + self.every);
+            };
             let deleted = match self.of {
                 // Job times are milliseconds, audit times seconds.
                 Retained::FinishedJobs => {
-                    let before = self.clock.unix_ms() - self.retention.as_millis() as i64;
+                    let before = self.clock.unix_ms() - retention.as_millis() as i64;
                     self.store.delete_finished_jobs(before).await
                 }
                 Retained::AuditRows => {
-                    let before = self.clock.unix() - self.retention.as_secs() as i64;
+                    let before = self.clock.unix() - retention.as_secs() as i64;
                     self.store.delete_audit_before(before).await
                 }
             };

@@ -277,7 +277,7 @@ impl Notifier {
         Outbox {
             jobs,
             now_ms: self.clock.unix_ms(),
-            max_attempts: i64::from(self.queue.config.max_attempts),
+            max_attempts: i64::from(self.queue.config().max_attempts),
         }
     }
 
@@ -409,7 +409,9 @@ pub fn check_templates(config: &Config) -> Result<Templates, String> {
 /// The handler of [`NOTIFY_KIND`] jobs.
 #[derive(Debug)]
 pub struct NotifyJobs {
-    pub notifier: Arc<Notifier>,
+    /// The current generation's notifier delivers: its targets are the
+    /// configuration's at the time of the attempt.
+    pub generations: crate::generation::Generations,
 }
 
 impl JobHandler for NotifyJobs {
@@ -419,21 +421,23 @@ impl JobHandler for NotifyJobs {
 
     fn budget(&self, job: &JobRow) -> Option<Duration> {
         let payload: Payload = serde_json::from_str(&job.payload).ok()?;
-        let d = self
-            .notifier
-            .destination(&payload.profile, &payload.webhook)?;
+        let notifier = Arc::clone(&self.generations.authority().notifier);
+        let d = notifier.destination(&payload.profile, &payload.webhook)?;
         Some(d.timeout() + Duration::from_secs(5))
     }
 
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
-        Box::pin(self.notifier.deliver(job))
+        Box::pin(async move {
+            let notifier = Arc::clone(&self.generations.authority().notifier);
+            notifier.deliver(job).await
+        })
     }
 
     /// A notification given up on is audited: the operator learns what was
     /// not told.
     fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let n = &self.notifier;
+            let n = &Arc::clone(&self.generations.authority().notifier);
             let payload: Option<Payload> = serde_json::from_str(&job.payload).ok();
             let detail = match &payload {
                 Some(p) => format!("{} to {}: {reason}", p.notice.event, p.webhook),

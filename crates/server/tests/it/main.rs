@@ -33,6 +33,7 @@ mod raw;
 mod recheck;
 mod recovery;
 mod relay;
+mod reload;
 mod replicas;
 mod resources;
 mod shared_database;

@@ -1,0 +1,271 @@
+//! Reloading the configuration: SIGHUP to the binary while lego issues in a
+//! loop, and `Running::reload` in process for what only a restart applies.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use acme_proxy::config::Config;
+use acme_proxy_store::{AuditFilter, Store, StoreOptions};
+use serde_json::json;
+
+use crate::clients::{self, Ran};
+use crate::harness::{self, Dns, TestServer};
+use crate::raw::{self, Acct, Key};
+
+/// Waits until lego has finished one more run than `seen` (so that the
+/// reloads fall across several runs); returns the new count.
+async fn next_lego_run(finished: &AtomicUsize, seen: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = finished.load(Ordering::SeqCst);
+        if now > seen {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lego finished no run within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends SIGHUP to `pid` and waits until the log at `log` holds `count`
+/// lines containing `what` (the reload is applied or refused then).
+fn hangup_and_wait(pid: u32, log: &Path, what: &str, count: usize) {
+    Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("kill -HUP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches(what).count() >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {count} lines with {what:?} within 20 s:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_while_lego_issues_adds_removes_and_restores_a_profile_and_refuses_a_broken_file() {
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
+    assert!(harness::require_program("lego"));
+    let at = harness::own_addr();
+    let home = harness::tempdir();
+    let data = home.path().join("data");
+    let base = TestServer::config_text(&data, at.port(), Some(&dns), "").replacen(
+        "timeout = \"5s\"",
+        "timeout = \"10s\"",
+        1,
+    );
+    let with_extra = format!("{base}\n[profiles.extra]\nbypass = true\n");
+    let config = home.path().join("acme-proxy.toml");
+    std::fs::write(&config, &base).expect("config");
+    let (mut server, directory) = harness::spawn_binary(
+        home.path(),
+        &["serve", "--config", config.to_str().expect("utf-8")],
+        &[],
+    );
+    let pid = server.0.id();
+    let log = home.path().join("acme-proxy.log");
+    let server_base = directory
+        .strip_suffix("/profile/default/directory")
+        .expect("a directory URL")
+        .to_owned();
+    let extra_directory = format!("{server_base}/profile/extra/directory");
+
+    // lego issues, one run after another, for as long as the reloads go on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let lego = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        let finished = Arc::clone(&finished);
+        let directory = directory.clone();
+        async move {
+            let state = harness::tempdir();
+            let mut runs: Vec<Ran> = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let name = format!("reload{i}.example.test");
+                let args = clients::lego_http_run(&directory, state.path(), at, &name);
+                runs.push(clients::run("lego", args, state.path().to_path_buf()).await);
+                finished.fetch_add(1, Ordering::SeqCst);
+            }
+            runs
+        }
+    });
+
+    // 1. A profile added by reload answers at once.
+    let seen = next_lego_run(&finished, 0).await;
+    std::fs::write(&config, &with_extra).expect("config");
+    hangup_and_wait(pid, &log, "configuration reloaded", 1);
+    let r = raw::request("GET", &extra_directory, None, vec![]).await;
+    assert_eq!(r.status, 200, "the added profile");
+    let extra = raw::directory(&extra_directory).await;
+    let acct = Acct::create(&extra, Key::p256()).await;
+    let new_order = extra["newOrder"].as_str().expect("newOrder").to_owned();
+    let made = acct
+        .post(
+            &extra,
+            &new_order,
+            Some(&json!({"identifiers": [{"type": "dns", "value": "kept.example.test"}]})),
+        )
+        .await;
+    assert_eq!(made.status, 201, "{:?}", made.json());
+    let order_url = made.location().expect("order URL");
+
+    // 2. Removed: 404, its stored order kept.
+    let seen = next_lego_run(&finished, seen).await;
+    std::fs::write(&config, &base).expect("config");
+    hangup_and_wait(pid, &log, "configuration reloaded", 2);
+    let r = raw::request("GET", &extra_directory, None, vec![]).await;
+    assert_eq!(r.status, 404, "the removed profile");
+    let r = raw::request(
+        "GET",
+        &format!("{server_base}/profile/extra/new-nonce"),
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 404, "the removed profile's endpoints");
+
+    // 3. Added back: the same account and order.
+    let seen = next_lego_run(&finished, seen).await;
+    std::fs::write(&config, &with_extra).expect("config");
+    hangup_and_wait(pid, &log, "configuration reloaded", 3);
+    let order = acct.post(&extra, &order_url, None).await;
+    assert_eq!(order.status, 200, "{:?}", order.json());
+    assert_eq!(
+        order.json()["identifiers"][0]["value"],
+        "kept.example.test",
+        "the order stored before the profile was removed"
+    );
+
+    // 4. A broken file is refused; the previous configuration serves on.
+    next_lego_run(&finished, seen).await;
+    std::fs::write(&config, "[profiles.default\nbypass = ").expect("config");
+    hangup_and_wait(pid, &log, "configuration not reloaded", 1);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let refusal = text
+        .lines()
+        .find(|l| l.contains("configuration not reloaded"))
+        .expect("the refusal line");
+    assert!(refusal.contains("does not load"), "the reason: {refusal}");
+    assert_eq!(
+        raw::request("GET", &extra_directory, None, vec![])
+            .await
+            .status,
+        200,
+        "the previous configuration still serves"
+    );
+
+    stop.store(true, Ordering::SeqCst);
+    let runs = lego.await.expect("lego loop");
+    for ran in &runs {
+        assert!(
+            ran.success(),
+            "a lego run failed during the reloads\n{}",
+            ran.report()
+        );
+    }
+    eprintln!(
+        "{} lego issuances across four reloads, none failed",
+        runs.len()
+    );
+    assert!(
+        server.0.try_wait().expect("status").is_none(),
+        "still running"
+    );
+    drop(server);
+
+    // Every reload is in the audit trail, the refusal with its reason.
+    let url = Config::from_toml(&base).expect("the config").database_url();
+    let store = Store::open(&url, &StoreOptions::default())
+        .await
+        .expect("open");
+    let rows = store
+        .audit_list(
+            &AuditFilter {
+                event: Some("config.reload"),
+                ..AuditFilter::default()
+            },
+            10,
+        )
+        .await
+        .expect("audit rows");
+    let outcomes: Vec<&str> = rows.iter().map(|r| r.outcome.as_str()).collect();
+    assert_eq!(
+        outcomes,
+        ["refused", "success", "success", "success"],
+        "newest first"
+    );
+    assert!(
+        rows[0]
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("does not load"),
+        "{:?}",
+        rows[0].detail
+    );
+    assert_eq!(rows[0].actor, "system:reload");
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_job_tuning_and_refuses_what_only_a_restart_applies() {
+    let dir = harness::tempdir();
+    let toml = TestServer::config_text(dir.path(), 1, None, "");
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let running = server.running();
+    assert_eq!(running.generations.current().number, 1);
+
+    let tuned = format!("{toml}\n[jobs]\nlease = \"7s\"\nbackoff_cap = \"9s\"\n");
+    let number = running
+        .reload(Config::from_toml(&tuned).expect("config"))
+        .await
+        .expect("reloaded");
+    assert_eq!(number, 2);
+    let queue = running.runner.queue();
+    assert_eq!(queue.config().lease, Duration::from_secs(7));
+    assert_eq!(queue.config().backoff_cap, Duration::from_secs(9));
+
+    let moved = tuned.replacen("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"", 1);
+    let refused = running
+        .reload(Config::from_toml(&moved).expect("config"))
+        .await
+        .expect_err("a new listen address needs a restart");
+    let reason = refused.0.join("\n");
+    assert!(
+        reason.contains("listen changed") && reason.contains("restart"),
+        "{reason}"
+    );
+    assert_eq!(
+        running.generations.current().number,
+        2,
+        "generation 2 serves on"
+    );
+    assert_eq!(queue.config().lease, Duration::from_secs(7));
+
+    // A signer that does not build refuses the whole file.
+    let broken = format!(
+        "{tuned}\n[profiles.custom]\n[profiles.custom.signer]\ntype = \"custom\"\ncommand = \"/nonexistent/signer\"\nca_cert = \"/nonexistent/ca.pem\"\n"
+    );
+    let refused = running
+        .reload(Config::from_toml(&broken).expect("config"))
+        .await
+        .expect_err("a custom signer without its files");
+    assert!(refused.0.join("\n").contains("custom"), "{refused:?}");
+    assert!(running.generations.authority().profile("custom").is_none());
+    server.stop().await;
+}
