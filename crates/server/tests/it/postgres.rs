@@ -175,3 +175,168 @@ async fn while_postgres_is_down_requests_get_503_with_retry_after_and_service_re
     assert_eq!(orders.json()["orders"].as_array().map(Vec::len), Some(2));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_seconds_without_postgres_under_load_answer_503_with_retry_after_and_leave_nothing_half_done()
+ {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    let pg = PgCluster::start();
+    let data = harness::tempdir();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{}\"\n[profiles.default]\nbypass = true\n",
+        data.path().display(),
+        pg.url()
+    );
+    let server = TestServer::start_in(data, &toml).await;
+    let directory = server.directory("default");
+
+    // Load: eight clients issuing in a loop, each failure waited out.
+    let stop = Arc::new(AtomicBool::new(false));
+    let issued = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for c in 0..8 {
+        let account = crate::client::account(&directory).await;
+        let (stop, issued) = (Arc::clone(&stop), Arc::clone(&issued));
+        clients.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let name = format!("load{c}-{i}.example.test");
+                let done = async {
+                    let id = instant_acme::Identifier::Dns(name);
+                    let mut order = account
+                        .new_order(&instant_acme::NewOrder::new(&[id]))
+                        .await?;
+                    let mut auths = order.authorizations();
+                    while let Some(authz) = auths.next().await {
+                        let mut authz = authz?;
+                        let kind = authz.challenges[0].r#type.clone();
+                        if let Some(mut ch) = authz.challenge(kind) {
+                            ch.set_ready().await?;
+                        }
+                    }
+                    order.poll_ready(&crate::client::retry()).await?;
+                    order.finalize().await?;
+                    order.poll_certificate(&crate::client::retry()).await?;
+                    Ok::<_, instant_acme::Error>(())
+                }
+                .await;
+                match done {
+                    Ok(()) => {
+                        issued.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        }));
+    }
+    // A probe that records what a client is told, every 100 ms.
+    let dir = raw::directory(&directory).await;
+    let probe_acct = Acct::create(&dir, Key::p256()).await;
+    let new_order = dir["newOrder"].as_str().expect("newOrder").to_owned();
+    let order = json!({"identifiers": [{"type": "dns", "value": "probe.example.test"}]});
+    let wait_for = |n: usize| {
+        let issued = Arc::clone(&issued);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while issued.load(Ordering::SeqCst) < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "fewer than {n} issuances in 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(20).await;
+    pg.stop();
+    let down = Instant::now();
+    let mut during = Vec::new();
+    while down.elapsed() < Duration::from_secs(10) {
+        let r = probe_acct.post(&dir, &new_order, Some(&order)).await;
+        let retry_after = r
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        during.push((r.status, retry_after));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pg.start_again();
+    let back = Instant::now();
+    let before_return = issued.load(Ordering::SeqCst);
+    wait_for(before_return + 20).await;
+    let full_service = back.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.await.expect("client task");
+    }
+
+    // During the outage: 503, Retry-After: 5, and nothing else.
+    assert!(during.len() >= 50, "{} probes", during.len());
+    for (status, retry_after) in &during {
+        assert_eq!(
+            (*status, retry_after.as_deref()),
+            (503, Some("5")),
+            "a request while PostgreSQL was down"
+        );
+    }
+    assert!(
+        full_service < Duration::from_secs(10),
+        "twenty issuances took {full_service:?} after PostgreSQL returned"
+    );
+    eprintln!(
+        "{} probes answered 503 + Retry-After during the outage; 20 issuances {full_service:?} after its end; {} issued in all",
+        during.len(),
+        issued.load(Ordering::SeqCst)
+    );
+
+    // Nothing half-done: every valid order has its certificate, no order
+    // is left processing, no job is left running, and each ready or valid
+    // order's authorizations are valid.
+    let psql = |sql: &str| -> String {
+        let out = std::process::Command::new("psql")
+            .args(["-X", "-q", "-A", "-t", "-c", sql])
+            .arg(pg.url())
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(
+        psql(
+            "SELECT COUNT(*) FROM orders o WHERE o.status = 'valid' AND NOT EXISTS (SELECT 1 FROM certificates c WHERE c.order_id = o.id)"
+        ),
+        "0"
+    );
+    assert_eq!(
+        psql("SELECT COUNT(*) FROM orders WHERE status = 'processing'"),
+        "0"
+    );
+    assert_eq!(
+        psql(
+            "SELECT COUNT(*) FROM orders o JOIN order_authorizations oa ON oa.order_id = o.id JOIN authorizations a ON a.id = oa.authz_id WHERE o.status IN ('ready', 'valid') AND a.status <> 'valid'"
+        ),
+        "0"
+    );
+    assert_eq!(
+        psql(
+            "SELECT COUNT(*) FROM certificates c JOIN orders o ON o.id = c.order_id WHERE o.status <> 'valid'"
+        ),
+        "0",
+        "a certificate whose order is not valid"
+    );
+    server.stop().await;
+    assert_eq!(
+        psql("SELECT COUNT(*) FROM jobs WHERE status IN ('running', 'retiring')"),
+        "0",
+        "a job left running"
+    );
+}
