@@ -130,10 +130,56 @@ pub fn fresh_postgres_database() -> String {
 pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: std::path::PathBuf,
+    /// With TLS: its TCP port on 127.0.0.1, and `hostnossl` refused.
+    tls_port: Option<u16>,
 }
 
 impl PgCluster {
     pub fn start() -> PgCluster {
+        let cluster = Self::init();
+        cluster.start_again();
+        cluster
+    }
+
+    /// A cluster that also listens on 127.0.0.1 (a free port), serving TLS
+    /// with the certificate and key files given and refusing every
+    /// connection over TCP without TLS; and its port.
+    pub fn start_tls(cert: &Path, key: &Path) -> (PgCluster, u16) {
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let mut cluster = Self::init();
+            let data = cluster.dir.path().join("data");
+            for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+                let dest = data.join(to);
+                std::fs::copy(from, &dest).expect("copy a TLS file");
+                std::fs::set_permissions(
+                    &dest,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )
+                .expect("chmod");
+                if Self::as_root() {
+                    std::os::unix::fs::chown(&dest, Some(Self::postgres_uid()), None)
+                        .expect("chown a TLS file");
+                }
+            }
+            let hba = data.join("pg_hba.conf");
+            let rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+            std::fs::write(
+                &hba,
+                format!("hostnossl all all 0.0.0.0/0 reject\nhostssl all all 127.0.0.1/32 trust\n{rules}"),
+            )
+            .expect("pg_hba.conf");
+            let port = free_port();
+            cluster.tls_port = Some(port);
+            match cluster.try_start() {
+                Ok(()) => return (cluster, port),
+                Err(e) => last = e,
+            }
+        }
+        panic!("PostgreSQL with TLS did not start: {last}");
+    }
+
+    fn init() -> PgCluster {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL's programs in /usr/lib/postgresql (package postgresql; scripts/test installs it)")
             .filter_map(|e| Some(e.ok()?.path().join("bin")))
@@ -147,7 +193,11 @@ impl PgCluster {
             std::os::unix::fs::chown(dir.path(), Some(Self::postgres_uid()), None)
                 .expect("chown the cluster's directory");
         }
-        let cluster = PgCluster { dir, bin };
+        let cluster = PgCluster {
+            dir,
+            bin,
+            tls_port: None,
+        };
         let data = cluster.dir.path().join("data");
         cluster.run(
             "initdb",
@@ -161,7 +211,6 @@ impl PgCluster {
                 "--no-sync",
             ],
         );
-        cluster.start_again();
         cluster
     }
 
@@ -228,20 +277,43 @@ impl PgCluster {
 
     /// Starts the server (again), waiting until it accepts connections.
     pub fn start_again(&self) {
+        if let Err(e) = self.try_start() {
+            panic!("{e}");
+        }
+    }
+
+    fn try_start(&self) -> Result<(), String> {
         let d = self.dir.path().display().to_string();
-        self.run(
-            "pg_ctl",
-            &[
+        let listen = match self.tls_port {
+            Some(port) => format!(
+                "-c listen_addresses=127.0.0.1 -c port={port} -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key"
+            ),
+            None => "-c listen_addresses=''".to_owned(),
+        };
+        let out = self
+            .command("pg_ctl")
+            .args([
                 "-D",
                 &format!("{d}/data"),
                 "-l",
                 &format!("{d}/server.log"),
                 "-w",
                 "-o",
-                &format!("-c listen_addresses='' -c unix_socket_directories='{d}' -c fsync=off"),
+                &format!("{listen} -c unix_socket_directories='{d}' -c fsync=off"),
                 "start",
-            ],
-        );
+            ])
+            .output()
+            .expect("run pg_ctl");
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl start: {}{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(format!("{d}/server.log")).unwrap_or_default()
+            ))
+        }
     }
 
     /// Stops the server at once, as a crash or a power cut would.

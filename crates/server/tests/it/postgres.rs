@@ -340,3 +340,67 @@ async fn ten_seconds_without_postgres_under_load_answer_503_with_retry_after_and
         "a job left running"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_postgres_follows_sslmode_and_verifies_the_servers_certificate() {
+    let pki = crate::upstream::TestPki::new();
+    let (cert, key) = pki.server_cert(&["localhost", "127.0.0.1"]);
+    let (pg, port) = PgCluster::start_tls(&cert, &key);
+    let data = harness::tempdir();
+    let at = |query: &str| format!("postgres://postgres@localhost:{port}/postgres?{query}");
+    let ca = pki.ca_pem_path();
+
+    // verify-full against the cluster's CA: served, over TLS.
+    let verified = at(&format!("sslmode=verify-full&sslrootcert={}", ca.display()));
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{verified}\"\n[profiles.default]\nbypass = true\n",
+        data.path().display()
+    );
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    assert!(acct.url.contains("/acct/"), "an account over TLS");
+    // The server's sessions, as PostgreSQL sees them: every one over TLS.
+    let out = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-c",
+            "SELECT COUNT(*) FILTER (WHERE s.ssl), COUNT(*) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = 'acme-proxy'",
+        ])
+        .arg(format!(
+            "postgres://postgres@localhost:{port}/postgres?sslmode=require"
+        ))
+        .output()
+        .expect("psql");
+    let counts = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let (tls, all) = counts.split_once('|').expect("two counts");
+    assert!(
+        all != "0" && tls == all,
+        "acme-proxy's sessions over TLS: {counts}"
+    );
+    server.stop().await;
+
+    let check = |url: String| {
+        let config = config(data.path(), &url, "");
+        harness::run_cli(&config, &["config", "check"], &[])
+    };
+    // Without TLS: the cluster refuses (pg_hba.conf: hostnossl reject).
+    let plain = check(at("sslmode=disable"));
+    assert_ne!(plain.code, 0, "{plain:?}");
+    assert!(plain.stderr.contains("no encryption"), "{plain:?}");
+    // verify-full against another CA: the certificate is refused.
+    let other = crate::upstream::TestPki::new();
+    let wrong = check(at(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        other.ca_pem_path().display()
+    )));
+    assert_ne!(wrong.code, 0, "{wrong:?}");
+    assert!(
+        wrong.stderr.to_lowercase().contains("certificate"),
+        "{wrong:?}"
+    );
+    drop(pg);
+}
