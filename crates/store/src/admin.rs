@@ -127,9 +127,16 @@ impl Store {
         // read and first write.
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        let account: Option<String> = tx
-            .scalar("SELECT account_id FROM orders WHERE id = ?1", args![id])
-            .await?;
+        // On PostgreSQL the order's row is locked before the checks below:
+        // a finalize committing in between would otherwise go unseen by
+        // them, and the order be deleted under its job. (SQLite's single
+        // writer already keeps it out.)
+        let sql = if tx.is_postgres() {
+            "SELECT account_id FROM orders WHERE id = ?1 FOR UPDATE"
+        } else {
+            "SELECT account_id FROM orders WHERE id = ?1"
+        };
+        let account: Option<String> = tx.scalar(sql, args![id]).await?;
         let Some(account) = account else {
             return Ok(DeleteOutcome::NotFound);
         };
@@ -147,11 +154,24 @@ impl Store {
     pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        let exists: Option<String> = tx
-            .scalar("SELECT id FROM accounts WHERE id = ?1", args![id])
-            .await?;
+        // On PostgreSQL: the account locked first (a write of the account
+        // checks it `FOR SHARE`, so no new order starts), then its orders
+        // (so none moves on unseen by the checks below).
+        let sql = if tx.is_postgres() {
+            "SELECT id FROM accounts WHERE id = ?1 FOR UPDATE"
+        } else {
+            "SELECT id FROM accounts WHERE id = ?1"
+        };
+        let exists: Option<String> = tx.scalar(sql, args![id]).await?;
         if exists.is_none() {
             return Ok(DeleteOutcome::NotFound);
+        }
+        if tx.is_postgres() {
+            tx.exec(
+                "SELECT 1 FROM orders WHERE account_id = ?1 FOR UPDATE",
+                args![id],
+            )
+            .await?;
         }
         if let Some(why) = blocker(&mut tx, Scope::Account, id, now).await? {
             return Ok(DeleteOutcome::Refused(why));

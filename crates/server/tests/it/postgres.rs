@@ -404,3 +404,93 @@ async fn tls_to_postgres_follows_sslmode_and_verifies_the_servers_certificate() 
     );
     drop(pg);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    use acme_proxy_store::{DeleteOutcome, Store, StoreOptions};
+
+    let url = harness::fresh_postgres_database();
+    let store = Store::open(&url, &StoreOptions::default())
+        .await
+        .expect("open");
+    let psql = |sql: &str| {
+        let out = Command::new("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .arg(&url)
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    psql(
+        "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at) VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
+         INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at) VALUES ('o1', 'default', 'acct', 'ready', '[]', 9999999999, 1);
+         INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at) VALUES ('o2', 'default', 'acct', 'ready', '[]', 9999999999, 1);",
+    );
+    // Another session starts finalizing each order and has not committed.
+    for (order, delete_account) in [("o1", false), ("o2", true)] {
+        // Only the order under test is busy (the first one's finalize
+        // gave up, say).
+        psql("UPDATE orders SET status = 'ready' WHERE status = 'processing'");
+        let mut finalize = Command::new("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+            .arg(&url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("psql");
+        let mut input = finalize.stdin.take().expect("stdin");
+        writeln!(
+            input,
+            "BEGIN; UPDATE orders SET status = 'processing' WHERE id = '{order}'; SELECT pg_sleep(0.5);"
+        )
+        .expect("write");
+        // Its update holds the row before the deletion starts.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let out = Command::new("psql")
+                .args(["-X", "-A", "-t", "-c", "SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE a.query LIKE 'BEGIN; UPDATE orders%' OR a.query LIKE '%pg_sleep%'"])
+                .arg(&url)
+                .output()
+                .expect("psql");
+            if String::from_utf8_lossy(&out.stdout).trim() != "0" {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the finalizing session never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let deleting = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                if delete_account {
+                    store.delete_account("acct", 1).await
+                } else {
+                    store.delete_order(order, 1).await
+                }
+            })
+        };
+        writeln!(input, "COMMIT;").expect("write");
+        drop(input);
+        assert!(finalize.wait().expect("psql").success());
+        let outcome = deleting.await.expect("task").expect("deletion");
+        assert!(
+            matches!(&outcome, DeleteOutcome::Refused(why) if why.contains("finalized")),
+            "deleting {} while {order} was being finalized: {outcome:?}",
+            if delete_account {
+                "the account"
+            } else {
+                "the order"
+            }
+        );
+    }
+    store.close().await;
+}
