@@ -126,6 +126,10 @@ impl LocalCa {
                 if !cert.exists() && !key.exists() {
                     generate(profile, &dir, &cert, &key, now)?;
                 }
+                // Another process on the same data directory (a replica
+                // started at the same moment) may have written the key
+                // and not yet the certificate: the CA is theirs.
+                wait_for_certificate(&cert, &key)?;
                 (cert, key, None)
             }
             None => (
@@ -454,10 +458,23 @@ fn generate(
         .map_err(internal("self-signing the CA"))?;
     // The key first, created 0600 and never world-readable even briefly;
     // the certificate is public, but everything in the data directory is
-    // kept private alike.
-    crate::private::write_new(key_path, key.serialize_pem().as_bytes())
-        .map_err(|e| SignerError::Internal(format!("writing {}: {e}", key_path.display())))?;
-    crate::private::write(cert_path, cert.pem().as_bytes())
+    // kept private alike. Whoever creates the key file generates the CA:
+    // another process that got there first leaves this one to load theirs.
+    match crate::private::write_new(key_path, key.serialize_pem().as_bytes()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => {
+            return Err(SignerError::Internal(format!(
+                "writing {}: {e}",
+                key_path.display()
+            )));
+        }
+    }
+    // Then the certificate, whole or not at all: written aside and renamed
+    // into place, as the sign for other processes that the CA is ready.
+    let aside = cert_path.with_extension(format!("pem.{}.tmp", std::process::id()));
+    crate::private::write(&aside, cert.pem().as_bytes())
+        .and_then(|()| std::fs::rename(&aside, cert_path))
         .map_err(|e| SignerError::Internal(format!("writing {}: {e}", cert_path.display())))?;
     tracing::info!(
         event = "ca.generated",
@@ -466,6 +483,27 @@ fn generate(
         cert = %cert_path.display(),
         "generated a new CA for the profile"
     );
+    Ok(())
+}
+
+/// How long a process waits for the certificate of a CA another process
+/// is generating (it takes milliseconds).
+const CA_GENERATION_WAIT: Duration = Duration::from_secs(10);
+
+/// Returns once `cert` exists; an error if only `key` does for longer than
+/// [`CA_GENERATION_WAIT`] (a process died between the two).
+fn wait_for_certificate(cert: &Path, key: &Path) -> Result<(), SignerError> {
+    let deadline = std::time::Instant::now() + CA_GENERATION_WAIT;
+    while !cert.exists() {
+        if std::time::Instant::now() >= deadline {
+            return Err(SignerError::Internal(format!(
+                "{} exists but {} does not: a CA generation was interrupted; remove the key file to generate a new CA",
+                key.display(),
+                cert.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(())
 }
 
@@ -563,5 +601,44 @@ impl super::SignerBackend for LocalCa {
         entries: &'a [RevokedEntry],
     ) -> super::BoxFuture<'a, Result<(Vec<u8>, OffsetDateTime), SignerError>> {
         Box::pin(LocalCa::sign_crl(self, number, this_update, entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn processes_generating_one_profiles_ca_at_once_all_load_the_same_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LocalCaConfig::default();
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let barrier = std::sync::Barrier::new(6);
+        let loaded: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        LocalCa::load_or_create("p", &config, dir.path(), now).map(|ca| ca.ca_pem)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        assert!(loaded.windows(2).all(|w| w[0] == w[1]), "one CA for all");
+        let files: Vec<_> = std::fs::read_dir(dir.path().join("ca").join("p"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(
+            files.len(),
+            2,
+            "the key and the certificate only: {files:?}"
+        );
     }
 }
