@@ -577,6 +577,16 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
         &new.database_password_file,
     );
     check("data_dir", &old.data_dir, &new.data_dir);
+    check(
+        "database_max_connections",
+        &old.database_max_connections,
+        &new.database_max_connections,
+    );
+    check(
+        "database_acquire_timeout",
+        &old.database_acquire_timeout,
+        &new.database_acquire_timeout,
+    );
     check("[tls]", &old.tls, &new.tls);
     check("[connections]", &old.connections, &new.connections);
     check("[metrics] listen", &old.metrics.listen, &new.metrics.listen);

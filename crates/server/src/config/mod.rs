@@ -67,6 +67,13 @@ pub struct Config {
     /// PostgreSQL: a file holding the password (its first line), instead
     /// of a password in `database_url`. Owner-only, like every secret.
     pub database_password_file: Option<PathBuf>,
+    /// PostgreSQL: connections this server keeps to the database at most.
+    pub database_max_connections: Option<u32>,
+    /// PostgreSQL: how long a request waits for one of those connections
+    /// before it is answered 503 with `Retry-After`.
+    #[serde(deserialize_with = "opt_duration")]
+    #[schemars(schema_with = "reference::opt_duration")]
+    pub database_acquire_timeout: Option<Duration>,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// Largest request body accepted (RFC 8555 requests are small).
@@ -141,6 +148,8 @@ impl Default for Config {
             data_dir: PathBuf::from("acme-proxy-data"),
             database_url: None,
             database_password_file: None,
+            database_max_connections: None,
+            database_acquire_timeout: None,
             log_format: LogFormat::Text,
             max_body_bytes: 64 * 1024,
             max_in_flight: 1024,
@@ -491,6 +500,28 @@ impl Config {
                 "max_in_flight must be at least 1".into(),
             ));
         }
+        let postgres = acme_proxy_store::is_postgres_url(&self.database_url());
+        for (key, set) in [
+            (
+                "database_max_connections",
+                self.database_max_connections.is_some(),
+            ),
+            (
+                "database_acquire_timeout",
+                self.database_acquire_timeout.is_some(),
+            ),
+        ] {
+            if set && !postgres {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} applies to a PostgreSQL database_url only; remove it (SQLite's connections are the server's own)"
+                )));
+            }
+        }
+        if self.database_max_connections == Some(0) {
+            return Err(ConfigError::Invalid(
+                "database_max_connections must be at least 1; write e.g. database_max_connections = 16".into(),
+            ));
+        }
         if self.jobs.validations_per_account == 0 {
             return Err(ConfigError::Invalid(
                 "jobs.validations_per_account must be at least 1; write e.g. validations_per_account = 8".into(),
@@ -572,6 +603,12 @@ impl Config {
     pub fn store_options(&self) -> anyhow::Result<acme_proxy_store::StoreOptions> {
         use anyhow::Context as _;
         let mut options = acme_proxy_store::StoreOptions::default();
+        if let Some(n) = self.database_max_connections {
+            options.max_connections = n;
+        }
+        if let Some(wait) = self.database_acquire_timeout {
+            options.acquire_timeout = wait;
+        }
         if let Some(file) = &self.database_password_file {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("reading database_password_file {}", file.display()))?;
@@ -913,5 +950,30 @@ mod tests {
             "listen = \"0.0.0.0:8443\"\npublic_url = \"https://acme.example.test:8443\"\n[tls]\nself_signed = true",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn the_postgresql_pool_settings_are_refused_with_sqlite_and_zero_connections_with_postgres() {
+        let sqlite = Config::from_toml("database_max_connections = 4\n[profiles.default]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(sqlite.contains("PostgreSQL database_url only"), "{sqlite}");
+        let sqlite = Config::from_toml("database_acquire_timeout = \"2s\"\n[profiles.default]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(sqlite.contains("database_acquire_timeout"), "{sqlite}");
+        let zero = Config::from_toml(
+            "database_url = \"postgres://u@h/d\"\ndatabase_max_connections = 0\n[profiles.default]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(zero.contains("at least 1"), "{zero}");
+        let set = Config::from_toml(
+            "database_url = \"postgres://u@h/d\"\ndatabase_max_connections = 3\ndatabase_acquire_timeout = \"2s\"\n[profiles.default]\n",
+        )
+        .unwrap();
+        let options = set.store_options().unwrap();
+        assert_eq!(options.max_connections, 3);
+        assert_eq!(options.acquire_timeout, Duration::from_secs(2));
     }
 }

@@ -494,3 +494,45 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
     }
     store.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_max_connections_bounds_the_sessions_a_server_opens() {
+    let url = harness::fresh_postgres_database();
+    let data = harness::tempdir();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{url}\"\ndatabase_max_connections = 2\n[profiles.default]\nbypass = true\n",
+        data.path().display()
+    );
+    let server = TestServer::start_in(data, &toml).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    // Sixteen registrations at once: each needs the database.
+    let registering: Vec<_> = (0..16)
+        .map(|_| {
+            let dir = dir.clone();
+            tokio::spawn(async move { Acct::create(&dir, Key::p256()).await })
+        })
+        .collect();
+    for r in registering {
+        r.await.expect("registered");
+    }
+    let sessions = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-c",
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'acme-proxy' AND datname = current_database()",
+        ])
+        .arg(&url)
+        .output()
+        .expect("psql");
+    let sessions: u32 = String::from_utf8_lossy(&sessions.stdout)
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(
+        (1..=2).contains(&sessions),
+        "{sessions} sessions with database_max_connections = 2"
+    );
+    server.stop().await;
+}
