@@ -114,7 +114,6 @@ impl Running {
 #[derive(Debug)]
 pub struct Assembled {
     pub authority: Arc<Authority>,
-    pub notifier: Arc<Notifier>,
     pub queue: Arc<Queue>,
 }
 
@@ -353,11 +352,7 @@ async fn build(
             }
         };
     Ok(Built {
-        assembled: Assembled {
-            notifier: Arc::clone(&authority.notifier),
-            authority,
-            queue,
-        },
+        assembled: Assembled { authority, queue },
         terminator,
         lasting,
         board,

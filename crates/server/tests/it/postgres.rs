@@ -21,17 +21,20 @@ pub(crate) fn without_password(url: &str) -> (String, String) {
     (format!("{scheme}://{user}@{host}"), password.to_owned())
 }
 
-/// A configuration on the database at `url`, `extra` at its top level.
+/// The text of a configuration with its data in `data_dir`, on the
+/// database at `url`, `extra` at its top level.
+fn config_text(data_dir: &Path, url: &str, extra: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{url}\"\n{extra}\n[profiles.default]\nbypass = true\n",
+        data_dir.display()
+    )
+}
+
+/// A configuration file in `data` on the database at `url`, `extra` at
+/// its top level.
 fn config(data: &Path, url: &str, extra: &str) -> std::path::PathBuf {
     let path = data.join("acme-proxy.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{url}\"\n{extra}\n[profiles.default]\nbypass = true\n",
-            data.join("data").display()
-        ),
-    )
-    .expect("config");
+    std::fs::write(&path, config_text(&data.join("data"), url, extra)).expect("config");
     path
 }
 
@@ -117,11 +120,7 @@ async fn a_password_in_the_url_is_shown_as_stars_and_a_wrong_one_stops_start_up_
 async fn while_postgres_is_down_requests_get_503_with_retry_after_and_service_returns_with_it() {
     let pg = PgCluster::start();
     let data = harness::tempdir();
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{}\"\n[profiles.default]\nbypass = true\n",
-        data.path().display(),
-        pg.url()
-    );
+    let toml = config_text(data.path(), &pg.url(), "");
     let server = TestServer::start_in(data, &toml).await;
     let dir = raw::directory(&server.directory("default")).await;
     let acct = Acct::create(&dir, Key::p256()).await;
@@ -185,11 +184,7 @@ async fn ten_seconds_without_postgres_under_load_answer_503_with_retry_after_and
 
     let pg = PgCluster::start();
     let data = harness::tempdir();
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{}\"\n[profiles.default]\nbypass = true\n",
-        data.path().display(),
-        pg.url()
-    );
+    let toml = config_text(data.path(), &pg.url(), "");
     let server = TestServer::start_in(data, &toml).await;
     let directory = server.directory("default");
 
@@ -352,10 +347,7 @@ async fn tls_to_postgres_follows_sslmode_and_verifies_the_servers_certificate() 
 
     // verify-full against the cluster's CA: served, over TLS.
     let verified = at(&format!("sslmode=verify-full&sslrootcert={}", ca.display()));
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{verified}\"\n[profiles.default]\nbypass = true\n",
-        data.path().display()
-    );
+    let toml = config_text(data.path(), &verified, "");
     let server = TestServer::start_in(harness::tempdir(), &toml).await;
     let dir = raw::directory(&server.directory("default")).await;
     let acct = Acct::create(&dir, Key::p256()).await;
@@ -499,10 +491,7 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
 async fn database_max_connections_bounds_the_sessions_a_server_opens() {
     let url = harness::fresh_postgres_database();
     let data = harness::tempdir();
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ndatabase_url = \"{url}\"\ndatabase_max_connections = 2\n[profiles.default]\nbypass = true\n",
-        data.path().display()
-    );
+    let toml = config_text(data.path(), &url, "database_max_connections = 2");
     let server = TestServer::start_in(data, &toml).await;
     let dir = raw::directory(&server.directory("default")).await;
     // Sixteen registrations at once: each needs the database.
