@@ -13,11 +13,11 @@ use std::sync::{OnceLock, RwLock};
 
 use rusqlite::types::{FromSql, ToSqlOutput, Value, ValueRef};
 use rusqlite::{ToSql, params_from_iter};
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Postgres, Row as _};
 use sqlx_core::transaction::TransactionManager as _;
 
+use crate::pg_pool::Pooled;
 use crate::slot::Held;
 use crate::{Result, StoreError, parse_text};
 
@@ -310,7 +310,7 @@ pub(crate) fn col_enum<T: FromStr>(
 /// A connection, held for one statement or transaction.
 pub(crate) enum Conn<'s> {
     Sqlite(Held<'s>),
-    Postgres(PoolConnection<Postgres>),
+    Postgres(Pooled),
 }
 
 impl<'s> Conn<'s> {
@@ -321,11 +321,13 @@ impl<'s> Conn<'s> {
             Conn::Sqlite(conn) => {
                 Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
             }
-            Conn::Postgres(conn) => Ok(bind(sqlx::query(postgres_text(sql)), args)
-                .execute(&mut **conn)
-                .await
-                .map_err(StoreError::Pg)?
-                .rows_affected()),
+            Conn::Postgres(pooled) => {
+                let session = pooled.session()?;
+                let done = bind(sqlx::query(postgres_text(sql)), args)
+                    .execute(session.start())
+                    .await;
+                Ok(session.settle(done)?.rows_affected())
+            }
         }
     }
 
@@ -345,11 +347,12 @@ impl<'s> Conn<'s> {
                     None => Ok(None),
                 }
             }
-            Conn::Postgres(conn) => {
+            Conn::Postgres(pooled) => {
+                let session = pooled.session()?;
                 let row = bind(sqlx::query(postgres_text(sql)), args)
-                    .fetch_optional(&mut **conn)
-                    .await
-                    .map_err(StoreError::Pg)?;
+                    .fetch_optional(session.start())
+                    .await;
+                let row = session.settle(row)?;
                 row.as_ref().map(|row| map(Row::Postgres(row))).transpose()
             }
         }
@@ -372,13 +375,17 @@ impl<'s> Conn<'s> {
                 }
                 Ok(out)
             }
-            Conn::Postgres(conn) => bind(sqlx::query(postgres_text(sql)), args)
-                .fetch_all(&mut **conn)
-                .await
-                .map_err(StoreError::Pg)?
-                .iter()
-                .map(|row| map(Row::Postgres(row)))
-                .collect(),
+            Conn::Postgres(pooled) => {
+                let session = pooled.session()?;
+                let rows = bind(sqlx::query(postgres_text(sql)), args)
+                    .fetch_all(session.start())
+                    .await;
+                session
+                    .settle(rows)?
+                    .iter()
+                    .map(|row| map(Row::Postgres(row)))
+                    .collect()
+            }
         }
     }
 
@@ -418,10 +425,12 @@ impl<'s> Conn<'s> {
                 }
                 conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             }
-            Conn::Postgres(conn) => {
-                <Postgres as sqlx::Database>::TransactionManager::begin(&mut **conn, None)
-                    .await
-                    .map_err(StoreError::Pg)?;
+            Conn::Postgres(pooled) => {
+                let session = pooled.session()?;
+                let begun =
+                    <Postgres as sqlx::Database>::TransactionManager::begin(session.start(), None)
+                        .await;
+                session.settle(begun)?;
             }
         }
         Ok(Tx {
@@ -449,10 +458,11 @@ impl Tx<'_, '_> {
             Conn::Sqlite(_) => {
                 self.conn.exec("COMMIT", &[]).await?;
             }
-            Conn::Postgres(conn) => {
-                <Postgres as sqlx::Database>::TransactionManager::commit(&mut **conn)
-                    .await
-                    .map_err(StoreError::Pg)?;
+            Conn::Postgres(pooled) => {
+                let session = pooled.session()?;
+                let committed =
+                    <Postgres as sqlx::Database>::TransactionManager::commit(session.start()).await;
+                session.settle(committed)?;
             }
         }
         self.open = false;
@@ -489,10 +499,12 @@ impl Drop for Tx<'_, '_> {
                     let _ = rollback.execute([]);
                 }
             }
-            // Sent before the connection's next statement (or it is closed
-            // instead of going back to the pool).
-            Conn::Postgres(conn) => {
-                <Postgres as sqlx::Database>::TransactionManager::start_rollback(&mut **conn);
+            // Sent before the connection's next statement, or before it
+            // goes back to the pool (`pg_pool.rs`).
+            Conn::Postgres(pooled) => {
+                if let Ok(session) = pooled.session() {
+                    session.queue_rollback();
+                }
             }
         }
     }

@@ -23,6 +23,7 @@ mod eab;
 mod jobs;
 mod nonces;
 mod orders;
+mod pg_pool;
 mod relay;
 mod slot;
 #[cfg(test)]
@@ -179,7 +180,17 @@ pub struct Store {
 #[derive(Clone, Debug)]
 enum Backend {
     Sqlite(SqliteDb),
-    Postgres(sqlx::PgPool),
+    Postgres(PgDb),
+}
+
+/// A PostgreSQL database's connections.
+#[derive(Clone, Debug)]
+struct PgDb {
+    /// Where the store's operations run (see `pg_pool.rs`).
+    pool: pg_pool::PgPool,
+    /// sqlx's pool of one, for what needs a sqlx pool: migrations, the
+    /// job runner's `LISTEN` (which keeps its connection) and `db copy`.
+    sqlx: sqlx::PgPool,
 }
 
 /// A SQLite file's connections.
@@ -294,10 +305,10 @@ impl Store {
     /// `sqlite://PATH`) and applies pending migrations.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Self> {
         if is_postgres_url(url) {
-            let pool = postgres_pool(url, options, false).await?;
-            POSTGRES_MIGRATIONS.run(&pool).await?;
+            let db = postgres_db(url, options, false).await?;
+            POSTGRES_MIGRATIONS.run(&db.sqlx).await?;
             return Ok(Self {
-                backend: Backend::Postgres(pool),
+                backend: Backend::Postgres(db),
             });
         }
         if !url.starts_with("sqlite:") {
@@ -357,13 +368,13 @@ impl Store {
     /// database does not exist yet (start-up would create it empty).
     pub async fn open_read_only(url: &str, options: &StoreOptions) -> Result<Option<Self>> {
         if is_postgres_url(url) {
-            let pool = postgres_pool(url, options, true).await?;
+            let db = postgres_db(url, options, true).await?;
             let migrated: Option<String> =
                 sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
-                    .fetch_one(&pool)
+                    .fetch_one(&db.sqlx)
                     .await?;
             return Ok(migrated.map(|_| Self {
-                backend: Backend::Postgres(pool),
+                backend: Backend::Postgres(db),
             }));
         }
         if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
@@ -404,11 +415,11 @@ impl Store {
         }))
     }
 
-    /// The PostgreSQL pool, on PostgreSQL.
+    /// The sqlx pool, on PostgreSQL: for `LISTEN` and `db copy`.
     fn postgres_pool(&self) -> Option<&sqlx::PgPool> {
         match &self.backend {
             Backend::Sqlite(_) => None,
-            Backend::Postgres(pool) => Some(pool),
+            Backend::Postgres(db) => Some(&db.sqlx),
         }
     }
 
@@ -467,7 +478,7 @@ impl Store {
     async fn writer(&self) -> Result<Conn<'_>> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(Conn::Sqlite(db.writer.lock().await?)),
-            Backend::Postgres(pool) => pooled(pool).await,
+            Backend::Postgres(db) => pooled(&db.pool).await,
         }
     }
 
@@ -486,7 +497,7 @@ impl Store {
     async fn point_reader(&self) -> Result<Conn<'_>> {
         let db = match &self.backend {
             Backend::Sqlite(db) => db,
-            Backend::Postgres(pool) => return pooled(pool).await,
+            Backend::Postgres(db) => return pooled(&db.pool).await,
         };
         let conn = db.writer.lock().await?;
         // A transaction left open (a failed ROLLBACK) would show this read
@@ -502,7 +513,7 @@ impl Store {
     async fn reader(&self) -> Result<Conn<'_>> {
         let db = match &self.backend {
             Backend::Sqlite(db) => db,
-            Backend::Postgres(pool) => return pooled(pool).await,
+            Backend::Postgres(db) => return pooled(&db.pool).await,
         };
         let start = db.next_reader.fetch_add(1, Ordering::Relaxed);
         let n = db.readers.len();
@@ -519,7 +530,11 @@ impl Store {
     pub async fn close(&self) {
         let db = match &self.backend {
             Backend::Sqlite(db) => db,
-            Backend::Postgres(pool) => return pool.close().await,
+            Backend::Postgres(db) => {
+                db.pool.close().await;
+                db.sqlx.close().await;
+                return;
+            }
         };
         let checkpointer = db
             .checkpointer
@@ -551,7 +566,10 @@ impl Store {
                     ("reader", db.readers.len() as u32, idle_readers as u32),
                 ]
             }
-            Backend::Postgres(pool) => vec![("pool", pool.size(), pool.num_idle() as u32)],
+            Backend::Postgres(db) => {
+                let (open, idle) = db.pool.stats();
+                vec![("pool", open, idle)]
+            }
         }
     }
 
@@ -560,12 +578,12 @@ impl Store {
     pub async fn ping(&self) -> Result<()> {
         let db = match &self.backend {
             Backend::Sqlite(db) => db,
-            Backend::Postgres(pool) => {
-                sqlx::query("SELECT 1")
-                    .execute(pool)
+            Backend::Postgres(db) => {
+                return pooled(&db.pool)
+                    .await?
+                    .exec("SELECT 1", &[])
                     .await
-                    .map_err(StoreError::Pg)?;
-                return Ok(());
+                    .map(|_| ());
             }
         };
         for slot in std::iter::once(&*db.writer).chain(db.readers.iter()) {
@@ -577,16 +595,16 @@ impl Store {
 }
 
 /// A connection of the PostgreSQL pool.
-async fn pooled(pool: &sqlx::PgPool) -> Result<Conn<'static>> {
-    Ok(Conn::Postgres(
-        pool.acquire().await.map_err(StoreError::Pg)?,
-    ))
+async fn pooled(pool: &pg_pool::PgPool) -> Result<Conn<'static>> {
+    Ok(Conn::Postgres(pool.get().await?))
 }
 
-/// The pool of a PostgreSQL store; `read_only` for a dry run of start-up,
-/// whose every transaction refuses writes. TLS, the password and the
-/// rest come from the URL (`sslmode`, `sslrootcert`, …).
-async fn postgres_pool(url: &str, options: &StoreOptions, read_only: bool) -> Result<sqlx::PgPool> {
+/// The pools of a PostgreSQL store; `read_only` for a dry run of
+/// start-up, whose every transaction refuses writes. TLS, the password
+/// and the rest come from the URL (`sslmode`, `sslrootcert`, …).
+/// `max_connections` bounds both together: sqlx's pool has one, the
+/// operations' pool the rest (at least one).
+async fn postgres_db(url: &str, options: &StoreOptions, read_only: bool) -> Result<PgDb> {
     let mut connect = sqlx::postgres::PgConnectOptions::from_str(url)?
         .application_name("acme-proxy")
         .statement_cache_capacity(STATEMENT_CACHE);
@@ -596,16 +614,17 @@ async fn postgres_pool(url: &str, options: &StoreOptions, read_only: bool) -> Re
     if let Some(password) = &options.password {
         connect = connect.password(password);
     }
-    Ok(sqlx::postgres::PgPoolOptions::new()
-        // No ping before each use: it was a round trip per store call, a
-        // third of PostgreSQL's work per issuance. A connection the server
-        // dropped fails its next statement instead, which answers 503
-        // (`is_unavailable`) and leaves the pool for a fresh one.
-        .test_before_acquire(false)
-        .max_connections(options.max_connections.max(1))
+    let sqlx = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
         .acquire_timeout(options.acquire_timeout)
-        .connect_with(connect)
-        .await?)
+        .connect_with(connect.clone())
+        .await?;
+    let pool = pg_pool::PgPool::new(
+        connect,
+        options.max_connections.saturating_sub(1).max(1),
+        options.acquire_timeout,
+    )?;
+    Ok(PgDb { pool, sqlx })
 }
 
 /// Migrations whose comments were reworded after release, with the

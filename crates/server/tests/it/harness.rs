@@ -93,17 +93,23 @@ pub fn on_postgres() -> bool {
 }
 
 /// A new, empty PostgreSQL database for one server of a test, its URL.
+///
+/// Named `t_PID_N` after the test's process (nextest runs each test in a
+/// process of its own). The first one a process makes sweeps away the
+/// databases of processes that have ended, and any of an earlier process
+/// that had the same PID: a suite of several hundred tests would otherwise
+/// leave gigabytes behind on the server's disk.
 pub fn fresh_postgres_database() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let server = std::env::var("TEST_POSTGRES_URL").expect(
         "TEST_POSTGRES_URL names the PostgreSQL server of the suite (scripts/test starts one)",
     );
-    let name = format!(
-        "t_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    if n == 0 {
+        drop_databases_of_ended_tests(&server);
+    }
+    let name = format!("t_{}_{n}", std::process::id());
     let out = Command::new("psql")
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
         .arg(format!("CREATE DATABASE {name}"))
@@ -121,6 +127,47 @@ pub fn fresh_postgres_database() -> String {
         .rsplit_once('/')
         .expect("TEST_POSTGRES_URL is postgres://USER@HOST/DATABASE");
     format!("{base}/{name}?{query}")
+}
+
+/// Drops the test databases on `server` whose process has ended or whose
+/// PID is this process's (so made by an earlier process with that PID).
+fn drop_databases_of_ended_tests(server: &str) {
+    let psql = |sql: &str| {
+        Command::new("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .arg(server)
+            .output()
+            .expect("run psql")
+    };
+    let listed = psql("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%\\_%'");
+    assert!(
+        listed.status.success(),
+        "list the test databases: {}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let me = std::process::id();
+    for name in String::from_utf8_lossy(&listed.stdout).lines() {
+        let Some(pid) = name
+            .strip_prefix("t_")
+            .and_then(|rest| rest.split_once('_'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != me && Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        // Another test may be sweeping the same one: IF EXISTS. FORCE ends
+        // the sessions of a server that outlived its test.
+        // Only disk is at stake: a failure is reported, not fatal.
+        let dropped = psql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        if !dropped.status.success() {
+            eprintln!(
+                "could not drop the test database {name}: {}",
+                String::from_utf8_lossy(&dropped.stderr)
+            );
+        }
+    }
 }
 
 /// A PostgreSQL cluster of a test's own (Debian's `postgresql`), on a Unix

@@ -440,20 +440,27 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
         let mut input = finalize.stdin.take().expect("stdin");
         writeln!(
             input,
-            "BEGIN; UPDATE orders SET status = 'processing' WHERE id = '{order}'; SELECT pg_sleep(0.5);"
+            "BEGIN; UPDATE orders SET status = 'processing' WHERE id = '{order}';"
         )
         .expect("write");
-        // Its update holds the row before the deletion starts.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
+        // Its update holds the row (it has a transaction id and is idle
+        // in its transaction) before the deletion starts.
+        let count = |sql: &str| -> u32 {
             let out = Command::new("psql")
-                .args(["-X", "-A", "-t", "-c", "SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE a.query LIKE 'BEGIN; UPDATE orders%' OR a.query LIKE '%pg_sleep%'"])
+                .args(["-X", "-A", "-t", "-c", sql])
                 .arg(&url)
                 .output()
                 .expect("psql");
-            if String::from_utf8_lossy(&out.stdout).trim() != "0" {
-                break;
-            }
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .expect("a count")
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while count(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_xid IS NOT NULL AND state = 'idle in transaction'",
+        ) == 0
+        {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the finalizing session never started"
@@ -470,6 +477,22 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
                 }
             })
         };
+        // The deletion waits for the finalize's row lock (rather than
+        // reading past it); only then does the finalize commit.
+        while count(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        ) == 0
+        {
+            assert!(
+                !deleting.is_finished(),
+                "deleting while {order} was being finalized did not wait for its lock"
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the deletion never reached the database"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         writeln!(input, "COMMIT;").expect("write");
         drop(input);
         assert!(finalize.wait().expect("psql").success());
