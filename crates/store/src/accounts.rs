@@ -346,10 +346,8 @@ impl Store {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use rusqlite::Connection;
-
     use super::*;
-    use crate::test_support::{ACCOUNT, GUARD, cert_row, issued_row, open_in};
+    use crate::test_support::{ACCOUNT, GUARD, TestDb, cert_row, issued_row};
     use crate::{
         AuditFilter, InsertOrder, NewAuthorization, NewChallenge, NewJob, NewOrderRow,
         NewUpstreamOrder, Result, StoreError,
@@ -360,17 +358,15 @@ mod tests {
      {
         use acme_proxy_protocol::types::Identifier;
 
-        let dir = tempfile::tempdir().unwrap();
-        let (path, store) = open_in(dir.path()).await;
-        let raw = Connection::open(&path).unwrap();
-        raw.execute_batch(&format!(
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
             "{ACCOUNT}
              INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
                  VALUES ('gone', 'default', 'gone-thumb', '{{}}', 'deactivated', 1);
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1);"
         ))
-        .unwrap();
+        .await;
         let order = |id: &str| NewOrderRow {
             id: id.to_owned(),
             profile: "default".to_owned(),
@@ -478,8 +474,8 @@ mod tests {
         }
         // `acct` itself deactivated (by hand, without the cascade): the
         // bypass that would move its challenge is refused.
-        raw.execute_batch("UPDATE accounts SET status = 'deactivated' WHERE id = 'acct'")
-            .unwrap();
+        db.exec("UPDATE accounts SET status = 'deactivated' WHERE id = 'acct'")
+            .await;
         let bypassed = store
             .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
             .await;
@@ -487,8 +483,8 @@ mod tests {
             matches!(bypassed, Err(StoreError::AccountChanged)),
             "{bypassed:?}"
         );
-        raw.execute_batch("UPDATE accounts SET status = 'valid' WHERE id = 'acct'")
-            .unwrap();
+        db.exec("UPDATE accounts SET status = 'valid' WHERE id = 'acct'")
+            .await;
         // Nothing of the refused writes: the challenge is pending, the
         // order ready without a certificate or upstream mapping, no job,
         // nothing audited.
@@ -520,8 +516,8 @@ mod tests {
             id: "gone",
             key_thumbprint: "gone-thumb",
         };
-        raw.execute_batch("UPDATE accounts SET status = 'valid' WHERE id = 'gone'")
-            .unwrap();
+        db.exec("UPDATE accounts SET status = 'valid' WHERE id = 'gone'")
+            .await;
         for (profile, account) in [("other", GUARD), ("default", other)] {
             let refused = store
                 .bypass_challenge("o1-ch", profile, 1, 50, account)

@@ -361,25 +361,20 @@ pub(crate) async fn complete_order_in(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use rusqlite::Connection;
-
-    use crate::test_support::{ACCOUNT, GUARD, cert_row, issued_row, open_in};
+    use crate::test_support::{ACCOUNT, GUARD, TestDb, cert_row, issued_row};
     use crate::{AuditFilter, NewJob};
 
     #[tokio::test]
     async fn only_a_ready_order_is_completed_and_a_refused_completion_writes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, store) = open_in(dir.path()).await;
-        let raw = Connection::open(&path).unwrap();
-        raw.execute_batch(&format!(
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
             "{ACCOUNT}
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('ready', 'default', 'acct', 'ready', '[]', 2, 1),
                         ('pending', 'default', 'acct', 'pending', '[]', 2, 1),
                         ('clash', 'default', 'acct', 'ready', '[]', 2, 1);"
         ))
-        .unwrap();
-        drop(raw);
+        .await;
         // Serials are the certificate ids, but c1 and c4 share one.
         let cert = |id: &'static str, order_id: &'static str| {
             cert_row(id, order_id, if id == "c4" { "c1" } else { id })
@@ -449,14 +444,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_processes_taking_crl_numbers_at_once_never_get_the_same_one_and_follow_the_stored_crl()
      {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, first) = open_in(dir.path()).await;
-        let second = crate::Store::open(
-            &format!("sqlite:{}", path.display()),
-            &crate::StoreOptions::default(),
-        )
-        .await
-        .unwrap();
+        let (db, first) = TestDb::open().await;
+        let second = crate::Store::open(db.url(), &crate::StoreOptions::default())
+            .await
+            .unwrap();
         // A CRL stored without a reservation (copied in, say): numbers go
         // on after it.
         first

@@ -830,7 +830,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::test_support::{ACCOUNT, issued_row, open_in};
+    use crate::test_support::{ACCOUNT, TestDb, issued_row, open_in};
 
     #[tokio::test]
     async fn a_read_only_store_reads_what_is_there_refuses_writes_and_creates_no_database() {
@@ -923,8 +923,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_connection_answers_the_health_ping_and_a_closed_store_refuses_work() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_, store) = open_in(dir.path()).await;
+        let (_db, store) = TestDb::open().await;
         store.ping().await.unwrap();
         store.use_nonce("n", 10).await.unwrap();
         assert_eq!(store.used_nonce_count().await.unwrap(), 1);
@@ -1124,26 +1123,33 @@ mod tests {
 
     #[tokio::test]
     async fn a_status_the_store_does_not_know_fails_the_read_naming_its_column_and_value() {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, store) = open_in(dir.path()).await;
+        let (db, store) = TestDb::open().await;
         // Rows as a newer release or a hand edit could leave them: the
-        // CHECK constraints are switched off on this one connection so
-        // that the values reach the file at all.
-        let raw = Connection::open(&path).unwrap();
-        raw.execute_batch(
-            "PRAGMA ignore_check_constraints = ON;
+        // CHECK constraints are switched off (SQLite: on this one
+        // connection; PostgreSQL: dropped) so that the values are stored
+        // at all.
+        let unchecked = if crate::test_support::on_postgres() {
+            "ALTER TABLE accounts DROP CONSTRAINT accounts_status_check;
+             ALTER TABLE orders DROP CONSTRAINT orders_status_check;
+             ALTER TABLE authorizations DROP CONSTRAINT authorizations_status_check;
+             ALTER TABLE challenges DROP CONSTRAINT challenges_status_check;
+             ALTER TABLE jobs DROP CONSTRAINT jobs_status_check;"
+        } else {
+            "PRAGMA ignore_check_constraints = ON;"
+        };
+        db.exec(&format!(
+            "{unchecked}
              INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at)
-                 VALUES ('acct', 'default', 'thumb', '{}', 'suspended', 1);
+                 VALUES ('acct', 'default', 'thumb', '{{}}', 'suspended', 1);
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('ord', 'default', 'acct', 'on-hold', '[]', 2, 1);
              INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, status, expires_at, created_at)
                  VALUES ('az', 'default', 'acct', 'dns', 'a.test', 'VALID', 2, 1);
              INSERT INTO challenges (id, authz_id, type, token, status) VALUES ('ch', 'az', 'http-01', 't', 'done');
              INSERT INTO jobs (id, kind, key, payload, status, attempts, max_attempts, run_at, created_at, updated_at)
-                 VALUES (7, 'k', 'key', '{}', 'paused', 0, 1, 1, 1, 1);",
-        )
-        .unwrap();
-        drop(raw);
+                 VALUES (7, 'k', 'key', '{{}}', 'paused', 0, 1, 1, 1, 1);"
+        ))
+        .await;
 
         let unknown = |r: std::result::Result<(), StoreError>| match r {
             Err(StoreError::UnknownValue { column, value }) => (column, value),

@@ -173,7 +173,8 @@ impl PgPool {
             Err(_) => Err(StoreError::Pg(sqlx::Error::PoolTimedOut)),
             Ok(Ok(conn)) => Ok(Pooled(Some(conn))),
             Ok(Err(managed::PoolError::Backend(e))) => Err(StoreError::Pg(e)),
-            Ok(Err(managed::PoolError::Closed)) => Err(StoreError::Pg(sqlx::Error::PoolClosed)),
+            // As a closed SQLite store answers.
+            Ok(Err(managed::PoolError::Closed)) => Err(StoreError::Closed),
             Ok(Err(e)) => Err(StoreError::Pg(sqlx::Error::Configuration(Box::new(e)))),
         }
     }
@@ -192,5 +193,99 @@ impl PgPool {
         for session in idle.removed {
             let _ = session.conn.close().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use crate::test_support::{ACCOUNT, TestDb, on_postgres};
+
+    /// These run in the suite's PostgreSQL pass (`scripts/test` sets
+    /// `TEST_DB_BACKEND=postgres` and excludes them from the SQLite one).
+    fn require_postgres() {
+        assert!(
+            on_postgres(),
+            "pg_pool's tests need PostgreSQL: TEST_DB_BACKEND=postgres and TEST_POSTGRES_URL"
+        );
+    }
+
+    /// Waits until the pool holds `open` connections, all idle.
+    async fn until_idle(store: &crate::Store, open: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.pool_stats() != [("pool", open, open)] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "pool: {:?}",
+                store.pool_stats()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_transaction_dropped_without_a_commit_releases_its_row_locks_and_its_connection_is_reused()
+     {
+        require_postgres();
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        {
+            let mut conn = store.writer().await.unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            tx.exec(
+                "UPDATE accounts SET contact = 'mailto:a@example.test' WHERE id = 'acct'",
+                &[],
+            )
+            .await
+            .unwrap();
+            // Dropped here, as a refused operation drops its transaction.
+        }
+        // Another session's write of the row is not kept waiting.
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            db.exec("UPDATE accounts SET contact = 'after' WHERE id = 'acct' AND contact = '[]'"),
+        )
+        .await
+        .expect("the dropped transaction still held the account's row lock");
+        until_idle(&store, 1).await;
+        let contact: Option<Option<String>> = store
+            .writer()
+            .await
+            .unwrap()
+            .scalar("SELECT contact FROM accounts WHERE id = 'acct'", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            contact,
+            Some(Some("after".to_owned())),
+            "the dropped write was rolled back"
+        );
+        until_idle(&store, 1).await;
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_statement_cut_off_midway_closes_its_connection_instead_of_handing_it_on() {
+        require_postgres();
+        let (_db, store) = TestDb::open().await;
+        let mut conn = store.writer().await.unwrap();
+        let cut = tokio::time::timeout(
+            Duration::from_millis(300),
+            conn.exec("SELECT pg_sleep(20)", &[]),
+        )
+        .await;
+        assert!(cut.is_err(), "the sleep was cut off");
+        drop(conn);
+        // Handed on, the connection would first wait out the sleep's
+        // answer; a fresh one answers at once.
+        tokio::time::timeout(Duration::from_secs(5), store.ping())
+            .await
+            .expect("the next statement waited for the cut-off one")
+            .unwrap();
+        until_idle(&store, 1).await;
+        store.close().await;
     }
 }

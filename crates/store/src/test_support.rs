@@ -1,5 +1,7 @@
-//! What the store's tests share: a fresh store in a directory, and the
-//! rows and guard of the account their hand-written rows belong to.
+//! What the store's tests share: a fresh store (a SQLite file in a
+//! directory, or a database of its own on the PostgreSQL server the suite
+//! names), and the rows and guard of the account their hand-written rows
+//! belong to.
 
 #![allow(clippy::unwrap_used)]
 
@@ -57,4 +59,105 @@ pub(crate) async fn open_in(dir: &Path) -> (std::path::PathBuf, Store) {
     let url = format!("sqlite:{}", path.display());
     let store = Store::open(&url, &StoreOptions::default()).await.unwrap();
     (path, store)
+}
+
+/// A fresh database for a test that holds on either engine: a SQLite file
+/// by default; with `TEST_DB_BACKEND=postgres` (as `scripts/test` sets for
+/// its second run) a new database on the PostgreSQL server
+/// `TEST_POSTGRES_URL` names, so the store's own tests run on both.
+pub(crate) struct TestDb {
+    url: String,
+    /// The SQLite file's directory, removed on drop.
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Whether the tests run on PostgreSQL (`TEST_DB_BACKEND=postgres`).
+pub(crate) fn on_postgres() -> bool {
+    match std::env::var("TEST_DB_BACKEND").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") | Err(_) => false,
+        Ok(other) => panic!("TEST_DB_BACKEND={other}: write sqlite or postgres"),
+    }
+}
+
+impl TestDb {
+    /// A new, empty database, and a store opened on it.
+    pub(crate) async fn open() -> (TestDb, Store) {
+        let db = if on_postgres() {
+            TestDb {
+                url: fresh_postgres_database().await,
+                _dir: None,
+            }
+        } else {
+            let dir = tempfile::tempdir().unwrap();
+            TestDb {
+                url: format!("sqlite:{}", dir.path().join("t.db").display()),
+                _dir: Some(dir),
+            }
+        };
+        let store = Store::open(&db.url, &StoreOptions::default())
+            .await
+            .unwrap();
+        (db, store)
+    }
+
+    /// Its URL, for a second store on it (another process).
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Runs `sql` (statements separated by `;`, text both engines read)
+    /// on a connection of its own, as another process would.
+    pub(crate) async fn exec(&self, sql: &str) {
+        if crate::is_postgres_url(&self.url) {
+            use sqlx::Connection as _;
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            conn.close().await.unwrap();
+        } else {
+            let path = self.url.trim_start_matches("sqlite:");
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap();
+        }
+    }
+}
+
+/// A new database on the suite's PostgreSQL server, its URL: named
+/// `t_PID_N` like the integration tests' (whose harness drops those of
+/// ended processes); one left by an earlier process with this PID is
+/// dropped first.
+async fn fresh_postgres_database() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use sqlx::Connection as _;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let server = std::env::var("TEST_POSTGRES_URL").expect(
+        "TEST_POSTGRES_URL names the PostgreSQL server of the suite (scripts/test starts one)",
+    );
+    let name = format!(
+        "t_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut conn = sqlx::PgConnection::connect(&server).await.unwrap();
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    conn.close().await.unwrap();
+    let (base, query) = server.split_once('?').unwrap_or((&server, ""));
+    let (base, _) = base
+        .rsplit_once('/')
+        .expect("TEST_POSTGRES_URL is postgres://USER@HOST/DATABASE");
+    format!("{base}/{name}?{query}")
 }

@@ -179,11 +179,23 @@ pub struct PgCluster {
     bin: std::path::PathBuf,
     /// With TLS: its TCP port on 127.0.0.1, and `hostnossl` refused.
     tls_port: Option<u16>,
+    /// Whether it syncs its WAL as a production server does (off by
+    /// default: the suite's clusters are thrown away).
+    fsync: bool,
 }
 
 impl PgCluster {
     pub fn start() -> PgCluster {
         let cluster = Self::init();
+        cluster.start_again();
+        cluster
+    }
+
+    /// A cluster that syncs its WAL to disk at each commit that asks for
+    /// it, as Debian's defaults do.
+    pub fn start_durable() -> PgCluster {
+        let mut cluster = Self::init();
+        cluster.fsync = true;
         cluster.start_again();
         cluster
     }
@@ -244,6 +256,7 @@ impl PgCluster {
             dir,
             bin,
             tls_port: None,
+            fsync: false,
         };
         let data = cluster.dir.path().join("data");
         cluster.run(
@@ -346,7 +359,10 @@ impl PgCluster {
                 &format!("{d}/server.log"),
                 "-w",
                 "-o",
-                &format!("{listen} -c unix_socket_directories='{d}' -c fsync=off"),
+                &format!(
+                    "{listen} -c unix_socket_directories='{d}' -c fsync={}",
+                    if self.fsync { "on" } else { "off" }
+                ),
                 "start",
             ])
             .output()

@@ -548,3 +548,96 @@ async fn database_max_connections_bounds_the_sessions_a_server_opens() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn using_a_nonce_does_not_wait_for_a_wal_flush_and_an_ordinary_write_still_does() {
+    use std::time::{Duration, Instant};
+
+    use acme_proxy_store::{NewAuditRow, Store, StoreOptions};
+
+    let pg = PgCluster::start_durable();
+    let psql = |sql: &str| -> u64 {
+        let out = std::process::Command::new("psql")
+            .args(["-X", "-A", "-t", "-c", sql])
+            .arg(pg.url())
+            .output()
+            .expect("psql");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    // The WAL syncs PostgreSQL has issued, once the store's sessions have
+    // ended (a session reports its counts when it exits) and the count
+    // has stopped moving.
+    let syncs = || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while psql(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        ) > 0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the store's sessions did not end"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut last = psql("SELECT wal_sync FROM pg_stat_wal");
+        loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = psql("SELECT wal_sync FROM pg_stat_wal");
+            if now == last {
+                return now;
+            }
+            assert!(Instant::now() < deadline, "the WAL sync count kept moving");
+            last = now;
+        }
+    };
+    let (url, options) = (pg.url(), StoreOptions::default());
+    let open = || Store::open(&url, &options);
+    // Forty ordinary writes: each commit waits for its sync.
+    let store = open().await.expect("open");
+    store.close().await;
+    let before = syncs();
+    let store = open().await.expect("open");
+    for i in 0..40 {
+        store
+            .insert_audit(&NewAuditRow {
+                at: i,
+                event: "test.write",
+                outcome: "success",
+                actor: "system",
+                ..Default::default()
+            })
+            .await
+            .expect("audit");
+    }
+    store.close().await;
+    let ordinary = syncs() - before;
+    assert!(
+        ordinary >= 40,
+        "{ordinary} WAL syncs for 40 ordinary commits"
+    );
+    // Forty nonces used: their records are flushed by the WAL writer in
+    // the background (or by the next ordinary commit), not one sync each.
+    let before = syncs();
+    let store = open().await.expect("open");
+    for i in 0..40 {
+        assert!(
+            store
+                .use_nonce(&format!("nonce-{i}"), 9_999_999_999)
+                .await
+                .expect("use")
+        );
+    }
+    // Each is still used once.
+    assert!(
+        !store
+            .use_nonce("nonce-0", 9_999_999_999)
+            .await
+            .expect("use")
+    );
+    store.close().await;
+    let nonces = syncs() - before;
+    assert!(nonces <= 20, "{nonces} WAL syncs for 41 nonce uses");
+}
