@@ -4,8 +4,7 @@
 //!
 //! sqlx's own pool pings every connection it gets back (`return_to_pool`),
 //! in a task of its own: one more round trip, and a task, for every store
-//! call, which made PostgreSQL do twice the work per issuance
-//! (docs/performance.md). The ping is there to catch a connection left
+//! call (docs/performance.md). The ping is there to catch a connection left
 //! mid-statement by a dropped future or broken by an error. This pool
 //! tracks exactly that instead: a connection is marked in doubt while a
 //! statement is on the wire and stays so if the statement's future is
@@ -15,8 +14,10 @@
 //! replaced. A transaction dropped without a commit queues its `ROLLBACK`
 //! (a `Drop` cannot wait); the connection is then sent it by a task of its
 //! own before going back, since until then it holds the transaction's
-//! locks.
+//! locks. Connections idle for ten minutes are closed, as sqlx's pool
+//! does, so that a burst does not keep its sessions open on the server.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
@@ -30,6 +31,12 @@ use crate::{Result, StoreError};
 /// a server's memory per session and a changed DNS name or failover
 /// target are picked up (sqlx's default too).
 const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// How long a connection may sit idle before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// How often taking a connection looks for idle ones to close.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// A connection and whether it can be trusted to be idle and in sync.
 #[derive(Debug)]
@@ -117,6 +124,10 @@ impl managed::Manager for Manager {
 pub(crate) struct PgPool {
     pool: managed::Pool<Manager>,
     acquire_timeout: Duration,
+    idle_timeout: Duration,
+    sweep_every: Duration,
+    /// When idle connections were last looked for.
+    swept: Arc<Mutex<Instant>>,
 }
 
 /// A connection of the pool, back in it when dropped (after its queued
@@ -152,6 +163,22 @@ impl PgPool {
         max_connections: u32,
         acquire_timeout: Duration,
     ) -> Result<PgPool> {
+        Self::with_idle_timeout(
+            options,
+            max_connections,
+            acquire_timeout,
+            IDLE_TIMEOUT,
+            SWEEP_EVERY,
+        )
+    }
+
+    fn with_idle_timeout(
+        options: PgConnectOptions,
+        max_connections: u32,
+        acquire_timeout: Duration,
+        idle_timeout: Duration,
+        sweep_every: Duration,
+    ) -> Result<PgPool> {
         let pool = managed::Pool::builder(Manager { options })
             .max_size(max_connections.max(1) as usize)
             // The connection used last: its server process is the warmest,
@@ -162,13 +189,45 @@ impl PgPool {
         Ok(PgPool {
             pool,
             acquire_timeout,
+            idle_timeout,
+            sweep_every,
+            swept: Arc::new(Mutex::new(Instant::now())),
         })
+    }
+
+    /// Closes, gracefully and in a task of their own, the connections idle
+    /// for longer than the idle timeout or open past their lifetime: at
+    /// most once per `sweep_every`, by whichever caller comes first.
+    fn sweep_idle(&self) {
+        let Ok(mut swept) = self.swept.try_lock() else {
+            return;
+        };
+        if swept.elapsed() < self.sweep_every {
+            return;
+        }
+        *swept = Instant::now();
+        drop(swept);
+        let idle_timeout = self.idle_timeout;
+        let stale = self.pool.retain(|session, metrics| {
+            metrics.last_used() < idle_timeout && session.opened.elapsed() < MAX_LIFETIME
+        });
+        if stale.removed.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                for session in stale.removed {
+                    let _ = session.conn.close().await;
+                }
+            });
+        }
     }
 
     /// A connection: an idle one, or a new one if fewer than the maximum
     /// are open; waiting at most the acquire timeout, so that a server
     /// that is down or out of connections is answered in seconds.
     pub(crate) async fn get(&self) -> Result<Pooled> {
+        self.sweep_idle();
         match tokio::time::timeout(self.acquire_timeout, self.pool.get()).await {
             Err(_) => Err(StoreError::Pg(sqlx::Error::PoolTimedOut)),
             Ok(Ok(conn)) => Ok(Pooled(Some(conn))),
@@ -265,6 +324,52 @@ mod tests {
         );
         until_idle(&store, 1).await;
         store.close().await;
+    }
+
+    #[tokio::test]
+    async fn connections_idle_past_the_idle_timeout_are_closed_on_the_server() {
+        use std::str::FromStr as _;
+
+        require_postgres();
+        let (db, _store) = TestDb::open().await;
+        let pool = super::PgPool::with_idle_timeout(
+            sqlx::postgres::PgConnectOptions::from_str(db.url())
+                .unwrap()
+                .application_name("pg_pool idle test"),
+            4,
+            Duration::from_secs(5),
+            Duration::from_millis(300),
+            Duration::ZERO,
+        )
+        .unwrap();
+        let sessions = || async {
+            db.scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'pg_pool idle test'")
+                .await
+        };
+        // Three at once, then all idle.
+        let held = [
+            pool.get().await.unwrap(),
+            pool.get().await.unwrap(),
+            pool.get().await.unwrap(),
+        ];
+        drop(held);
+        assert_eq!(pool.stats(), (3, 3));
+        assert_eq!(sessions().await, 3);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The next taker closes them and opens one.
+        let one = pool.get().await.unwrap();
+        drop(one);
+        assert_eq!(pool.stats(), (1, 1));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while sessions().await != 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} sessions still open",
+                sessions().await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        pool.close().await;
     }
 
     #[tokio::test]

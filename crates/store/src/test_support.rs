@@ -106,6 +106,27 @@ impl TestDb {
         &self.url
     }
 
+    /// The first column of `sql`'s first row, a count, read on a
+    /// connection of its own.
+    pub(crate) async fn scalar(&self, sql: &str) -> i64 {
+        if crate::is_postgres_url(&self.url) {
+            use sqlx::Connection as _;
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            conn.close().await.unwrap();
+            n
+        } else {
+            let path = self.url.trim_start_matches("sqlite:");
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row(sql, [], |row| row.get(0))
+                .unwrap()
+        }
+    }
+
     /// Runs `sql` (statements separated by `;`, text both engines read)
     /// on a connection of its own, as another process would.
     pub(crate) async fn exec(&self, sql: &str) {
