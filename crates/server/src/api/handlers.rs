@@ -556,6 +556,84 @@ pub async fn ca_pem(State(app): State<App>, Path(profile): Path<String>) -> Resp
     }))
 }
 
+/// `/`: the profiles this server answers for, each with its directory URL
+/// (what a client is configured with) and how it signs: an HTML page for
+/// a browser (its `Accept` names `text/html`), JSON otherwise.
+pub async fn index(State(app): State<App>, headers: HeaderMap) -> Response {
+    use crate::config::SignerConfig;
+
+    let mut profiles: Vec<(String, String, &'static str)> = app
+        .authority
+        .profiles()
+        .map(|p| {
+            let signer = match &p.config.signer {
+                SignerConfig::LocalCa(_) => "local_ca",
+                SignerConfig::Relay(_) => "relay",
+                SignerConfig::Custom(_) => "custom",
+            };
+            (p.name.clone(), app.urls(&p.name).directory(), signer)
+        })
+        .collect();
+    profiles.sort();
+    let wants_html = headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| {
+            accept
+                .split(',')
+                .any(|t| t.trim().to_ascii_lowercase().starts_with("text/html"))
+        });
+    if !wants_html {
+        let profiles: Vec<_> = profiles
+            .iter()
+            .map(|(name, directory, signer)| {
+                serde_json::json!({"name": name, "directory": directory, "signer": signer})
+            })
+            .collect();
+        return respond(Ok(Reply::json(
+            200,
+            &serde_json::json!({"profiles": profiles}),
+        )));
+    }
+    let mut rows = String::new();
+    for (name, directory, signer) in &profiles {
+        let signs = match *signer {
+            "local_ca" => "the embedded CA",
+            "relay" => "an upstream ACME CA, through the relay",
+            _ => "the operator's program",
+        };
+        rows.push_str(&format!(
+            "<tr><td>{}</td><td><a href=\"{url}\">{url}</a></td><td>{signs}</td></tr>\n",
+            html_escape(name),
+            url = html_escape(directory),
+        ));
+    }
+    let page = format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>acme-proxy</title></head>\n<body><h1>acme-proxy</h1>\n<p>An ACME (RFC 8555) server. Point a client such as certbot or lego at a profile's directory URL.</p>\n<table><thead><tr><th>profile</th><th>directory</th><th>signed by</th></tr></thead>\n<tbody>\n{rows}</tbody></table></body></html>\n"
+    );
+    respond(Ok(Reply::bytes(
+        "text/html; charset=utf-8",
+        page.into_bytes(),
+    )))
+}
+
+/// Text for an HTML page: the five characters that could end a text node
+/// or an attribute value, as entities.
+fn html_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 pub async fn health(State(app): State<App>) -> Response {
     match app.authority.ping().await {
         Ok(()) => respond(Ok(Reply::json(200, &serde_json::json!({"status": "ok"})))),

@@ -117,6 +117,7 @@ pub fn router(app: App) -> Router {
         .layer(from_fn_with_state(Arc::clone(&app), read_body));
     Router::new()
         .merge(acme)
+        .route("/", get(handlers::index))
         .route("/health", get(handlers::health))
         .route(
             "/.well-known/acme-challenge/{token}",

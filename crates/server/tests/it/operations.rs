@@ -606,3 +606,61 @@ fn config_check_loads_like_serve_prints_the_effective_profiles_and_refuses_what_
     assert_eq!(code, Some(2));
     assert!(err.contains("chat.json") && err.contains("line 1"), "{err}");
 }
+
+#[tokio::test]
+async fn the_root_lists_each_profiles_directory_as_json_and_to_a_browser_as_a_page() {
+    let server = TestServer::start(
+        crate::harness::free_port(),
+        None,
+        "[profiles.default]\n[profiles.lab]\nbypass = true\n",
+    )
+    .await;
+    let root = format!("{}/", server.base());
+    let json = raw::request_with("GET", &root, &[], Vec::new()).await;
+    assert_eq!(json.status, 200);
+    assert_eq!(
+        json.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&json.body).expect("JSON"),
+        json!({"profiles": [
+            {"name": "default", "directory": server.directory("default"), "signer": "local_ca"},
+            {"name": "lab", "directory": server.directory("lab"), "signer": "local_ca"},
+        ]})
+    );
+    // What a browser sends.
+    let page = raw::request_with(
+        "GET",
+        &root,
+        &[(
+            "accept",
+            "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+        )],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        page.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("text/html; charset=utf-8")
+    );
+    let html = String::from_utf8(page.body).expect("UTF-8");
+    for name in ["default", "lab"] {
+        let url = server.directory(name);
+        assert!(
+            html.contains(&format!("<tr><td>{name}</td><td><a href=\"{url}\">{url}</a></td><td>the embedded CA</td></tr>")),
+            "{name} in:\n{html}"
+        );
+    }
+    // Each listed directory is one a client can use.
+    for name in ["default", "lab"] {
+        let directory = raw::request("GET", &server.directory(name), None, Vec::new()).await;
+        assert_eq!(directory.status, 200, "{name}");
+    }
+    server.stop().await;
+}

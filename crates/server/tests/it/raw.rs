@@ -181,6 +181,20 @@ impl Resp {
 }
 
 pub async fn request(method: &str, url: &str, content_type: Option<&str>, body: Vec<u8>) -> Resp {
+    let headers: Vec<(&str, &str)> = content_type
+        .map(|ct| ("content-type", ct))
+        .into_iter()
+        .collect();
+    request_with(method, url, &headers, body).await
+}
+
+/// A request with the headers given (and `host`).
+pub async fn request_with(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Resp {
     let sent_nonce = nonce_sent(&body);
     let uri: http::Uri = url.parse().unwrap();
     let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
@@ -195,8 +209,8 @@ pub async fn request(method: &str, url: &str, content_type: Option<&str>, body: 
         .method(method)
         .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
         .header("host", uri.authority().unwrap().as_str());
-    if let Some(ct) = content_type {
-        req = req.header("content-type", ct);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     let resp = sender
         .send_request(req.body(Full::new(bytes::Bytes::from(body))).unwrap())
