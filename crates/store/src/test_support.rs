@@ -110,20 +110,15 @@ impl TestDb {
     /// connection of its own.
     pub(crate) async fn scalar(&self, sql: &str) -> i64 {
         if crate::is_postgres_url(&self.url) {
-            use sqlx::Connection as _;
-            let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+            let mut conn = self.postgres().await;
             let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
                 .fetch_one(&mut conn)
                 .await
                 .unwrap();
-            conn.close().await.unwrap();
+            sqlx::Connection::close(conn).await.unwrap();
             n
         } else {
-            let path = self.url.trim_start_matches("sqlite:");
-            rusqlite::Connection::open(path)
-                .unwrap()
-                .query_row(sql, [], |row| row.get(0))
-                .unwrap()
+            self.sqlite().query_row(sql, [], |row| row.get(0)).unwrap()
         }
     }
 
@@ -131,20 +126,27 @@ impl TestDb {
     /// on a connection of its own, as another process would.
     pub(crate) async fn exec(&self, sql: &str) {
         if crate::is_postgres_url(&self.url) {
-            use sqlx::Connection as _;
-            let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+            let mut conn = self.postgres().await;
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
                 .execute(&mut conn)
                 .await
                 .unwrap();
-            conn.close().await.unwrap();
+            sqlx::Connection::close(conn).await.unwrap();
         } else {
-            let path = self.url.trim_start_matches("sqlite:");
-            rusqlite::Connection::open(path)
-                .unwrap()
-                .execute_batch(sql)
-                .unwrap();
+            self.sqlite().execute_batch(sql).unwrap();
         }
+    }
+
+    /// A PostgreSQL connection of its own to the database.
+    async fn postgres(&self) -> sqlx::PgConnection {
+        <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
+            .await
+            .unwrap()
+    }
+
+    /// A SQLite connection of its own to the file.
+    fn sqlite(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.url.trim_start_matches("sqlite:")).unwrap()
     }
 }
 

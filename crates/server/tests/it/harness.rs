@@ -129,6 +129,27 @@ pub fn fresh_postgres_database() -> String {
     format!("{base}/{name}?{query}")
 }
 
+/// One SQL answer from a PostgreSQL database (psql), for what the store's
+/// API does not say: sessions, locks, leases, counts.
+pub fn psql_scalar(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .arg(url)
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// [`psql_scalar`] for a count.
+pub fn psql_count(url: &str, sql: &str) -> u64 {
+    psql_scalar(url, sql).parse().expect("a count")
+}
+
 /// Drops the test databases on `server` whose process has ended or whose
 /// PID is this process's (so made by an earlier process with that PID).
 fn drop_databases_of_ended_tests(server: &str) {

@@ -292,19 +292,7 @@ async fn ten_seconds_without_postgres_under_load_answer_503_with_retry_after_and
     // Nothing half-done: every valid order has its certificate, no order
     // is left processing, no job is left running, and each ready or valid
     // order's authorizations are valid.
-    let psql = |sql: &str| -> String {
-        let out = std::process::Command::new("psql")
-            .args(["-X", "-q", "-A", "-t", "-c", sql])
-            .arg(pg.url())
-            .output()
-            .expect("psql");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
+    let psql = |sql: &str| harness::psql_scalar(&pg.url(), sql);
     assert_eq!(
         psql(
             "SELECT COUNT(*) FROM orders o WHERE o.status = 'valid' AND NOT EXISTS (SELECT 1 FROM certificates c WHERE c.order_id = o.id)"
@@ -353,21 +341,11 @@ async fn tls_to_postgres_follows_sslmode_and_verifies_the_servers_certificate() 
     let acct = Acct::create(&dir, Key::p256()).await;
     assert!(acct.url.contains("/acct/"), "an account over TLS");
     // The server's sessions, as PostgreSQL sees them: every one over TLS.
-    let out = std::process::Command::new("psql")
-        .args([
-            "-X",
-            "-A",
-            "-t",
-            "-c",
-            "SELECT COUNT(*) FILTER (WHERE s.ssl), COUNT(*) FROM pg_stat_activity a \
-             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = 'acme-proxy'",
-        ])
-        .arg(format!(
-            "postgres://postgres@localhost:{port}/postgres?sslmode=require"
-        ))
-        .output()
-        .expect("psql");
-    let counts = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let counts = harness::psql_scalar(
+        &format!("postgres://postgres@localhost:{port}/postgres?sslmode=require"),
+        "SELECT COUNT(*) FILTER (WHERE s.ssl), COUNT(*) FROM pg_stat_activity a \
+         JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = 'acme-proxy'",
+    );
     let (tls, all) = counts.split_once('|').expect("two counts");
     assert!(
         all != "0" && tls == all,
@@ -409,16 +387,7 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
         .await
         .expect("open");
     let psql = |sql: &str| {
-        let out = Command::new("psql")
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .arg(&url)
-            .output()
-            .expect("psql");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        harness::psql_scalar(&url, sql);
     };
     psql(
         "INSERT INTO accounts (id, profile, key_thumbprint, jwk, status, created_at) VALUES ('acct', 'default', 'thumb', '{}', 'valid', 1);
@@ -445,17 +414,7 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
         .expect("write");
         // Its update holds the row (it has a transaction id and is idle
         // in its transaction) before the deletion starts.
-        let count = |sql: &str| -> u32 {
-            let out = Command::new("psql")
-                .args(["-X", "-A", "-t", "-c", sql])
-                .arg(&url)
-                .output()
-                .expect("psql");
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse()
-                .expect("a count")
-        };
+        let count = |sql: &str| harness::psql_count(&url, sql);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while count(
             "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_xid IS NOT NULL AND state = 'idle in transaction'",
@@ -527,21 +486,10 @@ async fn database_max_connections_bounds_the_sessions_a_server_opens() {
     for r in registering {
         r.await.expect("registered");
     }
-    let sessions = std::process::Command::new("psql")
-        .args([
-            "-X",
-            "-A",
-            "-t",
-            "-c",
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'acme-proxy' AND datname = current_database()",
-        ])
-        .arg(&url)
-        .output()
-        .expect("psql");
-    let sessions: u32 = String::from_utf8_lossy(&sessions.stdout)
-        .trim()
-        .parse()
-        .expect("a count");
+    let sessions = harness::psql_count(
+        &url,
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'acme-proxy' AND datname = current_database()",
+    );
     assert!(
         (1..=2).contains(&sessions),
         "{sessions} sessions with database_max_connections = 2"
@@ -556,17 +504,7 @@ async fn using_a_nonce_does_not_wait_for_a_wal_flush_and_an_ordinary_write_still
     use acme_proxy_store::{NewAuditRow, Store, StoreOptions};
 
     let pg = PgCluster::start_durable();
-    let psql = |sql: &str| -> u64 {
-        let out = std::process::Command::new("psql")
-            .args(["-X", "-A", "-t", "-c", sql])
-            .arg(pg.url())
-            .output()
-            .expect("psql");
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("a count")
-    };
+    let psql = |sql: &str| harness::psql_count(&pg.url(), sql);
     // The WAL syncs PostgreSQL has issued, once the store's sessions have
     // ended (a session reports its counts when it exits) and the count
     // has stopped moving.

@@ -250,22 +250,6 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<u16> {
     answer.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// One SQL answer from the shared database (psql), for what the store's
-/// API does not say: whose leases are held.
-fn psql_scalar(url: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .arg(url)
-        .output()
-        .expect("run psql");
-    assert!(
-        out.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nonce_from_one_replica_is_accepted_once_at_another_behind_the_balancer() {
     let data = harness::tempdir();
@@ -509,7 +493,7 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
             replicas.pid(victim)
         );
         let deadline = Instant::now() + Duration::from_secs(30);
-        while psql_scalar(&database, &held) == "0" {
+        while harness::psql_scalar(&database, &held) == "0" {
             assert!(
                 Instant::now() < deadline,
                 "replica {victim} took no relay within 30 s of its (re)start"
@@ -518,7 +502,9 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
         }
         replicas.kill(victim);
         let killed = Instant::now();
-        let in_flight: u64 = psql_scalar(&database, &held).parse().expect("a count");
+        let in_flight: u64 = harness::psql_scalar(&database, &held)
+            .parse()
+            .expect("a count");
         assert!(
             in_flight > 0,
             "the killed replica's jobs finished by themselves"
@@ -527,7 +513,9 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
         // out: within one lease of the kill (and room for a poll, the
         // claim and this loop on a busy machine).
         loop {
-            let left: u64 = psql_scalar(&database, &held).parse().expect("a count");
+            let left: u64 = harness::psql_scalar(&database, &held)
+                .parse()
+                .expect("a count");
             if left == 0 {
                 break;
             }
@@ -548,13 +536,13 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
     // Every order ends valid, polled through the balancer.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let valid: usize = psql_scalar(
+        let valid: usize = harness::psql_scalar(
             &database,
             "SELECT COUNT(*) FROM orders WHERE status = 'valid'",
         )
         .parse()
         .expect("a count");
-        let invalid = psql_scalar(
+        let invalid = harness::psql_scalar(
             &database,
             "SELECT COUNT(*) FROM orders WHERE status = 'invalid'",
         );
@@ -593,7 +581,7 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
     paths.dedup();
     assert_eq!(paths.len(), ORDERS, "an upstream order was finalized twice");
     assert_eq!(
-        psql_scalar(
+        harness::psql_scalar(
             &database,
             "SELECT COUNT(*) FROM upstream_orders WHERE status = 'processing'"
         ),
@@ -601,7 +589,7 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
         "an upstream order was left processing"
     );
     assert_eq!(
-        psql_scalar(
+        harness::psql_scalar(
             &database,
             "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running', 'retiring') AND kind = 'signer_relay_issue'"
         ),
