@@ -110,17 +110,7 @@ pub fn fresh_postgres_database() -> String {
         drop_databases_of_ended_tests(&server);
     }
     let name = format!("t_{}_{n}", std::process::id());
-    let out = Command::new("psql")
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
-        .arg(format!("CREATE DATABASE {name}"))
-        .arg(&server)
-        .output()
-        .expect("run psql");
-    assert!(
-        out.status.success(),
-        "CREATE DATABASE {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    psql_scalar(&server, &format!("CREATE DATABASE {name}"));
     // The same server and options, another database.
     let (base, query) = server.split_once('?').unwrap_or((&server, ""));
     let (base, _) = base
@@ -129,20 +119,25 @@ pub fn fresh_postgres_database() -> String {
     format!("{base}/{name}?{query}")
 }
 
-/// One SQL answer from a PostgreSQL database (psql), for what the store's
-/// API does not say: sessions, locks, leases, counts.
-pub fn psql_scalar(url: &str, sql: &str) -> String {
+/// Runs `sql` with psql on `url`: its output, unaligned and without
+/// headers, if it succeeded, else psql's error.
+fn psql(url: &str, sql: &str) -> Result<String, String> {
     let out = Command::new("psql")
         .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
         .arg(url)
         .output()
         .expect("run psql");
-    assert!(
-        out.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// One SQL answer from a PostgreSQL database (psql), for what the store's
+/// API does not say: sessions, locks, leases, counts.
+pub fn psql_scalar(url: &str, sql: &str) -> String {
+    psql(url, sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// [`psql_scalar`] for a count.
@@ -153,21 +148,12 @@ pub fn psql_count(url: &str, sql: &str) -> u64 {
 /// Drops the test databases on `server` whose process has ended or whose
 /// PID is this process's (so made by an earlier process with that PID).
 fn drop_databases_of_ended_tests(server: &str) {
-    let psql = |sql: &str| {
-        Command::new("psql")
-            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .arg(server)
-            .output()
-            .expect("run psql")
-    };
-    let listed = psql("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%\\_%'");
-    assert!(
-        listed.status.success(),
-        "list the test databases: {}",
-        String::from_utf8_lossy(&listed.stderr)
+    let listed = psql_scalar(
+        server,
+        "SELECT datname FROM pg_database WHERE datname LIKE 't\\_%\\_%'",
     );
     let me = std::process::id();
-    for name in String::from_utf8_lossy(&listed.stdout).lines() {
+    for name in listed.lines() {
         let Some(pid) = name
             .strip_prefix("t_")
             .and_then(|rest| rest.split_once('_'))
@@ -181,12 +167,11 @@ fn drop_databases_of_ended_tests(server: &str) {
         // Another test may be sweeping the same one: IF EXISTS. FORCE ends
         // the sessions of a server that outlived its test.
         // Only disk is at stake: a failure is reported, not fatal.
-        let dropped = psql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
-        if !dropped.status.success() {
-            eprintln!(
-                "could not drop the test database {name}: {}",
-                String::from_utf8_lossy(&dropped.stderr)
-            );
+        if let Err(e) = psql(
+            server,
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        ) {
+            eprintln!("could not drop the test database {name}: {e}");
         }
     }
 }
