@@ -67,7 +67,9 @@ pub struct Config {
     /// PostgreSQL: a file holding the password (its first line), instead
     /// of a password in `database_url`. Owner-only, like every secret.
     pub database_password_file: Option<PathBuf>,
-    /// PostgreSQL: connections this server keeps to the database at most.
+    /// PostgreSQL: connections this server keeps to the database at most,
+    /// one of them for the job runner's `LISTEN`; those idle for ten
+    /// minutes are closed.
     pub database_max_connections: Option<u32>,
     /// PostgreSQL: how long a request waits for one of those connections
     /// before it is answered 503 with `Retry-After`.
