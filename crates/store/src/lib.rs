@@ -603,7 +603,8 @@ async fn pooled(pool: &pg_pool::PgPool) -> Result<Conn<'static>> {
 /// start-up, whose every transaction refuses writes. TLS, the password
 /// and the rest come from the URL (`sslmode`, `sslrootcert`, …).
 /// `max_connections` bounds both together: sqlx's pool has one, the
-/// operations' pool the rest (at least one).
+/// operations' pool the rest (at least one; the configuration asks for two
+/// in all).
 async fn postgres_db(url: &str, options: &StoreOptions, read_only: bool) -> Result<PgDb> {
     let mut connect = sqlx::postgres::PgConnectOptions::from_str(url)?
         .application_name("acme-proxy")

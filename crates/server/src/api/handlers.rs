@@ -562,16 +562,17 @@ pub async fn ca_pem(State(app): State<App>, Path(profile): Path<String>) -> Resp
 pub async fn index(State(app): State<App>, headers: HeaderMap) -> Response {
     use crate::config::SignerConfig;
 
-    let mut profiles: Vec<(String, String, &'static str)> = app
+    // (name, directory URL, the signer's `type`, what it is, for people).
+    let mut profiles: Vec<(String, String, &'static str, &'static str)> = app
         .authority
         .profiles()
         .map(|p| {
-            let signer = match &p.config.signer {
-                SignerConfig::LocalCa(_) => "local_ca",
-                SignerConfig::Relay(_) => "relay",
-                SignerConfig::Custom(_) => "custom",
+            let (signer, signs) = match &p.config.signer {
+                SignerConfig::LocalCa(_) => ("local_ca", "the embedded CA"),
+                SignerConfig::Relay(_) => ("relay", "an upstream ACME CA, through the relay"),
+                SignerConfig::Custom(_) => ("custom", "the operator's program"),
             };
-            (p.name.clone(), app.urls(&p.name).directory(), signer)
+            (p.name.clone(), app.urls(&p.name).directory(), signer, signs)
         })
         .collect();
     profiles.sort();
@@ -586,7 +587,7 @@ pub async fn index(State(app): State<App>, headers: HeaderMap) -> Response {
     if !wants_html {
         let profiles: Vec<_> = profiles
             .iter()
-            .map(|(name, directory, signer)| {
+            .map(|(name, directory, signer, _)| {
                 serde_json::json!({"name": name, "directory": directory, "signer": signer})
             })
             .collect();
@@ -596,12 +597,7 @@ pub async fn index(State(app): State<App>, headers: HeaderMap) -> Response {
         )));
     }
     let mut rows = String::new();
-    for (name, directory, signer) in &profiles {
-        let signs = match *signer {
-            "local_ca" => "the embedded CA",
-            "relay" => "an upstream ACME CA, through the relay",
-            _ => "the operator's program",
-        };
+    for (name, directory, _, signs) in &profiles {
         rows.push_str(&format!(
             "<tr><td>{}</td><td><a href=\"{url}\">{url}</a></td><td>{signs}</td></tr>\n",
             html_escape(name),

@@ -524,6 +524,13 @@ impl Config {
                 "database_max_connections must be at least 1; write e.g. database_max_connections = 16".into(),
             ));
         }
+        // One connection is the job runner's LISTEN: with one in all, the
+        // requests would need a second past the stated bound.
+        if self.database_max_connections == Some(1) {
+            return Err(ConfigError::Invalid(
+                "database_max_connections = 1 leaves no connection beside the job runner's LISTEN; write at least 2, e.g. database_max_connections = 16".into(),
+            ));
+        }
         if self.jobs.validations_per_account == 0 {
             return Err(ConfigError::Invalid(
                 "jobs.validations_per_account must be at least 1; write e.g. validations_per_account = 8".into(),
@@ -970,6 +977,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(zero.contains("at least 1"), "{zero}");
+        let one = Config::from_toml(
+            "database_url = \"postgres://u@h/d\"\ndatabase_max_connections = 1\n[profiles.default]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(one.contains("at least 2"), "{one}");
         let set = Config::from_toml(
             "database_url = \"postgres://u@h/d\"\ndatabase_max_connections = 3\ndatabase_acquire_timeout = \"2s\"\n[profiles.default]\n",
         )
