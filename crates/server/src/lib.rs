@@ -12,6 +12,7 @@ pub mod authority;
 pub mod bounded;
 pub mod clock;
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod events;
 pub mod generation;

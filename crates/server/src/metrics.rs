@@ -53,6 +53,10 @@ pub struct Metrics {
     /// Relay requests to upstream CAs by profile and class (2xx, 4xx, 5xx,
     /// transport, timeout).
     pub upstream_requests: Family<Labels, Counter>,
+    /// Outbound connections an `[egress]` proxy refused (`407`, `refused`)
+    /// or that could not reach it (`unreachable`), by profile and client
+    /// (`relay`, `webhook`).
+    pub egress_proxy_failures: Family<Labels, Counter>,
     /// Open connections by listener (`acme`, `metrics`).
     pub connections_open: Family<Labels, Gauge>,
     /// Connections closed at accept by listener and the bound that refused
@@ -79,6 +83,7 @@ impl Metrics {
             validations: Family::default(),
             validation_seconds: Family::new_with_constructor(seconds_histogram),
             upstream_requests: Family::default(),
+            egress_proxy_failures: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
             job_depth: Family::default(),
@@ -130,6 +135,11 @@ impl Metrics {
             "upstream_requests",
             "Relay requests to upstream CAs by profile and class",
             m.upstream_requests.clone(),
+        );
+        r.register(
+            "egress_proxy_failures",
+            "Outbound connections the egress proxy refused or that could not reach it, by profile, client and answer",
+            m.egress_proxy_failures.clone(),
         );
         r.register(
             "connections_open",

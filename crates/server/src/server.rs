@@ -199,7 +199,7 @@ async fn prepare(
         }
     }
     let validators = Validators::new(&config.validation).map_err(|e| problems.push(e));
-    let destinations = Notifier::destinations(config).map_err(|e| problems.push(e));
+    let destinations = Notifier::destinations(config, metrics).map_err(|e| problems.push(e));
     let terminator = match &config.tls {
         Some(tls)
             if mode == Mode::Check
@@ -255,14 +255,24 @@ async fn relay_signer(
             account.directory, relay.directory
         ));
     }
+    let setting_up = |e: String| format!("setting up the relay of profile {name}: {e}");
+    let egress =
+        crate::egress::Egress::from_config(config.relay_egress(relay)).map_err(setting_up)?;
+    let http = crate::signer::relay::http::UpstreamHttp::new(
+        &relay.trust_anchors,
+        relay.request_timeout,
+        Arc::new(egress),
+        Some((Arc::clone(metrics), name)),
+    )
+    .map_err(setting_up)?;
     let relay = Relay::new(
         name,
         relay,
+        http,
         &config.data_dir,
         &account,
         Arc::clone(board),
         Arc::clone(clock),
-        Arc::clone(metrics),
     )
     .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
     Ok(Arc::new(relay))
@@ -906,6 +916,7 @@ fn refuse_open_secrets(config: &Config) -> Result<(), String> {
             _ => None,
         })
         .chain(config.database_password_file.clone())
+        .chain(config.egress_credentials_files())
         .collect();
     crate::private::refuse_open(&config.data_dir, &config.database_url(), &secrets)
 }

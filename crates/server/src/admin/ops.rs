@@ -179,9 +179,17 @@ pub async fn register_upstream(
     eab: Option<&Eab>,
 ) -> Result<(UpstreamAccountView, Registered), OpsError> {
     let (name, relay) = relay_profile(config, profile)?;
-    let registered = crate::signer::relay::register(name, relay, &config.data_dir, eab)
-        .await
+    let egress = crate::egress::Egress::from_config(config.relay_egress(relay))
         .map_err(OpsError::Refused)?;
+    let registered = crate::signer::relay::register(
+        name,
+        relay,
+        std::sync::Arc::new(egress),
+        &config.data_dir,
+        eab,
+    )
+    .await
+    .map_err(OpsError::Refused)?;
     store
         .save_upstream_account(&UpstreamAccountRow {
             profile: name.to_owned(),
@@ -623,6 +631,14 @@ pub async fn nonce_cleanup(store: &Store, clock: &dyn Clock) -> Result<(u64, i64
 
 /// One line per profile saying how it issues: what operators see at
 /// start-up and from `acme-proxy config check`.
+/// How `url` is reached under `egress` ("via proxy …", "direct …").
+fn route(egress: &crate::config::EgressConfig, url: &str) -> String {
+    match crate::egress::Egress::from_config(egress) {
+        Ok(e) => e.describe(url),
+        Err(e) => format!("egress unusable: {e}"),
+    }
+}
+
 pub fn describe_profiles(config: &Config) -> Vec<String> {
     config
         .profiles
@@ -633,9 +649,12 @@ pub fn describe_profiles(config: &Config) -> Vec<String> {
                     Some(cert) => format!("embedded CA {}", cert.display()),
                     None => "embedded CA (self-generated)".to_owned(),
                 },
-                SignerConfig::Relay(r) => {
-                    format!("relay to {} ({:?} strategy)", r.directory, r.strategy).to_lowercase()
-                }
+                SignerConfig::Relay(r) => format!(
+                    "relay to {} ({} strategy, {})",
+                    r.directory,
+                    format!("{:?}", r.strategy).to_lowercase(),
+                    route(config.relay_egress(r), &r.directory)
+                ),
                 SignerConfig::Custom(c) => format!("custom signer {}", c.command.display()),
             };
             let mut line = format!(
@@ -651,8 +670,11 @@ pub fn describe_profiles(config: &Config) -> Vec<String> {
                     "; webhooks {}",
                     p.notify
                         .webhooks
-                        .keys()
-                        .cloned()
+                        .iter()
+                        .map(|(name, hook)| format!(
+                            "{name} ({})",
+                            route(config.webhook_egress(hook), &hook.url)
+                        ))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ));

@@ -20,6 +20,7 @@ use serde::{Deserialize, Deserializer};
 mod audit;
 mod connections;
 mod de;
+mod egress;
 mod jobs;
 mod metrics;
 mod notify;
@@ -32,6 +33,7 @@ mod validation;
 pub use audit::*;
 pub use connections::*;
 use de::*;
+pub use egress::*;
 pub use jobs::*;
 pub use metrics::*;
 pub use notify::*;
@@ -104,6 +106,8 @@ pub struct Config {
     pub notify: NotifyConfig,
     pub metrics: MetricsConfig,
     pub audit: AuditConfig,
+    /// Outbound HTTP(S) of the relay and webhooks: direct or through a proxy.
+    pub egress: EgressConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
     /// The `ACME_PROXY_*` variables [`Config::load`] left aside as
     /// Kubernetes service links, for start-up to warn about.
@@ -165,6 +169,7 @@ impl Default for Config {
             notify: NotifyConfig::default(),
             metrics: MetricsConfig::default(),
             audit: AuditConfig::default(),
+            egress: EgressConfig::default(),
             profiles,
             ignored_environment: Vec::new(),
         }
@@ -198,6 +203,39 @@ fn is_service_link(key: &str) -> bool {
 }
 
 impl Config {
+    /// The outbound policy of a relay signer: its own `egress` table, else
+    /// the global one.
+    pub fn relay_egress<'a>(&'a self, relay: &'a RelayConfig) -> &'a EgressConfig {
+        relay.egress.as_ref().unwrap_or(&self.egress)
+    }
+
+    /// The outbound policy of a webhook: its own `egress` table, else the
+    /// global one.
+    pub fn webhook_egress<'a>(&'a self, hook: &'a WebhookConfig) -> &'a EgressConfig {
+        hook.egress.as_ref().unwrap_or(&self.egress)
+    }
+
+    /// Every `proxy_credentials_file` the configuration names (secrets:
+    /// start-up refuses them open to others).
+    pub fn egress_credentials_files(&self) -> Vec<PathBuf> {
+        let mut tables = vec![&self.egress];
+        for p in self.profiles.values() {
+            if let SignerConfig::Relay(r) = &p.signer
+                && let Some(e) = &r.egress
+            {
+                tables.push(e);
+            }
+            tables.extend(p.notify.webhooks.values().filter_map(|w| w.egress.as_ref()));
+        }
+        let mut files: Vec<PathBuf> = tables
+            .into_iter()
+            .filter_map(|e| e.proxy_credentials_file.clone())
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+
     /// Loads the file (if any) and the environment, then checks the result.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
@@ -266,6 +304,12 @@ impl Config {
             }
             for (hook_name, hook) in &profile.notify.webhooks {
                 check_webhook(name, hook_name, hook)?;
+                if let Some(egress) = &hook.egress {
+                    check_egress(
+                        &format!("profiles.{name}.notify.webhooks.{hook_name}.egress"),
+                        egress,
+                    )?;
+                }
             }
             for (script_name, script) in &profile.notify.scripts {
                 let key = format!("profiles.{name}.notify.scripts.{script_name}");
@@ -283,6 +327,9 @@ impl Config {
                 SignerConfig::LocalCa(ca) => ca,
                 SignerConfig::Relay(relay) => {
                     check_relay(name, relay)?;
+                    if let Some(egress) = &relay.egress {
+                        check_egress(&format!("profiles.{name}.signer.egress"), egress)?;
+                    }
                     continue;
                 }
                 SignerConfig::Custom(custom) => {
@@ -348,6 +395,7 @@ impl Config {
                 )));
             }
         }
+        check_egress("egress", &self.egress)?;
         if let Some(url) = &self.public_url
             && (!(url.starts_with("http://") || url.starts_with("https://")) || url.ends_with('/'))
         {

@@ -133,6 +133,10 @@ pub struct WebhookConfig {
     #[serde(default = "default_webhook_timeout", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub timeout: Duration,
+    /// How this webhook is reached, replacing the global `[egress]` table
+    /// as a whole.
+    #[serde(default)]
+    pub egress: Option<EgressConfig>,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -154,6 +158,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("template", &self.template)
             .field("events", &self.events)
             .field("timeout", &self.timeout)
+            .field("egress", &self.egress)
             .finish()
     }
 }

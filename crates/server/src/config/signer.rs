@@ -138,6 +138,9 @@ pub struct RelayConfig {
     pub propagation_wait: Duration,
     /// dns01: where and how to publish TXT records (RFC 2136 + TSIG).
     pub dns01: Option<Rfc2136Config>,
+    /// How this profile reaches its upstream, replacing the global
+    /// `[egress]` table as a whole.
+    pub egress: Option<EgressConfig>,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -199,6 +202,7 @@ impl Default for RelayConfig {
             max_attempts: 200,
             propagation_wait: Duration::ZERO,
             dns01: None,
+            egress: None,
         }
     }
 }

@@ -125,7 +125,8 @@ struct Destination {
 
 #[derive(Debug)]
 enum Target {
-    Webhook(WebhookConfig),
+    /// With its own client: each webhook may have its own `egress`.
+    Webhook(Box<(WebhookConfig, WebhookClient)>),
     Script(ScriptConfig),
     Email(Box<(EmailConfig, Mailer)>),
 }
@@ -133,7 +134,7 @@ enum Target {
 impl Destination {
     fn events(&self) -> &[Event] {
         match &self.target {
-            Target::Webhook(w) => &w.events,
+            Target::Webhook(w) => &w.0.events,
             Target::Script(s) => &s.events,
             Target::Email(email) => &email.0.events,
         }
@@ -141,7 +142,7 @@ impl Destination {
 
     fn timeout(&self) -> Duration {
         match &self.target {
-            Target::Webhook(w) => w.timeout,
+            Target::Webhook(w) => w.0.timeout,
             Target::Script(s) => s.timeout,
             Target::Email(email) => email.0.timeout,
         }
@@ -155,12 +156,11 @@ pub const SCRIPT_TEMPFAIL: i32 = 75;
 /// Output kept from a notification script.
 const SCRIPT_OUTPUT_CAP: usize = 64 * 1024;
 
-/// Every profile's destinations, the templates and the HTTP client.
+/// Every profile's destinations and the templates.
 #[derive(Debug)]
 pub struct Notifier {
     destinations: Vec<Destination>,
     templates: Templates,
-    client: WebhookClient,
     queue: Arc<Queue>,
     store: Store,
     clock: SharedClock,
@@ -180,22 +180,27 @@ struct Payload {
 pub struct Destinations {
     destinations: Vec<Destination>,
     templates: Templates,
-    client: WebhookClient,
 }
 
 impl Notifier {
     /// Loads and compiles every template the configuration names and sets
     /// up every destination; a template that does not compile stops
     /// start-up with its name and line.
-    pub fn destinations(config: &Config) -> Result<Destinations, String> {
+    pub fn destinations(
+        config: &Config,
+        metrics: &Arc<crate::metrics::Metrics>,
+    ) -> Result<Destinations, String> {
         let templates = check_templates(config)?;
         let mut destinations = Vec::new();
         for (profile, p) in &config.profiles {
             for (name, hook) in &p.notify.webhooks {
+                let egress = crate::egress::Egress::from_config(config.webhook_egress(hook))
+                    .map_err(|e| format!("profiles.{profile}.notify.webhooks.{name}: {e}"))?;
+                let client = WebhookClient::new(Arc::new(egress), Arc::clone(metrics), profile)?;
                 destinations.push(Destination {
                     profile: profile.clone(),
                     name: name.clone(),
-                    target: Target::Webhook(hook.clone()),
+                    target: Target::Webhook(Box::new((hook.clone(), client))),
                 });
             }
             for (name, script) in &p.notify.scripts {
@@ -217,7 +222,6 @@ impl Notifier {
         Ok(Destinations {
             destinations,
             templates,
-            client: WebhookClient::new()?,
         })
     }
 
@@ -230,12 +234,10 @@ impl Notifier {
         let Destinations {
             destinations,
             templates,
-            client,
         } = destinations;
         Self {
             destinations,
             templates,
-            client,
             clock: Arc::clone(&queue.clock),
             queue,
             store,
@@ -318,8 +320,8 @@ impl Notifier {
         };
         let delivery = match &d.target {
             Target::Script(script) => return run_script(&d.name, script, &payload.notice).await,
-            Target::Webhook(hook) => match render(&hook.template) {
-                Ok(body) => self.client.send(hook, body).await,
+            Target::Webhook(hook) => match render(&hook.0.template) {
+                Ok(body) => hook.1.send(&hook.0, body).await,
                 Err(failed) => return failed,
             },
             Target::Email(email) => {

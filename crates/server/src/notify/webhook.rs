@@ -4,13 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::WebhookConfig;
+use crate::egress::{self, Egress, Outbound};
+use crate::metrics::Metrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-
-use crate::config::WebhookConfig;
 
 /// What one delivery attempt concluded.
 #[derive(Debug, PartialEq, Eq)]
@@ -37,9 +35,10 @@ pub fn classify(status: u16, retry_after: Option<Duration>) -> Delivery {
     }
 }
 
+/// One webhook's HTTP client, routed by its effective `[egress]`.
 #[derive(Clone)]
 pub struct WebhookClient {
-    inner: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    inner: Outbound<Full<Bytes>>,
 }
 
 impl std::fmt::Debug for WebhookClient {
@@ -49,31 +48,14 @@ impl std::fmt::Debug for WebhookClient {
 }
 
 impl WebhookClient {
-    pub fn new() -> Result<Self, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        // Internal receivers (chat bridges, ticketing) often speak plain
-        // HTTP on the local network; the operator chooses the URL.
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        Ok(Self {
-            inner: Client::builder(TokioExecutor::new()).build(connector),
-        })
+    /// Trusts the system roots; internal receivers (chat bridges,
+    /// ticketing) often speak plain HTTP on the local network, so http://
+    /// is allowed: the operator chooses the URL.
+    pub fn new(egress: Arc<Egress>, metrics: Arc<Metrics>, profile: &str) -> Result<Self, String> {
+        let inner = egress::Builder::new(egress, egress::roots(&[])?)?
+            .observed(metrics, profile, "webhook")
+            .build();
+        Ok(Self { inner })
     }
 
     /// One request; the headers' values (tokens) are never logged.
@@ -90,6 +72,7 @@ impl WebhookClient {
             Ok(r) => r,
             Err(e) => return Delivery::Refused(format!("the request cannot be built: {e}")),
         };
+        let uri = request.uri().clone();
         let exchange = async {
             let response = self
                 .inner
@@ -97,6 +80,12 @@ impl WebhookClient {
                 .await
                 .map_err(|e| e.to_string())?;
             let status = response.status().as_u16();
+            if let Some(refusal) = self.inner.refused_by_proxy(&uri, status) {
+                // The proxy's answer, not the receiver's: the operator's
+                // to fix, so tried again after the backoff.
+                let _ = response.into_body().collect().await;
+                return Err(refusal.to_string());
+            }
             let retry_after = response
                 .headers()
                 .get(http::header::RETRY_AFTER)

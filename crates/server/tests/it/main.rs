@@ -29,6 +29,7 @@ mod operations;
 mod package;
 mod postgres;
 mod profiles;
+mod proxy;
 mod raw;
 mod recheck;
 mod recovery;

@@ -52,6 +52,10 @@ fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// A name Pebble's certificate holds and no resolver knows: an outbound
+/// proxy is told where it is (`proxy.rs`).
+pub const PEBBLE_NAME: &str = "pebble.test";
+
 /// A throwaway certificate authority (ECDSA P-256, made with rcgen) for the
 /// TLS listeners of one test: Pebble's ACME and management listeners and the
 /// fault proxy. The relay is configured to trust [`TestPki::ca_pem_path`]
@@ -317,7 +321,7 @@ impl Pebble {
         // are own_addrs, which no other test can take.
         let dir = crate::harness::tempdir();
         let own_host = crate::harness::own_host().to_string();
-        let (cert, key) = pki.server_cert(&["127.0.0.1", "localhost", &own_host]);
+        let (cert, key) = pki.server_cert(&["127.0.0.1", "localhost", &own_host, PEBBLE_NAME]);
         let addr = crate::harness::own_addr();
         let management = crate::harness::own_addr();
         let config = serde_json::json!({"pebble": {
@@ -398,6 +402,13 @@ impl Pebble {
     /// [`FaultProxy`] instead).
     pub fn directory_url(&self) -> String {
         format!("https://{}/dir", self.addr)
+    }
+
+    /// Pebble's directory URL by the name [`PEBBLE_NAME`], which only a
+    /// proxy told where it is can reach (this machine's resolver does not
+    /// know it).
+    pub fn directory_url_by_name(&self) -> String {
+        format!("https://{PEBBLE_NAME}:{}/dir", self.addr.port())
     }
 
     /// Pebble's stdout and stderr so far (one line per request it handled),

@@ -9,15 +9,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
 
+use crate::egress::{self, Egress, Outbound, ProxyError};
 use crate::jobs::backoff;
 use crate::metrics::Metrics;
 
-type Inner = Client<hyper_rustls::HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>;
+type Inner = Outbound<BodyWrapper<Bytes>>;
 
 /// An [`HttpClient`] for instant-acme with a per-request deadline.
 #[derive(Clone)]
@@ -101,69 +99,33 @@ fn bound_retry_after(parts: &mut http::response::Parts) {
 pub struct RequestTimedOut(Duration);
 
 impl UpstreamHttp {
-    /// Trusts the system roots and every certificate in `anchors` (PEM files).
-    pub fn new(anchors: &[PathBuf], timeout: Duration) -> Result<Self, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            // A system store may hold certificates rustls cannot use; skip them.
-            let _ = roots.add(cert);
-        }
-        for path in anchors {
-            let text = std::fs::read(path)
-                .map_err(|e| format!("reading trust anchor {}: {e}", path.display()))?;
-            let blocks = pem::parse_many(&text)
-                .map_err(|e| format!("trust anchor {} is not PEM: {e}", path.display()))?;
-            let mut added = 0;
-            for block in blocks.iter().filter(|b| b.tag() == "CERTIFICATE") {
-                roots
-                    .add(block.contents().to_vec().into())
-                    .map_err(|e| format!("trust anchor {}: {e}", path.display()))?;
-                added += 1;
-            }
-            if added == 0 {
-                return Err(format!(
-                    "trust anchor {} holds no CERTIFICATE block",
-                    path.display()
-                ));
-            }
-        }
+    /// Trusts the system roots and every certificate in `anchors` (PEM
+    /// files); connects as `egress` routes the upstream; with `observer`
+    /// (metrics, profile), counts every request and proxy failure.
+    pub fn new(
+        anchors: &[PathBuf],
+        timeout: Duration,
+        egress: Arc<Egress>,
+        observer: Option<(Arc<Metrics>, &str)>,
+    ) -> Result<Self, String> {
+        let roots = egress::roots(anchors)?;
         if roots.is_empty() {
             return Err(
                 "no trust anchors: the system has no CA certificates and trust_anchors is empty"
                     .into(),
             );
         }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(timeout));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .wrap_connector(http);
-        let inner = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let mut builder = egress::Builder::new(egress, roots)?
+            .connect_timeout(timeout)
+            .https_only();
+        if let Some((metrics, profile)) = &observer {
+            builder = builder.observed(Arc::clone(metrics), profile, "relay");
+        }
         Ok(Self {
-            inner,
+            inner: builder.build(),
             timeout,
-            observer: None,
+            observer: observer.map(|(m, p)| (m, p.to_owned())),
         })
-    }
-
-    /// Counts every request of `profile` in `metrics`.
-    pub fn observed(mut self, metrics: Arc<Metrics>, profile: &str) -> Self {
-        self.observer = Some((metrics, profile.to_owned()));
-        self
     }
 }
 
@@ -181,7 +143,7 @@ impl HttpClient for UpstreamHttp {
                 let response = inner
                     .request(req)
                     .await
-                    .map_err(|e| instant_acme::Error::Other(Box::new(e)))?;
+                    .map_err(instant_acme::Error::Other)?;
                 let (mut parts, body) = response.into_parts();
                 bound_retry_after(&mut parts);
                 // Read the whole body inside the deadline: a server that
@@ -218,6 +180,12 @@ impl HttpClient for UpstreamHttp {
                     }
                     Ok(_) => "4xx",
                     Err(instant_acme::Error::Other(e)) if e.is::<RequestTimedOut>() => "timeout",
+                    Err(instant_acme::Error::Other(e))
+                        if e.downcast_ref::<ProxyError>()
+                            .is_some_and(ProxyError::is_refusal) =>
+                    {
+                        "proxy_refused"
+                    }
                     Err(instant_acme::Error::Other(e)) if e.is::<UpstreamUnavailable>() => {
                         match e.downcast_ref::<UpstreamUnavailable>().map(|u| u.status) {
                             Some(s) if s >= 500 => "5xx",

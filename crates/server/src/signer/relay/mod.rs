@@ -86,15 +86,16 @@ pub struct Collected {
 
 impl Relay {
     /// A relay for `profile` whose upstream account is `account_url` (from
-    /// the database; registration is an operator's act, never start-up's).
+    /// the database; registration is an operator's act, never start-up's),
+    /// reaching the upstream through `http` ([`UpstreamHttp::new`]).
     pub fn new(
         profile: &str,
         config: &RelayConfig,
+        http: UpstreamHttp,
         data_dir: &Path,
         account: &acme_proxy_store::UpstreamAccountRow,
         board: Arc<ChallengeBoard>,
         clock: SharedClock,
-        metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Self, String> {
         let key_thumbprint = account.key_thumbprint.as_str();
         let key_path = config.account_key_path(data_dir, profile);
@@ -113,8 +114,6 @@ impl Relay {
                 key_path.display()
             ));
         }
-        let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout)?
-            .observed(metrics, profile);
         let dns = match &config.dns01 {
             Some(d) => Some(Arc::new(Rfc2136::new(d, config.request_timeout, clock)?)),
             None => None,
@@ -710,11 +709,12 @@ pub struct Registered {
 pub async fn register(
     profile: &str,
     config: &RelayConfig,
+    egress: Arc<crate::egress::Egress>,
     data_dir: &Path,
     eab: Option<&Eab>,
 ) -> Result<Registered, String> {
     let key_path = config.account_key_path(data_dir, profile);
-    let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout)?;
+    let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout, egress, None)?;
     let builder = Account::builder_with_http(Box::new(http));
     let contact: Vec<&str> = config.contact.iter().map(String::as_str).collect();
     let upstream_error = |e: instant_acme::Error| {
