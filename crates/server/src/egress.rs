@@ -311,11 +311,15 @@ pub enum ProxyError {
         sent_credentials: bool,
     },
     /// Any answer to `CONNECT` but 200 or 407 (squid's 403 when its rules
-    /// deny the destination).
+    /// deny the destination), with the proxy's status line.
     #[error(
-        "the proxy {proxy} refused to open a tunnel to {target} (it answered CONNECT with an error status; its access rules may deny this destination)"
+        "the proxy {proxy} refused to open a tunnel to {target}: it answered {answer} (its access rules may deny this destination)"
     )]
-    Refused { proxy: String, target: String },
+    Refused {
+        proxy: String,
+        target: String,
+        answer: String,
+    },
     /// The proxy could not be reached or dropped the connection.
     #[error("the proxy {proxy} could not be reached for {target}: {reason}")]
     Unreachable {
@@ -332,12 +336,16 @@ impl ProxyError {
         !matches!(self, ProxyError::Unreachable { .. })
     }
 
-    /// The metric label of the proxy's answer.
-    fn answer(&self) -> &'static str {
+    /// The metric label of the proxy's answer: its status code, or
+    /// `refused` (not HTTP) or `unreachable`.
+    fn answer(&self) -> String {
         match self {
-            ProxyError::AuthRequired { .. } => "407",
-            ProxyError::Refused { .. } => "refused",
-            ProxyError::Unreachable { .. } => "unreachable",
+            ProxyError::AuthRequired { .. } => "407".into(),
+            ProxyError::Refused { answer, .. } => match answer.get(..3) {
+                Some(code) if code.bytes().all(|b| b.is_ascii_digit()) => code.into(),
+                _ => "refused".into(),
+            },
+            ProxyError::Unreachable { .. } => "unreachable".into(),
         }
     }
 
@@ -381,15 +389,92 @@ pub struct Stream {
     /// Plain http:// sent to the proxy: the client then writes requests in
     /// absolute form (RFC 9112 §3.2.2).
     forwarding: bool,
+    /// While a tunnel is being opened: the first bytes the proxy sends,
+    /// so that a refusal is reported with the proxy's status line (the
+    /// tunnel connector tells only "unsuccessful").
+    answer: Option<Arc<std::sync::Mutex<Vec<u8>>>>,
+}
+
+/// How much of a proxy's answer to `CONNECT` is kept: the status line.
+const ANSWER_KEPT: usize = 512;
+
+impl Stream {
+    fn new(io: TokioIo<TcpStream>) -> Stream {
+        Stream {
+            io,
+            forwarding: false,
+            answer: None,
+        }
+    }
 }
 
 impl hyper::rt::Read for Stream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        let Some(answer) = &this.answer else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        let mut bytes = [0u8; ANSWER_KEPT];
+        let want = buf.remaining().min(bytes.len());
+        let mut read = hyper::rt::ReadBuf::new(&mut bytes[..want]);
+        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, read.unfilled()))?;
+        let filled = read.filled();
+        if let Ok(mut kept) = answer.lock() {
+            let room = ANSWER_KEPT.saturating_sub(kept.len());
+            kept.extend_from_slice(&filled[..filled.len().min(room)]);
+        }
+        buf.put_slice(filled);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The status of an HTTP answer's first line (`403 Forbidden`), printable
+/// characters only and bounded: it is the proxy's text, and it is logged.
+fn status_of(answer: &[u8]) -> Option<String> {
+    let line = answer.split(|&b| b == b'\r' || b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let (version, status) = line.split_once(' ')?;
+    if !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    let status: String = status
+        .chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(80)
+        .collect();
+    let code = status.get(..3)?;
+    code.bytes().all(|b| b.is_ascii_digit()).then_some(status)
+}
+
+/// TCP to the proxy whose answer to `CONNECT` is kept in `answer`: the
+/// connector the tunnel runs over.
+#[derive(Clone)]
+struct ToProxy {
+    tcp: HttpConnector,
+    answer: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Service<Uri> for ToProxy {
+    type Response = Stream;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Stream, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, proxy: Uri) -> Self::Future {
+        let mut tcp = self.tcp.clone();
+        let answer = Arc::clone(&self.answer);
+        Box::pin(async move {
+            let mut stream = Stream::new(tcp.call(proxy).await?);
+            stream.answer = Some(answer);
+            Ok(stream)
+        })
     }
 }
 
@@ -459,7 +544,7 @@ fn report(observer: Option<&Observer>, e: &ProxyError) {
             .get_or_create(&vec![
                 ("profile", o.profile.clone()),
                 ("client", o.client.to_owned()),
-                ("answer", e.answer().to_owned()),
+                ("answer", e.answer()),
             ])
             .inc();
     }
@@ -479,13 +564,7 @@ impl Service<Uri> for Connector {
         Box::pin(async move {
             let mut tcp = this.tcp.clone();
             let proxy = match this.egress.route(&dst) {
-                Route::Direct(_) => {
-                    let io = tcp.call(dst).await?;
-                    return Ok(Stream {
-                        io,
-                        forwarding: false,
-                    });
-                }
+                Route::Direct(_) => return Ok(Stream::new(tcp.call(dst).await?)),
                 Route::Proxy(proxy) => proxy,
             };
             let shown = proxy.authority().map(|a| a.to_string()).unwrap_or_default();
@@ -501,16 +580,22 @@ impl Service<Uri> for Connector {
             );
             let auth = this.egress.authorization(&dst);
             let result = if dst.scheme() == Some(&http::uri::Scheme::HTTPS) {
-                let mut tunnel = Tunnel::new(proxy, tcp);
+                let answer = Arc::new(std::sync::Mutex::new(Vec::new()));
+                let to_proxy = ToProxy {
+                    tcp,
+                    answer: Arc::clone(&answer),
+                };
+                let mut tunnel = Tunnel::new(proxy, to_proxy);
                 if let Some(auth) = auth.clone() {
                     tunnel = tunnel.with_auth(auth);
                 }
                 tunnel
                     .call(dst)
                     .await
-                    .map(|io| Stream {
-                        io,
-                        forwarding: false,
+                    .map(|mut stream| {
+                        // Open: from here on the bytes are the destination's.
+                        stream.answer = None;
+                        stream
                     })
                     .map_err(|e| {
                         // hyper-util 0.1 does not export its tunnel error
@@ -525,9 +610,12 @@ impl Service<Uri> for Connector {
                                 sent_credentials: auth.is_some(),
                             }
                         } else if text.ends_with("unsuccessful") {
+                            let kept = answer.lock().map(|a| a.clone()).unwrap_or_default();
                             ProxyError::Refused {
                                 proxy: shown.clone(),
                                 target: target.clone(),
+                                answer: status_of(&kept)
+                                    .unwrap_or_else(|| "something other than HTTP".into()),
                             }
                         } else {
                             ProxyError::Unreachable {
@@ -541,8 +629,8 @@ impl Service<Uri> for Connector {
                 tcp.call(proxy)
                     .await
                     .map(|io| Stream {
-                        io,
                         forwarding: true,
+                        ..Stream::new(io)
                     })
                     .map_err(|e| ProxyError::Unreachable {
                         proxy: shown.clone(),
@@ -884,12 +972,29 @@ mod tests {
             Some(ProxyError::AuthRequired { .. })
         ));
         assert!(ProxyError::find(&std::io::Error::other("plain")).is_none());
-        assert!(
-            ProxyError::Refused {
-                proxy: "p:1".into(),
-                target: "ca:443".into()
-            }
-            .is_refusal()
+        let refused = ProxyError::Refused {
+            proxy: "p:1".into(),
+            target: "ca:443".into(),
+            answer: "403 Forbidden".into(),
+        };
+        assert!(refused.is_refusal());
+        assert_eq!(refused.answer(), "403");
+    }
+
+    #[test]
+    fn a_proxys_status_line_is_kept_printable_and_short() {
+        assert_eq!(
+            status_of(b"HTTP/1.1 403 Forbidden\r\nServer: squid\r\n\r\n<html>").as_deref(),
+            Some("403 Forbidden")
         );
+        assert_eq!(
+            status_of(b"HTTP/1.0 502 Bad\x1b[31m Gateway\r\n").as_deref(),
+            Some("502 Bad[31m Gateway")
+        );
+        let long = format!("HTTP/1.1 403 {}\r\n", "x".repeat(500));
+        assert_eq!(status_of(long.as_bytes()).map(|s| s.len()), Some(80));
+        for not_http in [&b"SSH-2.0-OpenSSH\r\n"[..], b"HTTP/1.1 abc\r\n", b""] {
+            assert_eq!(status_of(not_http), None);
+        }
     }
 }

@@ -28,8 +28,19 @@ use crate::upstream::{PEBBLE_NAME, Pebble, TestPki};
 /// A webhook receiver's name, known only to squid.
 const HOOKS_NAME: &str = "hooks.test";
 
-/// Debian's squid on an address of this test, forwarding anything from
-/// anyone (loopback only), optionally with Basic authentication.
+/// Who squid lets through.
+#[derive(Clone, Copy)]
+enum Access<'a> {
+    /// Anyone, anywhere.
+    Open,
+    /// Only this user with this password (Basic).
+    Password(&'a str, &'a str),
+    /// Anyone, anywhere but this destination name (403).
+    Denying(&'a str),
+}
+
+/// Debian's squid on an address of this test, forwarding for anyone
+/// (loopback only) as its [`Access`] says.
 struct Squid {
     addr: SocketAddr,
     dir: tempfile::TempDir,
@@ -37,9 +48,9 @@ struct Squid {
 }
 
 impl Squid {
-    /// Starts squid; with `auth`, only that user and password may use it.
-    /// None when squid is not installed (and the test should skip).
-    fn start(auth: Option<(&str, &str)>) -> Option<Squid> {
+    /// Starts squid. None when squid is not installed (and the test
+    /// should skip).
+    fn start(access: Access) -> Option<Squid> {
         if !harness::require_program("squid") {
             return None;
         }
@@ -58,8 +69,8 @@ impl Squid {
             ),
         )
         .expect("squid's hosts file");
-        let access = match auth {
-            Some((user, password)) => {
+        let access = match access {
+            Access::Password(user, password) => {
                 let out = Command::new("openssl")
                     .args(["passwd", "-apr1", password])
                     .output()
@@ -75,7 +86,12 @@ impl Squid {
                     "auth_param basic program /usr/lib/squid/basic_ncsa_auth {d}/htpasswd\nauth_param basic realm acme-proxy-test\nacl authenticated proxy_auth REQUIRED\nhttp_access allow authenticated\nhttp_access deny all\n"
                 )
             }
-            None => "http_access allow all\n".to_owned(),
+            Access::Denying(name) => {
+                format!(
+                    "acl denied dstdomain {name}\nhttp_access deny denied\nhttp_access allow all\n"
+                )
+            }
+            Access::Open => "http_access allow all\n".to_owned(),
         };
         let addr = harness::own_addr();
         std::fs::write(
@@ -221,7 +237,7 @@ async fn certbot_obtains_a_certificate_from_a_relay_whose_upstream_only_squid_ca
     if !harness::require_program("certbot") {
         return;
     }
-    let Some(squid) = Squid::start(None) else {
+    let Some(squid) = Squid::start(Access::Open) else {
         return;
     };
     let pki = TestPki::new();
@@ -283,7 +299,7 @@ async fn wrong_proxy_credentials_are_logged_and_metered_as_407_the_order_waits_a
  {
     const PASSWORD: &str = "Pr0xy-pa55word";
     const WRONG: &str = "not-the-pa55word";
-    let Some(squid) = Squid::start(Some(("relay", PASSWORD))) else {
+    let Some(squid) = Squid::start(Access::Password("relay", PASSWORD)) else {
         return;
     };
     let pki = TestPki::new();
@@ -374,7 +390,7 @@ async fn wrong_proxy_credentials_are_logged_and_metered_as_407_the_order_waits_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_named_in_no_proxy_never_reaches_squid_and_the_relay_still_issues() {
-    let Some(squid) = Squid::start(None) else {
+    let Some(squid) = Squid::start(Access::Open) else {
         return;
     };
     let pki = TestPki::new();
@@ -432,7 +448,7 @@ async fn with_from_env_a_webhook_goes_through_squid_and_http01_validation_never_
     if !harness::require_program("certbot") {
         return;
     }
-    let Some(squid) = Squid::start(None) else {
+    let Some(squid) = Squid::start(Access::Open) else {
         return;
     };
     let receiver = Receiver::start().await;
@@ -508,7 +524,7 @@ async fn with_from_env_a_webhook_goes_through_squid_and_http01_validation_never_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_squid_stopped_mid_relay_the_order_waits_and_completes_when_it_returns() {
-    let Some(mut squid) = Squid::start(None) else {
+    let Some(mut squid) = Squid::start(Access::Open) else {
         return;
     };
     let pki = TestPki::new();
@@ -554,5 +570,88 @@ async fn with_squid_stopped_mid_relay_the_order_waits_and_completes_when_it_retu
 
     squid.start_again();
     until_valid(&mut order, Duration::from_secs(60)).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_denies_the_upstream_is_reported_with_its_403_and_the_order_waits() {
+    let Some(denying) = Squid::start(Access::Denying(PEBBLE_NAME)) else {
+        return;
+    };
+    let Some(open) = Squid::start(Access::Open) else {
+        return;
+    };
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, relay::always_valid()) else {
+        return;
+    };
+    let dir = harness::tempdir();
+    let profiles = relay::bypass_profile(&pebble.directory_url_by_name(), &pki, "");
+    let toml_for = |squid: &Squid| {
+        relay::server_toml(
+            dir.path(),
+            harness::free_port(),
+            None,
+            &format!(
+                "[metrics]\nlisten = \"127.0.0.1:0\"\n\n{}",
+                through(squid, "", &profiles)
+            ),
+        )
+    };
+    let toml = toml_for(&denying);
+
+    // Registration through the denying proxy says what the proxy answered.
+    let config = acme_proxy::config::Config::from_toml(&toml).expect("config");
+    acme_proxy::private::create_dir(&config.data_dir).expect("data dir");
+    let store = acme_proxy_store::Store::open(
+        &config.database_url(),
+        &acme_proxy_store::StoreOptions::default(),
+    )
+    .await
+    .expect("open the database");
+    let refused = acme_proxy::admin::ops::register_upstream(
+        &store,
+        &acme_proxy::clock::SystemClock,
+        &config,
+        Some("default"),
+        None,
+    )
+    .await
+    .expect_err("registration through a proxy that denies the upstream");
+    store.close().await;
+    let refused = refused.to_string();
+    assert!(
+        refused.contains("403 Forbidden") && refused.contains(&denying.addr.to_string()),
+        "the refusal does not give the proxy's answer: {refused}"
+    );
+
+    relay::register_upstream_accounts(&toml_for(&open)).await;
+    let server = TestServer::start_in(dir, &toml).await;
+    let metrics = server.running().metrics_addr.expect("metrics");
+    let account = client::account(&server.directory("default")).await;
+    let mut order = relay::ready_order(&account, &["denied.example.test"]).await;
+    order.finalize().await.expect("finalize answers");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy_failures(&scrape(metrics).await, "403") < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no retried 403 metered within 30 s:\n{}",
+            scrape(metrics).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = scrape(metrics).await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("acme_proxy_upstream_requests_total{")
+                && l.contains("class=\"proxy_refused\"")),
+        "the upstream requests are not counted as refused by the proxy:\n{text}"
+    );
+    let status = order.refresh().await.expect("poll").status;
+    assert!(
+        matches!(status, OrderStatus::Processing),
+        "a proxy's refusal made the order {status:?}"
+    );
+    denying.wait_for_line("TCP_DENIED/403").await;
     server.stop().await;
 }
