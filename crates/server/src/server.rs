@@ -480,18 +480,34 @@ impl Reloader {
         let current = self.generations.current();
         let outcome = self.build(&current, config).await;
         let authority = self.generations.authority();
-        match &outcome {
+        match outcome {
             Ok(next) => {
-                let profiles: Vec<&str> = next.config.profiles.keys().map(String::as_str).collect();
-                let detail = format!(
-                    "generation {} in force: profiles {}",
-                    next.number,
-                    profiles.join(", ")
-                );
-                tracing::info!(event = "config.reload", outcome = "success", generation = next.number, profiles = %profiles.join(","), "configuration reloaded");
+                let number = next.number;
+                let profiles: Vec<String> = next.config.profiles.keys().cloned().collect();
+                // Job tuning and retention first: the generation's jobs
+                // then run under its own settings.
+                self.lasting.queue.set_config(next.config.jobs.clone());
+                self.job_retention
+                    .send_replace(Some(next.config.jobs.retention));
+                self.audit_retention
+                    .send_replace(next.config.audit.retention);
+                // In force before it is announced: whoever reads the log
+                // line (an operator, a script after `systemctl reload`)
+                // and then asks is answered by the new generation.
+                self.generations.replace(next);
+                tracing::info!(event = "config.reload", outcome = "success", generation = number, profiles = %profiles.join(","), "configuration reloaded");
                 authority
-                    .audit_server("config.reload", "success", RELOAD_ACTOR, &detail)
+                    .audit_server(
+                        "config.reload",
+                        "success",
+                        RELOAD_ACTOR,
+                        &format!(
+                            "generation {number} in force: profiles {}",
+                            profiles.join(", ")
+                        ),
+                    )
                     .await;
+                Ok(number)
             }
             Err(refused) => {
                 let reason = refused.0.join("; ");
@@ -504,19 +520,9 @@ impl Reloader {
                         &format!("generation {} keeps serving: {reason}", current.number),
                     )
                     .await;
+                Err(refused)
             }
         }
-        let next = outcome?;
-        let number = next.number;
-        // Job tuning and retention first: the generation's jobs then run
-        // under its own settings.
-        self.lasting.queue.set_config(next.config.jobs.clone());
-        self.job_retention
-            .send_replace(Some(next.config.jobs.retention));
-        self.audit_retention
-            .send_replace(next.config.audit.retention);
-        self.generations.replace(next);
-        Ok(number)
     }
 
     /// The next generation, built completely, or why not.

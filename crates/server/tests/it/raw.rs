@@ -246,15 +246,15 @@ pub async fn post(url: &str, body: &Value) -> Resp {
 
 /// A fresh nonce from newNonce.
 pub async fn nonce(directory: &Value) -> String {
-    request(
+    let r = request(
         "HEAD",
         directory["newNonce"].as_str().unwrap(),
         None,
         vec![],
     )
-    .await
-    .nonce()
-    .expect("newNonce gives a nonce")
+    .await;
+    r.nonce()
+        .unwrap_or_else(|| panic!("newNonce gave no nonce: {} {:?}", r.status, r.headers))
 }
 
 pub async fn directory(url: &str) -> Value {
