@@ -629,8 +629,6 @@ pub async fn nonce_cleanup(store: &Store, clock: &dyn Clock) -> Result<(u64, i64
     Ok((deleted, store.used_nonce_count().await?))
 }
 
-/// One line per profile saying how it issues: what operators see at
-/// start-up and from `acme-proxy config check`.
 /// How `url` is reached under `egress` ("via proxy …", "direct …").
 fn route(egress: &crate::config::EgressConfig, url: &str) -> String {
     match crate::egress::Egress::from_config(egress) {
@@ -639,6 +637,9 @@ fn route(egress: &crate::config::EgressConfig, url: &str) -> String {
     }
 }
 
+/// One line per profile saying how it issues and how its upstream and
+/// webhooks are reached: what operators see at start-up and from
+/// `acme-proxy config check`.
 pub fn describe_profiles(config: &Config) -> Vec<String> {
     config
         .profiles

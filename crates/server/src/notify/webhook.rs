@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+
 use crate::config::WebhookConfig;
 use crate::egress::{self, Egress, Outbound};
 use crate::metrics::Metrics;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 
 /// What one delivery attempt concluded.
 #[derive(Debug, PartialEq, Eq)]

@@ -221,6 +221,15 @@ async fn until_valid(order: &mut instant_acme::Order, within: Duration) -> Strin
     }
 }
 
+/// Squid with `access`, and Pebble skipping validation with a PKI of its
+/// own; None when either is not installed (and the test should skip).
+fn squid_and_pebble(access: Access) -> Option<(Squid, TestPki, Pebble)> {
+    let squid = Squid::start(access)?;
+    let pki = TestPki::new();
+    let pebble = Pebble::start(&pki, relay::always_valid())?;
+    Some((squid, pki, pebble))
+}
+
 /// Egress through `squid`, then the relay profiles.
 fn through(squid: &Squid, egress: &str, profiles: &str) -> String {
     format!(
@@ -237,11 +246,7 @@ async fn certbot_obtains_a_certificate_from_a_relay_whose_upstream_only_squid_ca
     if !harness::require_program("certbot") {
         return;
     }
-    let Some(squid) = Squid::start(Access::Open) else {
-        return;
-    };
-    let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(&pki, relay::always_valid()) else {
+    let Some((squid, pki, pebble)) = squid_and_pebble(Access::Open) else {
         return;
     };
     let at = harness::own_addr();
@@ -265,10 +270,7 @@ async fn certbot_obtains_a_certificate_from_a_relay_whose_upstream_only_squid_ca
     let home = harness::tempdir();
     let d = home.path().to_path_buf();
     let name = "through-squid.example.test";
-    let mut args = clients::certbot_common(&d, &server.directory("default"));
-    args.push("certonly".to_owned());
-    args.extend(clients::certbot_standalone(at));
-    args.extend(["-d".to_owned(), name.to_owned()]);
+    let args = clients::certbot_certonly_standalone(&d, &server.directory("default"), at, name);
     let ran: Ran = clients::run("certbot", args, d.clone()).await;
     assert!(
         ran.success(),
@@ -278,9 +280,7 @@ async fn certbot_obtains_a_certificate_from_a_relay_whose_upstream_only_squid_ca
         squid.access_log(),
         squid.log()
     );
-    let leaf = clients::leaf(&d.join("conf/live").join(name).join("cert.pem"), &|| {
-        ran.report()
-    });
+    let leaf = clients::leaf(&d.join("conf/live/t/cert.pem"), &|| ran.report());
     assert_eq!(leaf.sans, vec![name.to_owned()]);
 
     server.stop().await;
@@ -299,11 +299,7 @@ async fn wrong_proxy_credentials_are_logged_and_metered_as_407_the_order_waits_a
  {
     const PASSWORD: &str = "Pr0xy-pa55word";
     const WRONG: &str = "not-the-pa55word";
-    let Some(squid) = Squid::start(Access::Password("relay", PASSWORD)) else {
-        return;
-    };
-    let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(&pki, relay::always_valid()) else {
+    let Some((squid, pki, pebble)) = squid_and_pebble(Access::Password("relay", PASSWORD)) else {
         return;
     };
     let home = harness::tempdir();
@@ -390,11 +386,7 @@ async fn wrong_proxy_credentials_are_logged_and_metered_as_407_the_order_waits_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_named_in_no_proxy_never_reaches_squid_and_the_relay_still_issues() {
-    let Some(squid) = Squid::start(Access::Open) else {
-        return;
-    };
-    let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(&pki, relay::always_valid()) else {
+    let Some((squid, pki, pebble)) = squid_and_pebble(Access::Open) else {
         return;
     };
     // `default` relays to Pebble's address, which no_proxy names;
@@ -487,10 +479,7 @@ async fn with_from_env_a_webhook_goes_through_squid_and_http01_validation_never_
 
     let d = home.path().join("certbot");
     let name = "validated-direct.example.test";
-    let mut args = clients::certbot_common(&d, &directory);
-    args.push("certonly".to_owned());
-    args.extend(clients::certbot_standalone(at));
-    args.extend(["-d".to_owned(), name.to_owned()]);
+    let args = clients::certbot_certonly_standalone(&d, &directory, at, name);
     let ran = clients::run("certbot", args, d.clone()).await;
     assert!(
         ran.success(),
@@ -524,11 +513,7 @@ async fn with_from_env_a_webhook_goes_through_squid_and_http01_validation_never_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_squid_stopped_mid_relay_the_order_waits_and_completes_when_it_returns() {
-    let Some(mut squid) = Squid::start(Access::Open) else {
-        return;
-    };
-    let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(&pki, relay::always_valid()) else {
+    let Some((mut squid, pki, pebble)) = squid_and_pebble(Access::Open) else {
         return;
     };
     let dir = harness::tempdir();
@@ -575,14 +560,10 @@ async fn with_squid_stopped_mid_relay_the_order_waits_and_completes_when_it_retu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_that_denies_the_upstream_is_reported_with_its_403_and_the_order_waits() {
-    let Some(denying) = Squid::start(Access::Denying(PEBBLE_NAME)) else {
+    let Some((denying, pki, pebble)) = squid_and_pebble(Access::Denying(PEBBLE_NAME)) else {
         return;
     };
     let Some(open) = Squid::start(Access::Open) else {
-        return;
-    };
-    let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(&pki, relay::always_valid()) else {
         return;
     };
     let dir = harness::tempdir();
