@@ -113,6 +113,13 @@ fn main() {
     }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
+        Err(acme_proxy::config::ConfigError::Problems(problems)) => {
+            // One line each, as `config check` prints what start-up refuses.
+            for p in problems {
+                eprintln!("acme-proxy: configuration: {p}");
+            }
+            std::process::exit(EXIT_CONFIG);
+        }
         Err(e) => {
             eprintln!("acme-proxy: {e}");
             std::process::exit(EXIT_CONFIG);

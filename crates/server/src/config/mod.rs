@@ -183,6 +183,19 @@ pub enum ConfigError {
     Load(#[from] Box<figment::Error>),
     #[error("configuration: {0}")]
     Invalid(String),
+    /// Several mistakes, each saying what to write.
+    #[error("configuration: {} problems:\n  - {}", .0.len(), .0.join("\n  - "))]
+    Problems(Vec<String>),
+}
+
+/// What one check refused, without the `configuration:` prefix that the
+/// whole list gets once.
+fn reason(e: ConfigError) -> String {
+    match e {
+        ConfigError::Invalid(reason) => reason,
+        ConfigError::Problems(reasons) => reasons.join("; "),
+        ConfigError::Load(e) => e.to_string(),
+    }
 }
 
 /// Whether `key` (an `ACME_PROXY_*` variable without its prefix) is one of
@@ -276,11 +289,14 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
+        // Every mistake at once, not the first: an operator fixes a file
+        // in one round.
+        let mut problems: Vec<String> = Vec::new();
         if self.profiles.is_empty() {
-            return Err(ConfigError::Invalid(
+            problems.push(
                 "no profiles: add at least one [profiles.NAME] table, e.g. [profiles.default]"
                     .into(),
-            ));
+            );
         }
         for (name, profile) in &self.profiles {
             if name.is_empty()
@@ -288,166 +304,196 @@ impl Config {
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
             {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profile name {name:?} must be lowercase letters, digits, '-' or '_' (it is part of URLs)"
-                )));
+                ));
             }
             if profile.caa && profile.caa_identities.is_empty() {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.caa is on but caa_identities is empty: write the issuer domain names CAA records must name, e.g. caa_identities = [\"acme.example.internal\"]"
-                )));
+                ));
             }
             if profile.challenges.is_empty() {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.challenges is empty; write challenges = [\"http-01\"]"
-                )));
+                ));
             }
             for (hook_name, hook) in &profile.notify.webhooks {
-                check_webhook(name, hook_name, hook)?;
+                check_webhook(name, hook_name, hook).unwrap_or_else(|e| problems.push(reason(e)));
                 if let Some(egress) = &hook.egress {
                     check_egress(
                         &format!("profiles.{name}.notify.webhooks.{hook_name}.egress"),
                         egress,
-                    )?;
+                    )
+                    .unwrap_or_else(|e| problems.push(reason(e)));
                 }
             }
             for (script_name, script) in &profile.notify.scripts {
                 let key = format!("profiles.{name}.notify.scripts.{script_name}");
                 if !script.command.is_absolute() {
-                    return Err(ConfigError::Invalid(format!(
+                    problems.push(format!(
                         "{key}.command must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/notify-pki\""
-                    )));
+                    ));
                 }
             }
             for (email_name, email) in &profile.notify.emails {
-                check_email(name, email_name, email)?;
+                check_email(name, email_name, email).unwrap_or_else(|e| problems.push(reason(e)));
             }
-            check_certificate_profiles(name, profile)?;
+            check_certificate_profiles(name, profile).unwrap_or_else(|e| problems.push(reason(e)));
             let ca = match &profile.signer {
                 SignerConfig::LocalCa(ca) => ca,
                 SignerConfig::Relay(relay) => {
-                    check_relay(name, relay)?;
+                    check_relay(name, relay).unwrap_or_else(|e| problems.push(reason(e)));
                     if let Some(egress) = &relay.egress {
-                        check_egress(&format!("profiles.{name}.signer.egress"), egress)?;
+                        check_egress(&format!("profiles.{name}.signer.egress"), egress)
+                            .unwrap_or_else(|e| problems.push(reason(e)));
                     }
                     continue;
                 }
                 SignerConfig::Custom(custom) => {
-                    check_custom(name, custom)?;
+                    check_custom(name, custom).unwrap_or_else(|e| problems.push(reason(e)));
                     continue;
                 }
             };
             let [from, to] = ca.renewal_window;
             if !(0.0..1.0).contains(&from) || !(from..=1.0).contains(&to) || to - from < 0.01 {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.signer.renewal_window must be two fractions of the lifetime, 0 ≤ start < end ≤ 1, at least 0.01 apart; write e.g. renewal_window = [0.6, 0.8]"
-                )));
+                ));
             }
             if let Some(p11) = &ca.pkcs11 {
                 let key = format!("profiles.{name}.signer.pkcs11");
                 if ca.ca_cert.is_none() || ca.ca_key.is_some() {
-                    return Err(ConfigError::Invalid(format!(
+                    problems.push(format!(
                         "{key}: the key is in the token, so write ca_cert (the CA certificate of that key) and no ca_key"
-                    )));
+                    ));
                 }
                 if p11.token_label.is_some() == p11.slot.is_some() {
-                    return Err(ConfigError::Invalid(format!(
+                    problems.push(format!(
                         "{key}: name the token by token_label = \"…\" or by slot = N (one of them)"
-                    )));
+                    ));
                 }
                 if p11.key_label.is_none() && p11.key_id.is_none() {
-                    return Err(ConfigError::Invalid(format!(
+                    problems.push(format!(
                         "{key}: name the key by key_label = \"…\" and/or key_id = \"hex\""
-                    )));
+                    ));
                 }
                 if p11
                     .key_id
                     .as_deref()
                     .is_some_and(|h| hex::decode(h).is_err())
                 {
-                    return Err(ConfigError::Invalid(format!(
-                        "{key}.key_id must be hex, e.g. key_id = \"01\""
-                    )));
+                    problems.push(format!("{key}.key_id must be hex, e.g. key_id = \"01\""));
                 }
                 if !p11.module.is_absolute() || !p11.pin_file.is_absolute() {
-                    return Err(ConfigError::Invalid(format!(
-                        "{key}: module and pin_file must be absolute paths"
-                    )));
+                    problems.push(format!("{key}: module and pin_file must be absolute paths"));
                 }
                 if p11.timeout < Duration::from_secs(1) || p11.timeout > Duration::from_secs(60) {
-                    return Err(ConfigError::Invalid(format!(
+                    problems.push(format!(
                         "{key}.timeout must be between 1s and 60s (a signing runs inside the client's finalize request); write e.g. timeout = \"10s\""
-                    )));
+                    ));
                 }
             } else if ca.ca_cert.is_some() != ca.ca_key.is_some() {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.signer: set both ca_cert and ca_key (the operator's CA), or neither (a self-generated CA)"
-                )));
+                ));
             }
             if ca.chain.is_some() && ca.ca_cert.is_none() {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.signer.chain needs ca_cert and ca_key: a self-generated CA has no chain above it"
-                )));
+                ));
             }
             if ca.validity < Duration::from_secs(60) {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.signer.validity is shorter than a minute; write e.g. validity = \"90d\""
-                )));
+                ));
             }
         }
-        check_egress("egress", &self.egress)?;
+        check_egress("egress", &self.egress).unwrap_or_else(|e| problems.push(reason(e)));
+        // Every URL handed out starts with public_url, else with the listen
+        // address, and no client can reach 0.0.0.0 or ::.
+        // (A self-signed certificate's own check says more about this.)
+        if self.listen.ip().is_unspecified()
+            && self.public_url.is_none()
+            && !self.tls.as_ref().is_some_and(|t| t.self_signed)
+        {
+            problems.push(format!(
+                "listen is {}, an address no client can reach, and public_url is not set, so every URL handed out would name it; set public_url to what clients use, e.g. public_url = \"{}://acme.example.internal:{}\"",
+                self.listen,
+                if self.tls.is_some() { "https" } else { "http" },
+                self.listen.port()
+            ));
+        }
+        if let Some(metrics) = self.metrics.listen
+            && metrics.port() != 0
+            && metrics.port() == self.listen.port()
+            && (metrics.ip() == self.listen.ip()
+                || metrics.ip().is_unspecified()
+                || self.listen.ip().is_unspecified())
+        {
+            problems.push(format!(
+                "metrics.listen {metrics} is the ACME listener's address ({}); give metrics a port of its own, e.g. listen = \"127.0.0.1:9464\" under [metrics]",
+                self.listen
+            ));
+        }
+        if let Some(url) = &self.database_url
+            && !url.starts_with("sqlite:")
+            && !acme_proxy_store::is_postgres_url(url)
+        {
+            problems.push(format!(
+                "database_url {:?} is not a database this build opens; write sqlite:PATH (a file) or postgres://USER@HOST/DATABASE",
+                url.split_once("://").map_or(url.as_str(), |(scheme, _)| scheme)
+            ));
+        }
         if let Some(url) = &self.public_url
             && (!(url.starts_with("http://") || url.starts_with("https://")) || url.ends_with('/'))
         {
-            return Err(ConfigError::Invalid(format!(
+            problems.push(format!(
                 "public_url {url:?} must start with http:// or https:// and have no trailing slash, e.g. \"https://acme.example.internal\""
-            )));
+            ));
         }
         if let Some(tls) = &self.tls {
             match (&tls.cert, &tls.key, tls.self_signed) {
                 (Some(_), Some(_), false) | (None, None, true) => {}
                 _ => {
-                    return Err(ConfigError::Invalid(
+                    problems.push(
                         "[tls]: write cert and key (PEM files), or self_signed = true, not both"
                             .into(),
-                    ));
+                    );
                 }
             }
             if tls.handshake_timeout < Duration::from_millis(100)
                 || tls.reload_interval < Duration::from_secs(1)
             {
-                return Err(ConfigError::Invalid(
-                    "[tls]: handshake_timeout must be at least 100ms and reload_interval at least 1s; write e.g. handshake_timeout = \"10s\", reload_interval = \"30s\"".into(),
-                ));
+                problems.push(
+                    "[tls]: handshake_timeout must be at least 100ms and reload_interval at least 1s; write e.g. handshake_timeout = \"10s\", reload_interval = \"30s\"".into());
             }
             if tls.self_signed && self.public_url.is_none() && self.listen.ip().is_unspecified() {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "[tls] self_signed needs a name clients use, and listen is {}: set public_url = \"https://acme.example.internal:{}\"",
                     self.listen,
                     self.listen.port()
-                )));
+                ));
             }
             if let Some(url) = &self.public_url
                 && url.starts_with("http://")
             {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "public_url {url:?} is http:// but [tls] serves https://; write public_url = \"https://…\""
-                )));
+                ));
             }
         }
         if self.audit.reverse_name_timeout > Duration::from_secs(5) {
-            return Err(ConfigError::Invalid(
-                "audit.reverse_name_timeout is over 5s, and it delays the requests it audits; write e.g. reverse_name_timeout = \"300ms\" (or reverse_names = false)".into(),
-            ));
+            problems.push(
+                "audit.reverse_name_timeout is over 5s, and it delays the requests it audits; write e.g. reverse_name_timeout = \"300ms\" (or reverse_names = false)".into());
         }
         if self
             .audit
             .retention
             .is_some_and(|r| r < Duration::from_secs(86400))
         {
-            return Err(ConfigError::Invalid(
-                "audit.retention is shorter than a day; write e.g. retention = \"400d\" (or leave it out to keep every row)".into(),
-            ));
+            problems.push(
+                "audit.retention is shorter than a day; write e.g. retention = \"400d\" (or leave it out to keep every row)".into());
         }
         let at_least = |key: &str, d: Duration, min: Duration, example: &str| {
             if d < min {
@@ -463,65 +509,75 @@ impl Config {
             self.nonce_lifetime,
             Duration::from_secs(10),
             "1h",
-        )?;
+        )
+        .unwrap_or_else(|e| problems.push(reason(e)));
         at_least(
             "validation.timeout",
             self.validation.timeout,
             Duration::from_secs(1),
             "10s",
-        )?;
+        )
+        .unwrap_or_else(|e| problems.push(reason(e)));
         let j = &self.jobs;
         at_least(
             "jobs.poll_interval",
             j.poll_interval,
             Duration::from_millis(10),
             "1s",
-        )?;
-        at_least("jobs.lease", j.lease, Duration::from_millis(300), "15s")?;
+        )
+        .unwrap_or_else(|e| problems.push(reason(e)));
+        at_least("jobs.lease", j.lease, Duration::from_millis(300), "15s")
+            .unwrap_or_else(|e| problems.push(reason(e)));
         at_least(
             "jobs.attempt_budget",
             j.attempt_budget,
             Duration::from_millis(10),
             "5m",
-        )?;
+        )
+        .unwrap_or_else(|e| problems.push(reason(e)));
         at_least(
             "jobs.backoff_base",
             j.backoff_base,
             Duration::from_millis(1),
             "2s",
-        )?;
-        at_least("jobs.backoff_cap", j.backoff_cap, j.backoff_base, "10m")?;
-        at_least("jobs.retention", j.retention, Duration::from_secs(60), "7d")?;
+        )
+        .unwrap_or_else(|e| problems.push(reason(e)));
+        at_least("jobs.backoff_cap", j.backoff_cap, j.backoff_base, "10m")
+            .unwrap_or_else(|e| problems.push(reason(e)));
+        at_least("jobs.retention", j.retention, Duration::from_secs(60), "7d")
+            .unwrap_or_else(|e| problems.push(reason(e)));
         if j.concurrency == 0 || j.max_attempts == 0 {
-            return Err(ConfigError::Invalid(
-                "jobs.concurrency and jobs.max_attempts must be at least 1; write e.g. concurrency = 16 and max_attempts = 10 under [jobs]".into(),
-            ));
+            problems.push(
+                "jobs.concurrency and jobs.max_attempts must be at least 1; write e.g. concurrency = 16 and max_attempts = 10 under [jobs]".into());
         }
         for (name, p) in &self.profiles {
             if p.max_identifiers == 0 || p.max_pending_authorizations == 0 {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "profiles.{name}.max_identifiers and profiles.{name}.max_pending_authorizations must be at least 1; write e.g. max_identifiers = 100 and max_pending_authorizations = 300"
-                )));
+                ));
             }
             at_least(
                 &format!("profiles.{name}.order_lifetime"),
                 p.order_lifetime,
                 Duration::from_secs(60),
                 "7d",
-            )?;
+            )
+            .unwrap_or_else(|e| problems.push(reason(e)));
             at_least(
                 &format!("profiles.{name}.authorization_lifetime"),
                 p.authorization_lifetime,
                 Duration::from_secs(60),
                 "30d",
-            )?;
+            )
+            .unwrap_or_else(|e| problems.push(reason(e)));
             match &p.signer {
                 SignerConfig::LocalCa(ca) => at_least(
                     &format!("profiles.{name}.signer.crl_validity"),
                     ca.crl_validity,
                     Duration::from_secs(3600),
                     "1d",
-                )?,
+                )
+                .unwrap_or_else(|e| problems.push(reason(e))),
                 SignerConfig::Custom(_) => {}
                 SignerConfig::Relay(r) => {
                     at_least(
@@ -529,26 +585,27 @@ impl Config {
                         r.request_timeout,
                         Duration::from_millis(100),
                         "10s",
-                    )?;
+                    )
+                    .unwrap_or_else(|e| problems.push(reason(e)));
                     at_least(
                         &format!("profiles.{name}.signer.attempt_budget"),
                         r.attempt_budget,
                         r.request_timeout * 2,
                         "5m",
-                    )?;
+                    )
+                    .unwrap_or_else(|e| problems.push(reason(e)));
                     at_least(
                         &format!("profiles.{name}.signer.poll_interval"),
                         r.poll_interval,
                         Duration::from_millis(10),
                         "1s",
-                    )?;
+                    )
+                    .unwrap_or_else(|e| problems.push(reason(e)));
                 }
             }
         }
         if self.max_in_flight == 0 {
-            return Err(ConfigError::Invalid(
-                "max_in_flight must be at least 1".into(),
-            ));
+            problems.push("max_in_flight must be at least 1".into());
         }
         let postgres = acme_proxy_store::is_postgres_url(&self.database_url());
         for (key, set) in [
@@ -562,33 +619,29 @@ impl Config {
             ),
         ] {
             if set && !postgres {
-                return Err(ConfigError::Invalid(format!(
+                problems.push(format!(
                     "{key} applies to a PostgreSQL database_url only; remove it (SQLite's connections are the server's own)"
-                )));
+                ));
             }
         }
         if self.database_max_connections == Some(0) {
-            return Err(ConfigError::Invalid(
-                "database_max_connections must be at least 1; write e.g. database_max_connections = 16".into(),
-            ));
+            problems.push(
+                "database_max_connections must be at least 1; write e.g. database_max_connections = 16".into());
         }
         // One connection is the job runner's LISTEN: with one in all, the
         // requests would need a second past the stated bound.
         if self.database_max_connections == Some(1) {
-            return Err(ConfigError::Invalid(
-                "database_max_connections = 1 leaves no connection beside the job runner's LISTEN; write at least 2, e.g. database_max_connections = 16".into(),
-            ));
+            problems.push(
+                "database_max_connections = 1 leaves no connection beside the job runner's LISTEN; write at least 2, e.g. database_max_connections = 16".into());
         }
         if self.jobs.validations_per_account == 0 {
-            return Err(ConfigError::Invalid(
-                "jobs.validations_per_account must be at least 1; write e.g. validations_per_account = 8".into(),
-            ));
+            problems.push(
+                "jobs.validations_per_account must be at least 1; write e.g. validations_per_account = 8".into());
         }
         let c = &self.connections;
         if c.max_open == 0 || c.max_open_per_client == 0 || c.h2_max_concurrent_streams == 0 {
-            return Err(ConfigError::Invalid(
-                "connections.max_open, connections.max_open_per_client and connections.h2_max_concurrent_streams must be at least 1; write e.g. max_open_per_client = 64".into(),
-            ));
+            problems.push(
+                "connections.max_open, connections.max_open_per_client and connections.h2_max_concurrent_streams must be at least 1; write e.g. max_open_per_client = 64".into());
         }
         for (key, value) in [
             ("header_read_timeout", c.header_read_timeout),
@@ -602,18 +655,23 @@ impl Config {
                 value,
                 Duration::from_millis(100),
                 "10s",
-            )?;
+            )
+            .unwrap_or_else(|e| problems.push(reason(e)));
         }
         // A copy older than a minute would let another process's change to
         // an account (the admin CLI's deactivation) go unseen by reads for
         // longer than an operator expects.
         if self.account_cache_ttl > Duration::from_secs(60) {
-            return Err(ConfigError::Invalid(format!(
+            problems.push(format!(
                 "account_cache_ttl is {:?}, longer than a minute; write e.g. account_cache_ttl = \"1s\" (or \"0s\" to read the account for every request)",
                 self.account_cache_ttl
-            )));
+            ));
         }
-        Ok(())
+        match problems.len() {
+            0 => Ok(()),
+            1 => Err(ConfigError::Invalid(problems.remove(0))),
+            _ => Err(ConfigError::Problems(problems)),
+        }
     }
 
     /// The base URL of every ACME URL we hand out.
@@ -857,6 +915,63 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("profiles.a.signer.crl_validity"), "{err}");
+    }
+
+    #[test]
+    fn five_independent_mistakes_are_all_reported_each_saying_what_to_write() {
+        let text = "listen = \"0.0.0.0:14000\"\ndatabase_url = \"mysql://acme:s3cret@db/acme\"\n[metrics]\nlisten = \"127.0.0.1:14000\"\n[egress]\nproxy = \"socks5://proxy.corp:1080\"\n[profiles.default]\nchallenges = []\n";
+        let Err(ConfigError::Problems(problems)) = Config::from_toml(text) else {
+            panic!("not refused with every problem");
+        };
+        assert_eq!(problems.len(), 5, "{problems:#?}");
+        for (key, says) in [
+            (
+                "listen is 0.0.0.0:14000",
+                "public_url = \"http://acme.example.internal:14000\"",
+            ),
+            ("metrics.listen 127.0.0.1:14000", "a port of its own"),
+            ("database_url \"mysql\"", "postgres://USER@HOST/DATABASE"),
+            ("egress.proxy", "SOCKS proxies are not supported"),
+            (
+                "profiles.default.challenges is empty",
+                "challenges = [\"http-01\"]",
+            ),
+        ] {
+            assert!(
+                problems.iter().any(|p| p.contains(key) && p.contains(says)),
+                "no problem names {key:?} with {says:?}: {problems:#?}"
+            );
+        }
+        assert!(
+            !problems.iter().any(|p| p.contains("s3cret")),
+            "{problems:#?}"
+        );
+        // One mistake reads as before, without a count.
+        let one = Config::from_toml("[profiles.default]\nchallenges = []\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            one,
+            "configuration: profiles.default.challenges is empty; write challenges = [\"http-01\"]"
+        );
+    }
+
+    #[test]
+    fn an_unspecified_listen_address_is_fine_with_a_public_url_and_a_metrics_port_of_its_own() {
+        Config::from_toml(
+            "listen = \"0.0.0.0:14000\"\npublic_url = \"http://acme.example.internal:14000\"\n[metrics]\nlisten = \"0.0.0.0:9464\"\n",
+        )
+        .unwrap();
+        Config::from_toml(
+            "listen = \"127.0.0.1:14000\"\n[metrics]\nlisten = \"127.0.0.2:14000\"\n",
+        )
+        .unwrap();
+        for clash in ["127.0.0.1:14000", "0.0.0.0:14000"] {
+            let e = Config::from_toml(&format!("[metrics]\nlisten = \"{clash}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a port of its own"), "{clash}: {e}");
+        }
     }
 
     #[test]

@@ -176,7 +176,7 @@ const RELAY: &str =
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_check_and_serve_give_the_same_verdict_on_every_configuration_of_the_table() {
     // (name, what the refusal names, or None for a sound configuration)
-    let cases: [(&str, Option<&str>); 11] = [
+    let cases: [(&str, Option<&str>); 12] = [
         ("zero configuration", None),
         ("a self-signed TLS certificate still to make", None),
         (
@@ -209,6 +209,10 @@ async fn config_check_and_serve_give_the_same_verdict_on_every_configuration_of_
             Some("profiles.default.notify.emails.pki.from"),
         ),
         ("a database others can read", Some("chmod")),
+        (
+            "a database of an engine this build does not open",
+            Some("write sqlite:PATH (a file) or postgres://"),
+        ),
     ];
     for (name, refusal) in cases {
         let dir = crate::harness::tempdir();
@@ -276,6 +280,9 @@ async fn config_check_and_serve_give_the_same_verdict_on_every_configuration_of_
                 )
                 .unwrap();
             }
+            "a database of an engine this build does not open" => {
+                toml.insert_str(0, "database_url = \"mysql://acme@db.example/acme\"\n");
+            }
             other => unreachable!("{other}"),
         }
         let file = dir.path().join("acme-proxy.toml");
@@ -307,4 +314,44 @@ async fn config_check_and_serve_give_the_same_verdict_on_every_configuration_of_
             _ => panic!("{name}: config check said {checked:?}, serve {served:?}"),
         }
     }
+}
+
+#[test]
+fn config_check_and_serve_name_all_five_mistakes_of_a_file_and_exit_2() {
+    let dir = crate::harness::tempdir();
+    let file = dir.path().join("acme-proxy.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_dir = \"{}\"\nlisten = \"0.0.0.0:14000\"\ndatabase_url = \"mysql://acme@db.example/acme\"\n[metrics]\nlisten = \"127.0.0.1:14000\"\n[egress]\nproxy = \"socks5://proxy.example:1080\"\n[profiles.default]\nchallenges = []\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let mistakes = [
+        "public_url",
+        "metrics.listen",
+        "database_url",
+        "egress.proxy",
+        "profiles.default.challenges",
+    ];
+    let Verdict::Refused(code, said) = check(dir.path(), &file) else {
+        panic!("config check passed a file with five mistakes");
+    };
+    assert_eq!(code, Some(2), "{said:#?}");
+    assert_eq!(said.len(), 5, "one line per mistake: {said:#?}");
+    for key in mistakes {
+        assert!(said.iter().any(|l| l.contains(key)), "{key}: {said:#?}");
+    }
+    // serve refuses the same file the same way, before binding anything.
+    let out = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&file)
+        .current_dir(dir.path())
+        .env_remove("ACME_PROXY_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(problems(&String::from_utf8_lossy(&out.stderr)), said);
+    assert!(!dir.path().join("data").exists(), "nothing was created");
 }
