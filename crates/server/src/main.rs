@@ -97,6 +97,9 @@ enum ConfigCommand {
     /// files, relay accounts), print the effective profiles, and exit:
     /// 0 when it would start, 2 when it would not.
     Check,
+    /// Print the annotated example configuration: every key, its default
+    /// and when to change it (a valid configuration equal to the defaults).
+    Example,
 }
 
 /// Exit codes: 0 done, 1 failed or refused, 2 bad arguments or
@@ -104,6 +107,11 @@ enum ConfigCommand {
 /// command not confirmed.
 fn main() {
     let cli = Cli::parse();
+    // Needs no configuration, and must work where none loads.
+    if let Some(Command::Config(ConfigCommand::Example)) = &cli.command {
+        print!("{}", acme_proxy::config::reference::EXAMPLE);
+        return;
+    }
     if let Some(Command::Generate(what)) = &cli.command {
         if let Err(e) = generate(what) {
             eprintln!("acme-proxy: {e:#}");
@@ -176,7 +184,7 @@ fn ignored_environment_warning(config: &Config) -> Option<String> {
 /// `serve` reads it again on SIGHUP.
 fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
     match command {
-        Command::Generate(_) => Ok(()),
+        Command::Generate(_) | Command::Config(ConfigCommand::Example) => Ok(()),
         Command::CheckConfig | Command::Config(ConfigCommand::Check) => {
             if let Some(warning) = ignored_environment_warning(&config) {
                 eprintln!("acme-proxy: warning: {warning}");

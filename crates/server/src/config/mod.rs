@@ -179,7 +179,7 @@ impl Default for Config {
 /// Configuration problems found at start-up, each saying what to write.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
+    #[error("configuration: {}", loading_error(.0))]
     Load(#[from] Box<figment::Error>),
     #[error("configuration: {0}")]
     Invalid(String),
@@ -188,13 +188,38 @@ pub enum ConfigError {
     Problems(Vec<String>),
 }
 
+/// A value that does not load, as the operator wrote it: the key as in
+/// the file (figment's own message prefixes its profile, `default.`, which
+/// reads like the profile named default), or the variable as typed
+/// (`ACME_PROXY_JOBS__LEASE`, where figment says `JOBS.LEASE`); then what
+/// is wrong, and in which file.
+fn loading_error(e: &figment::Error) -> String {
+    let metadata = e.metadata.as_ref();
+    let from_env = metadata.is_some_and(|m| m.name.contains("environment"));
+    let mut text = if e.path.is_empty() {
+        e.kind.to_string()
+    } else if from_env {
+        let keys: Vec<String> = e.path.iter().map(|k| k.to_ascii_uppercase()).collect();
+        format!("the variable ACME_PROXY_{}: {}", keys.join("__"), e.kind)
+    } else {
+        format!("{}: {}", e.path.join("."), e.kind)
+    };
+    if let Some(file) = metadata
+        .and_then(|m| m.source.as_ref())
+        .and_then(|s| s.file_path())
+    {
+        text.push_str(&format!(" (in {})", file.display()));
+    }
+    text
+}
+
 /// What one check refused, without the `configuration:` prefix that the
 /// whole list gets once.
 fn reason(e: ConfigError) -> String {
     match e {
         ConfigError::Invalid(reason) => reason,
         ConfigError::Problems(reasons) => reasons.join("; "),
-        ConfigError::Load(e) => e.to_string(),
+        ConfigError::Load(e) => loading_error(&e),
     }
 }
 
@@ -954,6 +979,17 @@ mod tests {
             one,
             "configuration: profiles.default.challenges is empty; write challenges = [\"http-01\"]"
         );
+    }
+
+    #[test]
+    fn a_value_that_does_not_load_is_named_as_written_without_figments_profile() {
+        let e = Config::from_toml("[jobs]\nlease = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("configuration: jobs.lease: "), "{e}");
+        assert!(!e.contains("default."), "{e}");
+        let e = Config::from_toml("listen = 5\n").unwrap_err().to_string();
+        assert!(e.starts_with("configuration: listen: invalid type"), "{e}");
     }
 
     #[test]

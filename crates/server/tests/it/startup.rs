@@ -355,3 +355,57 @@ fn config_check_and_serve_name_all_five_mistakes_of_a_file_and_exit_2() {
     assert_eq!(problems(&String::from_utf8_lossy(&out.stderr)), said);
     assert!(!dir.path().join("data").exists(), "nothing was created");
 }
+
+#[test]
+fn config_example_prints_the_annotated_example_anywhere_and_it_loads() {
+    let dir = crate::harness::tempdir();
+    // A configuration that does not load does not stop it.
+    let out = Command::new(binary())
+        .args(["config", "example"])
+        .current_dir(dir.path())
+        .env("ACME_PROXY_CONFIG", dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, acme_proxy::config::reference::EXAMPLE);
+    let file = dir.path().join("acme-proxy.toml");
+    std::fs::write(&file, &text).unwrap();
+    acme_proxy::config::Config::from_toml(&text).unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "config example wrote nothing beside the file written here"
+    );
+}
+
+#[test]
+fn a_value_that_does_not_load_names_the_variable_typed_or_the_key_and_its_file() {
+    let dir = crate::harness::tempdir();
+    let out = Command::new(binary())
+        .args(["config", "check"])
+        .current_dir(dir.path())
+        .env_remove("ACME_PROXY_CONFIG")
+        .env("ACME_PROXY_JOBS__LEASE", "soon")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let said = problems(&String::from_utf8_lossy(&out.stderr));
+    assert!(
+        said.len() == 1
+            && said[0].starts_with("configuration: the variable ACME_PROXY_JOBS__LEASE: "),
+        "{said:#?}"
+    );
+
+    let file = dir.path().join("acme-proxy.toml");
+    std::fs::write(&file, "[jobs]\nlease = \"soon\"\n").unwrap();
+    let Verdict::Refused(Some(2), said) = check(dir.path(), &file) else {
+        panic!("a lease that is not a duration was accepted");
+    };
+    assert!(
+        said.len() == 1
+            && said[0].starts_with("configuration: jobs.lease: ")
+            && said[0].ends_with(&format!("(in {})", file.display())),
+        "{said:#?}"
+    );
+}
