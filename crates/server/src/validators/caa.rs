@@ -49,7 +49,7 @@ pub async fn check(v: &Validators, req: &CaaRequest<'_>) -> Result<(), Validatio
                 // §3: a CA must not issue when the lookup fails.
                 return Err(ValidationError::new(
                     ProblemType::Dns,
-                    format!("the CAA lookup for {fqdn} failed: {e}"),
+                    v.dns_failure("CAA", &fqdn, &e),
                 ));
             }
         };

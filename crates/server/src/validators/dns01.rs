@@ -38,10 +38,7 @@ pub async fn validate(v: &Validators, t: &ValidationTarget) -> Result<(), Valida
                     format!("no TXT record found at {name}"),
                 )
             } else {
-                ValidationError::new(
-                    ProblemType::Dns,
-                    format!("the DNS query for TXT {name} failed: {e}"),
-                )
+                ValidationError::new(ProblemType::Dns, v.dns_failure("TXT", &name, &e))
             }
         })?;
     let mut seen = Vec::new();

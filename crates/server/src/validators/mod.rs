@@ -19,6 +19,7 @@ use std::time::Duration;
 use acme_proxy_protocol::ProblemType;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::net::NetError;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 
 use crate::config::ValidationConfig;
@@ -79,6 +80,9 @@ impl Egress {
 #[derive(Clone)]
 pub struct Validators {
     pub(crate) resolver: Arc<TokioResolver>,
+    /// Whom the resolver asks, for messages ("10.0.0.53:53", "the servers
+    /// of /etc/resolv.conf").
+    servers: String,
     pub egress: Egress,
     pub http_port: u16,
     pub tls_port: u16,
@@ -138,8 +142,19 @@ impl Validators {
         let resolver = builder
             .build()
             .map_err(|e| format!("building the DNS resolver: {e}"))?;
+        let servers = if config.dns_resolvers.is_empty() {
+            format!("the servers of {}", config.resolv_conf.display())
+        } else {
+            config
+                .dns_resolvers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         Ok(Self {
             resolver: Arc::new(resolver),
+            servers,
             egress: Egress::new(config.deny_networks.clone(), config.allow_networks.clone()),
             http_port: config.http_port,
             tls_port: config.tls_port,
@@ -170,10 +185,7 @@ impl Validators {
             format!("{name}.")
         };
         let lookup = self.resolver.lookup_ip(absolute).await.map_err(|e| {
-            ValidationError::new(
-                ProblemType::Dns,
-                format!("DNS lookup of {name} failed: {e}"),
-            )
+            ValidationError::new(ProblemType::Dns, self.dns_failure("AAAA or A", name, &e))
         })?;
         let mut addrs: Vec<IpAddr> = lookup.iter().collect();
         if addrs.is_empty() {
@@ -184,6 +196,25 @@ impl Validators {
         }
         addrs.sort_by_key(|a| a.is_ipv4());
         Ok(addrs)
+    }
+
+    /// Why a lookup of `name`'s `kind` records failed, as a sentence for the
+    /// problem detail a client prints (RFC 8555 §6.7: for humans): what was
+    /// asked, of whom, what came back — never the resolver's debug text.
+    pub(crate) fn dns_failure(&self, kind: &str, name: &str, e: &NetError) -> String {
+        let name = name.trim_end_matches('.');
+        let servers = &self.servers;
+        if e.is_nx_domain() {
+            format!(
+                "{name} does not exist in DNS ({servers} answered NXDOMAIN to the {kind} query)"
+            )
+        } else if e.is_no_records_found() {
+            format!("no {kind} record for {name} at {servers}")
+        } else if matches!(e, NetError::Timeout) {
+            format!("no answer from {servers} for the {kind} record of {name} in time")
+        } else {
+            format!("asking {servers} for the {kind} record of {name} failed: {e}")
+        }
     }
 
     /// The addresses of `name` that validation may connect to, IPv6 first;

@@ -651,3 +651,54 @@ async fn validate_http_01(
     let (chall, _) = crate::recovery::pending_challenge(dir, acct, responder, name).await;
     acct.trigger_and_settle(dir, &chall).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certbot_for_a_name_without_dns_records_shows_a_sentence_naming_the_server_asked() {
+    if !crate::harness::require_program("certbot") {
+        return;
+    }
+    // BIND serves the zone for real: the name asked for is not in it.
+    let Some(bind) = crate::harness::Bind::start("nodns.test", "present IN A 127.0.0.1") else {
+        return;
+    };
+    let at = crate::harness::own_addr();
+    let dir = crate::harness::tempdir();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n{}\n[validation]\nhttp_port = {}\ntimeout = \"5s\"\n{}\ndns_resolvers = [\"{}\"]\n[profiles.default]\nchallenges = [\"http-01\"]\n",
+        dir.path().display(),
+        crate::harness::database_url_line(dir.path()),
+        at.port(),
+        crate::harness::allow_networks_line(),
+        bind.addr
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let home = crate::harness::tempdir();
+    let d = home.path().to_path_buf();
+    let name = "missing.nodns.test";
+    let args =
+        crate::clients::certbot_certonly_standalone(&d, &server.directory("default"), at, name);
+    let ran = crate::clients::run("certbot", args, d.clone()).await;
+    assert!(
+        !ran.success(),
+        "certbot got a certificate for a name DNS does not know"
+    );
+    // Debian's certbot 2.1 may hide the problem behind its own error
+    // display; its log keeps the server's answer.
+    let log = std::fs::read_to_string(d.join("logs").join("letsencrypt.log")).unwrap_or_default();
+    let sentence = format!(
+        "{name} does not exist in DNS ({} answered NXDOMAIN to the AAAA or A query)",
+        bind.addr
+    );
+    assert!(
+        log.contains(&sentence) || ran.report().contains(&sentence),
+        "certbot shows no sentence {sentence:?}:\n{}\n{}",
+        ran.report(),
+        crate::clients::certbot_log_tail(&d)
+    );
+    assert!(
+        !log.contains("Query {") && !log.contains("query_type"),
+        "a debug print reached the client:\n{}",
+        crate::clients::certbot_log_tail(&d)
+    );
+    server.stop().await;
+}
