@@ -274,6 +274,7 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
                 .client_ip(c.0.ip(), req.headers())
                 .to_string()
         });
+    let logged_client = client_ip.clone().unwrap_or_default();
     req.extensions_mut().insert(RequestContext {
         client_ip,
         user_agent: Some(user_agent.clone()).filter(|u| !u.is_empty()),
@@ -304,7 +305,7 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
     let m = &app.authority.metrics;
     m.requests
         .get_or_create(&vec![
-            ("profile", profile),
+            ("profile", profile.clone()),
             ("route", route.clone()),
             ("status", status.to_string()),
         ])
@@ -323,6 +324,8 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
             outcome,
             status,
             elapsed_us = started.elapsed().as_micros() as u64,
+            client = %logged_client,
+            profile = %profile,
             user_agent = %user_agent,
             "request served"
         );

@@ -142,6 +142,36 @@ async fn audit_list_shows_an_issuance_a_refused_csr_and_a_revocation_with_actor_
     );
     let (ok, out) = cli(&config, &["audit", "list", "--since", "yesterday-ish"]);
     assert!(!ok && out.contains("--since"), "{out}");
+
+    // A serial as openssl prints it (upper case, colons) finds the rows.
+    let serial = issued["serial"].as_str().expect("serial");
+    let openssl_style = serial
+        .to_ascii_uppercase()
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| String::from_utf8_lossy(pair).into_owned())
+        .collect::<Vec<_>>()
+        .join(":");
+    let (ok, out) = cli(
+        &config,
+        &["audit", "list", "--serial", &openssl_style, "--json"],
+    );
+    assert!(ok, "{out}");
+    let by_serial: Vec<serde_json::Value> = serde_json::from_str(&out).expect("JSON");
+    let events: Vec<&str> = by_serial
+        .iter()
+        .filter_map(|r| r["event"].as_str())
+        .collect();
+    assert!(
+        events.contains(&"certificate.issued") && events.contains(&"certificate.revoked"),
+        "--serial {openssl_style}: {by_serial:#?}"
+    );
+    let out = harness::run_cli(&config, &["audit", "list", "--serial", "not-hex"], &[]);
+    assert_eq!(
+        out.code, 2,
+        "a serial that is not hex is a usage error: {out:?}"
+    );
+    assert!(out.stderr.contains("0A:1B:2C"), "{out:?}");
     server.stop().await;
 }
 

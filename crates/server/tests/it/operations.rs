@@ -540,6 +540,8 @@ async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly(
         .find(|l| l["fields"]["event"] == "http.request")
         .expect("a request line");
     assert_eq!(served["span"]["request_id"], request_id.as_str());
+    assert_eq!(served["fields"]["client"], "127.0.0.1", "{served}");
+    assert_eq!(served["fields"]["profile"], "default", "{served}");
     assert!(
         lines
             .iter()

@@ -20,8 +20,9 @@ pub enum AuditCommand {
         account: Option<String>,
         #[arg(long, allow_hyphen_values = true)]
         order: Option<String>,
-        /// Certificate serial, lowercase hex.
-        #[arg(long)]
+        /// Certificate serial in hex, any case, with or without colons (as
+        /// `openssl x509 -serial` or a browser shows it).
+        #[arg(long, value_parser = serial)]
         serial: Option<String>,
         /// e.g. certificate.issued, certificate.issue_failed, order.refused.
         #[arg(long)]
@@ -41,6 +42,18 @@ pub enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A serial as the store keeps it (lowercase hex, no separators), from
+/// any of the ways tools print one; anything else is a usage error.
+fn serial(text: &str) -> Result<String, String> {
+    let hex: String = text.chars().filter(|c| *c != ':').collect();
+    if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(
+            "write the serial in hex, with or without colons, e.g. 0A:1B:2C or 0a1b2c".into(),
+        );
+    }
+    Ok(hex.to_ascii_lowercase())
 }
 
 pub async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
