@@ -397,10 +397,11 @@ impl Store {
             .await
     }
 
-    /// running → done, if `owner` still holds the job.
+    /// running → done, if `owner` still holds the job. A job that
+    /// succeeded keeps no error of an earlier attempt.
     pub async fn finish_job(&self, id: i64, owner: &str, now: i64) -> Result<bool> {
         Ok(self.writer().await?.exec(
-            "UPDATE jobs SET status = 'done', finished_at = ?1, updated_at = ?1, lease_owner = NULL, lease_until = NULL
+            "UPDATE jobs SET status = 'done', finished_at = ?1, updated_at = ?1, lease_owner = NULL, lease_until = NULL, last_error = NULL
              WHERE id = ?2 AND lease_owner = ?3 AND status = 'running'",
             args![now, id, owner],
         ).await? == 1)

@@ -385,11 +385,10 @@ impl Authority {
         let asked: Option<Vec<RawIdentifier>> = order
             .as_ref()
             .map(|o| o.identifiers.iter().map(RawIdentifier::from).collect());
-        let actor = match (reason, &mapping) {
-            (RetireReason::Cancelled { actor }, _) if actor.contains(':') => actor.clone(),
-            (RetireReason::Cancelled { actor }, _) => format!("operator:{actor}"),
-            (_, Some(m)) => format!("account:{}", m.account_id),
-            (_, None) => "system".to_owned(),
+        let actor = match (reason.cancelled_by(), &mapping) {
+            (Some(operator), _) => operator,
+            (None, Some(m)) => format!("account:{}", m.account_id),
+            (None, None) => "system".to_owned(),
         };
         let detail = reason.to_string();
         let problem = Problem::new(ProblemType::ServerInternal, GENERIC_FAILURE);

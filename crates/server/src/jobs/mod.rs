@@ -110,6 +110,19 @@ pub enum RetireReason {
     Resumed(String),
 }
 
+impl RetireReason {
+    /// The audit actor of an operator's cancel (`operator:NAME`, or the
+    /// actor as given when it already names its kind); None for any other
+    /// reason.
+    pub fn cancelled_by(&self) -> Option<String> {
+        match self {
+            Self::Cancelled { actor } if actor.contains(':') => Some(actor.clone()),
+            Self::Cancelled { actor } => Some(format!("operator:{actor}")),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for RetireReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -445,12 +445,14 @@ impl JobHandler for NotifyJobs {
                 Some(p) => format!("{} to {}: {reason}", p.notice.event, p.webhook),
                 None => reason.to_string(),
             };
+            // An operator's cancel is theirs; anything else the system's.
+            let actor = reason.cancelled_by().unwrap_or_else(|| "system".to_owned());
             let audit = NewAuditRow {
                 at: n.clock.unix(),
                 event: "notification.failed",
                 outcome: "failure",
                 profile: payload.as_ref().map(|p| p.profile.as_str()),
-                actor: "system",
+                actor: &actor,
                 account_id: payload.as_ref().and_then(|p| p.notice.account.as_deref()),
                 order_id: payload.as_ref().and_then(|p| p.notice.order.as_deref()),
                 serial: payload.as_ref().and_then(|p| p.notice.serial.as_deref()),

@@ -175,6 +175,93 @@ async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is
         .await;
     deliveries_settled(&store).await;
     assert_eq!(receiver.received().len(), 1);
+    // Delivered: the job keeps no error of the attempts that failed.
+    let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+        .await
+        .expect("jobs");
+    assert!(
+        jobs.len() == 1
+            && jobs[0].status == acme_proxy_store::JobStatus::Done
+            && jobs[0].last_error.is_none(),
+        "{jobs:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_cancel_of_a_notification_is_audited_as_theirs_even_without_user_set() {
+    // Nothing ever listens on the receiver's port: the delivery retries.
+    let socket = harness::reserve_port();
+    let port = socket.local_addr().expect("addr").port();
+    let extra = format!(
+        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"http://127.0.0.1:{port}/hook\"\ntimeout = \"1s\"\n"
+    );
+    let dir = harness::tempdir();
+    let toml = TestServer::config_text(dir.path(), harness::free_port(), None, &extra);
+    let (_etc, config) = harness::config_file(&toml);
+    let server = TestServer::start_in(dir, &toml).await;
+    client::account(&server.directory("default")).await;
+    let store = server.running().authority.store().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
+            .await
+            .expect("jobs");
+        if let Some(job) = jobs.first().filter(|j| j.attempts >= 1) {
+            break job.id.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no delivery: {jobs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // The operator's login name as the system knows it, with $USER and
+    // $LOGNAME unset (a cron job, a systemd unit).
+    let whoami = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("id -un");
+    let name = String::from_utf8(whoami.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned();
+    let out = std::process::Command::new(harness::binary())
+        .args(["job", "cancel", &id, "--config"])
+        .arg(&config)
+        .env_remove("ACME_PROXY_CONFIG")
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .output()
+        .expect("job cancel");
+    assert!(out.status.success(), "{out:?}");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let audited = loop {
+        let rows = store
+            .audit_recent(Some("notification.failed"), 10)
+            .await
+            .expect("audit");
+        if let Some(row) = rows.into_iter().next() {
+            break row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancel was not audited"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(audited.actor, format!("operator:{name}"), "{audited:?}");
+    assert!(
+        audited
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("cancelled"),
+        "{audited:?}"
+    );
+    drop(socket);
     server.stop().await;
 }
 

@@ -71,14 +71,38 @@ pub(super) fn confirm(yes: bool, what: &str) -> anyhow::Result<()> {
     }
 }
 
-/// `operator:$USER` unless `--actor` names someone.
+/// `operator:NAME` for the audit trail unless `--actor` names someone:
+/// the login name from `$USER`, else `$LOGNAME`, else this process's user
+/// as `/etc/passwd` names it, else its uid — never a made-up name.
+/// (Users only a directory service knows go by their uid.)
 pub(super) fn operator_actor(actor: Option<String>) -> String {
-    actor.unwrap_or_else(|| {
-        format!(
-            "operator:{}",
-            std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned())
-        )
-    })
+    actor.unwrap_or_else(|| format!("operator:{}", operator_name()))
+}
+
+fn operator_name() -> String {
+    use std::os::unix::fs::MetadataExt;
+    for variable in ["USER", "LOGNAME"] {
+        if let Ok(name) = std::env::var(variable)
+            && !name.trim().is_empty()
+        {
+            return name;
+        }
+    }
+    // The owner of /proc/self is this process's real user.
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return format!("pid:{}", std::process::id());
+    };
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let id = fields.nth(1)?.parse::<u32>().ok()?;
+            (id == uid).then(|| name.to_owned())
+        })
+        .next()
+        .unwrap_or_else(|| format!("uid:{uid}"))
 }
 
 pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
