@@ -191,7 +191,8 @@ pub enum ConfigError {
 /// A value that does not load, as the operator wrote it: the key as in
 /// the file (figment's own message prefixes its profile, `default.`, which
 /// reads like the profile named default), or the variable as typed
-/// (`ACME_PROXY_JOBS__LEASE`, where figment says `JOBS.LEASE`); then what
+/// (`ACME_PROXY_JOBS__LEASE`, where figment names only the upper-cased
+/// key); then what
 /// is wrong, and in which file.
 fn loading_error(e: &figment::Error) -> String {
     let metadata = e.metadata.as_ref();
