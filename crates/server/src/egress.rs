@@ -133,7 +133,8 @@ fn first_env(names: &[&str]) -> Option<String> {
 
 impl Egress {
     /// Straight to every destination.
-    pub fn direct() -> Egress {
+    #[cfg(test)]
+    fn direct() -> Egress {
         Egress {
             matcher: Matcher::builder().build(),
             unexcepted: Matcher::builder().build(),

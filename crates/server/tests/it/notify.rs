@@ -48,6 +48,26 @@ async fn newest_delivery_once_retired(
 /// Waits until no delivery job is queued, running or retiring: every
 /// notification so far was delivered or given up, so what the receivers
 /// got is final.
+/// The newest `notification.failed` audit row, once there is one (10 s
+/// at most).
+async fn first_notification_failed(store: &acme_proxy_store::Store) -> acme_proxy_store::AuditRow {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows = store
+            .audit_recent(Some("notification.failed"), 10)
+            .await
+            .expect("audit");
+        if let Some(row) = rows.into_iter().next() {
+            return row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no notification.failed audit row within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn deliveries_settled(store: &acme_proxy_store::Store) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -237,21 +257,7 @@ async fn an_operators_cancel_of_a_notification_is_audited_as_theirs_even_without
         .expect("job cancel");
     assert!(out.status.success(), "{out:?}");
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let audited = loop {
-        let rows = store
-            .audit_recent(Some("notification.failed"), 10)
-            .await
-            .expect("audit");
-        if let Some(row) = rows.into_iter().next() {
-            break row;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cancel was not audited"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let audited = first_notification_failed(&store).await;
     assert_eq!(audited.actor, format!("operator:{name}"), "{audited:?}");
     assert!(
         audited
@@ -276,21 +282,7 @@ async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_aud
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     client::account(&server.directory("default")).await;
     let store = server.running().authority.store().clone();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let audited = loop {
-        let rows = store
-            .audit_recent(Some("notification.failed"), 10)
-            .await
-            .expect("audit");
-        if let Some(row) = rows.into_iter().next() {
-            break row;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the refusal was not audited"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let audited = first_notification_failed(&store).await;
     let detail = audited.detail.unwrap_or_default();
     assert!(
         detail.contains("account.created") && detail.contains("400"),
@@ -484,20 +476,7 @@ async fn a_failing_script_is_not_retried_and_its_first_error_line_is_audited() {
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     client::account(&server.directory("default")).await;
     let store = server.running().authority.store().clone();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let row = loop {
-        if let Some(row) = store
-            .audit_recent(Some("notification.failed"), 10)
-            .await
-            .expect("audit")
-            .into_iter()
-            .next()
-        {
-            break row;
-        }
-        assert!(std::time::Instant::now() < deadline, "not audited");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let row = first_notification_failed(&store).await;
     let detail = row.detail.unwrap_or_default();
     assert!(detail.contains("ticket system says no"), "{detail}");
     let job = newest_delivery_once_retired(&store).await;

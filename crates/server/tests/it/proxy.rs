@@ -196,6 +196,20 @@ fn proxy_failures(metrics: &str, answer: &str) -> f64 {
         .sum()
 }
 
+/// Waits (30 s at most) until `metrics` has counted `at_least` proxy
+/// failures with `answer`.
+async fn wait_for_proxy_failures(metrics: SocketAddr, answer: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy_failures(&scrape(metrics).await, answer) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {at_least} proxy failures with answer {answer:?} within 30 s:\n{}",
+            scrape(metrics).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn scrape(metrics: SocketAddr) -> String {
     let r = crate::raw::request("GET", &format!("http://{metrics}/metrics"), None, vec![]).await;
     String::from_utf8_lossy(&r.body).into_owned()
@@ -335,15 +349,7 @@ async fn wrong_proxy_credentials_are_logged_and_metered_as_407_the_order_waits_a
     let account = client::account(&directory).await;
     let mut order = relay::ready_order(&account, &["behind-auth.example.test"]).await;
     order.finalize().await.expect("finalize answers");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy_failures(&scrape(metrics).await, "407") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "no 407 metered within 30 s:\n{}",
-            scrape(metrics).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_proxy_failures(metrics, "407", 1.0).await;
     let text = std::fs::read_to_string(&log).expect("log");
     let refused = text
         .lines()
@@ -538,15 +544,7 @@ async fn with_squid_stopped_mid_relay_the_order_waits_and_completes_when_it_retu
     squid.stop();
     let mut order = relay::ready_order(&account, &["during.example.test"]).await;
     order.finalize().await.expect("finalize answers");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy_failures(&scrape(metrics).await, "unreachable") < 2.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not retry against the stopped proxy within 30 s:\n{}",
-            scrape(metrics).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_proxy_failures(metrics, "unreachable", 2.0).await;
     let status = order.refresh().await.expect("poll").status;
     assert!(
         matches!(status, OrderStatus::Processing),
@@ -612,15 +610,7 @@ async fn a_proxy_that_denies_the_upstream_is_reported_with_its_403_and_the_order
     let account = client::account(&server.directory("default")).await;
     let mut order = relay::ready_order(&account, &["denied.example.test"]).await;
     order.finalize().await.expect("finalize answers");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy_failures(&scrape(metrics).await, "403") < 2.0 {
-        assert!(
-            Instant::now() < deadline,
-            "no retried 403 metered within 30 s:\n{}",
-            scrape(metrics).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_proxy_failures(metrics, "403", 2.0).await;
     let text = scrape(metrics).await;
     assert!(
         text.lines()
