@@ -38,7 +38,7 @@ macro_rules! string_enum {
             /// Every member, in declaration order.
             pub const ALL: &'static [Self] = &[$(Self::$variant),+];
 
-            pub fn as_str(self) -> &'static str {
+            pub const fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $text,)+
                 }

@@ -7,7 +7,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use acme_proxy::admin::cli;
-use acme_proxy::admin::cli::common::{EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_CONFIRMED, NotConfirmed};
+use acme_proxy::admin::cli::common::{
+    EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_CONFIRMED, NoDatabase, NotConfirmed,
+};
 use acme_proxy::clock::SystemClock;
 use acme_proxy::config::Config;
 
@@ -83,9 +85,15 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum GenerateCommand {
     /// roff man pages: acme-proxy.1 and one page per command.
-    Man { dir: PathBuf },
+    Man {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
+    },
     /// Completions for bash, zsh and fish.
-    Completions { dir: PathBuf },
+    Completions {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
+    },
     /// The configuration reference (Markdown) on stdout, from the
     /// configuration types and the example file.
     ConfigReference,
@@ -137,8 +145,9 @@ fn main() {
         eprintln!("acme-proxy: {e:#}");
         std::process::exit(if e.is::<NotConfirmed>() {
             EXIT_NOT_CONFIRMED
-        } else if e.is::<acme_proxy::server::Refused>() {
-            // What `config check` refuses, with its exit code.
+        } else if e.is::<acme_proxy::server::Refused>() || e.is::<NoDatabase>() {
+            // What `config check` refuses, and a command pointed at no
+            // database: the configuration (or the directory) is wrong.
             EXIT_CONFIG
         } else {
             EXIT_FAILED
@@ -352,5 +361,36 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_and_every_option_and_argument_has_a_help_line() {
+        use clap::CommandFactory;
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let name = arg.get_id().as_str();
+                if matches!(name, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() {
+                    missing.push(format!("{path} {name}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(format!("{sub_path} (the command)"));
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "acme-proxy", &mut missing);
+        assert!(missing.is_empty(), "no help line: {missing:#?}");
     }
 }

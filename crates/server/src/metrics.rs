@@ -12,7 +12,7 @@
 use acme_proxy_protocol::types::{ChallengeStatus, ChallengeType};
 use std::sync::Mutex;
 
-use acme_proxy_store::{NewAuditRow, Store};
+use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow, Store};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -216,22 +216,22 @@ impl Metrics {
         let profile = row.profile.unwrap_or("").to_owned();
         self.audit_events
             .get_or_create(&vec![
-                ("event", row.event.to_owned()),
-                ("outcome", row.outcome.to_owned()),
+                ("event", row.event.as_str().to_owned()),
+                ("outcome", row.outcome.as_str().to_owned()),
                 ("profile", profile.clone()),
             ])
             .inc();
         match (row.event, row.outcome) {
-            ("certificate.issued", "success") => {
+            (AuditEvent::CertificateIssued, AuditOutcome::Success) => {
                 self.issued.get_or_create(&vec![("profile", profile)]).inc();
             }
-            ("certificate.issue_failed", _) => {
+            (AuditEvent::CertificateIssueFailed, _) => {
                 let reason = row.problem_type.unwrap_or("serverInternal").to_owned();
                 self.issue_failures
                     .get_or_create(&vec![("profile", profile), ("reason", reason)])
                     .inc();
             }
-            ("certificate.revoke_failed", "refused") => {
+            (AuditEvent::CertificateRevokeFailed, AuditOutcome::Refused) => {
                 let reason = row.problem_type.unwrap_or("malformed");
                 self.revocation_refused(&profile, reason);
             }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acme_proxy_store::Store;
+use acme_proxy_store::{AuditEvent, AuditOutcome, Store};
 use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -498,8 +498,8 @@ impl Reloader {
                 tracing::info!(event = "config.reload", outcome = "success", generation = number, profiles = %profiles.join(","), "configuration reloaded");
                 authority
                     .audit_server(
-                        "config.reload",
-                        "success",
+                        AuditEvent::ConfigReload,
+                        AuditOutcome::Success,
                         RELOAD_ACTOR,
                         &format!(
                             "generation {number} in force: profiles {}",
@@ -514,8 +514,8 @@ impl Reloader {
                 tracing::error!(event = "config.reload", outcome = "refused", generation = current.number, reason = %reason, "configuration not reloaded; the previous one keeps serving");
                 authority
                     .audit_server(
-                        "config.reload",
-                        "refused",
+                        AuditEvent::ConfigReload,
+                        AuditOutcome::Refused,
                         RELOAD_ACTOR,
                         &format!("generation {} keeps serving: {reason}", current.number),
                     )
@@ -846,8 +846,8 @@ async fn on_hangup(
                 current
                     .authority
                     .audit_server(
-                        "config.reload",
-                        "refused",
+                        AuditEvent::ConfigReload,
+                        AuditOutcome::Refused,
                         RELOAD_ACTOR,
                         &format!("generation {} keeps serving: {reason}", current.number),
                     )

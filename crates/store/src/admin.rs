@@ -10,8 +10,19 @@ use crate::{Result, Store};
 pub enum DeleteOutcome {
     Deleted,
     NotFound,
-    /// Something still needs the row; the reason says what.
-    Refused(String),
+    /// Something still needs the row.
+    Refused(Blocker),
+}
+
+/// What a deletion must wait for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocker {
+    /// A certificate that has not expired: it stays for revocation and
+    /// the CRL until `not_after` (Unix seconds).
+    Unexpired { serial: String, not_after: i64 },
+    /// An order being validated or finalized: its job would lose its
+    /// subject.
+    InFlight { order: String },
 }
 
 /// Which orders a deletion covers: one order, or all of one account's.
@@ -36,7 +47,7 @@ macro_rules! scoped {
 /// expired (it belongs on the CRL and may still be revoked), an order being
 /// finalized, or a challenge being validated (their jobs would lose their
 /// subject).
-async fn blocker(conn: &mut Conn<'_>, scope: Scope, id: &str, now: i64) -> Result<Option<String>> {
+async fn blocker(conn: &mut Conn<'_>, scope: Scope, id: &str, now: i64) -> Result<Option<Blocker>> {
     let unexpired: Option<(String, i64)> = conn.one(
         scoped!(
             scope,
@@ -47,9 +58,7 @@ async fn blocker(conn: &mut Conn<'_>, scope: Scope, id: &str, now: i64) -> Resul
         |row| Ok((row.get("serial")?, row.get("not_after")?)),
     ).await?;
     if let Some((serial, not_after)) = unexpired {
-        return Ok(Some(format!(
-            "certificate {serial} has not expired (notAfter {not_after}, Unix time); it stays for revocation and the CRL until then"
-        )));
+        return Ok(Some(Blocker::Unexpired { serial, not_after }));
     }
     let busy: Option<String> = conn
         .scalar(
@@ -64,9 +73,7 @@ async fn blocker(conn: &mut Conn<'_>, scope: Scope, id: &str, now: i64) -> Resul
             args![id],
         )
         .await?;
-    Ok(busy.map(|order| {
-        format!("order {order} is being validated or finalized; wait for it, or cancel its job (acme-proxy job list)")
-    }))
+    Ok(busy.map(|order| Blocker::InFlight { order }))
 }
 
 /// Deletes the authorizations (and their challenges) of `account_id` that

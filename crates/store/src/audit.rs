@@ -6,13 +6,45 @@ use acme_proxy_protocol::types::RawIdentifier;
 use crate::db::{Conn, Row, args};
 use crate::{Result, Store, StoreError, to_json};
 
+acme_proxy_protocol::string_enum! {
+    /// What an audit row records: the one list that the writers, the
+    /// `audit list --event` filter and the metrics' labels share.
+    pub enum AuditEvent {
+        AccountCreated = "account.created",
+        AccountDeactivated = "account.deactivated",
+        AccountKeyChanged = "account.key_changed",
+        AccountRefused = "account.refused",
+        AccountDeleted = "account.deleted",
+        OrderRefused = "order.refused",
+        OrderDeleted = "order.deleted",
+        CertificateIssued = "certificate.issued",
+        CertificateIssueFailed = "certificate.issue_failed",
+        CertificateRevoked = "certificate.revoked",
+        CertificateRevokeFailed = "certificate.revoke_failed",
+        EabCreated = "eab.created",
+        EabRevoked = "eab.revoked",
+        NotificationFailed = "notification.failed",
+        ConfigReload = "config.reload",
+    }
+}
+
+acme_proxy_protocol::string_enum! {
+    /// How it went: `refused` for a client's mistake or policy, `failure`
+    /// for the server's own.
+    pub enum AuditOutcome {
+        Success = "success",
+        Refused = "refused",
+        Failure = "failure",
+    }
+}
+
 /// An audit record to write. Identifiers are a frozen copy: the row must
 /// say what was asked even after the order is deleted.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct NewAuditRow<'a> {
     pub at: i64,
-    pub event: &'a str,
-    pub outcome: &'a str,
+    pub event: AuditEvent,
+    pub outcome: AuditOutcome,
     pub profile: Option<&'a str>,
     /// `account:<id>`, `operator:<name>` or `system`.
     pub actor: &'a str,
@@ -29,6 +61,30 @@ pub struct NewAuditRow<'a> {
     pub problem_type: Option<&'a str>,
     /// Operator-only: never sent to a client.
     pub detail: Option<&'a str>,
+}
+
+impl<'a> NewAuditRow<'a> {
+    /// A row saying only what happened, when and by whom; the caller fills
+    /// in what else it knows.
+    pub fn new(at: i64, event: AuditEvent, outcome: AuditOutcome, actor: &'a str) -> Self {
+        Self {
+            at,
+            event,
+            outcome,
+            profile: None,
+            actor,
+            account_id: None,
+            order_id: None,
+            serial: None,
+            identifiers: None,
+            client_ip: None,
+            reverse_name: None,
+            user_agent: None,
+            request_id: None,
+            problem_type: None,
+            detail: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,8 +118,8 @@ pub(crate) async fn insert_audit_in(conn: &mut Conn<'_>, row: &NewAuditRow<'_>) 
         INSERT_AUDIT,
         args![
             row.at,
-            row.event,
-            row.outcome,
+            row.event.as_str(),
+            row.outcome.as_str(),
             row.profile,
             row.actor,
             row.account_id,
@@ -122,8 +178,8 @@ pub struct AuditFilter<'a> {
     pub account: Option<&'a str>,
     pub order: Option<&'a str>,
     pub serial: Option<&'a str>,
-    pub event: Option<&'a str>,
-    pub outcome: Option<&'a str>,
+    pub event: Option<AuditEvent>,
+    pub outcome: Option<AuditOutcome>,
     /// Unix seconds; rows at or after.
     pub since: Option<i64>,
 }
@@ -149,8 +205,8 @@ impl Store {
                     filter.account,
                     filter.order,
                     filter.serial,
-                    filter.event,
-                    filter.outcome,
+                    filter.event.map(AuditEvent::as_str),
+                    filter.outcome.map(AuditOutcome::as_str),
                     filter.since,
                     limit,
                 ],

@@ -43,8 +43,8 @@ use db::Conn;
 use slot::Slot;
 
 pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
-pub use admin::DeleteOutcome;
-pub use audit::{AuditFilter, AuditRow, NewAuditRow};
+pub use admin::{Blocker, DeleteOutcome};
+pub use audit::{AuditEvent, AuditFilter, AuditOutcome, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use copy::TableCopy;
 pub use eab::{EabRow, NewEab};
@@ -240,6 +240,16 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations
 /// then on one version is one schema on either engine. sqlx runs them
 /// under an advisory lock, so replicas starting together migrate once.
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The file of a `sqlite:` URL; None for any other.
+pub fn sqlite_file(url: &str) -> Option<PathBuf> {
+    if !url.starts_with("sqlite:") {
+        return None;
+    }
+    SqliteConnectOptions::from_str(url)
+        .ok()
+        .map(|o| o.get_filename().to_path_buf())
+}
 
 /// Whether `url` names a PostgreSQL database.
 pub fn is_postgres_url(url: &str) -> bool {

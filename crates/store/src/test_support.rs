@@ -7,7 +7,9 @@
 
 use std::path::Path;
 
-use crate::{AccountGuard, NewAuditRow, NewCertificateRow, Store, StoreOptions};
+use crate::{
+    AccountGuard, AuditEvent, AuditOutcome, NewAuditRow, NewCertificateRow, Store, StoreOptions,
+};
 
 /// The account the tests' hand-written rows belong to.
 pub(crate) const ACCOUNT: &str =
@@ -38,12 +40,13 @@ pub(crate) fn cert_row(
 /// The audit row of an issuance for `order_id`.
 pub(crate) fn issued_row(order_id: &'static str) -> NewAuditRow<'static> {
     NewAuditRow {
-        at: 1,
-        event: "certificate.issued",
-        outcome: "success",
-        actor: "account:acct",
         order_id: Some(order_id),
-        ..Default::default()
+        ..NewAuditRow::new(
+            1,
+            AuditEvent::CertificateIssued,
+            AuditOutcome::Success,
+            "account:acct",
+        )
     }
 }
 

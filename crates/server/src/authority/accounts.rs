@@ -3,7 +3,7 @@
 
 use acme_proxy_protocol::types::{AccountStatus, AccountUpdate, NewAccount};
 use acme_proxy_protocol::{Jwk, ProblemType};
-use acme_proxy_store::{AccountRow, KeyChangeOutcome, NewAccountRow};
+use acme_proxy_store::{AccountRow, AuditEvent, AuditOutcome, KeyChangeOutcome, NewAccountRow};
 
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
@@ -55,12 +55,13 @@ impl Authority {
                 // the operator's leave: worth a row.
                 let actor = format!("key:{thumbprint}");
                 self.audit(super::audit::Fact {
-                    event: "account.refused",
-                    outcome: super::audit::outcome_of(&e),
-                    profile: &profile.name,
                     actor: Some(&actor),
                     error: Some(&e),
-                    ..Default::default()
+                    ..super::audit::Fact::new(
+                        AuditEvent::AccountRefused,
+                        super::audit::outcome_of(&e),
+                        &profile.name,
+                    )
                 })
                 .await;
                 return Err(e);
@@ -93,12 +94,13 @@ impl Authority {
             self.notifier.posted(&outbox);
             let detail = eab_kid.map(|k| format!("external account {k}"));
             self.audit(super::audit::Fact {
-                event: "account.created",
-                outcome: "success",
-                profile: &profile.name,
                 account: Some(&row.id),
                 detail: detail.as_deref(),
-                ..Default::default()
+                ..super::audit::Fact::new(
+                    AuditEvent::AccountCreated,
+                    AuditOutcome::Success,
+                    &profile.name,
+                )
             })
             .await;
             tracing::info!(
@@ -175,12 +177,13 @@ impl Authority {
         }
         self.notifier.posted(&outbox);
         self.audit(super::audit::Fact {
-            event: "account.deactivated",
-            outcome: "success",
-            profile,
             account: Some(account_id),
             actor,
-            ..Default::default()
+            ..super::audit::Fact::new(
+                AuditEvent::AccountDeactivated,
+                AuditOutcome::Success,
+                profile,
+            )
         })
         .await;
         tracing::info!(
@@ -234,12 +237,13 @@ impl Authority {
         match outcome? {
             KeyChangeOutcome::Changed => {
                 self.audit(super::audit::Fact {
-                    event: "account.key_changed",
-                    outcome: "success",
-                    profile: &profile.name,
                     account: Some(&account.id),
                     detail: Some(&format!("new key thumbprint {new_thumbprint}")),
-                    ..Default::default()
+                    ..super::audit::Fact::new(
+                        AuditEvent::AccountKeyChanged,
+                        AuditOutcome::Success,
+                        &profile.name,
+                    )
                 })
                 .await;
                 tracing::info!(

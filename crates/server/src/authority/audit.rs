@@ -8,17 +8,17 @@
 //! detail, whose problem text may quote the client.
 
 use acme_proxy_protocol::types::RawIdentifier;
-use acme_proxy_store::NewAuditRow;
+use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow};
 
 use super::{Authority, RequestContext};
 use crate::bounded;
 use crate::error::AcmeError;
 
 /// What one audit row says, before the request context is added.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Fact<'a> {
-    pub event: &'a str,
-    pub outcome: &'a str,
+    pub event: AuditEvent,
+    pub outcome: AuditOutcome,
     pub profile: &'a str,
     pub account: Option<&'a str>,
     /// Who acted, when not the account (e.g. a certificate's own key).
@@ -44,6 +44,24 @@ pub(crate) struct AuditContext {
     reverse_name: Option<String>,
     /// The fact's identifiers, bounded, when they had to be.
     identifiers: Option<Vec<RawIdentifier>>,
+}
+
+impl<'a> Fact<'a> {
+    /// What happened in `profile`; the caller fills in what else it knows.
+    pub fn new(event: AuditEvent, outcome: AuditOutcome, profile: &'a str) -> Self {
+        Self {
+            event,
+            outcome,
+            profile,
+            account: None,
+            actor: None,
+            order: None,
+            serial: None,
+            identifiers: None,
+            error: None,
+            detail: None,
+        }
+    }
 }
 
 impl AuditContext {
@@ -75,30 +93,24 @@ impl AuditContext {
 impl Authority {
     /// Writes one audit row of the server's own doing (`actor`), outside
     /// any request: a configuration reload applied or refused.
-    pub(crate) async fn audit_server(&self, event: &str, outcome: &str, actor: &str, detail: &str) {
+    pub(crate) async fn audit_server(
+        &self,
+        event: AuditEvent,
+        outcome: AuditOutcome,
+        actor: &str,
+        detail: &str,
+    ) {
+        let detail = bounded::text(detail);
         let row = NewAuditRow {
-            at: self.clock.unix(),
-            event,
-            outcome,
-            profile: None,
-            actor,
-            account_id: None,
-            order_id: None,
-            serial: None,
-            identifiers: None,
-            client_ip: None,
-            reverse_name: None,
-            user_agent: None,
-            request_id: None,
-            problem_type: None,
-            detail: Some(&bounded::text(detail)),
+            detail: Some(&detail),
+            ..NewAuditRow::new(self.clock.unix(), event, outcome, actor)
         };
         match self.store.insert_audit(&row).await {
             Ok(()) => self.metrics.audited(&row),
             Err(e) => tracing::error!(
                 event = "audit.write",
                 outcome = "failure",
-                audit_event = event,
+                audit_event = %event,
                 error = %e,
                 "could not write the audit row"
             ),
@@ -115,7 +127,7 @@ impl Authority {
             Err(e) => tracing::error!(
                 event = "audit.write",
                 outcome = "failure",
-                audit_event = fact.event,
+                audit_event = %fact.event,
                 error = %e,
                 "could not write the audit row"
             ),
@@ -133,7 +145,7 @@ impl Authority {
         // A success records what was checked and done (an issued
         // certificate's names, at most `MAX_IDENTIFIERS`); a refusal may
         // record what a client merely asked for, so it keeps the first few.
-        let keep = if fact.outcome == "success" {
+        let keep = if fact.outcome == AuditOutcome::Success {
             usize::MAX
         } else {
             bounded::IDENTIFIERS
@@ -176,11 +188,11 @@ impl Authority {
     }
 }
 
-/// "refused" for the client's mistakes and policy, "failure" for ours.
-pub(crate) fn outcome_of(e: &AcmeError) -> &'static str {
+/// Refused for the client's mistakes and policy, failure for ours.
+pub(crate) fn outcome_of(e: &AcmeError) -> AuditOutcome {
     if e.kind == acme_proxy_protocol::ProblemType::ServerInternal {
-        "failure"
+        AuditOutcome::Failure
     } else {
-        "refused"
+        AuditOutcome::Refused
     }
 }

@@ -5,7 +5,7 @@
 use acme_proxy_protocol::names::glob_matches;
 use acme_proxy_protocol::types::Identifier;
 use acme_proxy_protocol::{Eab, EabError, Jwk, ProblemType, Subproblem};
-use acme_proxy_store::{AccountRow, EabRow, NewEab};
+use acme_proxy_store::{AccountRow, AuditEvent, AuditOutcome, EabRow, NewEab};
 
 use super::{Authority, Profile};
 use crate::config::EabMode;
@@ -167,12 +167,13 @@ impl Authority {
                 .unwrap_or_default()
         );
         self.audit(super::audit::Fact {
-            event: "eab.created",
-            outcome: "success",
-            profile: profile.unwrap_or(""),
             actor: Some(actor),
             detail: Some(&detail),
-            ..Default::default()
+            ..super::audit::Fact::new(
+                AuditEvent::EabCreated,
+                AuditOutcome::Success,
+                profile.unwrap_or(""),
+            )
         })
         .await;
         let row = self
@@ -204,12 +205,13 @@ impl Authority {
         }
         let detail = format!("kid {kid}, {} account(s) registered with it", row.accounts);
         self.audit(super::audit::Fact {
-            event: "eab.revoked",
-            outcome: "success",
-            profile: row.profile.as_deref().unwrap_or(""),
             actor: Some(actor),
             detail: Some(&detail),
-            ..Default::default()
+            ..super::audit::Fact::new(
+                AuditEvent::EabRevoked,
+                AuditOutcome::Success,
+                row.profile.as_deref().unwrap_or(""),
+            )
         })
         .await;
         self.store

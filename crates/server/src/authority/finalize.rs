@@ -7,7 +7,7 @@
 
 use acme_proxy_protocol::ProblemType;
 use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
-use acme_proxy_store::{AccountRow, NewCertificateRow, OrderRow};
+use acme_proxy_store::{AccountRow, AuditEvent, AuditOutcome, NewCertificateRow, OrderRow};
 use time::OffsetDateTime;
 
 use super::audit::{AuditContext, Fact};
@@ -52,13 +52,14 @@ impl<'a> Signing<'a> {
     /// The issuance's audit fact (its serial filled in once signed).
     fn issued_fact(&'a self) -> Fact<'a> {
         Fact {
-            event: "certificate.issued",
-            outcome: "success",
-            profile: &self.profile.name,
             account: Some(&self.account.id),
             order: Some(&self.order.id),
             identifiers: Some(&self.identifiers),
-            ..Default::default()
+            ..Fact::new(
+                AuditEvent::CertificateIssued,
+                AuditOutcome::Success,
+                &self.profile.name,
+            )
         }
     }
 
@@ -105,14 +106,15 @@ impl Authority {
                             .collect::<Vec<_>>()
                     });
                 self.audit(super::audit::Fact {
-                    event: "certificate.issue_failed",
-                    outcome: super::audit::outcome_of(e),
-                    profile: &profile.name,
                     account: Some(&account.id),
                     order: Some(order_id),
                     identifiers: identifiers.as_deref(),
                     error: Some(e),
-                    ..Default::default()
+                    ..Fact::new(
+                        AuditEvent::CertificateIssueFailed,
+                        super::audit::outcome_of(e),
+                        &profile.name,
+                    )
                 })
                 .await;
             }

@@ -18,7 +18,7 @@ pub struct NonceSweep {
 
 impl JobHandler for NonceSweep {
     fn kind(&self) -> &'static str {
-        "nonce_sweep"
+        crate::jobs::JobKind::NonceSweep.as_str()
     }
 
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
@@ -59,7 +59,7 @@ pub struct CrlRefresh {
 
 impl JobHandler for CrlRefresh {
     fn kind(&self) -> &'static str {
-        "crl_refresh"
+        crate::jobs::JobKind::CrlRefresh.as_str()
     }
 
     fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {

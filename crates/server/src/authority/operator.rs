@@ -2,7 +2,9 @@
 //! admin later): the same state changes, audit rows and notifications as
 //! the ACME requests they mirror, attributed to `operator:NAME`.
 
-use acme_proxy_store::{AccountRow, CertificateRow, DeleteOutcome};
+use acme_proxy_store::{
+    AccountRow, AuditEvent, AuditOutcome, Blocker, CertificateRow, DeleteOutcome,
+};
 
 use super::certificates::leaf_der;
 use super::{Authority, RevocationSigner};
@@ -74,7 +76,8 @@ impl Authority {
         let account = self.account_row(id).await?;
         let outcome = self.store.delete_account(id, self.clock.unix()).await?;
         self.account_changed(id);
-        self.deleted(outcome, "account", &account.profile, Some(id), None, actor)
+        let what = ("account", AuditEvent::AccountDeleted);
+        self.deleted(outcome, what, &account.profile, Some(id), None, actor)
             .await
     }
 
@@ -89,7 +92,7 @@ impl Authority {
         let outcome = self.store.delete_order(id, self.clock.unix()).await?;
         self.deleted(
             outcome,
-            "order",
+            ("order", AuditEvent::OrderDeleted),
             &order.profile,
             Some(&order.account_id),
             Some(id),
@@ -110,7 +113,7 @@ impl Authority {
     async fn deleted(
         &self,
         outcome: DeleteOutcome,
-        what: &str,
+        (what, event): (&str, AuditEvent),
         profile: &str,
         account: Option<&str>,
         order: Option<&str>,
@@ -118,19 +121,24 @@ impl Authority {
     ) -> AcmeResult<()> {
         match outcome {
             DeleteOutcome::NotFound => Err(AcmeError::not_found(what)),
-            DeleteOutcome::Refused(why) => {
+            DeleteOutcome::Refused(blocker) => {
+                let why = match blocker {
+                    Blocker::Unexpired { serial, not_after } => format!(
+                        "certificate {serial} has not expired (notAfter {}); it stays for revocation and the CRL until then",
+                        crate::clock::rfc3339(not_after)
+                    ),
+                    Blocker::InFlight { order } => format!(
+                        "order {order} is being validated or finalized; wait for it, or cancel its job (acme-proxy job list)"
+                    ),
+                };
                 Err(AcmeError::malformed(format!("the {what} is kept: {why}")))
             }
             DeleteOutcome::Deleted => {
-                let event = format!("{what}.deleted");
                 self.audit(super::audit::Fact {
-                    event: &event,
-                    outcome: "success",
-                    profile,
                     account,
                     actor: Some(actor),
                     order,
-                    ..Default::default()
+                    ..super::audit::Fact::new(event, AuditOutcome::Success, profile)
                 })
                 .await;
                 tracing::info!(event = %event, outcome = "success", profile, account, order, by = actor, "deleted by an operator");

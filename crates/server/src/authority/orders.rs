@@ -9,8 +9,8 @@ use acme_proxy_protocol::types::{
 };
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
-    AccountRow, AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge,
-    NewOrderRow, OrderRow,
+    AccountRow, AuditEvent, AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization,
+    NewChallenge, NewOrderRow, OrderRow,
 };
 
 use super::{Authority, Profile};
@@ -36,13 +36,14 @@ impl Authority {
             // the first few, each cut to a DNS name's length, and their
             // number (`bounded`).
             self.audit(super::audit::Fact {
-                event: "order.refused",
-                outcome: super::audit::outcome_of(e),
-                profile: &profile.name,
                 account: Some(&account.id),
                 identifiers: Some(&req.identifiers),
                 error: Some(e),
-                ..Default::default()
+                ..super::audit::Fact::new(
+                    AuditEvent::OrderRefused,
+                    super::audit::outcome_of(e),
+                    &profile.name,
+                )
             })
             .await;
         }

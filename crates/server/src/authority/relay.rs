@@ -8,8 +8,8 @@ use std::time::Duration;
 use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
 use acme_proxy_protocol::{Problem, ProblemType};
 use acme_proxy_store::{
-    AccountRow, JobRow, NewAuditRow, NewCertificateRow, NewJob, NewUpstreamOrder, OrderRow,
-    UpstreamOrderRow,
+    AccountRow, AuditEvent, AuditOutcome, JobRow, NewAuditRow, NewCertificateRow, NewJob,
+    NewUpstreamOrder, OrderRow, UpstreamOrderRow,
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -33,7 +33,7 @@ const CLIENT_VISIBLE: [ProblemType; 5] = [
 ];
 
 /// The job kind; the key is the local order id.
-pub const RELAY_KIND: &str = "signer_relay_issue";
+pub const RELAY_KIND: &str = crate::jobs::JobKind::SignerRelayIssue.as_str();
 
 /// Relays picked up per start (the rest at the next).
 const RECOVER_BATCH: i64 = 10_000;
@@ -309,11 +309,7 @@ impl Authority {
         let issued: Vec<RawIdentifier> =
             order.identifiers.iter().map(RawIdentifier::from).collect();
         let audit = NewAuditRow {
-            at: now,
-            event: "certificate.issued",
-            outcome: "success",
             profile: Some(&profile.name),
-            actor: &actor,
             account_id: Some(&mapping.account_id),
             order_id: Some(&order.id),
             serial: Some(&leaf.serial),
@@ -323,7 +319,12 @@ impl Authority {
             user_agent: mapping.user_agent.as_deref(),
             request_id: mapping.request_id.as_deref(),
             detail: Some(certificate_url),
-            ..Default::default()
+            ..NewAuditRow::new(
+                now,
+                AuditEvent::CertificateIssued,
+                AuditOutcome::Success,
+                &actor,
+            )
         };
         let mut notice = Notice::new(Event::CertificateIssued, &profile.name, now)
             .identifiers(&order.identifiers);
@@ -393,11 +394,7 @@ impl Authority {
         let detail = reason.to_string();
         let problem = Problem::new(ProblemType::ServerInternal, GENERIC_FAILURE);
         let audit = NewAuditRow {
-            at: self.clock.unix(),
-            event: "certificate.issue_failed",
-            outcome: "failure",
             profile: mapping.as_ref().map(|m| m.profile.as_str()),
-            actor: &actor,
             account_id: mapping.as_ref().map(|m| m.account_id.as_str()),
             order_id: Some(order_id),
             identifiers: asked.as_deref(),
@@ -407,7 +404,12 @@ impl Authority {
             request_id: mapping.as_ref().and_then(|m| m.request_id.as_deref()),
             problem_type: Some(ProblemType::ServerInternal.name()),
             detail: Some(&detail),
-            ..Default::default()
+            ..NewAuditRow::new(
+                self.clock.unix(),
+                AuditEvent::CertificateIssueFailed,
+                AuditOutcome::Failure,
+                &actor,
+            )
         };
         let outbox = match &mapping {
             Some(m) => {

@@ -4,7 +4,7 @@
 
 use acme_proxy_protocol::ProblemType;
 use acme_proxy_protocol::types::{Identifier, RawIdentifier};
-use acme_proxy_store::{AccountRow, CrlRow, RevokeOutcome};
+use acme_proxy_store::{AccountRow, AuditEvent, AuditOutcome, CrlRow, RevokeOutcome};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::certificates::leaf_der;
@@ -74,7 +74,7 @@ impl Authority {
         if let Err(e) = &result
             && by_key
             && stored.is_none()
-            && super::audit::outcome_of(e) == "refused"
+            && super::audit::outcome_of(e) == AuditOutcome::Refused
         {
             self.metrics
                 .revocation_refused(&profile.name, e.kind.name());
@@ -97,24 +97,21 @@ impl Authority {
         // certificate, so `audit list --account` finds it.
         let account = account.or_else(|| stored.map(|c| c.account_id));
         let reason_text = format!("reason {}", reason.unwrap_or(0));
+        let (event, outcome) = match &result {
+            Ok(()) => (AuditEvent::CertificateRevoked, AuditOutcome::Success),
+            Err(e) => (
+                AuditEvent::CertificateRevokeFailed,
+                super::audit::outcome_of(e),
+            ),
+        };
         self.audit(super::audit::Fact {
-            event: if result.is_ok() {
-                "certificate.revoked"
-            } else {
-                "certificate.revoke_failed"
-            },
-            outcome: match &result {
-                Ok(()) => "success",
-                Err(e) => super::audit::outcome_of(e),
-            },
-            profile: &profile.name,
             account: account.as_deref(),
             actor: key_actor.as_deref(),
             serial: serial.as_deref(),
             identifiers: identifiers.as_deref(),
             error: result.as_ref().err(),
             detail: Some(&reason_text),
-            ..Default::default()
+            ..super::audit::Fact::new(event, outcome, &profile.name)
         })
         .await;
         result

@@ -21,7 +21,7 @@ use crate::notify::Notice;
 use crate::validators::ValidationTarget;
 
 /// The job kind; the key is the challenge id.
-pub const VALIDATION_KIND: &str = "challenge_validation";
+pub const VALIDATION_KIND: &str = crate::jobs::JobKind::ChallengeValidation.as_str();
 
 /// Interrupted validations picked up per start (the rest at the next).
 const RECOVER_BATCH: i64 = 10_000;

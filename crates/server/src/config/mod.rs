@@ -61,7 +61,10 @@ pub struct Config {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Which header carries the forwarded chain.
     pub forwarded_header: ForwardedHeader,
-    /// Directory for the database and self-generated CA keys.
+    /// Directory for the database and self-generated CA keys. A relative
+    /// path written in the configuration file is relative to that file's
+    /// directory; the default (and a value from the environment) is
+    /// relative to the directory the command runs in.
     pub data_dir: PathBuf,
     /// `sqlite:PATH` or `postgres://USER@HOST/DATABASE`; defaults to
     /// `sqlite:{data_dir}/acme-proxy.db`.
@@ -294,7 +297,21 @@ impl Config {
                 // ACME_PROXY_CONFIG names the file; it is not a key.
                 .ignore(&["config"]),
         );
+        // A relative data_dir written in a file is the file's neighbour,
+        // wherever the command runs (the default, and one from the
+        // environment, stay relative to the working directory).
+        let data_dir_file = figment
+            .find_metadata("data_dir")
+            .and_then(|m| m.source.as_ref())
+            .and_then(|source| source.file_path())
+            .and_then(Path::parent)
+            .map(Path::to_path_buf);
         let mut config = Self::from_figment(figment)?;
+        if let Some(dir) = data_dir_file
+            && config.data_dir.is_relative()
+        {
+            config.data_dir = dir.join(&config.data_dir);
+        }
         config.ignored_environment = std::env::vars_os()
             .filter_map(|(k, _)| k.into_string().ok())
             .filter(|k| k.strip_prefix("ACME_PROXY_").is_some_and(is_service_link))

@@ -44,6 +44,20 @@ use crate::config::JobsConfig;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+acme_proxy_protocol::string_enum! {
+    /// The kinds of job the server queues: the one list that its handlers,
+    /// `job list --kind` and the docs share.
+    pub enum JobKind {
+        ChallengeValidation = "challenge_validation",
+        SignerRelayIssue = "signer_relay_issue",
+        NotifyDelivery = "notify_delivery",
+        NonceSweep = "nonce_sweep",
+        CrlRefresh = "crl_refresh",
+        JobRetention = "job_retention",
+        AuditRetention = "audit_retention",
+    }
+}
+
 /// A job to queue.
 #[derive(Debug, Clone)]
 pub struct JobSpec {

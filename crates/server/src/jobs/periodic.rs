@@ -72,8 +72,8 @@ pub struct Retention {
 impl JobHandler for Retention {
     fn kind(&self) -> &'static str {
         match self.of {
-            Retained::FinishedJobs => "job_retention",
-            Retained::AuditRows => "audit_retention",
+            Retained::FinishedJobs => super::JobKind::JobRetention.as_str(),
+            Retained::AuditRows => super::JobKind::AuditRetention.as_str(),
         }
     }
 

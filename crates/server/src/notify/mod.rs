@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_protocol::types::Identifier;
-use acme_proxy_store::{JobRow, NewAuditRow, NewJob, Store};
+use acme_proxy_store::{AuditEvent, AuditOutcome, JobRow, NewAuditRow, NewJob, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::SharedClock;
@@ -32,7 +32,7 @@ use templates::Templates;
 use webhook::{Delivery, WebhookClient};
 
 /// The job kind; the key names the event, its subject and the destination.
-pub const NOTIFY_KIND: &str = "notify_delivery";
+pub const NOTIFY_KIND: &str = crate::jobs::JobKind::NotifyDelivery.as_str();
 
 /// What happened, as templates see it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -448,16 +448,17 @@ impl JobHandler for NotifyJobs {
             // An operator's cancel is theirs; anything else the system's.
             let actor = reason.cancelled_by().unwrap_or_else(|| "system".to_owned());
             let audit = NewAuditRow {
-                at: n.clock.unix(),
-                event: "notification.failed",
-                outcome: "failure",
                 profile: payload.as_ref().map(|p| p.profile.as_str()),
-                actor: &actor,
                 account_id: payload.as_ref().and_then(|p| p.notice.account.as_deref()),
                 order_id: payload.as_ref().and_then(|p| p.notice.order.as_deref()),
                 serial: payload.as_ref().and_then(|p| p.notice.serial.as_deref()),
                 detail: Some(&detail),
-                ..Default::default()
+                ..NewAuditRow::new(
+                    n.clock.unix(),
+                    AuditEvent::NotificationFailed,
+                    AuditOutcome::Failure,
+                    &actor,
+                )
             };
             match n.store.insert_audit(&audit).await {
                 Ok(()) => n.metrics.audited(&audit),

@@ -281,12 +281,13 @@ async fn rows_past_the_audit_retention_are_swept_and_newer_ones_kept() {
     for (age_days, detail) in [(31, "old"), (29, "recent")] {
         store
             .insert_audit(&acme_proxy_store::NewAuditRow {
-                at: now - age_days * 86400,
-                event: "certificate.issued",
-                outcome: "success",
-                actor: "system",
                 detail: Some(detail),
-                ..Default::default()
+                ..acme_proxy_store::NewAuditRow::new(
+                    now - age_days * 86400,
+                    acme_proxy_store::AuditEvent::CertificateIssued,
+                    acme_proxy_store::AuditOutcome::Success,
+                    "system",
+                )
             })
             .await
             .expect("insert");

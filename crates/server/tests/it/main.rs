@@ -8,6 +8,7 @@ mod admin;
 mod ari;
 mod audit;
 mod challenges;
+mod cli_safety;
 mod client;
 mod clients;
 mod concurrency;

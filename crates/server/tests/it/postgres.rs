@@ -457,7 +457,10 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
         assert!(finalize.wait().expect("psql").success());
         let outcome = deleting.await.expect("task").expect("deletion");
         assert!(
-            matches!(&outcome, DeleteOutcome::Refused(why) if why.contains("finalized")),
+            matches!(
+                &outcome,
+                DeleteOutcome::Refused(acme_proxy_store::Blocker::InFlight { .. })
+            ),
             "deleting {} while {order} was being finalized: {outcome:?}",
             if delete_account {
                 "the account"
@@ -540,13 +543,12 @@ async fn using_a_nonce_does_not_wait_for_a_wal_flush_and_an_ordinary_write_still
     let store = open().await.expect("open");
     for i in 0..40 {
         store
-            .insert_audit(&NewAuditRow {
-                at: i,
-                event: "test.write",
-                outcome: "success",
-                actor: "system",
-                ..Default::default()
-            })
+            .insert_audit(&NewAuditRow::new(
+                i,
+                acme_proxy_store::AuditEvent::CertificateIssued,
+                acme_proxy_store::AuditOutcome::Success,
+                "system",
+            ))
             .await
             .expect("audit");
     }

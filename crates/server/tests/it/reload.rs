@@ -196,7 +196,7 @@ async fn sighup_while_lego_issues_adds_removes_and_restores_a_profile_and_refuse
     let rows = store
         .audit_list(
             &AuditFilter {
-                event: Some("config.reload"),
+                event: Some(acme_proxy_store::AuditEvent::ConfigReload),
                 ..AuditFilter::default()
             },
             10,

@@ -6,7 +6,8 @@ use acme_proxy_protocol::types::AccountStatus;
 use clap::Subcommand;
 
 use super::common::{
-    Act, ListArgs, Table, confirm, open_store, operator_actor, operator_authority, print_view,
+    Act, ListArgs, Table, confirm, one_of, open_reader, operator_actor, operator_authority,
+    print_view,
 };
 use crate::admin::ops;
 use crate::config::Config;
@@ -15,10 +16,11 @@ use crate::config::Config;
 pub enum AccountCommand {
     /// List ACME accounts, newest first.
     List {
+        /// Only accounts of this profile.
         #[arg(long)]
         profile: Option<String>,
-        /// valid, deactivated or revoked.
-        #[arg(long)]
+        /// Only accounts in this state.
+        #[arg(long, value_parser = one_of::<AccountStatus>())]
         status: Option<AccountStatus>,
         #[command(flatten)]
         list: ListArgs,
@@ -28,6 +30,7 @@ pub enum AccountCommand {
         /// Its id (may start with `-`: ids are base64url).
         #[arg(allow_hyphen_values = true)]
         id: String,
+        /// As JSON.
         #[arg(long)]
         json: bool,
     },
@@ -60,7 +63,7 @@ pub async fn run(config: &Config, command: AccountCommand) -> anyhow::Result<()>
             status,
             list,
         } => {
-            let store = open_store(config).await?;
+            let store = open_reader(config).await?;
             let accounts =
                 ops::list_accounts(&store, profile.as_deref(), status, list.limit).await?;
             store.close().await;
@@ -82,7 +85,7 @@ pub async fn run(config: &Config, command: AccountCommand) -> anyhow::Result<()>
             table.print()?;
         }
         AccountCommand::Show { id, json } => {
-            let store = open_store(config).await?;
+            let store = open_reader(config).await?;
             let view = ops::show_account(&store, &id).await;
             store.close().await;
             print_view(&mut out, &view?, json)?;

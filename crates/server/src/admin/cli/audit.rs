@@ -2,43 +2,48 @@
 
 use std::io::Write;
 
-use anyhow::Context;
+use acme_proxy_store::{AuditEvent, AuditOutcome};
 use clap::Subcommand;
 
-use super::common::{ListArgs, Table, open_store, print_fields};
+use super::common::{ListArgs, Table, one_of, open_reader, print_fields};
 use crate::admin::ops;
-use crate::clock::SystemClock;
 use crate::config::Config;
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// List audit records, newest first.
     List {
+        /// Only records of this profile.
         #[arg(long)]
         profile: Option<String>,
+        /// Only records about this account (its id).
         #[arg(long, allow_hyphen_values = true)]
         account: Option<String>,
+        /// Only records about this order (its id).
         #[arg(long, allow_hyphen_values = true)]
         order: Option<String>,
         /// Certificate serial in hex, any case, with or without colons (as
         /// `openssl x509 -serial` or a browser shows it).
         #[arg(long, value_parser = serial)]
         serial: Option<String>,
-        /// e.g. certificate.issued, certificate.issue_failed, order.refused.
-        #[arg(long)]
-        event: Option<String>,
-        /// success, refused or failure.
-        #[arg(long)]
-        outcome: Option<String>,
+        /// Only records of this event.
+        #[arg(long, value_parser = one_of::<AuditEvent>())]
+        event: Option<AuditEvent>,
+        /// Only records with this outcome: refused is a client's mistake or
+        /// policy, failure the server's own.
+        #[arg(long, value_parser = one_of::<AuditOutcome>())]
+        outcome: Option<AuditOutcome>,
         /// Only records this recent: a duration ("1h", "7d") or an RFC 3339 time.
-        #[arg(long)]
-        since: Option<String>,
+        #[arg(long, value_parser = super::common::since, value_name = "DURATION|TIME")]
+        since: Option<i64>,
         #[command(flatten)]
         list: ListArgs,
     },
     /// Show one audit record.
     Show {
+        /// The record's id (the first column of `audit list`).
         id: i64,
+        /// As JSON.
         #[arg(long)]
         json: bool,
     },
@@ -57,8 +62,7 @@ fn serial(text: &str) -> Result<String, String> {
 }
 
 pub async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
-    use crate::clock::Clock;
-    let store = open_store(config).await?;
+    let store = open_reader(config).await?;
     let mut out = std::io::stdout().lock();
     match command {
         AuditCommand::List {
@@ -71,27 +75,13 @@ pub async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
             since,
             list,
         } => {
-            let since = match since.as_deref() {
-                None => None,
-                Some(s) => Some(match humantime::parse_duration(s) {
-                    Ok(d) => SystemClock.unix() - d.as_secs() as i64,
-                    Err(_) => time::OffsetDateTime::parse(
-                        s,
-                        &time::format_description::well_known::Rfc3339,
-                    )
-                    .with_context(|| {
-                        format!("--since {s:?}: write a duration (\"1h\") or an RFC 3339 time")
-                    })?
-                    .unix_timestamp(),
-                }),
-            };
             let filter = acme_proxy_store::AuditFilter {
                 profile: profile.as_deref(),
                 account: account.as_deref(),
                 order: order.as_deref(),
                 serial: serial.as_deref(),
-                event: event.as_deref(),
-                outcome: outcome.as_deref(),
+                event,
+                outcome,
                 since,
             };
             let rows = ops::list_audit(&store, &filter, list.limit).await?;

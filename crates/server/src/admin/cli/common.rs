@@ -15,10 +15,63 @@ use crate::config::Config;
 /// What every list takes, after its filters.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    #[arg(long, default_value_t = 100)]
+    /// At most this many rows, newest first (1 to 100000).
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub limit: i64,
+    /// One JSON array instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A closed set of words a filter takes: clap lists them in `--help`, and
+/// refuses any other with the list (exit 2), before anything is opened.
+pub trait Closed: std::str::FromStr + Clone + Send + Sync + 'static {
+    fn names() -> Vec<&'static str>;
+}
+
+macro_rules! closed {
+    ($($t:ty),+) => {$(
+        impl Closed for $t {
+            fn names() -> Vec<&'static str> {
+                <$t>::ALL.iter().map(|v| v.as_str()).collect()
+            }
+        }
+    )+};
+}
+
+closed!(
+    acme_proxy_store::JobStatus,
+    acme_proxy_store::AuditEvent,
+    acme_proxy_store::AuditOutcome,
+    acme_proxy_protocol::types::OrderStatus,
+    acme_proxy_protocol::types::AccountStatus,
+    crate::jobs::JobKind
+);
+
+/// The parser of a [`Closed`] set's words.
+pub fn one_of<T: Closed>() -> impl clap::builder::TypedValueParser<Value = T>
+where
+    <T as std::str::FromStr>::Err: std::error::Error + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(T::names()).try_map(|s| s.parse::<T>())
+}
+
+/// A moment in the past as `--since` takes it: a duration back from now
+/// ("90m", "7d") or an RFC 3339 time; Unix seconds.
+pub fn since(text: &str) -> Result<i64, String> {
+    use crate::clock::Clock;
+    if let Ok(d) = humantime::parse_duration(text) {
+        return Ok(SystemClock.unix() - i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 2));
+    }
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map(time::OffsetDateTime::unix_timestamp)
+        .map_err(|_| {
+            "write a duration back from now (\"90m\", \"7d\") or an RFC 3339 time \
+             (\"2026-01-31T12:00:00Z\")"
+                .to_owned()
+        })
 }
 
 /// What every command that changes something takes.
@@ -27,7 +80,8 @@ pub struct Act {
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
-    /// Who is acting; defaults to operator:$USER.
+    /// Who is acting, for the audit trail; defaults to operator:NAME, the
+    /// login name ($USER, $LOGNAME, else the user's name in /etc/passwd).
     #[arg(long)]
     pub actor: Option<String>,
 }
@@ -105,7 +159,45 @@ fn operator_name() -> String {
         .unwrap_or_else(|| format!("uid:{uid}"))
 }
 
+/// There is no database where the configuration points: the command was
+/// run from another directory, or without the server's configuration.
+/// Nothing was created; the binary exits with [`EXIT_CONFIG`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NoDatabase(String);
+
+fn no_database(config: &Config) -> NoDatabase {
+    let url = config.database_url();
+    let place = match acme_proxy_store::sqlite_file(&url) {
+        Some(file) => std::path::absolute(&file)
+            .unwrap_or(file)
+            .display()
+            .to_string(),
+        None => format!(
+            "{} (it has no acme-proxy tables)",
+            config.database_url_shown()
+        ),
+    };
+    NoDatabase(format!(
+        "no database at {place}: run from the server's directory or pass --config \
+         (or ACME_PROXY_CONFIG) with the server's configuration; the server creates \
+         its database when it first starts"
+    ))
+}
+
+/// The database, read-only, for a command that only reads: it creates no
+/// file (not even a missing database's) and cannot change anything.
+pub(super) async fn open_reader(config: &Config) -> anyhow::Result<Store> {
+    Store::open_read_only(&config.database_url(), &config.store_options()?)
+        .await
+        .with_context(|| format!("opening the database {}", config.database_url_shown()))?
+        .ok_or_else(|| no_database(config).into())
+}
+
+/// The database, for a command that changes it: it must exist already
+/// (a command run from the wrong directory must not start a new one).
 pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    open_reader(config).await?.close().await;
     Store::open(&config.database_url(), &config.store_options()?)
         .await
         .with_context(|| format!("opening the database {}", config.database_url_shown()))
@@ -118,6 +210,8 @@ pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
 pub(super) async fn operator_authority(
     config: &Config,
 ) -> anyhow::Result<std::sync::Arc<Authority>> {
+    // Before anything (a CA, a directory) is created where it should not be.
+    open_reader(config).await?.close().await;
     let assembled =
         crate::server::assemble(config, std::sync::Arc::new(SystemClock), config.base_url())
             .await?;

@@ -7,7 +7,7 @@ use clap::Subcommand;
 
 use acme_proxy_store::{Store, StoreOptions};
 
-use super::common::open_store;
+use super::common::open_reader;
 use crate::config::Config;
 
 #[derive(Debug, Subcommand)]
@@ -26,7 +26,7 @@ pub enum DbCommand {
     Copy {
         /// The SQLite database to copy, `sqlite:PATH`; it may be serving
         /// (the copy is a snapshot), though a move stops it first.
-        #[arg(long, value_name = "sqlite:PATH")]
+        #[arg(long, value_name = "sqlite:PATH", value_parser = sqlite_url)]
         from: String,
         /// The PostgreSQL database to fill, which must be empty; default:
         /// `database_url`. Its password comes from
@@ -36,10 +36,19 @@ pub enum DbCommand {
     },
 }
 
+/// `--from` names a SQLite database; anything else is a usage error.
+fn sqlite_url(text: &str) -> Result<String, String> {
+    if text.starts_with("sqlite:") {
+        Ok(text.to_owned())
+    } else {
+        Err("write sqlite:PATH (db copy copies a SQLite database)".to_owned())
+    }
+}
+
 pub async fn run(config: &Config, command: DbCommand) -> anyhow::Result<()> {
     match command {
         DbCommand::Backup { file } => {
-            let store = open_store(config).await?;
+            let store = open_reader(config).await?;
             let result = store.backup_to(&file).await;
             store.close().await;
             result.with_context(|| format!("backing up to {}", file.display()))?;
@@ -61,9 +70,6 @@ async fn copy(config: &Config, from: &str, to: Option<&str>) -> anyhow::Result<(
             "--to carries a password, which every user of this machine can read on a command line: \
              write it in an owner-only file named by database_password_file instead"
         );
-    }
-    if !from.starts_with("sqlite:") {
-        anyhow::bail!("--from {from:?}: write sqlite:PATH (db copy copies a SQLite database)");
     }
     let path = from.trim_start_matches("sqlite:").trim_start_matches("//");
     if !std::path::Path::new(path).is_file() {

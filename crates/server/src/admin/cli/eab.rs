@@ -5,7 +5,7 @@ use std::io::Write;
 use clap::Subcommand;
 
 use super::common::{
-    Act, Table, confirm, open_store, operator_actor, operator_authority, print_fields, print_view,
+    Act, Table, confirm, open_reader, operator_actor, operator_authority, print_fields, print_view,
 };
 use crate::admin::ops;
 use crate::config::Config;
@@ -27,6 +27,7 @@ pub enum EabCommand {
         /// Default: any name.
         #[arg(long = "name", value_name = "GLOB")]
         names: Vec<String>,
+        /// As JSON.
         #[arg(long)]
         json: bool,
         /// Who is acting; defaults to operator:$USER.
@@ -35,6 +36,7 @@ pub enum EabCommand {
     },
     /// List credentials, newest first (never their HMAC keys).
     List {
+        /// As JSON.
         #[arg(long)]
         json: bool,
     },
@@ -82,7 +84,7 @@ pub async fn run(config: &Config, command: EabCommand) -> anyhow::Result<()> {
             }
         }
         EabCommand::List { json } => {
-            let store = open_store(config).await?;
+            let store = open_reader(config).await?;
             let list = ops::list_eab(&store).await;
             store.close().await;
             let list = list?;

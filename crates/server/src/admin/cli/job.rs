@@ -5,48 +5,62 @@ use std::io::Write;
 use acme_proxy_store::JobStatus;
 use clap::Subcommand;
 
-use super::common::{ListArgs, Table, open_store, operator_actor, print_fields};
+use super::common::{
+    ListArgs, Table, one_of, open_reader, open_store, operator_actor, print_fields,
+};
 use crate::admin::ops::{self, JobView};
 use crate::clock::SystemClock;
 use crate::config::Config;
+use crate::jobs::JobKind;
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
     /// List jobs, newest first.
-    #[command(mut_arg("json", |a| a.help("One JSON array instead of a table")))]
     List {
-        #[arg(long)]
-        kind: Option<String>,
-        /// queued, running, retiring, done, failed or cancelled.
-        #[arg(long)]
+        /// Only jobs of this kind.
+        #[arg(long, value_parser = one_of::<JobKind>())]
+        kind: Option<JobKind>,
+        /// Only jobs in this state.
+        #[arg(long, value_parser = one_of::<JobStatus>())]
         status: Option<JobStatus>,
         #[command(flatten)]
         list: ListArgs,
     },
     /// Show one job.
     Show {
+        /// The job's id (the first column of `job list`).
         id: i64,
+        /// As JSON.
         #[arg(long)]
         json: bool,
     },
     /// Queue a failed or cancelled job again, or run a queued one now.
-    Retry { id: i64 },
+    Retry {
+        /// The job's id (the first column of `job list`).
+        id: i64,
+    },
     /// Cancel a job: it is stopped (if running) and abandoned, naming you.
     Cancel {
+        /// The job's id (the first column of `job list`).
         id: i64,
-        /// Who is cancelling; defaults to operator:$USER.
+        /// Who is cancelling, for the audit trail; defaults to
+        /// operator:NAME, the login name.
         #[arg(long)]
         actor: Option<String>,
     },
 }
 
 pub async fn run(config: &Config, command: JobCommand) -> anyhow::Result<()> {
-    let store = open_store(config).await?;
+    let store = match command {
+        JobCommand::List { .. } | JobCommand::Show { .. } => open_reader(config).await?,
+        JobCommand::Retry { .. } | JobCommand::Cancel { .. } => open_store(config).await?,
+    };
     let clock = SystemClock;
     let mut out = std::io::stdout().lock();
     match command {
         JobCommand::List { kind, status, list } => {
-            let jobs = ops::list_jobs(&store, kind.as_deref(), status, list.limit).await?;
+            let jobs =
+                ops::list_jobs(&store, kind.map(JobKind::as_str), status, list.limit).await?;
             if list.json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&jobs)?)?;
             } else {

@@ -6,7 +6,8 @@ use acme_proxy_protocol::types::OrderStatus;
 use clap::Subcommand;
 
 use super::common::{
-    Act, ListArgs, Table, confirm, open_store, operator_actor, operator_authority, print_view,
+    Act, ListArgs, Table, confirm, one_of, open_reader, operator_actor, operator_authority,
+    print_view,
 };
 use crate::admin::ops;
 use crate::config::Config;
@@ -15,12 +16,14 @@ use crate::config::Config;
 pub enum OrderCommand {
     /// List orders, newest first.
     List {
+        /// Only orders of this profile.
         #[arg(long)]
         profile: Option<String>,
+        /// Only orders of this account (its id).
         #[arg(long, allow_hyphen_values = true)]
         account: Option<String>,
-        /// pending, ready, processing, valid or invalid.
-        #[arg(long)]
+        /// Only orders in this state.
+        #[arg(long, value_parser = one_of::<OrderStatus>())]
         status: Option<OrderStatus>,
         #[command(flatten)]
         list: ListArgs,
@@ -30,6 +33,7 @@ pub enum OrderCommand {
         /// Its id (may start with `-`: ids are base64url).
         #[arg(allow_hyphen_values = true)]
         id: String,
+        /// As JSON.
         #[arg(long)]
         json: bool,
     },
@@ -39,8 +43,10 @@ pub enum OrderCommand {
         /// Its id (may start with `-`: ids are base64url).
         #[arg(allow_hyphen_values = true)]
         id: String,
-        /// RFC 5280 reason code: 0, 1, 3, 4 or 5 (default 0).
-        #[arg(long)]
+        /// RFC 5280 reason (§5.3.1), by code or name: 0 unspecified (the
+        /// default), 1 keyCompromise, 3 affiliationChanged, 4 superseded,
+        /// 5 cessationOfOperation.
+        #[arg(long, value_parser = reason)]
         reason: Option<u64>,
         #[command(flatten)]
         act: Act,
@@ -57,6 +63,32 @@ pub enum OrderCommand {
     },
 }
 
+/// A revocation reason a subscriber may give, as its RFC 5280 code or
+/// name (any case); anything else is a usage error.
+fn reason(text: &str) -> Result<u64, String> {
+    const NAMES: [(u64, &str); 5] = [
+        (0, "unspecified"),
+        (1, "keyCompromise"),
+        (3, "affiliationChanged"),
+        (4, "superseded"),
+        (5, "cessationOfOperation"),
+    ];
+    NAMES
+        .iter()
+        .find(|(code, name)| text == code.to_string() || text.eq_ignore_ascii_case(name))
+        .map(|(code, _)| *code)
+        .ok_or_else(|| {
+            format!(
+                "a certificate's holder may give {}; the other codes of RFC 5280 are for CA events",
+                NAMES
+                    .iter()
+                    .map(|(c, n)| format!("{c} ({n})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+}
+
 pub async fn run(config: &Config, command: OrderCommand) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match command {
@@ -66,7 +98,7 @@ pub async fn run(config: &Config, command: OrderCommand) -> anyhow::Result<()> {
             status,
             list,
         } => {
-            let store = open_store(config).await?;
+            let store = open_reader(config).await?;
             let orders = ops::list_orders(
                 &store,
                 profile.as_deref(),
@@ -103,7 +135,7 @@ pub async fn run(config: &Config, command: OrderCommand) -> anyhow::Result<()> {
             table.print()?;
         }
         OrderCommand::Show { id, json } => {
-            let store = open_store(config).await?;
+            let store = open_reader(config).await?;
             let view = ops::show_order(&store, &id).await;
             store.close().await;
             print_view(&mut out, &view?, json)?;

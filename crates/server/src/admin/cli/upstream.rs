@@ -8,7 +8,9 @@ use acme_proxy_protocol::types::OrderStatus;
 use anyhow::Context;
 use clap::Subcommand;
 
-use super::common::{ListArgs, Table, open_store};
+use acme_proxy_store::Store;
+
+use super::common::{ListArgs, Table, one_of, open_reader};
 use crate::admin::ops;
 use crate::clock::SystemClock;
 use crate::config::Config;
@@ -32,15 +34,17 @@ pub enum UpstreamCommand {
     },
     /// Show the relay profiles' upstream accounts.
     Show {
+        /// Only this relay profile.
         #[arg(long)]
         profile: Option<String>,
+        /// As JSON.
         #[arg(long)]
         json: bool,
     },
     /// List relayed orders (local order ↔ upstream order), newest first.
     Orders {
-        /// processing, valid or invalid.
-        #[arg(long)]
+        /// Only relayed orders in this state (processing, valid or invalid).
+        #[arg(long, value_parser = one_of::<OrderStatus>())]
         status: Option<OrderStatus>,
         #[command(flatten)]
         list: ListArgs,
@@ -48,10 +52,23 @@ pub enum UpstreamCommand {
 }
 
 pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()> {
-    // `upstream register` may be the first command run on a new machine.
-    crate::private::create_dir(&config.data_dir)
-        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
-    let store = open_store(config).await?;
+    let store = match &command {
+        UpstreamCommand::Register { profile, .. } => {
+            // May be the first command run on a new machine, so it may
+            // create the data directory and the database, but only for a
+            // configuration that has the relay profile it names.
+            ops::relay_profile(config, profile.as_deref())?;
+            crate::private::create_dir(&config.data_dir).with_context(|| {
+                format!("creating the data directory {}", config.data_dir.display())
+            })?;
+            Store::open(&config.database_url(), &config.store_options()?)
+                .await
+                .with_context(|| format!("opening the database {}", config.database_url_shown()))?
+        }
+        UpstreamCommand::Show { .. } | UpstreamCommand::Orders { .. } => {
+            open_reader(config).await?
+        }
+    };
     let mut out = std::io::stdout().lock();
     match command {
         UpstreamCommand::Register {
