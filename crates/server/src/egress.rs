@@ -364,7 +364,7 @@ impl ProxyError {
 }
 
 /// The chain of `e`'s messages, for a reason worth reading.
-fn chain(e: &(dyn StdError + 'static)) -> String {
+pub fn chain(e: &(dyn StdError + 'static)) -> String {
     let mut text = e.to_string();
     let mut next = e.source();
     while let Some(e) = next {

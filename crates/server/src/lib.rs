@@ -19,6 +19,7 @@ pub mod generation;
 pub mod ids;
 pub mod jobs;
 pub mod listener;
+pub mod lock;
 pub mod logging;
 pub mod metrics;
 pub mod notify;

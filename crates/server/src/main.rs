@@ -49,6 +49,15 @@ enum Command {
     Serve,
     /// Load and check the configuration, then exit (same as `config check`).
     CheckConfig,
+    /// The installation at a glance: listeners, configuration, each
+    /// profile's signer (CA expiry, upstream and its account), jobs, relayed
+    /// orders in flight, last issuance and failure. Exit 1 when something
+    /// needs attention.
+    Status {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The configuration as `serve` would load it.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -67,6 +76,9 @@ enum Command {
     /// Orders and their certificates: list, show, revoke, delete.
     #[command(subcommand)]
     Order(cli::order::OrderCommand),
+    /// Issued certificates: those that expire soon.
+    #[command(subcommand)]
+    Cert(cli::cert::CertCommand),
     /// Replay nonces.
     #[command(subcommand)]
     Nonce(cli::nonce::NonceCommand),
@@ -108,6 +120,13 @@ enum ConfigCommand {
     /// Print the annotated example configuration: every key, its default
     /// and when to change it (a valid configuration equal to the defaults).
     Example,
+    /// Print every value in effect with where it comes from (default,
+    /// file, environment variable), secrets redacted.
+    Show {
+        /// As JSON: a list of {key, value, source}.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Exit codes: 0 done, 1 failed or refused, 2 bad arguments or
@@ -220,10 +239,33 @@ fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Resul
                 }
             }
         }
+        Command::Config(ConfigCommand::Show { json }) => {
+            let shown = acme_proxy::config::show::show(file.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&shown)?);
+            } else {
+                // Sources aligned, but not after a long list.
+                let width = shown
+                    .iter()
+                    .map(|s| s.key.len() + s.value.len())
+                    .filter(|w| *w <= 60)
+                    .max()
+                    .unwrap_or(0);
+                for s in shown {
+                    let pad = (width + 2)
+                        .saturating_sub(s.key.len() + s.value.len())
+                        .max(2);
+                    println!("{} = {}{}# {}", s.key, s.value, " ".repeat(pad), s.source);
+                }
+            }
+            Ok(())
+        }
         Command::Account(command) => {
             operator_runtime()?.block_on(cli::account::run(&config, command))
         }
         Command::Order(command) => operator_runtime()?.block_on(cli::order::run(&config, command)),
+        Command::Status { json } => operator_runtime()?.block_on(cli::status::run(&config, json)),
+        Command::Cert(command) => operator_runtime()?.block_on(cli::cert::run(&config, command)),
         Command::Eab(command) => operator_runtime()?.block_on(cli::eab::run(&config, command)),
         Command::Nonce(command) => operator_runtime()?.block_on(cli::nonce::run(&config, command)),
         Command::Db(command) => operator_runtime()?.block_on(cli::db::run(&config, command)),
@@ -286,6 +328,7 @@ async fn serve(config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
         .map(ToString::to_string)
         .collect();
     let forwarded_header = config.forwarded_header;
+    let hint_config = config.clone();
     let running = acme_proxy::server::start(config, Arc::new(SystemClock)).await?;
     // SIGHUP (`systemctl reload`): the same file and environment again.
     running.reload_from(move || Config::load(file.as_deref()).map_err(|e| e.to_string()));
@@ -336,8 +379,12 @@ async fn serve(config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
         println!();
     }
     println!(
-        "  e.g. certbot certonly --server {} --standalone -d host.example.internal",
-        running.directory_url(&profiles[0])
+        "  e.g. {}",
+        acme_proxy::admin::ops::certbot_hint(
+            &hint_config,
+            &profiles[0],
+            &running.directory_url(&profiles[0])
+        )
     );
     wait_for_signal().await;
     tracing::info!(

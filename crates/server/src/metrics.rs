@@ -19,6 +19,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// Admin commands' audit rows read per query when metrics are exported.
+const CLI_AUDIT_BATCH: i64 = 1000;
+
 /// Label sets: a few fixed names with their values.
 pub type Labels = Vec<(&'static str, String)>;
 
@@ -66,6 +69,9 @@ pub struct Metrics {
     pub job_depth: Family<Labels, Gauge>,
     pub db_connections: Family<Labels, Gauge>,
     pub nonces: Gauge,
+    /// The last audit row of an admin command counted; None until the
+    /// server starts counting them ([`Metrics::count_cli_audit_after`]).
+    cli_audit_counted: tokio::sync::Mutex<Option<i64>>,
 }
 
 impl Metrics {
@@ -89,6 +95,7 @@ impl Metrics {
             job_depth: Family::default(),
             db_connections: Family::default(),
             nonces: Gauge::default(),
+            cli_audit_counted: tokio::sync::Mutex::new(None),
             registry: Mutex::new(Registry::default()),
         };
         r.register(
@@ -210,33 +217,80 @@ impl Metrics {
         }
     }
 
-    /// Bumps the counters that mirror an audit record (the only place
-    /// issuance and refusal counters move).
+    /// Bumps the counters that mirror an audit record this process wrote
+    /// (with [`Metrics::count_cli_audit`], the only place issuance and
+    /// refusal counters move).
     pub fn audited(&self, row: &NewAuditRow<'_>) {
-        let profile = row.profile.unwrap_or("").to_owned();
+        self.count_audit(
+            row.event.as_str(),
+            row.outcome.as_str(),
+            row.profile.unwrap_or(""),
+            row.problem_type,
+        );
+    }
+
+    fn count_audit(&self, event: &str, outcome: &str, profile: &str, problem: Option<&str>) {
+        let profile = profile.to_owned();
         self.audit_events
             .get_or_create(&vec![
-                ("event", row.event.as_str().to_owned()),
-                ("outcome", row.outcome.as_str().to_owned()),
+                ("event", event.to_owned()),
+                ("outcome", outcome.to_owned()),
                 ("profile", profile.clone()),
             ])
             .inc();
-        match (row.event, row.outcome) {
-            (AuditEvent::CertificateIssued, AuditOutcome::Success) => {
+        match (event.parse().ok(), outcome.parse().ok()) {
+            (Some(AuditEvent::CertificateIssued), Some(AuditOutcome::Success)) => {
                 self.issued.get_or_create(&vec![("profile", profile)]).inc();
             }
-            (AuditEvent::CertificateIssueFailed, _) => {
-                let reason = row.problem_type.unwrap_or("serverInternal").to_owned();
+            (Some(AuditEvent::CertificateIssueFailed), _) => {
+                let reason = problem.unwrap_or("serverInternal").to_owned();
                 self.issue_failures
                     .get_or_create(&vec![("profile", profile), ("reason", reason)])
                     .inc();
             }
-            (AuditEvent::CertificateRevokeFailed, AuditOutcome::Refused) => {
-                let reason = row.problem_type.unwrap_or("malformed");
-                self.revocation_refused(&profile, reason);
+            (Some(AuditEvent::CertificateRevokeFailed), Some(AuditOutcome::Refused)) => {
+                self.revocation_refused(&profile, problem.unwrap_or("malformed"));
             }
             _ => {}
         }
+    }
+
+    /// From now on, counts the audit rows admin commands write (after row
+    /// `last`, the newest when the server starts): they run in processes
+    /// of their own, which export no metrics, so the server counts their
+    /// rows when it next exports its own.
+    pub async fn count_cli_audit_after(&self, last: i64) {
+        *self.cli_audit_counted.lock().await = Some(last);
+    }
+
+    /// Counts the admin commands' audit rows written since the last look.
+    async fn count_cli_audit(&self, store: &Store) {
+        let mut counted = self.cli_audit_counted.lock().await;
+        let Some(mut last) = *counted else {
+            return;
+        };
+        loop {
+            let rows = match store.cli_audit_after(last, CLI_AUDIT_BATCH).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(event = "metrics.audit", outcome = "failure", error = %e, "could not read the admin commands' audit rows");
+                    break;
+                }
+            };
+            for r in &rows {
+                self.count_audit(
+                    &r.event,
+                    &r.outcome,
+                    r.profile.as_deref().unwrap_or(""),
+                    r.problem_type.as_deref(),
+                );
+                last = r.id;
+            }
+            if rows.len() < CLI_AUDIT_BATCH as usize {
+                break;
+            }
+        }
+        *counted = Some(last);
     }
 
     /// Counts a refused revocation: from [`Metrics::audited`], or, for one
@@ -254,6 +308,7 @@ impl Metrics {
     /// The OpenMetrics text of every family, gauges refreshed from `store`.
     /// `nonces`: outstanding replay nonces, wherever they are kept.
     pub async fn render(&self, store: &Store, nonces: Option<i64>) -> String {
+        self.count_cli_audit(store).await;
         if let Ok(counts) = store.job_counts().await {
             self.job_depth.clear();
             for (kind, status, n) in counts.by_kind_and_status {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acme_proxy_store::{AuditEvent, AuditOutcome, Store};
+use acme_proxy_store::{AuditEvent, AuditOrigin, AuditOutcome, Store};
 use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -52,6 +52,8 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     http: JoinHandle<()>,
     jobs: JoinHandle<()>,
+    /// Held until the server has stopped (SQLite).
+    _lock: Option<crate::lock::DatabaseLock>,
 }
 
 impl Running {
@@ -329,19 +331,26 @@ pub async fn assemble(
     clock: SharedClock,
     base_url: String,
 ) -> anyhow::Result<Assembled> {
-    Ok(build(config, clock, base_url, Signers::new())
-        .await?
-        .assembled)
+    Ok(
+        build(config, clock, base_url, Signers::new(), AuditOrigin::Cli)
+            .await?
+            .assembled,
+    )
 }
 
+/// `origin`: whether the audit rows written through it are the server's
+/// or an admin command's.
 async fn build(
     config: &Config,
     clock: SharedClock,
     base_url: String,
     plugged: Signers,
+    origin: AuditOrigin,
 ) -> anyhow::Result<Built> {
     create_private_dir(&config.data_dir)?;
-    let store = Store::open(&config.database_url(), &config.store_options()?)
+    let mut options = config.store_options()?;
+    options.audit_origin = origin;
+    let store = Store::open(&config.database_url(), &options)
         .await
         .with_context(|| format!("opening the database {}", config.database_url_shown()))?;
 
@@ -636,8 +645,11 @@ pub async fn start_with(
 ) -> anyhow::Result<Running> {
     // Bound before anything needs the public URL (account URLs in CAA
     // accounturi checks); requests wait until the router is served below.
-    preflight(&config)?;
     create_private_dir(&config.data_dir)?;
+    // First: a second server must not even look at files the first is
+    // making (or open, create and migrate the database).
+    let lock = crate::lock::acquire(&config.database_url())?;
+    preflight(&config)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
@@ -655,8 +667,20 @@ pub async fn start_with(
         terminator,
         lasting,
         board,
-    } = build(&config, Arc::clone(&clock), base_url.clone(), plugged).await?;
+    } = build(
+        &config,
+        Arc::clone(&clock),
+        base_url.clone(),
+        plugged,
+        AuditOrigin::Server,
+    )
+    .await?;
     let store = authority.store().clone();
+    // Admin commands' audit rows from now on are counted in the metrics.
+    authority
+        .metrics
+        .count_cli_audit_after(store.last_audit_id().await?)
+        .await;
     authority.refresh_stale_crls().await;
     let generations = Generations::new(Generation {
         number: 1,
@@ -811,6 +835,7 @@ pub async fn start_with(
         shutdown,
         http,
         jobs,
+        _lock: lock,
     })
 }
 

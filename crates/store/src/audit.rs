@@ -38,6 +38,16 @@ acme_proxy_protocol::string_enum! {
     }
 }
 
+acme_proxy_protocol::string_enum! {
+    /// Who writes a store's audit rows: the server, or an admin command
+    /// (which has no metrics endpoint: servers count its rows when they
+    /// next export metrics).
+    pub enum AuditOrigin {
+        Server = "server",
+        Cli = "cli",
+    }
+}
+
 /// An audit record to write. Identifiers are a frozen copy: the row must
 /// say what was asked even after the order is deleted.
 #[derive(Clone, Debug)]
@@ -109,11 +119,15 @@ pub struct AuditRow {
 
 pub(crate) const INSERT_AUDIT: &str =
     "INSERT INTO audit_log (at, event, outcome, profile, actor, account_id, order_id, serial,
-         identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+         identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail, origin)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
 
 /// Writes one audit row on `conn` (the writer, or the caller's transaction).
-pub(crate) async fn insert_audit_in(conn: &mut Conn<'_>, row: &NewAuditRow<'_>) -> Result<()> {
+pub(crate) async fn insert_audit_in(
+    conn: &mut Conn<'_>,
+    row: &NewAuditRow<'_>,
+    origin: AuditOrigin,
+) -> Result<()> {
     conn.exec(
         INSERT_AUDIT,
         args![
@@ -132,6 +146,7 @@ pub(crate) async fn insert_audit_in(conn: &mut Conn<'_>, row: &NewAuditRow<'_>) 
             row.request_id,
             row.problem_type,
             row.detail,
+            origin.as_str(),
         ],
     )
     .await?;
@@ -227,7 +242,34 @@ impl Store {
     }
 
     pub async fn insert_audit(&self, row: &NewAuditRow<'_>) -> Result<()> {
-        insert_audit_in(&mut self.writer().await?, row).await
+        insert_audit_in(&mut self.writer().await?, row, self.audit_origin).await
+    }
+
+    /// The highest audit row id so far (0 for none).
+    pub async fn last_audit_id(&self) -> Result<i64> {
+        Ok(self
+            .reader()
+            .await?
+            .scalar("SELECT COALESCE(MAX(id), 0) FROM audit_log", &[])
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// Audit rows admin commands wrote after row `after`, oldest first, at
+    /// most `limit`.
+    pub async fn cli_audit_after(&self, after: i64, limit: i64) -> Result<Vec<AuditRow>> {
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    audit_columns!(),
+                    " FROM audit_log WHERE origin = 'cli' AND id > ?1 ORDER BY id LIMIT ?2"
+                ),
+                args![after, limit],
+                audit_from_row,
+            )
+            .await
     }
 
     /// The audit rows about one order, oldest first.

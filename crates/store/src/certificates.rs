@@ -157,7 +157,7 @@ impl Store {
         if !complete_order_in(&mut tx, cert).await? {
             return Ok(false);
         }
-        insert_audit_in(&mut tx, audit).await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
@@ -173,6 +173,42 @@ impl Store {
                     " FROM certificates WHERE id = ?1"
                 ),
                 args![id],
+                cert_from_row,
+            )
+            .await
+    }
+
+    /// Unrevoked certificates whose notAfter falls in `[from, until)`,
+    /// soonest first, of one profile or all; without `renewed`, only those
+    /// that no later unrevoked certificate of the same account and profile
+    /// for the same identifiers has replaced (later: expiring later, or as
+    /// late and issued after, ids being in time order).
+    pub async fn expiring_certificates(
+        &self,
+        from: i64,
+        until: i64,
+        profile: Option<&str>,
+        renewed: bool,
+        limit: i64,
+    ) -> Result<Vec<CertificateRow>> {
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    cert_columns!(),
+                    " FROM certificates c
+                  WHERE c.revoked_at IS NULL AND c.not_after >= ?1 AND c.not_after < ?2
+                    AND (?3 IS NULL OR c.profile = ?3)
+                    AND (?4 OR NOT EXISTS (
+                      SELECT 1 FROM certificates n
+                       WHERE n.account_id = c.account_id AND n.profile = c.profile
+                         AND n.identifiers = c.identifiers AND n.revoked_at IS NULL
+                         AND (n.not_after > c.not_after
+                              OR (n.not_after = c.not_after AND n.id > c.id))))
+                  ORDER BY c.not_after, c.id LIMIT ?5"
+                ),
+                args![from, until, profile, renewed, limit],
                 cert_from_row,
             )
             .await

@@ -44,7 +44,7 @@ use slot::Slot;
 
 pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::{Blocker, DeleteOutcome};
-pub use audit::{AuditEvent, AuditFilter, AuditOutcome, AuditRow, NewAuditRow};
+pub use audit::{AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use copy::TableCopy;
 pub use eab::{EabRow, NewEab};
@@ -174,6 +174,8 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 #[derive(Clone, Debug)]
 pub struct Store {
     backend: Backend,
+    /// Marked on every audit row this store writes.
+    audit_origin: AuditOrigin,
 }
 
 /// The engine a store is on.
@@ -220,6 +222,8 @@ pub struct StoreOptions {
     pub acquire_timeout: Duration,
     /// PostgreSQL: the password, when it is not in the URL.
     pub password: Option<String>,
+    /// Who the audit rows written through this store come from.
+    pub audit_origin: AuditOrigin,
 }
 
 impl Default for StoreOptions {
@@ -230,6 +234,7 @@ impl Default for StoreOptions {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
             password: None,
+            audit_origin: AuditOrigin::Server,
         }
     }
 }
@@ -319,6 +324,7 @@ impl Store {
             POSTGRES_MIGRATIONS.run(&db.sqlx).await?;
             return Ok(Self {
                 backend: Backend::Postgres(db),
+                audit_origin: options.audit_origin,
             });
         }
         if !url.starts_with("sqlite:") {
@@ -369,6 +375,7 @@ impl Store {
                 next_reader: Arc::new(AtomicUsize::new(0)),
                 checkpointer: Arc::new(std::sync::Mutex::new(Some(checkpointer))),
             }),
+            audit_origin: options.audit_origin,
         })
     }
 
@@ -385,6 +392,7 @@ impl Store {
                     .await?;
             return Ok(migrated.map(|_| Self {
                 backend: Backend::Postgres(db),
+                audit_origin: options.audit_origin,
             }));
         }
         if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
@@ -422,6 +430,7 @@ impl Store {
                 next_reader: Arc::new(AtomicUsize::new(0)),
                 checkpointer: Arc::new(std::sync::Mutex::new(None)),
             }),
+            audit_origin: options.audit_origin,
         }))
     }
 
@@ -616,9 +625,13 @@ async fn pooled(pool: &pg_pool::PgPool) -> Result<Conn<'static>> {
 /// operations' pool the rest (at least one; the configuration asks for two
 /// in all).
 async fn postgres_db(url: &str, options: &StoreOptions, read_only: bool) -> Result<PgDb> {
+    // Every statement at trace level (target `sqlx::query`), so that
+    // `RUST_LOG=debug` is the server's story, not its SQL; slow ones stay
+    // warnings.
     let mut connect = sqlx::postgres::PgConnectOptions::from_str(url)?
         .application_name("acme-proxy")
-        .statement_cache_capacity(STATEMENT_CACHE);
+        .statement_cache_capacity(STATEMENT_CACHE)
+        .log_statements(log::LevelFilter::Trace);
     if read_only {
         connect = connect.options([("default_transaction_read_only", "on")]);
     }

@@ -250,6 +250,20 @@ impl Store {
     }
 
     /// Mapping rows, newest first, optionally of one status.
+    /// How many relayed orders are in flight (processing), and when the
+    /// oldest of them was created (Unix seconds).
+    pub async fn relay_in_flight(&self) -> Result<(i64, Option<i64>)> {
+        self.reader()
+            .await?
+            .one(
+                "SELECT COUNT(*), MIN(created_at) FROM upstream_orders WHERE status = 'processing'",
+                &[],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .await
+            .map(|found| found.unwrap_or((0, None)))
+    }
+
     pub async fn upstream_orders(
         &self,
         status: Option<OrderStatus>,
@@ -290,7 +304,7 @@ impl Store {
              WHERE order_id = ?3",
             args![certificate_url, cert.now, cert.order_id],
         ).await?;
-        insert_audit_in(&mut tx, audit).await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
@@ -323,7 +337,7 @@ impl Store {
             args![reason, audit.at, order_id],
         )
         .await?;
-        insert_audit_in(&mut tx, audit).await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)

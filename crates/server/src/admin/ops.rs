@@ -200,7 +200,7 @@ pub async fn register_upstream(
         })
         .await?;
     tracing::info!(event = "upstream.registered", outcome = "success", profile = %name, account = %registered.account_url, "upstream account registered");
-    let view = upstream_accounts(store, config, Some(name))
+    let view = upstream_accounts(Some(store), config, Some(name))
         .await?
         .into_iter()
         .next()
@@ -209,8 +209,9 @@ pub async fn register_upstream(
 }
 
 /// The upstream accounts of the relay profiles (one, or all).
+/// `store` None: no database yet, so no profile is registered.
 pub async fn upstream_accounts(
-    store: &Store,
+    store: Option<&Store>,
     config: &Config,
     profile: Option<&str>,
 ) -> Result<Vec<UpstreamAccountView>, OpsError> {
@@ -222,7 +223,10 @@ pub async fn upstream_accounts(
         if profile.is_some_and(|want| want != name) {
             continue;
         }
-        let row = store.upstream_account(name).await?;
+        let row = match store {
+            Some(store) => store.upstream_account(name).await?,
+            None => None,
+        };
         views.push(UpstreamAccountView {
             profile: name.clone(),
             directory: relay.directory.clone(),
@@ -629,8 +633,41 @@ pub async fn nonce_cleanup(store: &Store, clock: &dyn Clock) -> Result<(u64, i64
     Ok((deleted, store.used_nonce_count().await?))
 }
 
+/// The certbot command line that gets a certificate from `profile` with
+/// this configuration: its challenge (standalone http-01 on the port the
+/// server validates, else manual dns-01), an e-mail and the terms when the
+/// profile has terms (certbot asks for both on a terminal and stops
+/// without one), and the binding when the profile requires one.
+pub fn certbot_hint(config: &Config, profile: &str, directory: &str) -> String {
+    use acme_proxy_protocol::types::ChallengeType;
+    let mut line = format!("certbot certonly --server {directory}");
+    let Some(p) = config.profiles.get(profile) else {
+        return line;
+    };
+    if p.challenges.contains(&ChallengeType::Http01) {
+        line.push_str(" --standalone");
+        if config.validation.http_port != 80 {
+            line.push_str(&format!(" --http-01-port {}", config.validation.http_port));
+        }
+    } else if p.challenges.contains(&ChallengeType::Dns01) {
+        line.push_str(" --manual --preferred-challenges dns");
+    }
+    if p.terms_of_service.is_some() {
+        line.push_str(" --agree-tos");
+    }
+    line.push_str(" -m admin@example.internal");
+    if p.eab == crate::config::EabMode::Required {
+        line.push_str(" --eab-kid KID --eab-hmac-key KEY");
+    }
+    line.push_str(" -d host.example.internal");
+    if p.eab == crate::config::EabMode::Required {
+        line.push_str(" (KID and KEY from `acme-proxy eab create`)");
+    }
+    line
+}
+
 /// How `url` is reached under `egress` ("via proxy …", "direct …").
-fn route(egress: &crate::config::EgressConfig, url: &str) -> String {
+pub(crate) fn route(egress: &crate::config::EgressConfig, url: &str) -> String {
     match crate::egress::Egress::from_config(egress) {
         Ok(e) => e.describe(url),
         Err(e) => format!("egress unusable: {e}"),
@@ -686,4 +723,84 @@ pub fn describe_profiles(config: &Config) -> Vec<String> {
             line
         })
         .collect()
+}
+
+/// A certificate that expires soon, as `cert expiring` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExpiringView {
+    pub serial: String,
+    pub profile: String,
+    pub account: String,
+    pub order: String,
+    pub identifiers: Vec<String>,
+    pub not_after: String,
+    /// Whole days left (0 on its last day).
+    pub days_left: i64,
+}
+
+/// Unrevoked certificates that expire within `within` from now, soonest
+/// first; without `renewed`, only those nothing has replaced yet.
+pub async fn expiring_certificates(
+    store: &Store,
+    clock: &dyn Clock,
+    within: std::time::Duration,
+    profile: Option<&str>,
+    renewed: bool,
+    limit: i64,
+) -> Result<Vec<ExpiringView>, OpsError> {
+    let now = clock.unix();
+    let until = now.saturating_add(i64::try_from(within.as_secs()).unwrap_or(i64::MAX));
+    Ok(store
+        .expiring_certificates(now, until, profile, renewed, limit)
+        .await?
+        .into_iter()
+        .map(|c| ExpiringView {
+            days_left: (c.not_after - now).div_euclid(86_400),
+            serial: c.serial,
+            profile: c.profile,
+            account: c.account_id,
+            order: c.order_id,
+            identifiers: c.identifiers.into_iter().map(|i| i.value).collect(),
+            not_after: rfc3339(c.not_after),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn hint(toml: &str) -> String {
+        let config = Config::from_toml(toml).unwrap();
+        certbot_hint(&config, "p", "http://acme/profile/p/directory")
+    }
+
+    #[test]
+    fn the_certbot_hint_follows_the_port_terms_binding_and_challenges_of_the_profile() {
+        assert_eq!(
+            hint("[profiles.p]\n"),
+            "certbot certonly --server http://acme/profile/p/directory --standalone -m admin@example.internal -d host.example.internal"
+        );
+        let hinted = hint("[validation]\nhttp_port = 5002\n[profiles.p]\n");
+        assert!(
+            hinted.contains("--standalone --http-01-port 5002 "),
+            "{hinted}"
+        );
+        let hinted = hint("[profiles.p]\nterms_of_service = \"https://acme/tos\"\n");
+        assert!(hinted.contains(" --agree-tos -m "), "{hinted}");
+        let hinted = hint("[profiles.p]\neab = \"required\"\n");
+        assert!(
+            hinted.contains("--eab-kid KID --eab-hmac-key KEY")
+                && hinted.ends_with("(KID and KEY from `acme-proxy eab create`)"),
+            "{hinted}"
+        );
+        let hinted = hint("[profiles.p]\nchallenges = [\"dns-01\"]\n");
+        assert!(
+            hinted.contains("--manual --preferred-challenges dns")
+                && !hinted.contains("--standalone"),
+            "{hinted}"
+        );
+    }
 }

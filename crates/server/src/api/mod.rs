@@ -320,6 +320,7 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
     };
     span.in_scope(|| {
         tracing::info!(
+            target: crate::logging::REQUEST_TARGET,
             event = "http.request",
             outcome,
             status,

@@ -26,6 +26,7 @@ mod metrics;
 mod notify;
 mod profile;
 pub mod reference;
+pub mod show;
 mod signer;
 mod tls;
 mod validation;
@@ -280,23 +281,7 @@ impl Config {
 
     /// Loads the file (if any) and the environment, then checks the result.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut figment = Figment::new();
-        if let Some(file) = file {
-            if !file.exists() {
-                return Err(ConfigError::Invalid(format!(
-                    "the configuration file {} does not exist",
-                    file.display()
-                )));
-            }
-            figment = figment.merge(Toml::file(file));
-        }
-        figment = figment.merge(
-            Env::prefixed("ACME_PROXY_")
-                .filter(|key| !is_service_link(key.as_str()))
-                .split("__")
-                // ACME_PROXY_CONFIG names the file; it is not a key.
-                .ignore(&["config"]),
-        );
+        let figment = Self::sources(file)?;
         // A relative data_dir written in a file is the file's neighbour,
         // wherever the command runs (the default, and one from the
         // environment, stay relative to the working directory).
@@ -318,6 +303,28 @@ impl Config {
             .collect();
         config.ignored_environment.sort();
         Ok(config)
+    }
+
+    /// The file (if any) and the `ACME_PROXY_*` environment, merged, with
+    /// where each value came from.
+    fn sources(file: Option<&Path>) -> Result<Figment, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "the configuration file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        Ok(figment.merge(
+            Env::prefixed("ACME_PROXY_")
+                .filter(|key| !is_service_link(key.as_str()))
+                .split("__")
+                // ACME_PROXY_CONFIG names the file; it is not a key.
+                .ignore(&["config"]),
+        ))
     }
 
     /// Parses a configuration from TOML text alone (tests, `check`).

@@ -105,6 +105,15 @@ fn self_generated(
     }
 }
 
+/// Where the CA certificate of a `local_ca` profile is: the operator's,
+/// or the self-generated one's place (which may not exist yet).
+pub fn ca_cert_path(profile: &str, config: &LocalCaConfig, data_dir: &Path) -> PathBuf {
+    match self_generated(profile, config, data_dir) {
+        Some((_, cert, _)) => cert,
+        None => config.ca_cert.clone().unwrap_or_default(),
+    }
+}
+
 impl LocalCa {
     /// Whether [`LocalCa::load_or_create`] would generate the CA, for a
     /// dry run of start-up that creates nothing.

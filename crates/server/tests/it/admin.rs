@@ -192,3 +192,115 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
     assert_eq!(store.used_nonce_count().await.expect("count"), live);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_admin_commands_every_audit_counter_equals_the_table_and_actors_name_the_login() {
+    use std::collections::BTreeMap;
+
+    let dir = crate::harness::tempdir();
+    let responder = Responder::start().await;
+    let toml = TestServer::config_text(
+        dir.path(),
+        responder.port,
+        None,
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n[profiles.default]\nbypass = true\n",
+    );
+    let (_etc, config) = harness::config_file(&toml);
+    let server = TestServer::start_in(dir, &toml).await;
+    // As cron or a systemd unit runs it: neither $USER nor $LOGNAME.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(harness::binary())
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .env_remove("ACME_PROXY_CONFIG")
+            .env_remove("USER")
+            .env_remove("LOGNAME")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run acme-proxy");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let login = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .expect("id -un")
+            .stdout,
+    )
+    .expect("utf-8")
+    .trim()
+    .to_owned();
+
+    let account = client::account(&server.directory("default")).await;
+    let account_id = account.id().rsplit('/').next().expect("id").to_owned();
+    client::issue(&account, &responder, &["counted.example.test"]).await;
+    let orders: serde_json::Value =
+        serde_json::from_str(&cli(&["order", "list", "--json"])).expect("JSON");
+    let order_id = orders[0]["id"].as_str().expect("id").to_owned();
+    cli(&[
+        "order",
+        "revoke",
+        &order_id,
+        "--reason",
+        "superseded",
+        "--yes",
+    ]);
+    cli(&["account", "deactivate", &account_id, "--yes"]);
+    let created: serde_json::Value =
+        serde_json::from_str(&cli(&["eab", "create", "--json"])).expect("JSON");
+    let kid = created["kid"].as_str().expect("kid").to_owned();
+    cli(&["eab", "revoke", &kid, "--yes"]);
+
+    // Every row, whoever wrote it, is in the counters the server exports.
+    let metrics_url = format!(
+        "http://{}/metrics",
+        server.running().metrics_addr.expect("a metrics listener")
+    );
+    let (status, _, body) = crate::flow::reqwest_get(&metrics_url).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).expect("UTF-8");
+    let (_, samples) = crate::metrics::parse(&text);
+    let rows = server
+        .running()
+        .authority
+        .store()
+        .audit_recent(None, 10_000)
+        .await
+        .expect("audit");
+    let mut table: BTreeMap<String, f64> = BTreeMap::new();
+    for r in &rows {
+        let series = format!(
+            "acme_proxy_audit_events_total{{event=\"{}\",outcome=\"{}\",profile=\"{}\"}}",
+            r.event,
+            r.outcome,
+            r.profile.as_deref().unwrap_or("")
+        );
+        *table.entry(series).or_default() += 1.0;
+    }
+    let exported: BTreeMap<String, f64> = samples
+        .iter()
+        .filter(|(k, v)| k.starts_with("acme_proxy_audit_events_total{") && **v > 0.0)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    assert_eq!(exported, table, "the counters and the audit table disagree");
+    for event in [
+        "certificate.revoked",
+        "account.deactivated",
+        "eab.created",
+        "eab.revoked",
+    ] {
+        let row = rows
+            .iter()
+            .find(|r| r.event == event)
+            .unwrap_or_else(|| panic!("no {event} row"));
+        assert_eq!(row.actor, format!("operator:{login}"), "{event}");
+    }
+    // A second scrape counts nothing twice.
+    let (_, _, again) = crate::flow::reqwest_get(&metrics_url).await;
+    let (_, again) = crate::metrics::parse(&String::from_utf8(again).expect("UTF-8"));
+    let revoked = "acme_proxy_audit_events_total{event=\"certificate.revoked\",outcome=\"success\",profile=\"default\"}";
+    assert_eq!(again.get(revoked), Some(&1.0), "{again:?}");
+    server.stop().await;
+}

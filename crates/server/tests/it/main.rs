@@ -24,6 +24,7 @@ mod harness;
 mod hsm;
 mod jobs;
 mod jws_table;
+mod lock;
 mod metrics;
 mod notify;
 mod operations;

@@ -531,22 +531,28 @@ async fn json_logs_carry_event_outcome_and_request_id_and_sigterm_stops_cleanly(
     assert!(!lines.is_empty());
     for l in &lines {
         assert!(
-            l["fields"]["event"].is_string() && l["fields"]["outcome"].is_string(),
+            l["event"].is_string() && l["outcome"].is_string() && l["fields"].is_null(),
             "event and outcome on {l}"
         );
     }
     let served = lines
         .iter()
-        .find(|l| l["fields"]["event"] == "http.request")
+        .find(|l| l["event"] == "http.request")
         .expect("a request line");
-    assert_eq!(served["span"]["request_id"], request_id.as_str());
-    assert_eq!(served["fields"]["client"], "127.0.0.1", "{served}");
-    assert_eq!(served["fields"]["profile"], "default", "{served}");
+    // Flat, as collectors expect: the span's request id beside the rest.
+    assert_eq!(served["request_id"], request_id.as_str(), "{served}");
+    assert_eq!(served["client"], "127.0.0.1", "{served}");
+    assert_eq!(served["profile"], "default", "{served}");
+    assert_eq!(served["target"], "acme_proxy::request", "{served}");
+    assert_eq!(served["level"], "INFO", "{served}");
+    assert!(
+        served["timestamp"].is_string() && served["span"].is_null(),
+        "{served}"
+    );
     assert!(
         lines
             .iter()
-            .any(|l| l["fields"]["event"] == "server.shutdown"
-                && l["fields"]["outcome"] == "success")
+            .any(|l| l["event"] == "server.shutdown" && l["outcome"] == "success")
     );
 }
 

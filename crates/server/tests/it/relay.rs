@@ -1862,3 +1862,185 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
     server.stop().await;
     upstream.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_cert_expiring_and_the_root_page_show_a_local_and_a_relay_profile() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: true,
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let responder = harness::Responder::start().await;
+    let dir = crate::harness::tempdir();
+    let profiles = format!(
+        "[profiles.local]\nbypass = true\n\n{}",
+        relay_profile(
+            "up",
+            &pebble.directory_url(),
+            &pki,
+            "bypass",
+            LOCAL_BYPASS,
+            ""
+        )
+    );
+    let toml = server_toml(dir.path(), responder.port, None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    // The operator's configuration names the port the server really has.
+    let (_etc, config) =
+        harness::config_file(&toml.replace("127.0.0.1:0", &server.running().addr.to_string()));
+    let cli = |args: &[&str]| harness::run_cli(&config, args, &[("USER", "alice")]);
+
+    let local = client::account(&server.directory("local")).await;
+    let local_id = local.id().rsplit('/').next().expect("id").to_owned();
+    client::issue(&local, &responder, &["old.example.test"]).await;
+    client::issue(&local, &responder, &["old.example.test"]).await; // a renewal
+    client::issue(&local, &responder, &["kept.example.test"]).await;
+    let relayed = client::account(&server.directory("up")).await;
+    relay_issue(&relayed, &["relayed.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
+
+    // status: every part healthy, in JSON and in text.
+    let out = cli(&["status", "--json"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(status["listeners"][0]["answering"], true, "{status:#}");
+    assert_eq!(status["configuration_problems"], serde_json::json!([]));
+    let (local_p, up_p) = (profile_of(&status, "local"), profile_of(&status, "up"));
+    assert_eq!(
+        (&local_p["signer"], &local_p["healthy"]),
+        (&serde_json::json!("local_ca"), &serde_json::json!(true)),
+        "{local_p:#}"
+    );
+    assert!(local_p["ca_not_after"].is_string(), "{local_p:#}");
+    assert_eq!(local_p["directory"], server.directory("local"));
+    assert_eq!(
+        (
+            &up_p["signer"],
+            &up_p["healthy"],
+            &up_p["upstream_reachable"]
+        ),
+        (
+            &serde_json::json!("relay"),
+            &serde_json::json!(true),
+            &serde_json::json!(true)
+        ),
+        "{up_p:#}"
+    );
+    assert!(
+        up_p["upstream_account"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("https://")),
+        "{up_p:#}"
+    );
+    assert_eq!(status["relay_orders_in_flight"], 0);
+    assert!(
+        status["last_issuance"]["what"]
+            .as_str()
+            .is_some_and(|w| w.contains("relayed.example.test")),
+        "{status:#}"
+    );
+    assert!(status["last_failure"].is_null(), "{status:#}");
+    let text = cli(&["status"]);
+    assert_eq!(text.code, 0, "{text:?}");
+    for line in [
+        "acme listener",
+        "configuration: would start",
+        "profile local (local_ca): ok",
+        "profile up (relay): ok",
+        "answers HTTP 200 OK",
+        "relay orders in flight: 0",
+    ] {
+        assert!(text.stdout.contains(line), "{line:?} in:\n{}", text.stdout);
+    }
+
+    // cert expiring: the renewed certificate is left out unless asked for.
+    let expiring = |args: &[&str]| -> Vec<serde_json::Value> {
+        let mut argv = vec!["cert", "expiring", "--json"];
+        argv.extend_from_slice(args);
+        let out = cli(&argv);
+        assert_eq!(out.code, 0, "{out:?}");
+        serde_json::from_str(&out.stdout).expect("JSON")
+    };
+    let names = |certs: &[serde_json::Value]| -> Vec<String> {
+        let mut names: Vec<String> = certs
+            .iter()
+            .map(|c| format!("{} {}", c["profile"], c["identifiers"][0]))
+            .collect();
+        names.sort();
+        names
+    };
+    let all = expiring(&["--within", "3650d"]);
+    assert_eq!(
+        names(&all),
+        [
+            "\"local\" \"kept.example.test\"",
+            "\"local\" \"old.example.test\"",
+            "\"up\" \"relayed.example.test\""
+        ],
+        "{all:#?}"
+    );
+    let kept = all
+        .iter()
+        .find(|c| c["identifiers"][0] == "kept.example.test")
+        .expect("kept");
+    assert_eq!(kept["account"], local_id.as_str());
+    assert!(
+        kept["days_left"].as_i64().is_some_and(|d| d > 1),
+        "{kept:#}"
+    );
+    assert_eq!(expiring(&["--within", "3650d", "--renewed"]).len(), 4);
+    assert_eq!(
+        names(&expiring(&["--within", "3650d", "--profile", "up"])).len(),
+        1
+    );
+    assert!(expiring(&["--within", "1h"]).is_empty());
+    let table = cli(&["cert", "expiring", "--within", "3650d"]);
+    assert_eq!(table.code, 0, "{table:?}");
+    assert!(
+        table.stdout.starts_with("SERIAL") && table.stdout.contains("kept.example.test"),
+        "{table:?}"
+    );
+
+    // `/`: both profiles, as JSON and as a page.
+    let root = format!("{}/", server.base());
+    let json = crate::raw::request_with("GET", &root, &[], Vec::new()).await;
+    let listed: serde_json::Value = serde_json::from_slice(&json.body).expect("JSON");
+    assert_eq!(
+        listed,
+        serde_json::json!({"profiles": [
+            {"name": "local", "directory": server.directory("local"), "signer": "local_ca"},
+            {"name": "up", "directory": server.directory("up"), "signer": "relay"},
+        ]})
+    );
+    let page = crate::raw::request_with("GET", &root, &[("accept", "text/html")], Vec::new()).await;
+    let html = String::from_utf8(page.body).expect("UTF-8");
+    assert!(
+        html.contains("an upstream ACME CA, through the relay")
+            && html.contains(&server.directory("up")),
+        "{html}"
+    );
+
+    // With the upstream gone, status says so and exits 1.
+    drop(pebble);
+    let out = cli(&["status", "--json"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let up_p = profile_of(&status, "up");
+    assert_eq!(up_p["upstream_reachable"], false, "{up_p:#}");
+    assert!(out.stderr.contains("profile up cannot sign"), "{out:?}");
+    server.stop().await;
+}
+
+fn profile_of(status: &serde_json::Value, name: &str) -> serde_json::Value {
+    status["profiles"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no profile {name}: {status:#}"))
+}

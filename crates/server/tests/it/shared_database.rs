@@ -1,11 +1,29 @@
-//! Two servers on one database, as two replicas are (on PostgreSQL) or a
-//! server and another process on one SQLite file.
+//! Two servers on one database, as two replicas are on PostgreSQL. On
+//! SQLite, the single-process engine, the second is refused (`lock.rs`).
 
 use std::collections::HashMap;
 
 use x509_parser::prelude::*;
 
 use crate::harness::{self, TestServer};
+
+/// The second server of a test on the first's database: on PostgreSQL a
+/// replica beside it; on SQLite refused while the first serves, so None.
+async fn second_server(toml: &str) -> Option<TestServer> {
+    if harness::on_postgres() {
+        return Some(TestServer::start_in(harness::tempdir(), toml).await);
+    }
+    let config = acme_proxy::config::Config::from_toml(toml).expect("config");
+    let started =
+        acme_proxy::server::start(config, std::sync::Arc::new(acme_proxy::clock::SystemClock))
+            .await;
+    let Err(refused) = started else {
+        panic!("a second server on one SQLite database started");
+    };
+    let refused = format!("{refused:#}");
+    assert!(refused.contains("is serving the database"), "{refused}");
+    None
+}
 
 /// The CRL number of a CRL (DER).
 fn crl_number(der: &[u8]) -> u64 {
@@ -21,7 +39,10 @@ async fn two_servers_signing_one_profiles_crl_at_once_never_sign_two_crls_with_o
     let toml = TestServer::config_text(data.path(), 1, None, "");
     let first = TestServer::start_in(data, &toml).await;
     // The second reads the CA the first made in the shared data directory.
-    let second = TestServer::start_in(harness::tempdir(), &toml).await;
+    let Some(second) = second_server(&toml).await else {
+        first.stop().await;
+        return;
+    };
 
     let signers: Vec<_> = [&first, &second]
         .iter()
@@ -68,14 +89,16 @@ async fn a_nonce_one_server_issued_is_accepted_once_by_another_on_the_same_datab
     use serde_json::json;
 
     let data = harness::tempdir();
-    // PostgreSQL keeps nonces in the database unless told otherwise;
-    // SQLite needs saying so (two processes on one file share it too).
+    // PostgreSQL keeps nonces in the database unless told otherwise.
     let toml = format!(
         "nonce_store = \"database\"\n{}",
         TestServer::config_text(data.path(), 1, None, "")
     );
     let first = TestServer::start_in(data, &toml).await;
-    let second = TestServer::start_in(harness::tempdir(), &toml).await;
+    let Some(second) = second_server(&toml).await else {
+        first.stop().await;
+        return;
+    };
 
     let at_first = raw::directory(&first.directory("default")).await;
     let at_second = raw::directory(&second.directory("default")).await;

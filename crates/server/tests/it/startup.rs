@@ -409,3 +409,91 @@ fn a_value_that_does_not_load_names_the_variable_typed_or_the_key_and_its_file()
         "{said:#?}"
     );
 }
+
+#[test]
+fn config_show_names_where_each_value_comes_from_and_redacts_secrets() {
+    let dir = crate::harness::tempdir();
+    let file = dir.path().join("acme-proxy.toml");
+    std::fs::write(
+        &file,
+        "data_dir = \"state\"\ndatabase_url = \"postgres://acme:hunter2@db.internal/acme\"\n\
+         [profiles.default]\n[profiles.default.notify.webhooks.chat]\n\
+         url = \"https://chat.example/hook\"\nheaders = { Authorization = \"Bearer s3cret\" }\n",
+    )
+    .unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(binary());
+        cmd.args(["config", "show"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd
+            .arg("--config")
+            .arg(&file)
+            .env_remove("ACME_PROXY_CONFIG")
+            .env("ACME_PROXY_JOBS__LEASE", "7s")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            !text.contains("hunter2") && !text.contains("s3cret"),
+            "a secret shown:\n{text}"
+        );
+        text
+    };
+    let shown: Vec<serde_json::Value> = serde_json::from_str(&run(true)).unwrap();
+    let of = |key: &str| {
+        shown
+            .iter()
+            .find(|s| s["key"] == key)
+            .map(|s| {
+                (
+                    s["value"].as_str().unwrap().to_owned(),
+                    s["source"].as_str().unwrap().to_owned(),
+                )
+            })
+            .unwrap_or_else(|| panic!("no {key} in {shown:#?}"))
+    };
+    assert_eq!(
+        of("jobs.lease"),
+        ("\"7s\"".into(), "environment ACME_PROXY_JOBS__LEASE".into())
+    );
+    assert_eq!(
+        of("listen"),
+        ("\"127.0.0.1:14000\"".into(), "default".into())
+    );
+    assert_eq!(
+        of("profiles.default.bypass"),
+        ("false".into(), "default".into())
+    );
+    let in_file = format!("file {}", file.display());
+    assert_eq!(
+        of("data_dir"),
+        (
+            format!("{:?}", dir.path().join("state").display().to_string()),
+            in_file.clone()
+        )
+    );
+    assert_eq!(
+        of("database_url"),
+        (
+            "\"postgres://acme:***@db.internal/acme\"".into(),
+            in_file.clone()
+        )
+    );
+    assert_eq!(
+        of("profiles.default.notify.webhooks.chat.headers.Authorization"),
+        ("\"(redacted)\"".into(), in_file)
+    );
+    let text = run(false);
+    let lease = text
+        .lines()
+        .find(|l| l.starts_with("jobs.lease = "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        lease.starts_with("jobs.lease = \"7s\"")
+            && lease.ends_with("# environment ACME_PROXY_JOBS__LEASE"),
+        "{lease}"
+    );
+}

@@ -198,7 +198,9 @@ pub(super) async fn open_reader(config: &Config) -> anyhow::Result<Store> {
 /// (a command run from the wrong directory must not start a new one).
 pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
     open_reader(config).await?.close().await;
-    Store::open(&config.database_url(), &config.store_options()?)
+    let mut options = config.store_options()?;
+    options.audit_origin = acme_proxy_store::AuditOrigin::Cli;
+    Store::open(&config.database_url(), &options)
         .await
         .with_context(|| format!("opening the database {}", config.database_url_shown()))
 }

@@ -48,6 +48,11 @@ fn sqlite_url(text: &str) -> Result<String, String> {
 pub async fn run(config: &Config, command: DbCommand) -> anyhow::Result<()> {
     match command {
         DbCommand::Backup { file } => {
+            if acme_proxy_store::is_postgres_url(&config.database_url()) {
+                anyhow::bail!(
+                    "a PostgreSQL database is backed up with pg_dump (see the backups page)"
+                );
+            }
             let store = open_reader(config).await?;
             let result = store.backup_to(&file).await;
             store.close().await;

@@ -3,10 +3,12 @@
 
 pub mod account;
 pub mod audit;
+pub mod cert;
 pub mod common;
 pub mod db;
 pub mod eab;
 pub mod job;
 pub mod nonce;
 pub mod order;
+pub mod status;
 pub mod upstream;

@@ -10,7 +10,7 @@ use clap::Subcommand;
 
 use acme_proxy_store::Store;
 
-use super::common::{ListArgs, Table, one_of, open_reader};
+use super::common::{ListArgs, NoDatabase, Table, one_of, open_reader};
 use crate::admin::ops;
 use crate::clock::SystemClock;
 use crate::config::Config;
@@ -65,9 +65,21 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
                 .await
                 .with_context(|| format!("opening the database {}", config.database_url_shown()))?
         }
-        UpstreamCommand::Show { .. } | UpstreamCommand::Orders { .. } => {
-            open_reader(config).await?
+        UpstreamCommand::Show { profile, json } => {
+            // Before anything has run, nothing is registered: say so and
+            // what to run, rather than that there is no database.
+            let store = match open_reader(config).await {
+                Ok(store) => Some(store),
+                Err(e) if e.is::<NoDatabase>() => None,
+                Err(e) => return Err(e),
+            };
+            let views = ops::upstream_accounts(store.as_ref(), config, profile.as_deref()).await;
+            if let Some(store) = store {
+                store.close().await;
+            }
+            return show(&views?, *json);
         }
+        UpstreamCommand::Orders { .. } => open_reader(config).await?,
     };
     let mut out = std::io::stdout().lock();
     match command {
@@ -103,31 +115,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
                 view.account_url.as_deref().unwrap_or("-")
             )?;
         }
-        UpstreamCommand::Show { profile, json } => {
-            let views = ops::upstream_accounts(&store, config, profile.as_deref()).await?;
-            if json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&views)?)?;
-            } else {
-                for v in &views {
-                    writeln!(out, "{}", v.profile)?;
-                    writeln!(out, "  directory:   {}", v.directory)?;
-                    match &v.account_url {
-                        Some(url) => writeln!(out, "  account:     {url}")?,
-                        None => writeln!(
-                            out,
-                            "  account:     not registered; run `acme-proxy upstream register --profile {}`",
-                            v.profile
-                        )?,
-                    }
-                    writeln!(
-                        out,
-                        "  thumbprint:  {}",
-                        v.key_thumbprint.as_deref().unwrap_or("-")
-                    )?;
-                    writeln!(out, "  key file:    {}", v.key_file)?;
-                }
-            }
-        }
+        UpstreamCommand::Show { .. } => {}
         UpstreamCommand::Orders { status, list } => {
             let orders = ops::upstream_orders(&store, status, list.limit).await?;
             if list.json {
@@ -156,6 +144,34 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
         }
     }
     store.close().await;
+    Ok(())
+}
+
+/// The relay profiles' upstream accounts, for people or as JSON.
+fn show(views: &[ops::UpstreamAccountView], json: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&views)?)?;
+    } else {
+        for v in views {
+            writeln!(out, "{}", v.profile)?;
+            writeln!(out, "  directory:   {}", v.directory)?;
+            match &v.account_url {
+                Some(url) => writeln!(out, "  account:     {url}")?,
+                None => writeln!(
+                    out,
+                    "  account:     not registered; run `acme-proxy upstream register --profile {}`",
+                    v.profile
+                )?,
+            }
+            writeln!(
+                out,
+                "  thumbprint:  {}",
+                v.key_thumbprint.as_deref().unwrap_or("-")
+            )?;
+            writeln!(out, "  key file:    {}", v.key_file)?;
+        }
+    }
     Ok(())
 }
 
