@@ -645,6 +645,8 @@ pub async fn start_with(
 ) -> anyhow::Result<Running> {
     // Bound before anything needs the public URL (account URLs in CAA
     // accounturi checks); requests wait until the router is served below.
+    // Before a new data directory would be made beside the real one.
+    refuse_moved_data_dir(&config).map_err(|e| Refused(vec![e]))?;
     create_private_dir(&config.data_dir)?;
     // First: a second server must not even look at files the first is
     // making (or open, create and migrate the database).
@@ -934,7 +936,33 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// (which would close its mode): a data directory whose secrets others can
 /// read.
 fn preflight(config: &Config) -> Result<(), Refused> {
+    refuse_moved_data_dir(config).map_err(|e| Refused(vec![e]))?;
     refuse_open_secrets(config).map_err(|e| Refused(vec![e]))
+}
+
+/// A relative `data_dir` in a file is the file's neighbour; it used to be
+/// the working directory's. Where the file's neighbour holds no database
+/// yet and the working directory's does, starting would begin a new
+/// installation (a new CA, no accounts) beside the real one: refused,
+/// saying what to write.
+fn refuse_moved_data_dir(config: &Config) -> Result<(), String> {
+    let Some(written) = &config.data_dir_as_written else {
+        return Ok(());
+    };
+    let database = |dir: &std::path::Path| dir.join("acme-proxy.db");
+    if config.database_url.is_none()
+        && !database(&config.data_dir).exists()
+        && database(written).exists()
+    {
+        let found = std::path::absolute(written).unwrap_or_else(|_| written.clone());
+        return Err(format!(
+            "data_dir = {written:?} is relative to the configuration file's directory ({}), where there is no database yet, but {} holds one: write data_dir = {:?} to keep serving it",
+            config.data_dir.display(),
+            found.display(),
+            found.display().to_string()
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses to serve from a data directory whose secrets others can read.

@@ -117,6 +117,11 @@ pub struct Config {
     /// Kubernetes service links, for start-up to warn about.
     #[serde(skip)]
     pub ignored_environment: Vec<String>,
+    /// A relative `data_dir` as the file wrote it, before it was made the
+    /// file's neighbour: start-up refuses to begin anew there while the
+    /// same path from the working directory holds a database.
+    #[serde(skip)]
+    pub data_dir_as_written: Option<PathBuf>,
 }
 
 /// Where replay nonces live (see `authority/nonces.rs`).
@@ -176,6 +181,7 @@ impl Default for Config {
             egress: EgressConfig::default(),
             profiles,
             ignored_environment: Vec::new(),
+            data_dir_as_written: None,
         }
     }
 }
@@ -295,6 +301,7 @@ impl Config {
         if let Some(dir) = data_dir_file
             && config.data_dir.is_relative()
         {
+            config.data_dir_as_written = Some(config.data_dir.clone());
             config.data_dir = dir.join(&config.data_dir);
         }
         config.ignored_environment = std::env::vars_os()

@@ -13,6 +13,25 @@ use crate::harness::{self, CliOutput, Responder, TestServer};
 const FAILED: i32 = 1;
 const NOT_CONFIRMED: i32 = 3;
 
+/// A server whose default profile bypasses validation, with `extra`
+/// settings, the responder its clients answer on, and its configuration
+/// file for the admin commands (keep the directory alive).
+async fn bypass_server(
+    extra: &str,
+) -> (TestServer, Responder, tempfile::TempDir, std::path::PathBuf) {
+    let dir = crate::harness::tempdir();
+    let responder = Responder::start().await;
+    let toml = TestServer::config_text(
+        dir.path(),
+        responder.port,
+        None,
+        &format!("{extra}[profiles.default]\nbypass = true\n"),
+    );
+    let (etc, config) = harness::config_file(&toml);
+    let server = TestServer::start_in(dir, &toml).await;
+    (server, responder, etc, config)
+}
+
 fn json(out: &CliOutput) -> serde_json::Value {
     assert_eq!(out.code, 0, "{out:?}");
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
@@ -20,16 +39,7 @@ fn json(out: &CliOutput) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_commands_need_yes() {
-    let dir = crate::harness::tempdir();
-    let responder = Responder::start().await;
-    let toml = TestServer::config_text(
-        dir.path(),
-        responder.port,
-        None,
-        "[profiles.default]\nbypass = true\n",
-    );
-    let (_etc, config) = harness::config_file(&toml);
-    let server = TestServer::start_in(dir, &toml).await;
+    let (server, responder, _etc, config) = bypass_server("").await;
     let cli = |args: &[&str]| harness::run_cli(&config, args, &[("USER", "alice")]);
 
     let account = client::account(&server.directory("default")).await;
@@ -195,18 +205,8 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_admin_commands_every_audit_counter_equals_the_table_and_actors_name_the_login() {
-    use std::collections::BTreeMap;
-
-    let dir = crate::harness::tempdir();
-    let responder = Responder::start().await;
-    let toml = TestServer::config_text(
-        dir.path(),
-        responder.port,
-        None,
-        "[metrics]\nlisten = \"127.0.0.1:0\"\n[profiles.default]\nbypass = true\n",
-    );
-    let (_etc, config) = harness::config_file(&toml);
-    let server = TestServer::start_in(dir, &toml).await;
+    let (server, responder, _etc, config) =
+        bypass_server("[metrics]\nlisten = \"127.0.0.1:0\"\n").await;
     // As cron or a systemd unit runs it: neither $USER nor $LOGNAME.
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(harness::binary())
@@ -262,6 +262,7 @@ async fn after_admin_commands_every_audit_counter_equals_the_table_and_actors_na
     assert_eq!(status, 200);
     let text = String::from_utf8(body).expect("UTF-8");
     let (_, samples) = crate::metrics::parse(&text);
+    crate::metrics::assert_audit_counters_match_the_table(&server, &samples).await;
     let rows = server
         .running()
         .authority
@@ -269,22 +270,6 @@ async fn after_admin_commands_every_audit_counter_equals_the_table_and_actors_na
         .audit_recent(None, 10_000)
         .await
         .expect("audit");
-    let mut table: BTreeMap<String, f64> = BTreeMap::new();
-    for r in &rows {
-        let series = format!(
-            "acme_proxy_audit_events_total{{event=\"{}\",outcome=\"{}\",profile=\"{}\"}}",
-            r.event,
-            r.outcome,
-            r.profile.as_deref().unwrap_or("")
-        );
-        *table.entry(series).or_default() += 1.0;
-    }
-    let exported: BTreeMap<String, f64> = samples
-        .iter()
-        .filter(|(k, v)| k.starts_with("acme_proxy_audit_events_total{") && **v > 0.0)
-        .map(|(k, v)| (k.clone(), *v))
-        .collect();
-    assert_eq!(exported, table, "the counters and the audit table disagree");
     for event in [
         "certificate.revoked",
         "account.deactivated",

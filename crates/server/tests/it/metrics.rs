@@ -25,6 +25,43 @@ const FAMILIES: [&str; 13] = [
     "acme_proxy_nonces",
 ];
 
+/// Asserts that every exported `audit_events_total` series (those above
+/// zero) equals the audit table's count of its rows; returns the counts.
+pub(crate) async fn assert_audit_counters_match_the_table(
+    server: &TestServer,
+    samples: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    let rows = server
+        .running()
+        .authority
+        .store()
+        .audit_recent(None, 10_000)
+        .await
+        .expect("audit");
+    assert!(!rows.is_empty());
+    let mut counted: BTreeMap<String, f64> = BTreeMap::new();
+    for r in &rows {
+        let series = format!(
+            "acme_proxy_audit_events_total{{event=\"{}\",outcome=\"{}\",profile=\"{}\"}}",
+            r.event,
+            r.outcome,
+            r.profile.as_deref().unwrap_or("")
+        );
+        *counted.entry(series).or_default() += 1.0;
+    }
+    // (Series declared at zero before their first event are left aside.)
+    let exported: BTreeMap<String, f64> = samples
+        .iter()
+        .filter(|(k, v)| k.starts_with("acme_proxy_audit_events_total{") && **v > 0.0)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    assert_eq!(
+        exported, counted,
+        "the counters and the audit table disagree"
+    );
+    counted
+}
+
 /// A strict enough reading of the OpenMetrics text format: every line is a
 /// `# TYPE`/`# HELP`/`# UNIT` comment or `name{labels} value`, the text ends
 /// with `# EOF`, and every sample belongs to a declared family. Returns the
@@ -136,31 +173,7 @@ async fn metrics_after_a_lego_issuance_parse_carry_every_family_and_equal_the_au
     assert!(sample("acme_proxy_validations_total{type=\"http-01\",outcome=\"valid\"}") >= 1.0);
 
     // Every audit_events counter equals the rows it mirrors.
-    let rows = server
-        .running()
-        .authority
-        .store()
-        .audit_recent(None, 10_000)
-        .await
-        .expect("audit");
-    assert!(!rows.is_empty());
-    let mut counted: BTreeMap<String, f64> = BTreeMap::new();
-    for r in &rows {
-        let series = format!(
-            "acme_proxy_audit_events_total{{event=\"{}\",outcome=\"{}\",profile=\"{}\"}}",
-            r.event,
-            r.outcome,
-            r.profile.as_deref().unwrap_or("")
-        );
-        *counted.entry(series).or_default() += 1.0;
-    }
-    // (Series declared at zero before their first event are left aside.)
-    let exported: BTreeMap<String, f64> = samples
-        .iter()
-        .filter(|(k, v)| k.starts_with("acme_proxy_audit_events_total{") && **v > 0.0)
-        .map(|(k, v)| (k.clone(), *v))
-        .collect();
-    assert_eq!(exported, counted, "the counters and the audit log disagree");
+    let counted = assert_audit_counters_match_the_table(&server, &samples).await;
     assert!(
         counted.keys().any(|k| k.contains("certificate.issued")),
         "{counted:?}"

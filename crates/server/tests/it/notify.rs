@@ -214,7 +214,7 @@ async fn an_operators_cancel_of_a_notification_is_audited_as_theirs_even_without
     let socket = harness::reserve_port();
     let port = socket.local_addr().expect("addr").port();
     let extra = format!(
-        "{FAST_JOBS}\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"http://127.0.0.1:{port}/hook\"\ntimeout = \"1s\"\n"
+        "{FAST_JOBS}\n[metrics]\nlisten = \"127.0.0.1:0\"\n[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"http://127.0.0.1:{port}/hook\"\ntimeout = \"1s\"\n"
     );
     let dir = harness::tempdir();
     let toml = TestServer::config_text(dir.path(), harness::free_port(), None, &extra);
@@ -266,6 +266,18 @@ async fn an_operators_cancel_of_a_notification_is_audited_as_theirs_even_without
             .unwrap_or("")
             .contains("cancelled"),
         "{audited:?}"
+    );
+    // The metrics count the cancel's record with the rest.
+    let metrics_url = format!(
+        "http://{}/metrics",
+        server.running().metrics_addr.expect("a metrics listener")
+    );
+    let (_, _, body) = crate::flow::reqwest_get(&metrics_url).await;
+    let (_, samples) = crate::metrics::parse(&String::from_utf8(body).expect("UTF-8"));
+    let counted = crate::metrics::assert_audit_counters_match_the_table(&server, &samples).await;
+    assert!(
+        counted.keys().any(|k| k.contains("notification.failed")),
+        "{counted:?}"
     );
     drop(socket);
     server.stop().await;

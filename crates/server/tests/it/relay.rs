@@ -1866,13 +1866,7 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_cert_expiring_and_the_root_page_show_a_local_and_a_relay_profile() {
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: true,
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
     };
     let responder = harness::Responder::start().await;

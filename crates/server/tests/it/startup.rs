@@ -497,3 +497,49 @@ fn config_show_names_where_each_value_comes_from_and_redacts_secrets() {
         "{lease}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_data_dir_that_moved_with_the_file_is_refused_where_the_old_one_holds_the_data()
+{
+    let work = crate::harness::tempdir();
+    let etc = crate::harness::tempdir();
+    // An installation made when a relative data_dir followed the working
+    // directory.
+    let old = work.path().join("state");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let store = Store::open(
+        &format!("sqlite:{}", old.join("acme-proxy.db").display()),
+        &StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    store.close().await;
+    let file = etc.path().join("acme-proxy.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"state\"\n[profiles.default]\n",
+    )
+    .unwrap();
+    for command in [&["serve"][..], &["config", "check"]] {
+        let out = Command::new(binary())
+            .args(command)
+            .arg("--config")
+            .arg(&file)
+            .current_dir(work.path())
+            .env_remove("ACME_PROXY_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("write data_dir = \"{}\"", old.display())),
+            "{command:?}: {stderr}"
+        );
+        assert!(
+            !etc.path().join("state").exists(),
+            "{command:?} made a new one"
+        );
+    }
+}
