@@ -945,7 +945,7 @@ fn preflight(config: &Config) -> Result<(), Refused> {
 /// yet and the working directory's does, starting would begin a new
 /// installation (a new CA, no accounts) beside the real one: refused,
 /// saying what to write.
-fn refuse_moved_data_dir(config: &Config) -> Result<(), String> {
+pub(crate) fn refuse_moved_data_dir(config: &Config) -> Result<(), String> {
     let Some(written) = &config.data_dir_as_written else {
         return Ok(());
     };

@@ -182,7 +182,8 @@ impl Store {
     /// soonest first, of one profile or all; without `renewed`, only those
     /// that no later unrevoked certificate of the same account and profile
     /// for the same identifiers has replaced (later: expiring later, or as
-    /// late and issued after, ids being in time order).
+    /// late and issued after; of two issued in the same second, the one
+    /// with the greater id stands for both).
     pub async fn expiring_certificates(
         &self,
         from: i64,
@@ -205,7 +206,9 @@ impl Store {
                        WHERE n.account_id = c.account_id AND n.profile = c.profile
                          AND n.identifiers = c.identifiers AND n.revoked_at IS NULL
                          AND (n.not_after > c.not_after
-                              OR (n.not_after = c.not_after AND n.id > c.id))))
+                              OR (n.not_after = c.not_after AND n.created_at > c.created_at)
+                              OR (n.not_after = c.not_after AND n.created_at = c.created_at
+                                  AND n.id > c.id))))
                   ORDER BY c.not_after, c.id LIMIT ?5"
                 ),
                 args![from, until, profile, renewed, limit],

@@ -246,9 +246,10 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations
 /// under an advisory lock, so replicas starting together migrate once.
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// The file of a `sqlite:` URL; None for any other.
+/// The file of a `sqlite:` URL; None for any other, and for an in-memory
+/// database.
 pub fn sqlite_file(url: &str) -> Option<PathBuf> {
-    if !url.starts_with("sqlite:") {
+    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
         return None;
     }
     SqliteConnectOptions::from_str(url)

@@ -249,7 +249,6 @@ impl Store {
             .await
     }
 
-    /// Mapping rows, newest first, optionally of one status.
     /// How many relayed orders are in flight (processing), and when the
     /// oldest of them was created (Unix seconds).
     pub async fn relay_in_flight(&self) -> Result<(i64, Option<i64>)> {
@@ -264,6 +263,7 @@ impl Store {
             .map(|found| found.unwrap_or((0, None)))
     }
 
+    /// Mapping rows, newest first, optionally of one status.
     pub async fn upstream_orders(
         &self,
         status: Option<OrderStatus>,

@@ -635,9 +635,10 @@ pub async fn nonce_cleanup(store: &Store, clock: &dyn Clock) -> Result<(u64, i64
 
 /// The certbot command line that gets a certificate from `profile` with
 /// this configuration: its challenge (standalone http-01 on the port the
-/// server validates, else manual dns-01), an e-mail and the terms when the
-/// profile has terms (certbot asks for both on a terminal and stops
-/// without one), and the binding when the profile requires one.
+/// server validates, else manual dns-01), always an e-mail, the terms'
+/// agreement when the profile has terms (certbot asks for both on a
+/// terminal and stops without one), and the binding when the profile
+/// requires one.
 pub fn certbot_hint(config: &Config, profile: &str, directory: &str) -> String {
     use acme_proxy_protocol::types::ChallengeType;
     let mut line = format!("certbot certonly --server {directory}");

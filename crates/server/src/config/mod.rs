@@ -290,12 +290,17 @@ impl Config {
         let figment = Self::sources(file)?;
         // A relative data_dir written in a file is the file's neighbour,
         // wherever the command runs (the default, and one from the
-        // environment, stay relative to the working directory).
+        // environment, stay relative to the working directory) — unless
+        // the file is systemd's private copy in the service's credentials
+        // directory, which is no place for state: the unit's working
+        // directory is.
+        let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
         let data_dir_file = figment
             .find_metadata("data_dir")
             .and_then(|m| m.source.as_ref())
             .and_then(|source| source.file_path())
             .and_then(Path::parent)
+            .filter(|dir| credentials.as_deref().is_none_or(|c| !dir.starts_with(c)))
             .map(Path::to_path_buf);
         let mut config = Self::from_figment(figment)?;
         if let Some(dir) = data_dir_file

@@ -98,6 +98,9 @@ pub fn show(file: Option<&Path>) -> Result<Vec<Shown>, ConfigError> {
 fn entry(key: String, value: String, source: String) -> Shown {
     let value = if secret(&key) {
         "\"(redacted)\"".to_owned()
+    } else if key.contains(".webhooks.") && key.ends_with(".url") {
+        // Chat services put their token in the path or the query.
+        webhook_origin(&value)
     } else {
         redact_password(&value)
     };
@@ -105,13 +108,30 @@ fn entry(key: String, value: String, source: String) -> Shown {
 }
 
 /// A key whose value is a secret itself (not the name of a file holding
-/// one): passwords, tokens, and every header a webhook sends.
+/// one, nor a label): passwords, tokens, every header a webhook sends, and
+/// the arguments of operators' programs, which may carry any of them.
 fn secret(key: &str) -> bool {
     let last = key.rsplit('.').next().unwrap_or(key).to_ascii_lowercase();
     let named = ["password", "secret", "token", "hmac"]
         .iter()
         .any(|word| last.contains(word));
-    (named && !last.ends_with("_file")) || key.contains(".headers.")
+    (named && !last.ends_with("_file") && !last.ends_with("_label"))
+        || key.contains(".headers.")
+        || last == "args"
+}
+
+/// A quoted URL cut to its scheme and host, the rest redacted.
+fn webhook_origin(quoted: &str) -> String {
+    let url = quoted.trim_matches('"');
+    let origin = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let host = host.rsplit('@').next().unwrap_or(host);
+            format!("{scheme}://{host}")
+        }
+        None => String::new(),
+    };
+    format!("\"{origin}/(redacted)\"")
 }
 
 /// `value`'s leaves as (dotted key, TOML-like text); arrays are leaves.
@@ -144,6 +164,12 @@ mod tests {
         assert!(!secret("database_password_file"));
         assert!(!secret("egress.proxy_credentials_file"));
         assert!(!secret("jobs.lease"));
+        assert!(!secret("profiles.p.signer.pkcs11.token_label"));
+        assert!(secret("profiles.p.signer.args"));
+        assert_eq!(
+            webhook_origin("\"https://u:p@hooks.example/services/T0/B0/s3cret?token=x\""),
+            "\"https://hooks.example/(redacted)\""
+        );
     }
 
     #[test]

@@ -484,7 +484,11 @@ fn config_show_names_where_each_value_comes_from_and_redacts_secrets() {
     );
     assert_eq!(
         of("profiles.default.notify.webhooks.chat.headers.Authorization"),
-        ("\"(redacted)\"".into(), in_file)
+        ("\"(redacted)\"".into(), in_file.clone())
+    );
+    assert_eq!(
+        of("profiles.default.notify.webhooks.chat.url"),
+        ("\"https://chat.example/(redacted)\"".into(), in_file)
     );
     let text = run(false);
     let lease = text

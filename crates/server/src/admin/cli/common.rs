@@ -15,7 +15,7 @@ use crate::config::Config;
 /// What every list takes, after its filters.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// At most this many rows, newest first (1 to 100000).
+    /// At most this many rows (1 to 100000).
     #[arg(long, default_value_t = 100, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub limit: i64,
@@ -212,8 +212,18 @@ pub(super) async fn open_store(config: &Config) -> anyhow::Result<Store> {
 pub(super) async fn operator_authority(
     config: &Config,
 ) -> anyhow::Result<std::sync::Arc<Authority>> {
-    // Before anything (a CA, a directory) is created where it should not be.
+    // Before anything (a CA, a directory) is created where it should not
+    // be: the database and the data directory must both be there already.
     open_reader(config).await?.close().await;
+    if !config.data_dir.is_dir() {
+        let dir = std::path::absolute(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+        return Err(NoDatabase(format!(
+            "no data directory at {}: run from the server's directory or pass --config \
+             (or ACME_PROXY_CONFIG) with the server's configuration",
+            dir.display()
+        ))
+        .into());
+    }
     let assembled =
         crate::server::assemble(config, std::sync::Arc::new(SystemClock), config.base_url())
             .await?;

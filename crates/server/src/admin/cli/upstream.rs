@@ -58,6 +58,8 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
             // create the data directory and the database, but only for a
             // configuration that has the relay profile it names.
             ops::relay_profile(config, profile.as_deref())?;
+            crate::server::refuse_moved_data_dir(config)
+                .map_err(|e| crate::server::Refused(vec![e]))?;
             crate::private::create_dir(&config.data_dir).with_context(|| {
                 format!("creating the data directory {}", config.data_dir.display())
             })?;
