@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""Writes the generated seeds into seeds/TARGET: requests as ACME
+"""Writes the generated seeds into seeds/TARGET: requests and CSRs as ACME
 clients send them, signed with fresh keys of each type (python3-cryptography),
-and identifier values worth starting from. Run again to refresh them."""
+identifier values worth starting from, the configuration examples of the
+repository's docs, and notification templates. Run again to refresh them."""
 import base64
+import glob
+import ipaddress
 import json
 import os
+import re
 
+from cryptography import x509
 from cryptography.hazmat.primitives import hashes, hmac, serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa, utils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,6 +100,83 @@ def main():
     for i, name in enumerate(names):
         with open(os.path.join(HERE, "seeds", "names", f"{i:02}"), "w") as f:
             f.write(name)
+    csrs(p256, p384, rsa_key, ed)
+    configs()
+    templates()
+
+
+def write(target, name, data):
+    os.makedirs(os.path.join(HERE, "seeds", target), exist_ok=True)
+    with open(os.path.join(HERE, "seeds", target, name), "wb") as f:
+        f.write(data)
+
+
+def csrs(p256, p384, rsa_key, ed):
+    """CSRs for the names the csr target's order has, as certbot (SANs
+    only), lego (CN and SANs) and cert-manager (with key and extended key
+    usages) write them, one per key type; the Ed25519 one is refused."""
+    sans = x509.SubjectAlternativeName([
+        x509.DNSName("example.com"), x509.DNSName("www.example.com"),
+        x509.IPAddress(ipaddress.ip_address("192.0.2.1"))])
+    cn = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "example.com")])
+    for name, key, hash_ in [("p256", p256, hashes.SHA256()), ("p384", p384, hashes.SHA384()),
+                             ("rsa", rsa_key, hashes.SHA256()), ("ed25519", ed, None)]:
+        certbot = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
+        certbot = certbot.add_extension(sans, critical=False)
+        write("csr", f"certbot-{name}.der", certbot.sign(key, hash_).public_bytes(serialization.Encoding.DER))
+        lego = x509.CertificateSigningRequestBuilder().subject_name(cn).add_extension(sans, critical=False)
+        write("csr", f"lego-{name}.der", lego.sign(key, hash_).public_bytes(serialization.Encoding.DER))
+    manager = (x509.CertificateSigningRequestBuilder().subject_name(cn)
+               .add_extension(sans, critical=False)
+               .add_extension(x509.KeyUsage(True, False, True, False, False, False, False, False, False),
+                              critical=True)
+               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                     ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+    write("csr", "cert-manager-p256.der",
+          manager.sign(p256, hashes.SHA256()).public_bytes(serialization.Encoding.DER))
+
+
+def configs():
+    """The example configuration, and every TOML block of the docs."""
+    root = os.path.dirname(HERE)
+    with open(os.path.join(root, "acme-proxy.example.toml"), "rb") as f:
+        write("config", "example.toml", f.read())
+    # The dictionary: every key of the reference (its last part, as a TOML
+    # key is written inside its table) and every [table] header.
+    with open(os.path.join(root, "docs", "configuration-reference.md")) as f:
+        reference = f.read()
+    words = set()
+    for key in re.findall(r"^### `([^`]+)`", reference, re.M):
+        words.add(key.split(".")[-1] + " = ")
+    for table in re.findall(r"^## `(\[[^`]+\])`", reference, re.M):
+        words.add(table)
+    words.update(["[profiles.default]", "[profiles.default.signer]", 'type = "relay"',
+                  'type = "custom"', 'type = "local_ca"', "= true", "= false", "= []",
+                  '= "30s"', '"""', "'''"])
+    with open(os.path.join(HERE, "dict", "config.dict"), "w") as f:
+        f.write("# Keys and tables of docs/configuration-reference.md (make-seeds.py).\n")
+        for word in sorted(words):
+            f.write(json.dumps(word) + "\n")
+    for path in sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True)):
+        with open(path) as f:
+            blocks = re.findall(r"```toml\n(.*?)```", f.read(), re.S)
+        stem = os.path.relpath(path, os.path.join(root, "docs")).replace("/", "-")[:-3]
+        for i, block in enumerate(blocks):
+            write("config", f"{stem}-{i:02}.toml", block.encode())
+
+
+def templates():
+    """Templates as operators write them (the docs' Teams and Matrix ones)
+    and the built-ins' constructs."""
+    samples = {
+        "teams.json": '{"@type": "MessageCard", "summary": {{ notice.event | tojson }}, "text": {{ (notice.event ~ " (" ~ notice.profile ~ "): " ~ (notice.identifiers | join(", ")) ~ (" \u2014 " ~ notice.detail if notice.detail else "")) | tojson }}}',
+        "matrix.json": '{"msgtype": "m.text", "body": {{ (notice.event ~ " " ~ (notice.identifiers | join(", "))) | tojson }}}',
+        "default.json": "{{ notice | tojson }}",
+        "subject.txt": '[acme-proxy] {{ notice.event }} ({{ notice.profile }}){% if notice.identifiers %}: {{ notice.identifiers | join(", ") }}{% endif %}',
+        "body.txt": "Event: {{ notice.event }}\n{% if notice.serial %}Serial: {{ notice.serial }}\n{% endif %}{% for id in notice.identifiers %}- {{ id | upper }}\n{% endfor %}{% set n = notice.identifiers | length %}{{ n * 2 }} {{ range(3) | list }} {% macro m(x) %}{{ x }}{% endmacro %}{{ m(notice.at) }}",
+    }
+    for name, text in samples.items():
+        write("templates", name, text.encode())
 
 
 if __name__ == "__main__":

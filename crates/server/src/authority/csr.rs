@@ -1,6 +1,7 @@
 //! The CSR checks of finalize (RFC 8555 §7.4): pure functions of the CSR,
 //! the order's identifiers, the account key and the certificate profile,
-//! made before any signer sees the CSR.
+//! made before any signer sees the CSR. Public for the fuzz targets
+//! (`fuzz/`), which feed them what a client could send.
 
 use acme_proxy_protocol::jwk::EcCurve;
 use acme_proxy_protocol::types::Identifier;
@@ -24,9 +25,9 @@ use crate::error::{AcmeError, AcmeResult};
 use crate::signer::extensions::{self, Side};
 
 /// What finalize keeps from a checked CSR.
-pub(super) struct CheckedCsr {
-    pub(super) spki_der: Vec<u8>,
-    pub(super) key_thumbprint: Option<String>,
+pub struct CheckedCsr {
+    pub spki_der: Vec<u8>,
+    pub key_thumbprint: Option<String>,
 }
 
 pub(super) fn bad_csr(detail: impl Into<String>) -> AcmeError {
@@ -40,7 +41,7 @@ pub(super) fn bad_csr(detail: impl Into<String>) -> AcmeError {
 /// purposes the order's certificate profile lets a CSR ask for); exactly
 /// the order's names (SANs, and the CN if any); and an acceptable key that
 /// is not the account key.
-pub(super) fn check_csr(
+pub fn check_csr(
     der: &[u8],
     identifiers: &[Identifier],
     account_thumbprint: &str,
@@ -242,7 +243,7 @@ fn check_csr_signature(algorithm: &AlgorithmIdentifier<'_>) -> AcmeResult<()> {
 
 /// The SubjectPublicKeyInfo (DER) and key thumbprint of a stored CSR that
 /// finalize already checked.
-pub(super) fn csr_key(der: &[u8]) -> Result<(Vec<u8>, Option<String>), String> {
+pub fn csr_key(der: &[u8]) -> Result<(Vec<u8>, Option<String>), String> {
     let (_, csr) = X509CertificationRequest::from_der(der).map_err(|e| e.to_string())?;
     let spki = &csr.certification_request_info.subject_pki;
     let thumbprint = checked_key(spki).map_err(|e| e.detail)?;

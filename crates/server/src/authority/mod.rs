@@ -12,7 +12,7 @@ mod accounts;
 mod ari;
 mod audit;
 mod certificates;
-mod csr;
+pub mod csr;
 mod eab;
 mod finalize;
 mod known_accounts;

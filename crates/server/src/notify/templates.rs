@@ -40,6 +40,9 @@ At:          {{ notice.at }}\n\
     ),
 ];
 
+/// The instructions one render may execute (minijinja's fuel).
+const FUEL: u64 = 100_000;
+
 #[derive(Debug)]
 pub struct Templates {
     env: Environment<'static>,
@@ -49,12 +52,7 @@ impl Templates {
     /// The built-ins plus every file of `dir` (its file name is the
     /// template's name).
     pub fn load(dir: Option<&Path>) -> Result<Self, String> {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-        for (name, source) in BUILTIN {
-            env.add_template(name, source)
-                .map_err(|e| format!("built-in template {name}: {e}"))?;
-        }
+        let mut sources = Vec::new();
         if let Some(dir) = dir {
             let entries = std::fs::read_dir(dir)
                 .map_err(|e| format!("notify.templates_dir {}: {e}", dir.display()))?;
@@ -67,9 +65,27 @@ impl Templates {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let source = std::fs::read_to_string(&path)
                     .map_err(|e| format!("template {}: {e}", path.display()))?;
-                env.add_template_owned(name.clone(), source)
-                    .map_err(|e| describe(&name, &e))?;
+                sources.push((name, source));
             }
+        }
+        Self::from_sources(sources)
+    }
+
+    /// The built-ins plus the operator's templates as (name, source).
+    pub fn from_sources(sources: Vec<(String, String)>) -> Result<Self, String> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        // Every render is bounded: a template that loops for ever (or
+        // nearly) fails that one notice with an error naming it, instead
+        // of holding a delivery worker. The built-ins spend a few hundred.
+        env.set_fuel(Some(FUEL));
+        for (name, source) in BUILTIN {
+            env.add_template(name, source)
+                .map_err(|e| format!("built-in template {name}: {e}"))?;
+        }
+        for (name, source) in sources {
+            env.add_template_owned(name.clone(), source)
+                .map_err(|e| describe(&name, &e))?;
         }
         Ok(Self { env })
     }
@@ -180,5 +196,23 @@ mod tests {
         let t = Templates::load(None).unwrap();
         let e = t.check("nope.json").unwrap_err();
         assert!(e.contains("nope.json") && e.contains("default.json"), "{e}");
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_fails_its_render_instead_of_hanging() {
+        let source =
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+        let t = Templates::from_sources(vec![("loop.txt".into(), source.into())]).unwrap();
+        let e = t.check("loop.txt").unwrap_err();
+        assert!(e.contains("loop.txt") && e.contains("fuel"), "{e}");
+        // The built-ins stay well inside the bound.
+        for name in [
+            "default.json",
+            "slack.json",
+            "email_subject.txt",
+            "email_body.txt",
+        ] {
+            t.check(name).unwrap();
+        }
     }
 }
