@@ -4,10 +4,10 @@
 //! also moves whatever depends on it (challenge → authorization → orders),
 //! so readers never see a valid challenge under a pending authorization.
 
-use acme_proxy_protocol::Problem;
 use acme_proxy_protocol::types::{
     AuthorizationStatus, ChallengeStatus, ChallengeType, Identifier, OrderStatus,
 };
+use acme_proxy_protocol::{Problem, ProblemType};
 
 use crate::db::{Conn, Row, args, col, col_enum};
 use crate::jobs::insert_jobs_in;
@@ -629,7 +629,10 @@ impl Store {
     ///   `valid_until`), each pending order whose authorizations are now all
     ///   valid becomes ready;
     /// - invalid: challenge invalid with `error`, authorization invalid, each
-    ///   pending order containing it invalid (RFC 8555 §7.1.6).
+    ///   pending order containing it invalid (RFC 8555 §7.1.6);
+    /// - valid, but the authorization is no longer pending or valid (another
+    ///   of its challenges failed first, or it was deactivated or expired):
+    ///   the challenge invalid, nothing else moved.
     ///
     /// Returns false (and changes nothing, `notices` included) if the
     /// challenge was not processing any more; otherwise `notices` are
@@ -647,13 +650,40 @@ impl Store {
         // The guarded change and the read of its authorization are one
         // statement.
         let authz_id: Option<String> = match outcome {
+            // Only while its authorization is pending or valid: an
+            // invalid, deactivated or expired authorization is final
+            // (§7.1.6), and a challenge must not read valid under it (a
+            // second challenge of the authorization that failed first).
             Ok(()) => {
-                tx.scalar(
-                    "UPDATE challenges SET status = 'valid', validated_at = ?1
-                 WHERE id = ?2 AND status = 'processing' RETURNING authz_id",
-                    args![now, challenge_id],
-                )
-                .await?
+                let moved = tx
+                    .scalar(
+                        "UPDATE challenges SET status = 'valid', validated_at = ?1
+                 WHERE id = ?2 AND status = 'processing'
+                   AND (SELECT a.status FROM authorizations a WHERE a.id = challenges.authz_id)
+                       IN ('pending', 'valid')
+                 RETURNING authz_id",
+                        args![now, challenge_id],
+                    )
+                    .await?;
+                if moved.is_none() {
+                    let late = Problem::new(
+                        ProblemType::Malformed,
+                        "the authorization stopped accepting challenge responses (another challenge of it failed, or it was deactivated or expired) before this validation finished",
+                    );
+                    let ended = tx
+                        .exec(
+                            "UPDATE challenges SET status = 'invalid', error = ?1
+                         WHERE id = ?2 AND status = 'processing'",
+                            args![to_json(&late), challenge_id],
+                        )
+                        .await?;
+                    if ended == 1 {
+                        insert_jobs_in(&mut tx, notices).await?;
+                        tx.commit().await?;
+                    }
+                    return Ok(ended == 1);
+                }
+                moved
             }
             Err(problem) => {
                 tx.scalar(
@@ -923,9 +953,99 @@ impl Store {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use acme_proxy_protocol::types::{
+        AuthorizationStatus, ChallengeStatus, Identifier, OrderStatus,
+    };
+    use acme_proxy_protocol::{Problem, ProblemType};
     use rusqlite::Connection;
 
-    use crate::test_support::{ACCOUNT, open_in};
+    use crate::test_support::{ACCOUNT, GUARD, TestDb, open_in};
+    use crate::{NewAuthorization, NewChallenge, NewOrderRow};
+
+    /// Found by the state machine's property test: two challenges of one
+    /// authorization triggered together, the first failing. The second's
+    /// success came after the authorization was invalid, and the challenge
+    /// read valid under it.
+    #[tokio::test]
+    async fn a_challenge_passing_after_its_authorization_went_invalid_is_invalid_too() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        let challenge = |id: &str, kind: &str| NewChallenge {
+            id: id.to_owned(),
+            kind: kind.parse().unwrap(),
+            token: format!("token-{id}"),
+        };
+        let order = NewOrderRow {
+            id: "ord".to_owned(),
+            profile: "default".to_owned(),
+            account_id: "acct".to_owned(),
+            identifiers: vec![Identifier {
+                kind: "dns".parse().unwrap(),
+                value: "a.example".to_owned(),
+            }],
+            not_before: None,
+            not_after: None,
+            expires_at: 100,
+            now: 1,
+            authorizations: vec![NewAuthorization {
+                id: "az".to_owned(),
+                identifier: Identifier {
+                    kind: "dns".parse().unwrap(),
+                    value: "a.example".to_owned(),
+                },
+                wildcard: false,
+                expires_at: 100,
+                challenges: vec![challenge("http", "http-01"), challenge("dns", "dns-01")],
+            }],
+            reuse_validated_since: None,
+            certificate_profile: None,
+            replaces: None,
+        };
+        store.insert_order(&order, GUARD).await.unwrap();
+        assert!(store.start_challenge("http", 2).await.unwrap());
+        assert!(store.start_challenge("dns", 2).await.unwrap());
+        let refused = Problem::new(ProblemType::Connection, "no answer");
+        assert!(
+            store
+                .settle_challenge("http", Err(&refused), 3, 50, &[])
+                .await
+                .unwrap()
+        );
+        // Settled (it leaves processing), but not valid.
+        assert!(
+            store
+                .settle_challenge("dns", Ok(()), 4, 50, &[])
+                .await
+                .unwrap()
+        );
+
+        let (authz, challenges) = store
+            .authorization_with_challenges("az")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(authz.status, AuthorizationStatus::Invalid);
+        for ch in &challenges {
+            assert_eq!(ch.status, ChallengeStatus::Invalid, "{}", ch.id);
+        }
+        let late = challenges.iter().find(|c| c.id == "dns").unwrap();
+        assert_eq!(
+            late.error.as_ref().unwrap().kind,
+            Problem::new(ProblemType::Malformed, "").kind
+        );
+        assert_eq!(
+            store.order("ord").await.unwrap().unwrap().status,
+            OrderStatus::Invalid
+        );
+        // A settled challenge is not settled again.
+        assert!(
+            !store
+                .settle_challenge("dns", Ok(()), 5, 50, &[])
+                .await
+                .unwrap()
+        );
+        store.close().await;
+    }
 
     #[tokio::test]
     async fn an_order_stored_before_migration_6_lists_its_authorizations_by_position_and_its_certificate_once_backfilled()

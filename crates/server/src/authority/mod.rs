@@ -26,6 +26,9 @@ mod reverse;
 mod revocation;
 mod validation;
 
+#[cfg(test)]
+mod properties;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
