@@ -937,7 +937,33 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// read.
 fn preflight(config: &Config) -> Result<(), Refused> {
     refuse_moved_data_dir(config).map_err(|e| Refused(vec![e]))?;
+    refuse_read_only_database(config).map_err(|e| Refused(vec![e]))?;
     refuse_open_secrets(config).map_err(|e| Refused(vec![e]))
+}
+
+/// A SQLite database this process may not write (a read-only file, or a
+/// file system mounted read-only) would be opened read-only and fail its
+/// first migration with SQLite's own words: refused here, saying what to
+/// change. Opening for writing writes nothing.
+fn refuse_read_only_database(config: &Config) -> Result<(), String> {
+    for file in crate::private::database_files(&config.database_url()) {
+        let opened = std::fs::OpenOptions::new().write(true).open(&file);
+        match opened {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                return Err(format!(
+                    "the database file {} cannot be written by this user ({e}): make it writable by the server's user (chmod u+w, or chown it to that user), or remount its file system read-write",
+                    file.display()
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A relative `data_dir` in a file is the file's neighbour; it used to be

@@ -42,6 +42,7 @@ mod resources;
 mod shared_database;
 mod signer_trait;
 mod startup;
+mod storage_faults;
 mod tls;
 mod upstream;
 mod zero_config;
