@@ -276,6 +276,8 @@ fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Resul
         }
         Command::Serve => {
             acme_proxy::logging::init(config.log_format);
+            #[cfg(feature = "failpoints")]
+            acme_proxy::arm_crash_point().map_err(anyhow::Error::msg)?;
             if let Some(warning) = ignored_environment_warning(&config) {
                 tracing::warn!(
                     event = "config.environment",

@@ -224,7 +224,9 @@ impl Authority {
             )
             .await;
         match stored {
-            Ok(true) => {}
+            Ok(true) => {
+                crash_point!("finalize.completed");
+            }
             Ok(false) => {
                 // Another finalize completed the order while this one
                 // signed (or it became invalid): this certificate is

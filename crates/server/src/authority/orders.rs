@@ -246,6 +246,7 @@ impl Authority {
             .insert_order(&new, super::guard(account))
             .await
             .map_err(|e| self.guarded_write_error(account, e))?;
+        crash_point!("order.created");
         let row = match inserted {
             InsertOrder::Inserted(row) => *row,
             // RFC 9773 §5: 409 with alreadyReplaced.
@@ -468,6 +469,7 @@ impl Authority {
                 .await
                 .map_err(|e| self.guarded_write_error(account, e))?;
             if let Some((ch, authz)) = bypassed {
+                crash_point!("challenge.bypassed");
                 self.bypassed(profile, &ch, &authz);
                 return Ok((ch, authz));
             }

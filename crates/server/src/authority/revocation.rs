@@ -225,7 +225,10 @@ impl Authority {
             )
             .await?
         {
-            RevokeOutcome::Revoked => self.notifier.posted(&outbox),
+            RevokeOutcome::Revoked => {
+                crash_point!("revocation.stored");
+                self.notifier.posted(&outbox);
+            }
             RevokeOutcome::AlreadyRevoked => {
                 return Err(AcmeError::new(
                     ProblemType::AlreadyRevoked,
@@ -304,6 +307,7 @@ impl Authority {
         // Taken before the revocations are read: a CRL with a higher
         // number never lists fewer of them.
         let number = self.store.reserve_crl_number(&profile.name).await?;
+        crash_point!("crl.number_reserved");
         let entries = self
             .store
             .revoked_entries(&profile.name, now.unix_timestamp())

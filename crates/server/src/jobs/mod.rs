@@ -480,6 +480,9 @@ impl Runner {
             .await
         {
             Ok(jobs) => {
+                if !jobs.is_empty() {
+                    crash_point!("job.claimed");
+                }
                 for j in &jobs {
                     let waited = Duration::from_millis(now.saturating_sub(j.run_at).max(0) as u64);
                     self.queue.observer.claimed(&j.kind, waited);
@@ -710,7 +713,9 @@ impl Runner {
                 }
             }
         };
+        crash_point!("job.ran");
         self.settle(&handler, job, outcome).await;
+        crash_point!("job.settled");
     }
 
     async fn settle(

@@ -338,6 +338,9 @@ impl Notifier {
         match delivery {
             Delivery::Delivered(status) => {
                 tracing::info!(event = "notify.delivered", outcome = "success", webhook = %d.name, notice = %payload.notice.event, status, "notification delivered");
+                // Delivered, not yet settled: the one place a crash sends
+                // a notification twice (at least once, documented).
+                crash_point!("notify.delivered");
                 Outcome::Done
             }
             Delivery::Later { reason, after } => match after {

@@ -13,6 +13,8 @@ mod client;
 mod clients;
 mod concurrency;
 mod connections;
+#[cfg(feature = "failpoints")]
+mod crash;
 mod custom;
 mod db;
 mod eab;

@@ -1,0 +1,625 @@
+//! Crash at every write: the binary, built with the `failpoints` feature,
+//! aborts at one crash point (`CRASH_AT`, each right after a
+//! transaction commits) while a client goes through a whole issuance and
+//! revocation with a webhook listening. The client retries what a crash
+//! cut off against the restarted server, as real clients do, and then the
+//! state must have converged: the order valid with exactly one
+//! certificate, no order left processing, the certificate revoked and on
+//! the CRL, and every notification delivered: at least once, and again
+//! only if the crash caught its delivery between the receiver's answer and
+//! the job's settlement (at most twice).
+//!
+//! The crash points (`acme_proxy::CRASH_POINTS`) and where they are:
+//!
+//! | point                 | right after                                            |
+//! |-----------------------|--------------------------------------------------------|
+//! | `order.created`       | newOrder's transaction (order, authorizations)         |
+//! | `challenge.bypassed`  | a challenge's trigger made it valid (bypass profile)   |
+//! | `finalize.completed`  | the certificate, the valid order and its audit row     |
+//! | `revocation.stored`   | the revocation and its notification's job              |
+//! | `crl.number_reserved` | a CRL number taken, before the CRL is stored           |
+//! | `job.claimed`         | a job claim (any kind)                                 |
+//! | `job.ran`             | an attempt ended, before it is settled                 |
+//! | `job.settled`         | a job's settlement                                     |
+//! | `notify.delivered`    | a webhook answered 2xx, before the job is settled      |
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+
+use crate::harness::{self, Receiver, under_umask_022};
+use crate::raw::{Key, b64};
+
+/// Delivery retries and job leases short enough for a test.
+const JOBS: &str = "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"500ms\"\npoll_interval = \"50ms\"\nlease = \"2s\"\n";
+
+/// The server under test: its configuration, the process, and how many
+/// times it crashed.
+struct Server {
+    work: tempfile::TempDir,
+    config: PathBuf,
+    child: Option<Child>,
+    starts: usize,
+    crashes: usize,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Server {
+    fn new(receiver: &Receiver) -> Server {
+        let work = harness::tempdir();
+        let config = work.path().join("acme-proxy.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"{}\"\ndata_dir = \"{}\"\n{JOBS}[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntimeout = \"2s\"\n",
+                harness::own_addr(),
+                work.path().join("data").display(),
+                receiver.url("/hook"),
+            ),
+        )
+        .unwrap();
+        Server {
+            work,
+            config,
+            child: None,
+            starts: 0,
+            crashes: 0,
+        }
+    }
+
+    fn work(&self) -> &Path {
+        self.work.path()
+    }
+
+    /// Starts the server (armed at `crash_at`) and returns its directory
+    /// URL; a start that crashes (a crash point on the start-up path) is
+    /// counted and followed by an unarmed one.
+    fn start(&mut self, crash_at: Option<&str>) -> String {
+        use std::io::{BufRead, BufReader};
+        self.starts += 1;
+        let mut cmd = under_umask_022();
+        cmd.args(["serve", "--config"])
+            .arg(&self.config)
+            .current_dir(self.work.path())
+            .env_remove("ACME_PROXY_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::File::create(self.work.path().join(format!("server-{}.log", self.starts)))
+                    .unwrap(),
+            );
+        if let Some(point) = crash_at {
+            cmd.env("CRASH_AT", point);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.split("ACME directory (default): ").nth(1) {
+                    let _ = tx.send(url.trim().to_owned());
+                }
+            }
+        });
+        self.child = Some(child);
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(url) => url,
+            Err(_) => {
+                // Its output closes a moment before its exit is seen.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while !self.reap_crash() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                assert!(
+                    self.child.is_none(),
+                    "the server neither served nor crashed; logs in {}",
+                    self.work.path().display()
+                );
+                self.start(None)
+            }
+        }
+    }
+
+    /// Whether the process has ended; an end must be the crash point's
+    /// abort (SIGABRT), counted.
+    fn reap_crash(&mut self) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        let Some(child) = &mut self.child else {
+            return false;
+        };
+        match child.try_wait().unwrap() {
+            None => false,
+            Some(status) => {
+                assert_eq!(
+                    status.signal(),
+                    Some(6),
+                    "the server ended otherwise: {status}"
+                );
+                self.child = None;
+                self.crashes += 1;
+                true
+            }
+        }
+    }
+
+    /// After a request failed: if the server crashed (waiting a moment for
+    /// the abort to land), restarts it and says so.
+    fn restarted_after_crash(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if self.reap_crash() {
+                self.start(None);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+struct Resp {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// One HTTP request; an error (refused, reset, cut off) instead of a
+/// panic, since a crash point ends the server mid-request.
+async fn try_request(method: &str, url: &str, body: Option<Vec<u8>>) -> Result<Resp, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
+    let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+        .header("host", uri.authority().unwrap().as_str());
+    if body.is_some() {
+        req = req.header("content-type", "application/jose+json");
+    }
+    let resp = sender
+        .send_request(
+            req.body(Full::new(Bytes::from(body.unwrap_or_default())))
+                .unwrap(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes()
+        .to_vec();
+    Ok(Resp {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A client: its key, its account URL once it has one, and the
+/// directory.
+struct Client {
+    key: Key,
+    account: Option<String>,
+    dir: Value,
+}
+
+impl Client {
+    async fn signed(&self, url: &str, payload: Option<&Value>) -> Result<Resp, String> {
+        let head = try_request("HEAD", self.dir["newNonce"].as_str().unwrap(), None).await?;
+        let nonce = head
+            .headers
+            .get("replay-nonce")
+            .and_then(|v| v.to_str().ok())
+            .ok_or("no nonce")?
+            .to_owned();
+        let mut protected = json!({"alg": self.key.alg(), "nonce": nonce, "url": url});
+        match &self.account {
+            Some(kid) => protected["kid"] = json!(kid),
+            None => protected["jwk"] = self.key.jwk.clone(),
+        }
+        let body = self.key.sign(&protected, payload).to_string().into_bytes();
+        let r = try_request("POST", url, Some(body)).await?;
+        // A 5xx is not a crash's answer; anything else the step judges.
+        if r.status >= 500 {
+            return Err(format!(
+                "{url}: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            ));
+        }
+        Ok(r)
+    }
+
+    async fn get(&self, url: &str) -> Result<Value, String> {
+        let r = self.signed(url, None).await?;
+        if r.status != 200 {
+            return Err(format!("{url}: {} {}", r.status, r.json()));
+        }
+        Ok(r.json())
+    }
+}
+
+/// Runs `step` until it succeeds, restarting the server each time a
+/// crash cut it off; a failure without a crash fails the test.
+async fn step<T>(
+    server: &mut Server,
+    client: &Client,
+    what: &str,
+    run: impl AsyncFn(&Client) -> Result<T, String>,
+) -> T {
+    for _ in 0..3 {
+        match run(client).await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    server.restarted_after_crash(),
+                    "{what} failed without a crash: {e}; logs in {}",
+                    server.work().display()
+                );
+            }
+        }
+    }
+    panic!("{what}: still failing after restarts");
+}
+
+fn events(got: &[harness::Received]) -> Vec<String> {
+    got.iter()
+        .filter_map(|r| {
+            r.body
+                .get("event")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// The whole flow with the server armed at `point`, then the checks.
+async fn converges_after_a_crash_at(point: &str) {
+    let receiver = Receiver::start().await;
+    let mut server = Server::new(&receiver);
+    let url = server.start(Some(point));
+    // A job's crash point may end the server at once.
+    let dir = loop {
+        match try_request("GET", &url, None).await {
+            Ok(r) => break r.json(),
+            Err(e) => assert!(server.restarted_after_crash(), "the directory: {e}"),
+        }
+    };
+    let mut client = Client {
+        key: Key::p256(),
+        account: None,
+        dir,
+    };
+
+    let account = step(&mut server, &client, "newAccount", async |c: &Client| {
+        let url = c.dir["newAccount"].as_str().unwrap();
+        let r = c
+            .signed(url, Some(&json!({"termsOfServiceAgreed": true})))
+            .await?;
+        match r.status {
+            200 | 201 => Ok(r
+                .headers
+                .get("location")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned()),
+            s => Err(format!("newAccount: {s}")),
+        }
+    })
+    .await;
+    client.account = Some(account);
+
+    let names = ["one.example.test", "two.example.test"];
+    let order_url = step(&mut server, &client, "newOrder", async |c: &Client| {
+        let ids: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"type": "dns", "value": n}))
+            .collect();
+        let r = c
+            .signed(
+                c.dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": ids})),
+            )
+            .await?;
+        if r.status != 201 {
+            return Err(format!("newOrder: {} {}", r.status, r.json()));
+        }
+        Ok(r.headers
+            .get("location")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned())
+    })
+    .await;
+
+    step(
+        &mut server,
+        &client,
+        "the challenges",
+        async |c: &Client| {
+            let order = c.get(&order_url).await?;
+            for authz_url in order["authorizations"].as_array().unwrap() {
+                let authz = c.get(authz_url.as_str().unwrap()).await?;
+                if authz["status"] == "pending" {
+                    let ch = authz["challenges"][0]["url"].as_str().unwrap();
+                    let r = c.signed(ch, Some(&json!({}))).await?;
+                    if r.status != 200 {
+                        return Err(format!("trigger: {} {}", r.status, r.json()));
+                    }
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(names.map(str::to_owned).to_vec()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    let csr = params.serialize_request(&key).unwrap().der().to_vec();
+    let cert_url = step(&mut server, &client, "finalize", async |c: &Client| {
+        let order = c.get(&order_url).await?;
+        if order["status"] == "ready" {
+            let r = c
+                .signed(
+                    order["finalize"].as_str().unwrap(),
+                    Some(&json!({"csr": b64(&csr)})),
+                )
+                .await?;
+            if r.status != 200 {
+                return Err(format!("finalize: {} {}", r.status, r.json()));
+            }
+        }
+        let order = c.get(&order_url).await?;
+        match order["certificate"].as_str() {
+            Some(url) if order["status"] == "valid" => Ok(url.to_owned()),
+            _ => Err(format!("the order after finalize: {order}")),
+        }
+    })
+    .await;
+
+    let leaf = step(
+        &mut server,
+        &client,
+        "the certificate",
+        async |c: &Client| {
+            let r = c.signed(&cert_url, None).await?;
+            let chain = String::from_utf8_lossy(&r.body).into_owned();
+            let pem = ::pem::parse_many(&chain).map_err(|e| e.to_string())?;
+            pem.first()
+                .map(|p| p.contents().to_vec())
+                .ok_or_else(|| format!("no certificate: {chain}"))
+        },
+    )
+    .await;
+
+    step(&mut server, &client, "revokeCert", async |c: &Client| {
+        let r = c
+            .signed(
+                c.dir["revokeCert"].as_str().unwrap(),
+                Some(&json!({"certificate": b64(&leaf), "reason": 4})),
+            )
+            .await?;
+        let already = r.json()["type"] == "urn:ietf:params:acme:error:alreadyRevoked";
+        if r.status == 200 || already {
+            Ok(())
+        } else {
+            Err(format!("revokeCert: {} {}", r.status, r.json()))
+        }
+    })
+    .await;
+
+    // The CRL lists it (regenerated at start-up if a crash cut that off).
+    let (_, x509) = x509_parser::parse_x509_certificate(&leaf).unwrap();
+    let serial = x509.raw_serial().to_vec();
+    let crl_url = format!("{}/crl", url.trim_end_matches("/directory"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = match try_request("GET", &crl_url, None).await {
+            Ok(r) if r.status == 200 => x509_parser::parse_x509_crl(&r.body)
+                .map(|(_, crl)| {
+                    crl.iter_revoked_certificates()
+                        .any(|e| e.raw_serial() == serial)
+                })
+                .unwrap_or(false),
+            _ => {
+                server.restarted_after_crash();
+                false
+            }
+        };
+        if listed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the CRL never listed the revoked certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Every notification delivered (restarting if a delivery crashed).
+    let wanted = [
+        "account.created",
+        "certificate.issued",
+        "certificate.revoked",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !wanted
+        .iter()
+        .all(|w| events(&receiver.received()).iter().any(|e| e == w))
+    {
+        server.restarted_after_crash();
+        assert!(
+            Instant::now() < deadline,
+            "notifications missing: got {:?}",
+            events(&receiver.received())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The crash point was reached, once (every later start was unarmed).
+    if server.crashes == 0 {
+        // A job crash point may be reached only after the client is done.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.crashes == 0 && Instant::now() < deadline {
+            server.restarted_after_crash();
+        }
+    }
+    assert_eq!(server.crashes, 1, "{point} was not reached by the flow");
+
+    // Settled: deliveries done, then the server stopped to read the file.
+    let db = server.work().join("data").join("acme-proxy.db");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open: i64 = rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE kind = 'notify_delivery' AND status <> 'done'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if open == 0 {
+            break;
+        }
+        server.restarted_after_crash();
+        assert!(Instant::now() < deadline, "{open} deliveries not done");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if let Some(mut c) = server.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM certificates"),
+        1,
+        "one certificate issued"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM certificates WHERE revoked_at IS NOT NULL"),
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM orders WHERE status = 'processing'"),
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM orders WHERE status = 'valid'"),
+        1,
+        "the order that was finalized is valid"
+    );
+
+    // At least once, and at most twice: a crash sends again what it caught
+    // between a receiver's answer and the delivery's settlement (any
+    // delivery in flight, whatever the point).
+    let got = events(&receiver.received());
+    let times = |w: &str| got.iter().filter(|e| *e == w).count();
+    for w in wanted {
+        assert!(
+            (1..=2).contains(&times(w)),
+            "{w} delivered {} times after a crash at {point}: {got:?}",
+            times(w)
+        );
+    }
+    if point == "notify.delivered" {
+        assert!(
+            wanted.iter().any(|w| times(w) == 2),
+            "the delivery the crash cut off was not sent again: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn every_crash_point_has_its_test_below() {
+    assert_eq!(
+        acme_proxy::CRASH_POINTS,
+        [
+            "order.created",
+            "challenge.bypassed",
+            "finalize.completed",
+            "revocation.stored",
+            "crl.number_reserved",
+            "job.claimed",
+            "job.ran",
+            "job.settled",
+            "notify.delivered",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_an_order_is_created_converges() {
+    converges_after_a_crash_at("order.created").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_challenge_is_made_valid_converges() {
+    converges_after_a_crash_at("challenge.bypassed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_the_certificate_is_stored_converges_with_one_certificate() {
+    converges_after_a_crash_at("finalize.completed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_revocation_is_stored_converges_with_the_crl_listing_it() {
+    converges_after_a_crash_at("revocation.stored").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_taking_a_crl_number_and_storing_the_crl_converges() {
+    converges_after_a_crash_at("crl.number_reserved").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_job_claim_converges() {
+    converges_after_a_crash_at("job.claimed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_a_jobs_attempt_and_its_settlement_converges() {
+    converges_after_a_crash_at("job.ran").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_job_is_settled_converges() {
+    converges_after_a_crash_at("job.settled").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_a_webhooks_answer_and_the_delivery_settling_sends_it_at_most_twice() {
+    converges_after_a_crash_at("notify.delivered").await;
+}
