@@ -53,6 +53,8 @@ pub const CRASH_POINTS: &[&str] = &[
     "job.ran",
     "job.settled",
     "notify.delivered",
+    "relay.settled",
+    "relay.abandoned",
 ];
 
 /// Arms the crash point `CRASH_AT` names: the process aborts

@@ -356,6 +356,7 @@ impl Authority {
             .await;
         match stored {
             Ok(true) => {
+                crash_point!("relay.settled");
                 self.metrics.audited(&audit);
                 self.notifier.posted(&outbox);
                 tracing::info!(
@@ -431,6 +432,7 @@ impl Authority {
             .await
         {
             Ok(true) => {
+                crash_point!("relay.abandoned");
                 self.metrics.audited(&audit);
                 self.notifier.posted(&outbox);
                 tracing::warn!(

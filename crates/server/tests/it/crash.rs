@@ -22,6 +22,11 @@
 //! | `job.ran`             | an attempt ended, before it is settled                 |
 //! | `job.settled`         | a job's settlement                                     |
 //! | `notify.delivered`    | a webhook answered 2xx, before the job is settled      |
+//! | `relay.settled`       | the upstream's certificate stored on the local order   |
+//! | `relay.abandoned`     | a relay retired (the upstream refused): order invalid  |
+//!
+//! The relay's rows sign through Pebble (and, to be refused, a proxy
+//! answering its finalize 403); the others with the embedded CA.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -33,6 +38,8 @@ use serde_json::{Value, json};
 
 use crate::harness::{self, Receiver, under_umask_022};
 use crate::raw::{Key, b64};
+use crate::relay::{FINALIZE, always_valid, bypass_profile, register_upstream_accounts};
+use crate::upstream::{Fault, FaultProxy, Match, Pebble, TestPki};
 
 /// Delivery retries and job leases short enough for a test.
 const JOBS: &str = "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"500ms\"\npoll_interval = \"50ms\"\nlease = \"2s\"\n";
@@ -57,19 +64,18 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn new(receiver: &Receiver) -> Server {
+    /// `profile`: the default profile's table (bypassing validation).
+    async fn new(receiver: &Receiver, profile: &str) -> Server {
         let work = harness::tempdir();
         let config = work.path().join("acme-proxy.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"{}\"\ndata_dir = \"{}\"\n{JOBS}[profiles.default]\nbypass = true\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntimeout = \"2s\"\n",
-                harness::own_addr(),
-                work.path().join("data").display(),
-                receiver.url("/hook"),
-            ),
-        )
-        .unwrap();
+        let toml = format!(
+            "listen = \"{}\"\ndata_dir = \"{}\"\n{JOBS}{profile}\n\n[profiles.default.notify.webhooks.ops]\nurl = \"{}\"\ntimeout = \"2s\"\n",
+            harness::own_addr(),
+            work.path().join("data").display(),
+            receiver.url("/hook"),
+        );
+        register_upstream_accounts(&toml).await;
+        std::fs::write(&config, toml).unwrap();
         Server {
             work,
             config,
@@ -301,10 +307,46 @@ fn events(got: &[harness::Received]) -> Vec<String> {
         .collect()
 }
 
-/// The whole flow with the server armed at `point`, then the checks.
+/// Who signs.
+enum Signer {
+    Embedded,
+    /// Pebble through the relay; `refuse`: a proxy answers the upstream
+    /// finalize 403, and the relay is retired.
+    Relay {
+        refuse: bool,
+    },
+}
+
+/// The flow with the embedded CA.
 async fn converges_after_a_crash_at(point: &str) {
+    converges(point, Signer::Embedded).await;
+}
+
+/// The whole flow with the server armed at `point`, then the checks.
+async fn converges(point: &str, signer: Signer) {
     let receiver = Receiver::start().await;
-    let mut server = Server::new(&receiver);
+    let pki = TestPki::new();
+    let relayed = matches!(signer, Signer::Relay { .. });
+    let (_pebble, _proxy, profile, refused) = match signer {
+        Signer::Embedded => (
+            None,
+            None,
+            "[profiles.default]\nbypass = true\n".to_owned(),
+            false,
+        ),
+        Signer::Relay { refuse } => {
+            let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+                return;
+            };
+            let proxy = FaultProxy::start(&pki, pebble.addr);
+            if refuse {
+                proxy.set_always(Match::PathContains(FINALIZE), Some(Fault::Forbidden403));
+            }
+            let profile = bypass_profile(&proxy.directory_url(), &pki, "");
+            (Some(pebble), Some(proxy), profile, refuse)
+        }
+    };
+    let mut server = Server::new(&receiver, &profile).await;
     let url = server.start(Some(point));
     // A job's crash point may end the server at once.
     let dir = loop {
@@ -387,7 +429,7 @@ async fn converges_after_a_crash_at(point: &str) {
     let mut params = rcgen::CertificateParams::new(names.map(str::to_owned).to_vec()).unwrap();
     params.distinguished_name = rcgen::DistinguishedName::new();
     let csr = params.serialize_request(&key).unwrap().der().to_vec();
-    let cert_url = step(&mut server, &client, "finalize", async |c: &Client| {
+    step(&mut server, &client, "finalize", async |c: &Client| {
         let order = c.get(&order_url).await?;
         if order["status"] == "ready" {
             let r = c
@@ -400,13 +442,43 @@ async fn converges_after_a_crash_at(point: &str) {
                 return Err(format!("finalize: {} {}", r.status, r.json()));
             }
         }
-        let order = c.get(&order_url).await?;
-        match order["certificate"].as_str() {
-            Some(url) if order["status"] == "valid" => Ok(url.to_owned()),
-            _ => Err(format!("the order after finalize: {order}")),
-        }
+        Ok(())
     })
     .await;
+    // The relay settles (or retires) in the background.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let order = loop {
+        let order = step(&mut server, &client, "the order", async |c: &Client| {
+            c.get(&order_url).await
+        })
+        .await;
+        if order["status"] == "valid" || order["status"] == "invalid" {
+            break order;
+        }
+        server.restarted_after_crash();
+        assert!(Instant::now() < deadline, "the order still {order}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if refused {
+        assert_eq!(order["status"], "invalid", "{order}");
+        let wanted = ["account.created", "relay.abandoned"];
+        settled(&mut server, &receiver, point, &wanted).await;
+        let conn = stop_and_open(&mut server);
+        let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+        assert_eq!(count("SELECT count(*) FROM certificates"), 0);
+        assert_eq!(
+            count("SELECT count(*) FROM orders WHERE status = 'processing'"),
+            0
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM upstream_orders WHERE status = 'invalid'"),
+            1,
+            "the relay retired once"
+        );
+        return;
+    }
+    assert_eq!(order["status"], "valid", "{order}");
+    let cert_url = order["certificate"].as_str().unwrap().to_owned();
 
     let leaf = step(
         &mut server,
@@ -439,88 +511,44 @@ async fn converges_after_a_crash_at(point: &str) {
     })
     .await;
 
-    // The CRL lists it (regenerated at start-up if a crash cut that off).
-    let (_, x509) = x509_parser::parse_x509_certificate(&leaf).unwrap();
-    let serial = x509.raw_serial().to_vec();
-    let crl_url = format!("{}/crl", url.trim_end_matches("/directory"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let listed = match try_request("GET", &crl_url, None).await {
-            Ok(r) if r.status == 200 => x509_parser::parse_x509_crl(&r.body)
-                .map(|(_, crl)| {
-                    crl.iter_revoked_certificates()
-                        .any(|e| e.raw_serial() == serial)
-                })
-                .unwrap_or(false),
-            _ => {
-                server.restarted_after_crash();
-                false
+    // The embedded CA's CRL lists it (a relayed certificate is on the
+    // upstream CA's).
+    if !relayed {
+        let (_, x509) = x509_parser::parse_x509_certificate(&leaf).unwrap();
+        let serial = x509.raw_serial().to_vec();
+        let crl_url = format!("{}/crl", url.trim_end_matches("/directory"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let listed = match try_request("GET", &crl_url, None).await {
+                Ok(r) if r.status == 200 => x509_parser::parse_x509_crl(&r.body)
+                    .map(|(_, crl)| {
+                        crl.iter_revoked_certificates()
+                            .any(|e| e.raw_serial() == serial)
+                    })
+                    .unwrap_or(false),
+                _ => {
+                    server.restarted_after_crash();
+                    false
+                }
+            };
+            if listed {
+                break;
             }
-        };
-        if listed {
-            break;
+            assert!(
+                Instant::now() < deadline,
+                "the CRL never listed the revoked certificate"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the CRL never listed the revoked certificate"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Every notification delivered (restarting if a delivery crashed).
     let wanted = [
         "account.created",
         "certificate.issued",
         "certificate.revoked",
     ];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !wanted
-        .iter()
-        .all(|w| events(&receiver.received()).iter().any(|e| e == w))
-    {
-        server.restarted_after_crash();
-        assert!(
-            Instant::now() < deadline,
-            "notifications missing: got {:?}",
-            events(&receiver.received())
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-
-    // The crash point was reached, once (every later start was unarmed).
-    if server.crashes == 0 {
-        // A job crash point may be reached only after the client is done.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while server.crashes == 0 && Instant::now() < deadline {
-            server.restarted_after_crash();
-        }
-    }
-    assert_eq!(server.crashes, 1, "{point} was not reached by the flow");
-
-    // Settled: deliveries done, then the server stopped to read the file.
-    let db = server.work().join("data").join("acme-proxy.db");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let open: i64 = rusqlite::Connection::open(&db)
-            .unwrap()
-            .query_row(
-                "SELECT count(*) FROM jobs WHERE kind = 'notify_delivery' AND status <> 'done'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        if open == 0 {
-            break;
-        }
-        server.restarted_after_crash();
-        assert!(Instant::now() < deadline, "{open} deliveries not done");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if let Some(mut c) = server.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let conn = rusqlite::Connection::open(&db).unwrap();
+    settled(&mut server, &receiver, point, &wanted).await;
+    let conn = stop_and_open(&mut server);
     let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
         count("SELECT count(*) FROM certificates"),
@@ -540,6 +568,52 @@ async fn converges_after_a_crash_at(point: &str) {
         1,
         "the order that was finalized is valid"
     );
+}
+
+/// Waits for every `wanted` notification and for the crash, checks that
+/// the point was reached once and that each notification came at least
+/// once and at most twice, and waits until every delivery job is done.
+async fn settled(server: &mut Server, receiver: &Receiver, point: &str, wanted: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !wanted
+        .iter()
+        .all(|w| events(&receiver.received()).iter().any(|e| e == w))
+    {
+        server.restarted_after_crash();
+        assert!(
+            Instant::now() < deadline,
+            "notifications missing: got {:?}",
+            events(&receiver.received())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The crash point was reached, once (every later start was unarmed).
+    // A job's point may be reached only after the client is done.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.crashes == 0 && Instant::now() < deadline {
+        server.restarted_after_crash();
+    }
+    assert_eq!(server.crashes, 1, "{point} was not reached by the flow");
+
+    let db = server.work().join("data").join("acme-proxy.db");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open: i64 = rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE kind = 'notify_delivery' AND status <> 'done'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if open == 0 {
+            break;
+        }
+        server.restarted_after_crash();
+        assert!(Instant::now() < deadline, "{open} deliveries not done");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // At least once, and at most twice: a crash sends again what it caught
     // between a receiver's answer and the delivery's settlement (any
@@ -561,6 +635,15 @@ async fn converges_after_a_crash_at(point: &str) {
     }
 }
 
+/// Stops the server and opens its database.
+fn stop_and_open(server: &mut Server) -> rusqlite::Connection {
+    if let Some(mut c) = server.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    rusqlite::Connection::open(server.work().join("data").join("acme-proxy.db")).unwrap()
+}
+
 #[test]
 fn every_crash_point_has_its_test_below() {
     assert_eq!(
@@ -575,6 +658,8 @@ fn every_crash_point_has_its_test_below() {
             "job.ran",
             "job.settled",
             "notify.delivered",
+            "relay.settled",
+            "relay.abandoned",
         ]
     );
 }
@@ -622,4 +707,14 @@ async fn a_crash_right_after_a_job_is_settled_converges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_a_webhooks_answer_and_the_delivery_settling_sends_it_at_most_twice() {
     converges_after_a_crash_at("notify.delivered").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_relayed_certificate_is_stored_converges_with_one_certificate() {
+    converges("relay.settled", Signer::Relay { refuse: false }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_refused_relay_is_retired_converges_with_the_order_invalid() {
+    converges("relay.abandoned", Signer::Relay { refuse: true }).await;
 }
