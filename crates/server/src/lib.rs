@@ -46,6 +46,8 @@ pub mod validators;
 pub const CRASH_POINTS: &[&str] = &[
     "order.created",
     "challenge.bypassed",
+    "challenge.started",
+    "challenge.settled",
     "finalize.completed",
     "revocation.stored",
     "crl.number_reserved",

@@ -519,6 +519,7 @@ impl Authority {
             .await
             .map_err(|e| self.guarded_write_error(account, e))?
         {
+            crash_point!("challenge.started");
             self.queue.wake(super::VALIDATION_KIND);
             return Ok((
                 ChallengeRow {

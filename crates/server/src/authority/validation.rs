@@ -152,6 +152,7 @@ impl JobHandler for ValidationJobs {
             };
             match a.settle(&profile, &ch, result, &outbox.jobs()).await {
                 Ok(true) => {
+                    crash_point!("challenge.settled");
                     a.notifier.posted(&outbox);
                     Outcome::Done
                 }

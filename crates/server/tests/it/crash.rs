@@ -15,6 +15,8 @@
 //! |-----------------------|--------------------------------------------------------|
 //! | `order.created`       | newOrder's transaction (order, authorizations)         |
 //! | `challenge.bypassed`  | a challenge's trigger made it valid (bypass profile)   |
+//! | `challenge.started`   | a trigger: the challenge processing, its job queued    |
+//! | `challenge.settled`   | a real http-01 validation's outcome recorded           |
 //! | `finalize.completed`  | the certificate, the valid order and its audit row     |
 //! | `revocation.stored`   | the revocation and its notification's job              |
 //! | `crl.number_reserved` | a CRL number taken, before the CRL is stored           |
@@ -26,18 +28,18 @@
 //! | `relay.abandoned`     | a relay retired (the upstream refused): order invalid  |
 //!
 //! The relay's rows sign through Pebble (and, to be refused, a proxy
-//! answering its finalize 403); the others with the embedded CA.
+//! answering its finalize 403); the others with the embedded CA. The
+//! challenge rows validate http-01 for real (a responder, names resolved
+//! by pebble-challtestsrv); the others bypass validation.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
-use crate::harness::{self, Receiver, under_umask_022};
-use crate::raw::{Key, b64};
+use crate::harness::{self, Dns, Receiver, Responder, under_umask_022};
+use crate::raw::{self, Key, Resp, b64};
 use crate::relay::{FINALIZE, always_valid, bypass_profile, register_upstream_accounts};
 use crate::upstream::{Fault, FaultProxy, Match, Pebble, TestPki};
 
@@ -174,59 +176,15 @@ impl Server {
     }
 }
 
-struct Resp {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-}
-
 /// One HTTP request; an error (refused, reset, cut off) instead of a
 /// panic, since a crash point ends the server mid-request.
 async fn try_request(method: &str, url: &str, body: Option<Vec<u8>>) -> Result<Resp, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
-    let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-        .header("host", uri.authority().unwrap().as_str());
-    if body.is_some() {
-        req = req.header("content-type", "application/jose+json");
-    }
-    let resp = sender
-        .send_request(
-            req.body(Full::new(Bytes::from(body.unwrap_or_default())))
-                .unwrap(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes()
-        .to_vec();
-    Ok(Resp {
-        status,
-        headers,
-        body,
-    })
+    let headers: &[(&str, &str)] = if body.is_some() {
+        &[("content-type", "application/jose+json")]
+    } else {
+        &[]
+    };
+    raw::try_request_with(method, url, headers, body.unwrap_or_default()).await
 }
 
 /// A client: its key, its account URL once it has one, and the
@@ -307,9 +265,11 @@ fn events(got: &[harness::Received]) -> Vec<String> {
         .collect()
 }
 
-/// Who signs.
+/// Who signs, and how names are proven.
 enum Signer {
     Embedded,
+    /// The embedded CA, with http-01 validated for real.
+    Validated,
     /// Pebble through the relay; `refuse`: a proxy answers the upstream
     /// finalize 403, and the relay is retired.
     Relay {
@@ -327,6 +287,8 @@ async fn converges(point: &str, signer: Signer) {
     let receiver = Receiver::start().await;
     let pki = TestPki::new();
     let relayed = matches!(signer, Signer::Relay { .. });
+    let responder = Responder::start().await;
+    let mut _dns = None;
     let (_pebble, _proxy, profile, refused) = match signer {
         Signer::Embedded => (
             None,
@@ -334,6 +296,17 @@ async fn converges(point: &str, signer: Signer) {
             "[profiles.default]\nbypass = true\n".to_owned(),
             false,
         ),
+        Signer::Validated => {
+            let Some(dns) = Dns::start() else { return };
+            let profile = format!(
+                "[validation]\nhttp_port = {}\ntimeout = \"5s\"\n{}\ndns_resolvers = [\"{}\"]\n[profiles.default]\n",
+                responder.port,
+                harness::allow_networks_line(),
+                dns.addr
+            );
+            _dns = Some(dns);
+            (None, None, profile, false)
+        }
         Signer::Relay { refuse } => {
             let Some(pebble) = Pebble::start(&pki, always_valid()) else {
                 return;
@@ -404,6 +377,9 @@ async fn converges(point: &str, signer: Signer) {
     })
     .await;
 
+    let thumbprint = acme_proxy_protocol::Jwk::from_value(&client.key.jwk)
+        .unwrap()
+        .thumbprint_b64();
     step(
         &mut server,
         &client,
@@ -412,9 +388,20 @@ async fn converges(point: &str, signer: Signer) {
             let order = c.get(&order_url).await?;
             for authz_url in order["authorizations"].as_array().unwrap() {
                 let authz = c.get(authz_url.as_str().unwrap()).await?;
-                if authz["status"] == "pending" {
-                    let ch = authz["challenges"][0]["url"].as_str().unwrap();
-                    let r = c.signed(ch, Some(&json!({}))).await?;
+                let Some(ch) = authz["challenges"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|ch| ch["type"] == "http-01")
+                else {
+                    return Err(format!("no http-01 challenge: {authz}"));
+                };
+                if authz["status"] == "pending" && ch["status"] == "pending" {
+                    let token = ch["token"].as_str().unwrap();
+                    responder.publish(token, &format!("{token}.{thumbprint}"));
+                    let r = c
+                        .signed(ch["url"].as_str().unwrap(), Some(&json!({})))
+                        .await?;
                     if r.status != 200 {
                         return Err(format!("trigger: {} {}", r.status, r.json()));
                     }
@@ -424,6 +411,21 @@ async fn converges(point: &str, signer: Signer) {
         },
     )
     .await;
+    // Validations settle in the background.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let order = step(&mut server, &client, "the order", async |c: &Client| {
+            c.get(&order_url).await
+        })
+        .await;
+        if order["status"] != "pending" {
+            assert_eq!(order["status"], "ready", "{order}");
+            break;
+        }
+        server.restarted_after_crash();
+        assert!(Instant::now() < deadline, "the order still {order}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(names.map(str::to_owned).to_vec()).unwrap();
@@ -651,6 +653,8 @@ fn every_crash_point_has_its_test_below() {
         [
             "order.created",
             "challenge.bypassed",
+            "challenge.started",
+            "challenge.settled",
             "finalize.completed",
             "revocation.stored",
             "crl.number_reserved",
@@ -717,4 +721,14 @@ async fn a_crash_right_after_a_relayed_certificate_is_stored_converges_with_one_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_a_refused_relay_is_retired_converges_with_the_order_invalid() {
     converges("relay.abandoned", Signer::Relay { refuse: true }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_challenge_is_triggered_converges() {
+    converges("challenge.started", Signer::Validated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_validation_is_recorded_converges() {
+    converges("challenge.settled", Signer::Validated).await;
 }

@@ -195,15 +195,30 @@ pub async fn request_with(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Resp {
+    try_request_with(method, url, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// [`request_with`], with a failure to connect or a cut-off answer as an
+/// error rather than a panic (a server that may crash mid-request).
+pub async fn try_request_with(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Result<Resp, String> {
     let sent_nonce = nonce_sent(&body);
-    let uri: http::Uri = url.parse().unwrap();
+    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.set_nodelay(true).unwrap();
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .unwrap();
+            .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
     let mut req = http::Request::builder()
         .method(method)
@@ -215,22 +230,22 @@ pub async fn request_with(
     let resp = sender
         .send_request(req.body(Full::new(bytes::Bytes::from(body))).unwrap())
         .await
-        .unwrap();
+        .map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp
         .into_body()
         .collect()
         .await
-        .unwrap()
+        .map_err(|e| e.to_string())?
         .to_bytes()
         .to_vec();
-    Resp {
+    Ok(Resp {
         status,
         headers,
         body,
         sent_nonce,
-    }
+    })
 }
 
 /// POSTs a JSON body as `application/jose+json`.

@@ -91,6 +91,17 @@ fn base_of(directory: &Value) -> String {
     url[..url.find("/profile/").unwrap()].to_owned()
 }
 
+/// A new order, which must be made (201).
+async fn order_made(acct: &Acct, directory: &Value, name: &str) {
+    let r = new_order(acct, directory, name).await;
+    assert_eq!(
+        r.status,
+        201,
+        "newOrder {name}: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+}
+
 /// The refusal every row expects: nothing written, retry later.
 fn assert_unavailable(r: &raw::Resp, what: &str) {
     r.assert_refused(503, "serverInternal", what);
@@ -153,12 +164,7 @@ async fn a_full_file_system_is_answered_503_writes_nothing_and_service_resumes_o
     let (_server, directory) = serve(work.path(), &data).await;
     let acct = Acct::create(&directory, Key::p256()).await;
     let mut made = 0;
-    assert_eq!(
-        new_order(&acct, &directory, "before.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "before.example.test").await;
     made += 1;
 
     // Every byte left taken.
@@ -194,12 +200,7 @@ async fn a_full_file_system_is_answered_503_writes_nothing_and_service_resumes_o
     );
 
     std::fs::remove_file(&filler).unwrap();
-    assert_eq!(
-        new_order(&acct, &directory, "after.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "after.example.test").await;
     made += 1;
     assert_eq!(orders_of(&acct, &directory).await.len(), made);
 }
@@ -211,12 +212,7 @@ async fn a_lock_held_by_another_process_past_the_busy_timeout_is_answered_503_an
     let data = work.path().join("data");
     let (_server, directory) = serve(work.path(), &data).await;
     let acct = Acct::create(&directory, Key::p256()).await;
-    assert_eq!(
-        new_order(&acct, &directory, "before.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "before.example.test").await;
 
     // Another program (a backup tool, an operator's sqlite3 shell) takes
     // the write lock and keeps it.
@@ -235,12 +231,7 @@ async fn a_lock_held_by_another_process_past_the_busy_timeout_is_answered_503_an
 
     other.execute_batch("ROLLBACK").unwrap();
     drop(other);
-    assert_eq!(
-        new_order(&acct, &directory, "after.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "after.example.test").await;
     assert_eq!(orders_of(&acct, &directory).await.len(), 2);
 }
 
@@ -251,12 +242,7 @@ async fn a_database_file_moved_away_is_answered_503_with_nothing_written_and_ser
     let data = work.path().join("data");
     let (_server, directory) = serve(work.path(), &data).await;
     let acct = Acct::create(&directory, Key::p256()).await;
-    assert_eq!(
-        new_order(&acct, &directory, "before.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "before.example.test").await;
 
     let db = data.join("acme-proxy.db");
     let away = work.path().join("moved.db");
@@ -269,12 +255,7 @@ async fn a_database_file_moved_away_is_answered_503_with_nothing_written_and_ser
     assert!(line.contains("ERROR"), "{line}");
 
     std::fs::rename(&away, &db).unwrap();
-    assert_eq!(
-        new_order(&acct, &directory, "after.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "after.example.test").await;
     assert_eq!(orders_of(&acct, &directory).await.len(), 2);
 }
 
@@ -285,12 +266,7 @@ async fn a_database_file_removed_under_the_server_takes_no_writes_and_a_restart_
     let data = work.path().join("data");
     let (server, directory) = serve(work.path(), &data).await;
     let acct = Acct::create(&directory, Key::p256()).await;
-    assert_eq!(
-        new_order(&acct, &directory, "before.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "before.example.test").await;
 
     // The operator's last backup, then the accident.
     let backup = work.path().join("backup.db");
@@ -332,12 +308,7 @@ async fn a_database_file_removed_under_the_server_takes_no_writes_and_a_restart_
         key: acct.key,
     };
     assert_eq!(orders_of(&acct, &directory).await.len(), 1);
-    assert_eq!(
-        new_order(&acct, &directory, "after.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "after.example.test").await;
     assert_eq!(orders_of(&acct, &directory).await.len(), 2);
 }
 
@@ -370,12 +341,7 @@ async fn a_read_only_database_file_stops_start_up_saying_what_to_change_and_star
     let data = work.path().join("data");
     let (server, directory) = serve(work.path(), &data).await;
     let acct = Acct::create(&directory, Key::p256()).await;
-    assert_eq!(
-        new_order(&acct, &directory, "before.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "before.example.test").await;
     let old_base = base_of(&directory);
     drop(server);
     std::fs::set_permissions(
@@ -422,10 +388,5 @@ async fn a_read_only_database_file_stops_start_up_saying_what_to_change_and_star
         key: acct.key,
     };
     assert_eq!(orders_of(&acct, &directory).await.len(), 1);
-    assert_eq!(
-        new_order(&acct, &directory, "after.example.test")
-            .await
-            .status,
-        201
-    );
+    order_made(&acct, &directory, "after.example.test").await;
 }
