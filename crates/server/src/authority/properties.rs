@@ -831,7 +831,7 @@ impl Reached {
 }
 
 /// How many sequences: `PROPTEST_CASES` overrides.
-const CASES: u32 = 1000;
+const CASES: u32 = 2000;
 
 /// Runs one sequence on a fresh database; the first broken invariant ends it.
 fn run(ops: &[Op], reached: &std::sync::Mutex<Reached>) -> Result<(), TestCaseError> {
