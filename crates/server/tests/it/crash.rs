@@ -254,6 +254,30 @@ async fn step<T>(
     panic!("{what}: still failing after restarts");
 }
 
+/// The order at `url` once its status is none of `passing` (restarting
+/// the server after a crash), within `seconds`.
+async fn order_once_past(
+    server: &mut Server,
+    client: &Client,
+    url: &str,
+    passing: &[&str],
+    seconds: u64,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    loop {
+        let order = step(server, client, "the order", async |c: &Client| {
+            c.get(url).await
+        })
+        .await;
+        if !passing.iter().any(|s| order["status"] == *s) {
+            return order;
+        }
+        server.restarted_after_crash();
+        assert!(Instant::now() < deadline, "the order still {order}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn events(got: &[harness::Received]) -> Vec<String> {
     got.iter()
         .filter_map(|r| {
@@ -412,20 +436,8 @@ async fn converges(point: &str, signer: Signer) {
     )
     .await;
     // Validations settle in the background.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let order = step(&mut server, &client, "the order", async |c: &Client| {
-            c.get(&order_url).await
-        })
-        .await;
-        if order["status"] != "pending" {
-            assert_eq!(order["status"], "ready", "{order}");
-            break;
-        }
-        server.restarted_after_crash();
-        assert!(Instant::now() < deadline, "the order still {order}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let order = order_once_past(&mut server, &client, &order_url, &["pending"], 30).await;
+    assert_eq!(order["status"], "ready", "{order}");
 
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(names.map(str::to_owned).to_vec()).unwrap();
@@ -448,19 +460,14 @@ async fn converges(point: &str, signer: Signer) {
     })
     .await;
     // The relay settles (or retires) in the background.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let order = loop {
-        let order = step(&mut server, &client, "the order", async |c: &Client| {
-            c.get(&order_url).await
-        })
-        .await;
-        if order["status"] == "valid" || order["status"] == "invalid" {
-            break order;
-        }
-        server.restarted_after_crash();
-        assert!(Instant::now() < deadline, "the order still {order}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let order = order_once_past(
+        &mut server,
+        &client,
+        &order_url,
+        &["ready", "processing"],
+        60,
+    )
+    .await;
     if refused {
         assert_eq!(order["status"], "invalid", "{order}");
         let wanted = ["account.created", "relay.abandoned"];

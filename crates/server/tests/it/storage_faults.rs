@@ -91,6 +91,14 @@ fn base_of(directory: &Value) -> String {
     url[..url.find("/profile/").unwrap()].to_owned()
 }
 
+/// A server over `data`, an account, and one order made before the fault.
+async fn serving_with_an_order(work: &Path, data: &Path) -> (ChildGuard, Value, Acct) {
+    let (server, directory) = serve(work, data).await;
+    let acct = Acct::create(&directory, Key::p256()).await;
+    order_made(&acct, &directory, "before.example.test").await;
+    (server, directory, acct)
+}
+
 /// A new order, which must be made (201).
 async fn order_made(acct: &Acct, directory: &Value, name: &str) {
     let r = new_order(acct, directory, name).await;
@@ -161,11 +169,8 @@ async fn a_full_file_system_is_answered_503_writes_nothing_and_service_resumes_o
     let work = harness::tempdir();
     let data = work.path().join("data");
     let _tmpfs = Tmpfs::mount(&data, "8m");
-    let (_server, directory) = serve(work.path(), &data).await;
-    let acct = Acct::create(&directory, Key::p256()).await;
-    let mut made = 0;
-    order_made(&acct, &directory, "before.example.test").await;
-    made += 1;
+    let (_server, directory, acct) = serving_with_an_order(work.path(), &data).await;
+    let mut made = 1;
 
     // Every byte left taken.
     let filler = data.join("filler");
@@ -210,9 +215,7 @@ async fn a_lock_held_by_another_process_past_the_busy_timeout_is_answered_503_an
  {
     let work = harness::tempdir();
     let data = work.path().join("data");
-    let (_server, directory) = serve(work.path(), &data).await;
-    let acct = Acct::create(&directory, Key::p256()).await;
-    order_made(&acct, &directory, "before.example.test").await;
+    let (_server, directory, acct) = serving_with_an_order(work.path(), &data).await;
 
     // Another program (a backup tool, an operator's sqlite3 shell) takes
     // the write lock and keeps it.
@@ -240,9 +243,7 @@ async fn a_database_file_moved_away_is_answered_503_with_nothing_written_and_ser
  {
     let work = harness::tempdir();
     let data = work.path().join("data");
-    let (_server, directory) = serve(work.path(), &data).await;
-    let acct = Acct::create(&directory, Key::p256()).await;
-    order_made(&acct, &directory, "before.example.test").await;
+    let (_server, directory, acct) = serving_with_an_order(work.path(), &data).await;
 
     let db = data.join("acme-proxy.db");
     let away = work.path().join("moved.db");
@@ -264,9 +265,7 @@ async fn a_database_file_removed_under_the_server_takes_no_writes_and_a_restart_
  {
     let work = harness::tempdir();
     let data = work.path().join("data");
-    let (server, directory) = serve(work.path(), &data).await;
-    let acct = Acct::create(&directory, Key::p256()).await;
-    order_made(&acct, &directory, "before.example.test").await;
+    let (server, directory, acct) = serving_with_an_order(work.path(), &data).await;
 
     // The operator's last backup, then the accident.
     let backup = work.path().join("backup.db");
@@ -339,9 +338,7 @@ async fn a_read_only_database_file_stops_start_up_saying_what_to_change_and_star
     // `nobody` must reach the configuration, the data and the log.
     std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let data = work.path().join("data");
-    let (server, directory) = serve(work.path(), &data).await;
-    let acct = Acct::create(&directory, Key::p256()).await;
-    order_made(&acct, &directory, "before.example.test").await;
+    let (server, directory, acct) = serving_with_an_order(work.path(), &data).await;
     let old_base = base_of(&directory);
     drop(server);
     std::fs::set_permissions(
