@@ -23,6 +23,7 @@ pub mod authority;
 pub mod bounded;
 pub mod clock;
 pub mod config;
+pub mod dns_zone;
 pub mod egress;
 pub mod error;
 pub mod events;
@@ -48,6 +49,8 @@ pub const CRASH_POINTS: &[&str] = &[
     "challenge.bypassed",
     "challenge.started",
     "challenge.settled",
+    "finalize.began",
+    "finalize.signed",
     "finalize.completed",
     "revocation.stored",
     "crl.number_reserved",

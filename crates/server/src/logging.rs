@@ -25,7 +25,10 @@ pub const REQUEST_TARGET: &str = "acme_proxy::request";
 
 /// Installs the global subscriber; a second call (tests) is a no-op.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // hickory-server logs two lines at info for every DNS question
+    // ([dns_zone]), which anyone who can send a packet would then write.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,hickory_server=warn,hickory_proto=warn"));
     // Logs go to stderr; stdout carries only what `serve` prints for people.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

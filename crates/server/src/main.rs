@@ -88,6 +88,9 @@ enum Command {
     /// The database: a consistent copy of a SQLite file while it serves.
     #[command(subcommand)]
     Db(cli::db::DbCommand),
+    /// The embedded DNS zone ([dns_zone]): its TXT records.
+    #[command(subcommand)]
+    Dns(cli::dns::DnsCommand),
     /// Write the man pages or the shell completions into a directory (for
     /// packagers; reads no configuration).
     #[command(subcommand)]
@@ -268,6 +271,7 @@ fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Resul
         Command::Cert(command) => operator_runtime()?.block_on(cli::cert::run(&config, command)),
         Command::Eab(command) => operator_runtime()?.block_on(cli::eab::run(&config, command)),
         Command::Nonce(command) => operator_runtime()?.block_on(cli::nonce::run(&config, command)),
+        Command::Dns(command) => operator_runtime()?.block_on(cli::dns::run(&config, command)),
         Command::Db(command) => operator_runtime()?.block_on(cli::db::run(&config, command)),
         Command::Job(job) => operator_runtime()?.block_on(cli::job::run(&config, job)),
         Command::Audit(command) => operator_runtime()?.block_on(cli::audit::run(&config, command)),
@@ -353,6 +357,9 @@ async fn serve(config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
     }
     if let Some(m) = running.metrics_addr {
         println!("  metrics: http://{m}/metrics");
+    }
+    for at in &running.dns_addrs {
+        println!("  DNS zone: {at} (UDP and TCP)");
     }
     for line in &summary {
         println!("  profile {line}");

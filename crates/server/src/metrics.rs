@@ -65,6 +65,8 @@ pub struct Metrics {
     /// Connections closed at accept by listener and the bound that refused
     /// them (`max_open`, `max_open_per_client`).
     pub connections_refused: Family<Labels, Counter>,
+    /// Queries the embedded DNS zone answered, by type and response code.
+    pub dns_queries: Family<Labels, Counter>,
     /// Refreshed at each scrape from the database.
     pub job_depth: Family<Labels, Gauge>,
     pub db_connections: Family<Labels, Gauge>,
@@ -92,6 +94,7 @@ impl Metrics {
             egress_proxy_failures: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
+            dns_queries: Family::default(),
             job_depth: Family::default(),
             db_connections: Family::default(),
             nonces: Gauge::default(),
@@ -127,6 +130,11 @@ impl Metrics {
             "revocations_refused",
             "Refused revocations by profile and reason, those not audited included",
             m.revocations_refused.clone(),
+        );
+        r.register(
+            "dns_queries",
+            "Queries the embedded DNS zone answered, by type and response code",
+            m.dns_queries.clone(),
         );
         r.register(
             "validations",

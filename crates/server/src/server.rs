@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Urls};
 use crate::authority::{
-    Authority, CrlRefresh, Lasting, NonceSweep, Profile, RelayJobs, ValidationJobs,
+    Authority, CrlRefresh, FinalizeWatch, Lasting, NonceSweep, Profile, RelayJobs, ValidationJobs,
 };
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
@@ -39,6 +39,9 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Where `/metrics` is served, when `[metrics] listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the `[dns_zone]` server answers (UDP and TCP on each).
+    pub dns_addrs: Vec<SocketAddr>,
+    dns: Option<crate::dns_zone::DnsServer>,
     pub base_url: String,
     /// The certificate the ACME listener serves, with `[tls]`.
     pub tls_cert: Option<std::path::PathBuf>,
@@ -104,6 +107,9 @@ impl Running {
                 outcome = "timeout",
                 "in-flight requests did not finish within the grace period"
             );
+        }
+        if let Some(dns) = self.dns {
+            dns.stop().await;
         }
         self.authority.close().await;
         tracing::info!(event = "server.shutdown", outcome = "success", "stopped");
@@ -267,6 +273,15 @@ async fn relay_signer(
         Some((Arc::clone(metrics), name)),
     )
     .map_err(setting_up)?;
+    // dns01_delegated publishes in our own zone, through the database.
+    let zone = match (store, config.dns_zone.as_ref()) {
+        (Some(store), Some(z)) => {
+            crate::dns_zone::publishing_zone(z).map(|zone| (store.clone(), zone))
+        }
+        _ => None,
+    };
+    let dns = crate::signer::relay::publish::Publisher::for_relay(relay, Arc::clone(clock), zone)
+        .map_err(setting_up)?;
     let relay = Relay::new(
         name,
         relay,
@@ -274,7 +289,7 @@ async fn relay_signer(
         &config.data_dir,
         &account,
         Arc::clone(board),
-        Arc::clone(clock),
+        dns,
     )
     .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
     Ok(Arc::new(relay))
@@ -610,6 +625,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
     check("[tls]", &old.tls, &new.tls);
     check("[connections]", &old.connections, &new.connections);
     check("[metrics] listen", &old.metrics.listen, &new.metrics.listen);
+    check("[dns_zone]", &old.dns_zone, &new.dns_zone);
     check("log_format", &old.log_format, &new.log_format);
     check("nonce_store", &old.nonce_store, &new.nonce_store);
     check(
@@ -713,6 +729,11 @@ pub async fn start_with(
         .map_err(anyhow::Error::msg)?;
     registry
         .register(Arc::new(RelayJobs {
+            generations: generations.clone(),
+        }))
+        .map_err(anyhow::Error::msg)?;
+    registry
+        .register(Arc::new(FinalizeWatch {
             generations: generations.clone(),
         }))
         .map_err(anyhow::Error::msg)?;
@@ -824,11 +845,34 @@ pub async fn start_with(
         ),
         None => None,
     };
+    let dns = match &config.dns_zone {
+        Some(zone) => {
+            let answers = crate::dns_zone::Authority::new(
+                zone,
+                authority.store().clone(),
+                Arc::clone(&authority.metrics),
+            )
+            .map_err(anyhow::Error::msg)?;
+            let dns = crate::dns_zone::DnsServer::start(zone, answers)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            for at in &dns.addresses {
+                tracing::info!(event = "dns.started", outcome = "success", %at, zones = %zone.zones.join(","), "the DNS zone answers");
+            }
+            Some(dns)
+        }
+        None => None,
+    };
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
     Ok(Running {
         addr,
         tls_cert: terminator.as_ref().map(|t| t.cert_path().to_owned()),
         metrics_addr,
+        dns_addrs: dns
+            .as_ref()
+            .map(|d| d.addresses.clone())
+            .unwrap_or_default(),
+        dns,
         base_url,
         authority,
         runner,

@@ -466,7 +466,7 @@ mod tests {
                     .start_challenge_with_job("o1-ch", 1, &job, 1, stale)
                     .await
             ));
-            assert!(changed(store.begin_finalize("ready", stale).await));
+            assert!(changed(store.begin_finalize("ready", 1, &job, stale).await));
             assert!(changed(
                 store.complete_ready_order(&cert, &audit, &[], stale).await
             ));
@@ -548,7 +548,21 @@ mod tests {
             store.order("o1").await.unwrap().unwrap().status.as_str(),
             "ready"
         );
-        assert!(store.begin_finalize("ready", GUARD).await.unwrap());
+        let watch = NewJob {
+            kind: "finalize_watch",
+            key: "ready",
+            payload: "{}",
+            run_at: 1,
+            deadline: None,
+            max_attempts: 1,
+            fair_key: None,
+        };
+        assert!(
+            store
+                .begin_finalize("ready", 1, &watch, GUARD)
+                .await
+                .unwrap()
+        );
         assert_eq!(
             store.order("ready").await.unwrap().unwrap().status.as_str(),
             "processing"

@@ -25,6 +25,8 @@ acme_proxy_protocol::string_enum! {
         EabRevoked = "eab.revoked",
         NotificationFailed = "notification.failed",
         ConfigReload = "config.reload",
+        DnsRecordAdded = "dns.record_added",
+        DnsRecordRemoved = "dns.record_removed",
     }
 }
 

@@ -148,7 +148,10 @@ impl Store {
         }
         if from_ready.is_some()
             && tx
-                .exec(crate::orders::BEGIN_FINALIZE, args![cert.order_id])
+                .exec(
+                    crate::orders::BEGIN_FINALIZE,
+                    args![cert.order_id, cert.now * 1000],
+                )
                 .await?
                 != 1
         {

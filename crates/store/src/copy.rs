@@ -43,6 +43,8 @@ const TABLES: &[&str] = &[
     "audit_log",
     "nonce_key",
     "used_nonces",
+    "dns_records",
+    "dns_zone_serials",
 ];
 
 /// Rows per batch sent from the reading thread and per `INSERT`.

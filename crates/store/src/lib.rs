@@ -19,6 +19,7 @@ mod audit;
 mod certificates;
 mod copy;
 mod db;
+mod dns;
 mod eab;
 mod jobs;
 mod nonces;
@@ -47,6 +48,7 @@ pub use admin::{Blocker, DeleteOutcome};
 pub use audit::{AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use copy::TableCopy;
+pub use dns::DnsRecordRow;
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
 pub use orders::{

@@ -9,9 +9,10 @@ use acme_proxy_protocol::types::{
 };
 use acme_proxy_protocol::{Problem, ProblemType};
 
+use crate::audit::insert_audit_in;
 use crate::db::{Conn, Row, args, col, col_enum};
-use crate::jobs::insert_jobs_in;
-use crate::{AccountGuard, NewJob, Result, Store, StoreError, to_json};
+use crate::jobs::{insert_job_in, insert_jobs_in};
+use crate::{AccountGuard, NewAuditRow, NewJob, Result, Store, StoreError, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderRow {
@@ -144,8 +145,8 @@ const READY_WHEN_ALL_VALID: &str = "UPDATE orders SET status = 'ready' WHERE id 
 
 /// ready → processing for an order being finalized (?1 order id): of two
 /// concurrent finalizes exactly one changes the row.
-pub(crate) const BEGIN_FINALIZE: &str =
-    "UPDATE orders SET status = 'processing' WHERE id = ?1 AND status = 'ready'";
+/// ready → processing at `?2` (Unix milliseconds), guarded.
+pub(crate) const BEGIN_FINALIZE: &str = "UPDATE orders SET status = 'processing', processing_since = ?2 WHERE id = ?1 AND status = 'ready'";
 
 // Read by position in `order_from_row`: a column added goes at the end.
 macro_rules! order_columns {
@@ -858,23 +859,111 @@ impl Store {
     /// exactly one gets `true` (RFC 8555 §7.4). Errs with
     /// [`StoreError::AccountChanged`] unless `account` is still valid with
     /// its key.
-    pub async fn begin_finalize(&self, order_id: &str, account: AccountGuard<'_>) -> Result<bool> {
+    ///
+    /// `watch` is queued with it: the job, keyed by the order and this
+    /// start, that makes the order invalid if the process asking the
+    /// signer dies before recording the outcome
+    /// ([`Store::fail_stalled_finalize`]).
+    pub async fn begin_finalize(
+        &self,
+        order_id: &str,
+        since_ms: i64,
+        watch: &NewJob<'_>,
+        account: AccountGuard<'_>,
+    ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         account.check_in(&mut tx).await?;
-        let begun = tx.exec(BEGIN_FINALIZE, args![order_id]).await? == 1;
+        let begun = tx.exec(BEGIN_FINALIZE, args![order_id, since_ms]).await? == 1;
+        if !begun {
+            return Ok(false);
+        }
+        insert_job_in(&mut tx, watch, since_ms).await?;
         tx.commit().await?;
-        Ok(begun)
+        Ok(true)
+    }
+
+    /// When the finalize of an order that is processing without a relay
+    /// began (Unix milliseconds); None when it is not such an order.
+    pub async fn processing_since(&self, order_id: &str) -> Result<Option<i64>> {
+        let since: Option<Option<i64>> = self
+            .point_reader()
+            .await?
+            .scalar(
+                "SELECT processing_since FROM orders o
+                 WHERE id = ?1 AND status = 'processing'
+                   AND NOT EXISTS (SELECT 1 FROM upstream_orders u WHERE u.order_id = o.id)",
+                args![order_id],
+            )
+            .await?;
+        Ok(since.flatten())
+    }
+
+    /// processing → invalid, with the audit row, when the finalize that
+    /// began at `since_ms` never recorded its outcome (its process died
+    /// while the signer worked). False, and nothing written, when the
+    /// order left processing or another finalize has begun since.
+    pub async fn fail_stalled_finalize(
+        &self,
+        order_id: &str,
+        since_ms: i64,
+        error: &Problem,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let failed = tx
+            .exec(
+                "UPDATE orders SET status = 'invalid', error = ?1
+                 WHERE id = ?2 AND status = 'processing' AND processing_since = ?3",
+                args![to_json(error), order_id, since_ms],
+            )
+            .await?
+            == 1;
+        if !failed {
+            return Ok(false);
+        }
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Orders processing without a relay and without a live job of
+    /// `job_kind` keyed `ID@SINCE` (their id and the start of their
+    /// finalize: e.g. processing before the watch existed), as (id,
+    /// start), oldest first, to be watched again at start-up.
+    pub async fn unwatched_finalizes(
+        &self,
+        job_kind: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, i64)>> {
+        self.reader()
+            .await?
+            .all(
+                "SELECT o.id, o.processing_since FROM orders o
+                 WHERE o.status = 'processing' AND o.processing_since IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM upstream_orders u WHERE u.order_id = o.id)
+                   AND NOT EXISTS (SELECT 1 FROM jobs j
+                                   WHERE j.kind = ?1 AND j.key = o.id || '@' || o.processing_since
+                                   AND (j.status = 'queued' OR j.status = 'running' OR j.status = 'retiring'))
+                 ORDER BY o.processing_since, o.id
+                 LIMIT ?2",
+                args![job_kind, limit],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .await
     }
 
     /// processing → ready: the signer refused the CSR, the client may try
-    /// again with a better one (RFC 8555 §7.4 badCSR).
+    /// again with a better one (RFC 8555 §7.4 badCSR). The start is
+    /// cleared: no watch reads this attempt as live any more.
     pub async fn abort_finalize(&self, order_id: &str) -> Result<bool> {
         Ok(self
             .writer()
             .await?
             .exec(
-                "UPDATE orders SET status = 'ready' WHERE id = ?1 AND status = 'processing'",
+                "UPDATE orders SET status = 'ready', processing_since = NULL
+                 WHERE id = ?1 AND status = 'processing'",
                 args![order_id],
             )
             .await?
@@ -960,7 +1049,10 @@ mod tests {
     use rusqlite::Connection;
 
     use crate::test_support::{ACCOUNT, GUARD, TestDb, open_in};
-    use crate::{NewAuthorization, NewChallenge, NewOrderRow};
+    use crate::{
+        AuditEvent, AuditOutcome, NewAuditRow, NewAuthorization, NewChallenge, NewJob, NewOrderRow,
+        NewUpstreamOrder,
+    };
 
     /// Found by the state machine's property test: two challenges of one
     /// authorization triggered together, the first failing. The second's
@@ -1043,6 +1135,223 @@ mod tests {
                 .settle_challenge("dns", Ok(()), 5, 50, &[])
                 .await
                 .unwrap()
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_dead_finalize_is_failed_only_for_the_attempt_its_watch_was_queued_for() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        db.exec(
+            "INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ord', 'default', 'acct', 'ready', '[]', 100, 1),
+                        ('rel', 'default', 'acct', 'ready', '[]', 100, 1)",
+        )
+        .await;
+        let watch = |key: &'static str, run_at: i64| NewJob {
+            kind: "finalize_watch",
+            key,
+            payload: "{}",
+            run_at,
+            deadline: None,
+            max_attempts: 5,
+            fair_key: None,
+        };
+        let problem = Problem::new(ProblemType::ServerInternal, "the server stopped");
+        let audit = || NewAuditRow {
+            order_id: Some("ord"),
+            ..NewAuditRow::new(
+                9,
+                AuditEvent::CertificateIssueFailed,
+                AuditOutcome::Failure,
+                "system",
+            )
+        };
+
+        // The first attempt: processing since 1000, its watch queued with it.
+        assert!(
+            store
+                .begin_finalize("ord", 1000, &watch("ord@1000", 25_000), GUARD)
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.processing_since("ord").await.unwrap(), Some(1000));
+        assert_eq!(
+            db.scalar("SELECT run_at FROM jobs WHERE kind = 'finalize_watch' AND key = 'ord@1000'")
+                .await,
+            25_000
+        );
+        assert!(
+            store
+                .unwatched_finalizes("finalize_watch", 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // A second finalize of a processing order begins nothing.
+        assert!(
+            !store
+                .begin_finalize("ord", 1500, &watch("ord@1500", 1), GUARD)
+                .await
+                .unwrap()
+        );
+
+        // badCSR: ready again, then a second attempt at 5000. The first
+        // attempt's watch cannot fail it.
+        assert!(store.abort_finalize("ord").await.unwrap());
+        assert_eq!(store.processing_since("ord").await.unwrap(), None);
+        assert_eq!(
+            db.scalar("SELECT count(*) FROM orders WHERE id = 'ord' AND processing_since IS NULL")
+                .await,
+            1
+        );
+        assert!(
+            store
+                .begin_finalize("ord", 5000, &watch("ord@5000", 29_000), GUARD)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .fail_stalled_finalize("ord", 1000, &problem, &audit())
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.order("ord").await.unwrap().unwrap().status,
+            OrderStatus::Processing
+        );
+        assert!(store.audit_for_order("ord").await.unwrap().is_empty());
+
+        // The second attempt's watch, once it is dead: invalid, audited.
+        assert!(
+            store
+                .fail_stalled_finalize("ord", 5000, &problem, &audit())
+                .await
+                .unwrap()
+        );
+        let order = store.order("ord").await.unwrap().unwrap();
+        assert_eq!(order.status, OrderStatus::Invalid);
+        assert_eq!(
+            order.error.unwrap().detail.as_deref(),
+            Some("the server stopped")
+        );
+        let audited = store.audit_for_order("ord").await.unwrap();
+        assert_eq!(audited.len(), 1);
+        assert_eq!(
+            audited[0].event,
+            AuditEvent::CertificateIssueFailed.as_str()
+        );
+        // Once: the order left processing.
+        assert!(
+            !store
+                .fail_stalled_finalize("ord", 5000, &problem, &audit())
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.processing_since("ord").await.unwrap(), None);
+
+        // A relayed order has its own job: no watch is about it.
+        let relayed = NewUpstreamOrder {
+            order_id: "rel",
+            profile: "default",
+            account_id: "acct",
+            csr_der: b"csr",
+            client_ip: None,
+            reverse_name: None,
+            user_agent: None,
+            request_id: None,
+            now: 2,
+        };
+        let relay_job = NewJob {
+            kind: "signer_relay_issue",
+            ..watch("rel", 2)
+        };
+        assert!(
+            store
+                .begin_relay(&relayed, &relay_job, 2, GUARD)
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.processing_since("rel").await.unwrap(), None);
+        assert!(
+            store
+                .unwatched_finalizes("finalize_watch", 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_order_processing_without_a_watch_is_found_for_one_at_start_up() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        db.exec(
+            "INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at, processing_since)
+                 VALUES ('old', 'default', 'acct', 'processing', '[]', 100, 1, 7000),
+                        ('older', 'default', 'acct', 'processing', '[]', 100, 1, 6000),
+                        ('done', 'default', 'acct', 'invalid', '[]', 100, 1, 5000)",
+        )
+        .await;
+        // An order an older version was signing, as migration 0013 finds
+        // it: processing, no start recorded. Its backfill (run here as
+        // written in the file) dates the start to the upgrade.
+        db.exec(
+            "INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('pre', 'default', 'acct', 'processing', '[]', 100, 1)",
+        )
+        .await;
+        let migration = if crate::test_support::on_postgres() {
+            include_str!("../migrations/postgres/0013_finalize_watch.sql")
+        } else {
+            include_str!("../migrations/sqlite/0013_finalize_watch.sql")
+        };
+        db.exec(&migration[migration.find("UPDATE orders").unwrap()..])
+            .await;
+        let upgraded = store.processing_since("pre").await.unwrap().unwrap();
+        // The upgrade's time in milliseconds (not seconds): after 2023,
+        // before 2096.
+        assert!(
+            (1_700_000_000_000..4_000_000_000_000).contains(&upgraded),
+            "{upgraded}"
+        );
+        assert_eq!(store.processing_since("done").await.unwrap(), None);
+        let unwatched = store
+            .unwatched_finalizes("finalize_watch", 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            unwatched,
+            [
+                ("older".to_owned(), 6000),
+                ("old".to_owned(), 7000),
+                ("pre".to_owned(), upgraded)
+            ]
+        );
+        assert_eq!(
+            store
+                .unwatched_finalizes("finalize_watch", 1)
+                .await
+                .unwrap(),
+            [("older".to_owned(), 6000)]
+        );
+        // A watch of another attempt does not count; one of this attempt
+        // does.
+        db.exec(
+            "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, created_at, updated_at)
+                 VALUES ('finalize_watch', 'older@5999', '{}', 'queued', 0, 5, 1, 1, 1),
+                        ('finalize_watch', 'old@7000', '{}', 'queued', 0, 5, 1, 1, 1)",
+        )
+        .await;
+        assert_eq!(
+            store
+                .unwatched_finalizes("finalize_watch", 10)
+                .await
+                .unwrap(),
+            [("older".to_owned(), 6000), ("pre".to_owned(), upgraded)]
         );
         store.close().await;
     }

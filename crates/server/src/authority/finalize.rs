@@ -7,7 +7,11 @@
 
 use acme_proxy_protocol::ProblemType;
 use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
-use acme_proxy_store::{AccountRow, AuditEvent, AuditOutcome, NewCertificateRow, OrderRow};
+use std::time::Duration;
+
+use acme_proxy_store::{
+    AccountRow, AuditEvent, AuditOutcome, JobRow, NewAuditRow, NewCertificateRow, NewJob, OrderRow,
+};
 use time::OffsetDateTime;
 
 use super::audit::{AuditContext, Fact};
@@ -16,8 +20,71 @@ use super::{Authority, Profile};
 use crate::config::{CertificateProfileConfig, ExtendedKeyUsage};
 use crate::error::{AcmeError, AcmeResult};
 use crate::events::Event;
+use crate::generation::Generations;
+use crate::jobs::{BoxFuture, JobHandler, JobObserver, JobSpec, Outcome, Queue, RetireReason};
 use crate::notify::{Notice, Outbox};
 use crate::signer::{Issuance, IssueContext, IssueRequest, Issued, SignerError};
+
+/// The kind of the job that watches a guarded finalize.
+pub const FINALIZE_WATCH_KIND: &str = crate::jobs::JobKind::FinalizeWatch.as_str();
+
+/// How long past the signer's time limit a watch waits before it calls
+/// the finalize dead: the storing of the outcome, which may wait for the
+/// database, must not be cut off. At least this much, and at least the
+/// limit again.
+const WATCH_MARGIN: Duration = Duration::from_secs(10);
+
+/// The time limit assumed for an order found processing without a watch
+/// (it began under a version without them): the longest any signer may
+/// have (a custom program's or a token's `timeout` is at most 60 s).
+const LONGEST_SIGNING: Duration = Duration::from_secs(60);
+
+/// A watch retries a database that is down rather than give up on an
+/// order.
+const WATCH_ATTEMPTS: u32 = 1_000_000;
+
+/// Start-up recovery reads at most this many unwatched orders.
+const RECOVER_BATCH: i64 = 10_000;
+
+/// When after its start a guarded finalize with this time limit is dead.
+fn watch_after(within: Duration) -> Duration {
+    within + within.max(WATCH_MARGIN)
+}
+
+/// What a watch watches: one attempt at finalizing one order, and when it
+/// is dead. The time is fixed when the attempt begins, with the limit of
+/// the signer that attempt asks: a reload that shortens it, or another
+/// replica's configuration, cannot cut a live signing short.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Watch {
+    order: String,
+    /// The attempt's start (the order's `processing_since`), Unix ms.
+    since: i64,
+    /// When the attempt is dead, Unix ms.
+    due: i64,
+}
+
+impl Watch {
+    fn of(order: &str, since: i64, within: Duration) -> Watch {
+        let after = i64::try_from(watch_after(within).as_millis()).unwrap_or(i64::MAX);
+        Watch {
+            order: order.to_owned(),
+            since,
+            due: since.saturating_add(after),
+        }
+    }
+
+    /// One watch per attempt: a watch of an earlier attempt still queued
+    /// (after a badCSR made the order ready again) does not stand in for
+    /// this one.
+    fn key(&self) -> String {
+        format!("{}@{}", self.order, self.since)
+    }
+
+    fn payload(&self) -> String {
+        serde_json::json!(self).to_string()
+    }
+}
 
 /// Logs a certificate the embedded CA signed inside a finalize that could
 /// not store it: it never leaves the process, but its serial was used.
@@ -176,7 +243,7 @@ impl Authority {
                     .await
             }
             Issuance::Inline => self.finalize_inline(&signing).await,
-            Issuance::Guarded => self.finalize_guarded(&signing).await,
+            Issuance::Guarded { within } => self.finalize_guarded(&signing, within).await,
         }
     }
 
@@ -256,12 +323,33 @@ impl Authority {
     /// A token or an outside signer takes its time and may keep a record
     /// of what it signed, so the order is processing before it is asked,
     /// and exactly one request asks.
-    async fn finalize_guarded(&self, signing: &Signing<'_>) -> AcmeResult<OrderRow> {
+    ///
+    /// The order's watch is queued with the step to processing: if this
+    /// process dies before the outcome is recorded, the watch makes the
+    /// order invalid once the signer's time limit (`within`) is well past
+    /// (see [`FinalizeWatch`]).
+    async fn finalize_guarded(
+        &self,
+        signing: &Signing<'_>,
+        within: Duration,
+    ) -> AcmeResult<OrderRow> {
         let Signing { account, order, .. } = signing;
         let audit = self.issuance_audit(signing).await;
+        let since = self.clock.unix_ms();
+        let watch = Watch::of(&order.id, since, within);
+        let (key, payload) = (watch.key(), watch.payload());
+        let job = NewJob {
+            kind: FINALIZE_WATCH_KIND,
+            key: &key,
+            payload: &payload,
+            run_at: watch.due,
+            deadline: None,
+            max_attempts: i64::from(WATCH_ATTEMPTS),
+            fair_key: None,
+        };
         if !self
             .store
-            .begin_finalize(&order.id, super::guard(account))
+            .begin_finalize(&order.id, since, &job, super::guard(account))
             .await
             .map_err(|e| self.guarded_write_error(account, e))?
         {
@@ -270,6 +358,9 @@ impl Authority {
                 "the order is already being finalized",
             ));
         }
+        // Counted as queued; due later, so the runner is not woken for it.
+        self.queue.observer.enqueued(FINALIZE_WATCH_KIND);
+        crash_point!("finalize.began");
         // From here the order is processing: if this request goes away
         // before the outcome is recorded (the client hung up while the
         // signer ran), the guard marks it invalid rather than leave it
@@ -280,7 +371,10 @@ impl Authority {
             armed: true,
         };
         let issued = match self.sign(signing).await {
-            Ok(issued) => issued,
+            Ok(issued) => {
+                crash_point!("finalize.signed");
+                issued
+            }
             Err(SignerError::BadCsr(detail)) => {
                 self.store.abort_finalize(&order.id).await?;
                 guard.armed = false;
@@ -325,7 +419,9 @@ impl Authority {
             .await;
         guard.armed = false;
         match stored {
-            Ok(true) => {}
+            Ok(true) => {
+                crash_point!("finalize.completed");
+            }
             Ok(false) => {
                 return Err(AcmeError::internal(
                     "order left processing while it was being signed",
@@ -513,5 +609,141 @@ impl Drop for FinalizeGuard {
             );
             let _ = store.fail_order(&id, &problem).await;
         });
+    }
+}
+
+impl Authority {
+    /// A guarded finalize's watch: once the attempt it watches is dead
+    /// (its signer's time limit well past, its outcome never recorded: the
+    /// process asking died), the order is made invalid and audited.
+    /// Earlier, it looks again when that time comes. An attempt that ended
+    /// (or was followed by another, which has its own watch) ends the
+    /// watch.
+    async fn watch_finalize(&self, watch: &Watch) -> Outcome {
+        match self.store.processing_since(&watch.order).await {
+            Ok(Some(since)) if since == watch.since => {}
+            Ok(_) => return Outcome::Done,
+            Err(e) => return Outcome::Retry(format!("reading the order: {e}")),
+        }
+        if self.clock.unix_ms() < watch.due {
+            let at = OffsetDateTime::from_unix_timestamp_nanos(i128::from(watch.due) * 1_000_000)
+                .unwrap_or_else(|_| self.clock.now() + WATCH_MARGIN);
+            return Outcome::Reschedule(at);
+        }
+        let order = match self.store.order(&watch.order).await {
+            Ok(Some(order)) => order,
+            Ok(None) => return Outcome::Done,
+            Err(e) => return Outcome::Retry(format!("reading the order: {e}")),
+        };
+        let problem = acme_proxy_protocol::Problem::new(
+            ProblemType::ServerInternal,
+            "the server stopped while the certificate was being signed; place a new order",
+        );
+        let identifiers: Vec<RawIdentifier> =
+            order.identifiers.iter().map(RawIdentifier::from).collect();
+        let detail = format!(
+            "the finalize that began at {} had not recorded its outcome by {}: the server asking the signer stopped",
+            crate::clock::rfc3339(watch.since.div_euclid(1000)),
+            crate::clock::rfc3339(watch.due.div_euclid(1000)),
+        );
+        let audit = NewAuditRow {
+            profile: Some(&order.profile),
+            account_id: Some(&order.account_id),
+            order_id: Some(&watch.order),
+            identifiers: Some(identifiers.as_slice()),
+            problem_type: Some(ProblemType::ServerInternal.name()),
+            detail: Some(&detail),
+            ..NewAuditRow::new(
+                self.clock.unix(),
+                AuditEvent::CertificateIssueFailed,
+                AuditOutcome::Failure,
+                "system",
+            )
+        };
+        match self
+            .store
+            .fail_stalled_finalize(&watch.order, watch.since, &problem, &audit)
+            .await
+        {
+            Ok(true) => {
+                self.metrics.audited(&audit);
+                tracing::warn!(
+                    event = "certificate.issue",
+                    outcome = "abandoned",
+                    profile = %order.profile,
+                    account = %order.account_id,
+                    order = %watch.order,
+                    reason = %detail,
+                    "a finalize died while signing; the order is made invalid"
+                );
+                Outcome::Done
+            }
+            // It ended meanwhile, or another attempt began (with its own
+            // watch).
+            Ok(false) => Outcome::Done,
+            Err(e) => Outcome::Retry(format!("failing the order: {e}")),
+        }
+    }
+}
+
+/// The jobs that watch guarded finalizes, one per attempt (keyed
+/// `ORDER@START`).
+#[derive(Debug)]
+pub struct FinalizeWatch {
+    pub generations: Generations,
+}
+
+impl JobHandler for FinalizeWatch {
+    fn kind(&self) -> &'static str {
+        FINALIZE_WATCH_KIND
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            match serde_json::from_str::<Watch>(&job.payload) {
+                Ok(watch) => self.generations.authority().watch_finalize(&watch).await,
+                Err(e) => Outcome::Failed(format!("payload {:?}: {e}", job.payload)),
+            }
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            tracing::error!(
+                event = "finalize.watch_retired",
+                outcome = "failure",
+                watch = %job.key,
+                reason = %reason,
+                "the watch of a finalize was retired; if the order stays processing, the next start watches it again"
+            );
+        })
+    }
+
+    /// Watches every order processing without a relay and without a watch
+    /// (one that was processing when this version was installed), as if
+    /// its signer had the longest limit any may have.
+    fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let ids = self
+                .generations
+                .authority()
+                .store
+                .unwatched_finalizes(FINALIZE_WATCH_KIND, RECOVER_BATCH)
+                .await
+                .map_err(|e| e.to_string())?;
+            let specs = ids
+                .into_iter()
+                .map(|(id, since)| {
+                    let watch = Watch::of(&id, since, LONGEST_SIGNING);
+                    let mut spec =
+                        JobSpec::new(FINALIZE_WATCH_KIND, watch.key(), serde_json::json!(watch));
+                    spec.max_attempts = Some(WATCH_ATTEMPTS);
+                    spec
+                })
+                .collect();
+            queue
+                .requeue_lost("finalize.recover", specs, RECOVER_BATCH)
+                .await
+        })
     }
 }

@@ -46,6 +46,7 @@ use crate::signer::Signer;
 use crate::validators::Validators;
 
 pub use ari::Window;
+pub use finalize::{FINALIZE_WATCH_KIND, FinalizeWatch};
 pub use maintenance::{CrlRefresh, NonceSweep};
 pub use relay::{RELAY_KIND, RelayJobs};
 pub use revocation::{RevocationSigner, crl_needs_refresh};

@@ -141,6 +141,9 @@ impl Authority {
         // The names the account's external account credential allows (a
         // revoked credential refuses the whole order).
         faults.extend(self.external_account_limits(account, &identifiers).await?);
+        if faults.is_empty() {
+            faults.extend(self.missing_delegations(profile, &identifiers).await);
+        }
         match faults.len() {
             0 => {}
             1 => {
@@ -601,6 +604,75 @@ fn allowed_by(
         ));
     }
     Ok(id)
+}
+
+impl Authority {
+    /// For a signer that answers dns-01 in our own zone (a relay with
+    /// `dns01_delegated`): the names whose `_acme-challenge` CNAME is
+    /// missing or points elsewhere, each refused with the record to
+    /// create. Checked at newOrder, when the client can still be told what
+    /// to ask the DNS team for, rather than as the upstream CA's failed
+    /// validation later. A lookup that gets no answer (a timeout, SERVFAIL)
+    /// refuses nothing: it is logged, and the upstream decides.
+    async fn missing_delegations(
+        &self,
+        profile: &Profile,
+        identifiers: &[Identifier],
+    ) -> Vec<acme_proxy_protocol::problem::Subproblem> {
+        use hickory_resolver::proto::rr::{RData, RecordType};
+        let Some(zone) = profile.signer.delegated_dns01_zone() else {
+            return Vec::new();
+        };
+        let mut faults = Vec::new();
+        let mut checked = std::collections::HashSet::new();
+        for id in identifiers.iter().filter(|i| i.kind == IdentifierType::Dns) {
+            let base = id.value.trim_start_matches("*.");
+            if !checked.insert(base.to_owned()) {
+                continue;
+            }
+            // Absolute, so no search domain is appended.
+            let name = format!("_acme-challenge.{base}.");
+            let want = format!("{}.", crate::dns_zone::delegation_target(zone, &id.value));
+            let record = crate::dns_zone::delegation_record(zone, &id.value);
+            let lookup = tokio::time::timeout(
+                self.validators.timeout,
+                self.validators
+                    .resolver
+                    .lookup(name.as_str(), RecordType::CNAME),
+            )
+            .await;
+            let found = match lookup {
+                Ok(Ok(lookup)) => lookup.answers().iter().find_map(|r| match &r.data {
+                    RData::CNAME(target) => Some(target.0.to_ascii()),
+                    _ => None,
+                }),
+                Ok(Err(e)) if e.is_nx_domain() || e.is_no_records_found() => None,
+                Ok(Err(e)) => {
+                    tracing::warn!(event = "order.delegation", outcome = "unknown", %name, error = %e, "could not check the dns-01 delegation");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(event = "order.delegation", outcome = "unknown", %name, "the dns-01 delegation lookup timed out");
+                    continue;
+                }
+            };
+            let detail = match found {
+                Some(target) if target.eq_ignore_ascii_case(&want) => continue,
+                Some(target) => format!(
+                    "{name} is an alias of {target}, not of this server's zone; the record must read: {record}"
+                ),
+                None => format!(
+                    "{name} is not delegated to this server's zone; ask for this record: {record}"
+                ),
+            };
+            faults.push(acme_proxy_protocol::problem::Subproblem::new(
+                ProblemType::RejectedIdentifier,
+                detail,
+                RawIdentifier::from(id),
+            ));
+        }
+        faults
+    }
 }
 
 /// Syntax and policy for one identifier; returns it normalised.

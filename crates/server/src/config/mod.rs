@@ -20,6 +20,7 @@ use serde::{Deserialize, Deserializer};
 mod audit;
 mod connections;
 mod de;
+mod dns_zone;
 mod egress;
 mod jobs;
 mod metrics;
@@ -34,6 +35,7 @@ mod validation;
 pub use audit::*;
 pub use connections::*;
 use de::*;
+pub use dns_zone::*;
 pub use egress::*;
 pub use jobs::*;
 pub use metrics::*;
@@ -109,6 +111,9 @@ pub struct Config {
     pub jobs: JobsConfig,
     pub notify: NotifyConfig,
     pub metrics: MetricsConfig,
+    /// The embedded authoritative DNS server for delegated dns-01;
+    /// absent: none.
+    pub dns_zone: Option<DnsZoneConfig>,
     pub audit: AuditConfig,
     /// Outbound HTTP(S) of the relay and webhooks: direct or through a proxy.
     pub egress: EgressConfig,
@@ -177,6 +182,7 @@ impl Default for Config {
             jobs: JobsConfig::default(),
             notify: NotifyConfig::default(),
             metrics: MetricsConfig::default(),
+            dns_zone: None,
             audit: AuditConfig::default(),
             egress: EgressConfig::default(),
             profiles,
@@ -542,6 +548,19 @@ impl Config {
             {
                 problems.push(format!(
                     "public_url {url:?} is http:// but [tls] serves https://; write public_url = \"https://…\""
+                ));
+            }
+        }
+        if let Some(zone) = &self.dns_zone {
+            problems.extend(zone.problems());
+        }
+        for (name, profile) in &self.profiles {
+            if let SignerConfig::Relay(relay) = &profile.signer
+                && relay.strategy == RelayStrategy::Dns01Delegated
+                && self.dns_zone.is_none()
+            {
+                problems.push(format!(
+                    "profiles.{name}.signer.strategy is \"dns01_delegated\" but there is no [dns_zone] to publish in: add one, e.g. [dns_zone] zones = [\"acme.example.org\"], listen = [\"192.0.2.53:53\"], nameservers = [\"ns1.example.org\"]"
                 ));
             }
         }

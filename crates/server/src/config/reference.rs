@@ -286,6 +286,7 @@ pub fn uncommented(text: &str) -> String {
                     "[profiles.default.notify",
                     "[notify]",
                     "[metrics]",
+                    "[dns_zone]",
                     "[egress]",
                     "[tls]",
                     "[audit]",

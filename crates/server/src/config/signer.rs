@@ -112,7 +112,8 @@ pub struct RelayConfig {
     /// PEM files of CA certificates trusted for the upstream's TLS, in
     /// addition to the system roots (a private CA, a test CA).
     pub trust_anchors: Vec<PathBuf>,
-    /// How the upstream's challenges are answered: `dns01`, `http01` or `bypass`.
+    /// How the upstream's challenges are answered: `dns01`, `dns01_delegated`
+    /// (through `[dns_zone]`), `http01` or `bypass`.
     pub strategy: RelayStrategy,
     /// Polling interval when the upstream gives no `Retry-After`.
     #[serde(deserialize_with = "duration")]
@@ -149,6 +150,10 @@ pub struct RelayConfig {
 pub enum RelayStrategy {
     /// RFC 2136 UPDATE of `_acme-challenge` TXT records, signed with TSIG.
     Dns01,
+    /// The TXT records published in our own `[dns_zone]`, to which each
+    /// `_acme-challenge` name is delegated by CNAME (`acme-proxy dns
+    /// cname` prints the records); no key anywhere.
+    Dns01Delegated,
     /// The key authorization served on our own `/.well-known/acme-challenge/`.
     Http01,
     /// The upstream already trusts the account (pre-validated domains).
@@ -322,7 +327,10 @@ pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError
                 "profiles.{name}.signer.strategy is \"dns01\" but [profiles.{name}.signer.dns01] is missing: write server, zones, tsig_key_name and tsig_secret_file there"
             ));
         }
-        (RelayStrategy::Http01 | RelayStrategy::Bypass, Some(_)) => {
+        (
+            RelayStrategy::Http01 | RelayStrategy::Bypass | RelayStrategy::Dns01Delegated,
+            Some(_),
+        ) => {
             return invalid(format!(
                 "profiles.{name}.signer.dns01 is set but strategy is not \"dns01\": remove the section or write strategy = \"dns01\""
             ));

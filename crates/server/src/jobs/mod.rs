@@ -50,6 +50,7 @@ acme_proxy_protocol::string_enum! {
     pub enum JobKind {
         ChallengeValidation = "challenge_validation",
         SignerRelayIssue = "signer_relay_issue",
+        FinalizeWatch = "finalize_watch",
         NotifyDelivery = "notify_delivery",
         NonceSweep = "nonce_sweep",
         CrlRefresh = "crl_refresh",

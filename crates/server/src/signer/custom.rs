@@ -401,7 +401,9 @@ fn check_chain(
 /// processing meanwhile).
 impl super::SignerBackend for Custom {
     fn issuance(&self) -> super::Issuance<'_> {
-        super::Issuance::Guarded
+        super::Issuance::Guarded {
+            within: self.config.timeout,
+        }
     }
 
     fn issue<'a>(

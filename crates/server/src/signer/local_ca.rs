@@ -212,10 +212,15 @@ impl LocalCa {
         &self.config
     }
 
-    /// Whether the key signs in this process's memory (a key file), in
-    /// microseconds, rather than through a PKCS#11 token.
-    pub fn signs_in_memory(&self) -> bool {
-        matches!(self.issuer.key(), CaKey::File(_))
+    /// The time limit of one signing through a PKCS#11 token; None when
+    /// the key signs in this process's memory (a key file), in
+    /// microseconds.
+    pub fn token_time_limit(&self) -> Option<Duration> {
+        match self.issuer.key() {
+            CaKey::File(_) => None,
+            #[cfg(feature = "pkcs11")]
+            CaKey::Token(token) => Some(token.time_limit()),
+        }
     }
 
     /// The default validity window for a certificate issued at `now`;
@@ -557,10 +562,9 @@ fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
 /// CRL from the revocations the authority recorded.
 impl super::SignerBackend for LocalCa {
     fn issuance(&self) -> super::Issuance<'_> {
-        if self.signs_in_memory() {
-            super::Issuance::Inline
-        } else {
-            super::Issuance::Guarded
+        match self.token_time_limit() {
+            None => super::Issuance::Inline,
+            Some(within) => super::Issuance::Guarded { within },
         }
     }
 

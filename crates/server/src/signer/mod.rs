@@ -147,7 +147,12 @@ pub enum Issuance<'a> {
     /// Signs inside the request but takes its time and may keep a record
     /// of what it signed (a token, an outside program): the order is
     /// processing before it is asked, and exactly one request asks.
-    Guarded,
+    Guarded {
+        /// The signer's time limit: a signing not done by then has
+        /// failed, so an order processing much longer than this was being
+        /// signed by a process that is gone.
+        within: std::time::Duration,
+    },
     /// Issues through a durable job, not inside the request (the relay).
     Deferred(&'a dyn Deferred),
 }
@@ -156,7 +161,7 @@ impl std::fmt::Debug for Issuance<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Inline => "Inline",
-            Self::Guarded => "Guarded",
+            Self::Guarded { .. } => "Guarded",
             Self::Deferred(_) => "Deferred",
         })
     }
@@ -167,7 +172,7 @@ impl<'a> Issuance<'a> {
     pub fn deferred(self) -> Option<&'a dyn Deferred> {
         match self {
             Self::Deferred(d) => Some(d),
-            Self::Inline | Self::Guarded => None,
+            Self::Inline | Self::Guarded { .. } => None,
         }
     }
 }
@@ -264,6 +269,13 @@ pub trait SignerBackend: std::fmt::Debug + Send + Sync {
     /// when this signer cannot issue one; None: accepted as the profile's
     /// challenges allow.
     fn refuses_wildcards(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The zone of ours its dns-01 answers are published in, the
+    /// `_acme-challenge` names being delegated there by CNAME (a relay
+    /// with strategy `dns01_delegated`); None: no such delegation.
+    fn delegated_dns01_zone(&self) -> Option<&str> {
         None
     }
 

@@ -109,6 +109,11 @@ impl TokenKey {
         Ok(key)
     }
 
+    /// How long one signing may take, waiting for its turn included.
+    pub fn time_limit(&self) -> Duration {
+        self.turns.timeout
+    }
+
     /// Runs `work`, which signs with this key (`what` names it for the
     /// log), off the async workers: see [`Turns::run`].
     pub async fn offload<T, F>(&self, what: &str, work: F) -> Result<T, String>

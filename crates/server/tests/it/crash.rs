@@ -1,6 +1,6 @@
 //! Crash at every write: the binary, built with the `failpoints` feature,
 //! aborts at one crash point (`CRASH_AT`, each right after a
-//! transaction commits) while a client goes through a whole issuance and
+//! transaction commits, or the signer answered) while a client goes through a whole issuance and
 //! revocation with a webhook listening. The client retries what a crash
 //! cut off against the restarted server, as real clients do, and then the
 //! state must have converged: the order valid with exactly one
@@ -17,6 +17,8 @@
 //! | `challenge.bypassed`  | a challenge's trigger made it valid (bypass profile)   |
 //! | `challenge.started`   | a trigger: the challenge processing, its job queued    |
 //! | `challenge.settled`   | a real http-01 validation's outcome recorded           |
+//! | `finalize.began`      | a guarded finalize: order processing, its watch queued |
+//! | `finalize.signed`     | the custom program signed, before the outcome is kept  |
 //! | `finalize.completed`  | the certificate, the valid order and its audit row     |
 //! | `revocation.stored`   | the revocation and its notification's job              |
 //! | `crl.number_reserved` | a CRL number taken, before the CRL is stored           |
@@ -28,7 +30,12 @@
 //! | `relay.abandoned`     | a relay retired (the upstream refused): order invalid  |
 //!
 //! The relay's rows sign through Pebble (and, to be refused, a proxy
-//! answering its finalize 403); the others with the embedded CA. The
+//! answering its finalize 403); the `finalize.*` rows both with the
+//! embedded CA (which has only `finalize.completed`) and with a custom
+//! program (openssl), where a crash between `began` and the outcome
+//! leaves the order to its watch, which fails it once the program's time
+//! limit is well past; the client then orders anew. The others sign with
+//! the embedded CA. The
 //! challenge rows validate http-01 for real (a responder, names resolved
 //! by pebble-challtestsrv); the others bypass validation.
 
@@ -38,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::custom::LegacyPki;
 use crate::harness::{self, Dns, Receiver, Responder, under_umask_022};
 use crate::raw::{self, Key, Resp, b64};
 use crate::relay::{FINALIZE, always_valid, bypass_profile, register_upstream_accounts};
@@ -278,6 +286,93 @@ async fn order_once_past(
     }
 }
 
+/// newOrder for `names`, its challenges (http-01, answered by
+/// `responder`), and finalize with `csr`, each step retried after a crash:
+/// the order once it is past pending, ready and processing.
+async fn issue(
+    server: &mut Server,
+    client: &Client,
+    names: &[&str],
+    csr: &[u8],
+    responder: &Responder,
+) -> Value {
+    let order_url = step(server, client, "newOrder", async |c: &Client| {
+        let ids: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"type": "dns", "value": n}))
+            .collect();
+        let r = c
+            .signed(
+                c.dir["newOrder"].as_str().unwrap(),
+                Some(&json!({"identifiers": ids})),
+            )
+            .await?;
+        if r.status != 201 {
+            return Err(format!("newOrder: {} {}", r.status, r.json()));
+        }
+        Ok(r.headers
+            .get("location")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned())
+    })
+    .await;
+
+    let thumbprint = acme_proxy_protocol::Jwk::from_value(&client.key.jwk)
+        .unwrap()
+        .thumbprint_b64();
+    step(server, client, "the challenges", async |c: &Client| {
+        let order = c.get(&order_url).await?;
+        for authz_url in order["authorizations"].as_array().unwrap() {
+            let authz = c.get(authz_url.as_str().unwrap()).await?;
+            let Some(ch) = authz["challenges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|ch| ch["type"] == "http-01")
+            else {
+                return Err(format!("no http-01 challenge: {authz}"));
+            };
+            if authz["status"] == "pending" && ch["status"] == "pending" {
+                let token = ch["token"].as_str().unwrap();
+                responder.publish(token, &format!("{token}.{thumbprint}"));
+                let r = c
+                    .signed(ch["url"].as_str().unwrap(), Some(&json!({})))
+                    .await?;
+                if r.status != 200 {
+                    return Err(format!("trigger: {} {}", r.status, r.json()));
+                }
+            }
+        }
+        Ok(())
+    })
+    .await;
+    // Validations settle in the background.
+    let order = order_once_past(server, client, &order_url, &["pending"], 30).await;
+    assert_eq!(order["status"], "ready", "{order}");
+
+    step(server, client, "finalize", async |c: &Client| {
+        let order = c.get(&order_url).await?;
+        if order["status"] == "ready" {
+            let r = c
+                .signed(
+                    order["finalize"].as_str().unwrap(),
+                    Some(&json!({"csr": b64(csr)})),
+                )
+                .await?;
+            if r.status != 200 {
+                return Err(format!("finalize: {} {}", r.status, r.json()));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    // The relay settles (or retires) in the background; a finalize that
+    // died while its signer worked is failed by its watch.
+    order_once_past(server, client, &order_url, &["ready", "processing"], 60).await
+}
+
 fn events(got: &[harness::Received]) -> Vec<String> {
     got.iter()
         .filter_map(|r| {
@@ -299,6 +394,9 @@ enum Signer {
     Relay {
         refuse: bool,
     },
+    /// A custom program signing with openssl, which takes its time: the
+    /// order is processing while it runs.
+    Custom,
 }
 
 /// The flow with the embedded CA.
@@ -310,9 +408,14 @@ async fn converges_after_a_crash_at(point: &str) {
 async fn converges(point: &str, signer: Signer) {
     let receiver = Receiver::start().await;
     let pki = TestPki::new();
-    let relayed = matches!(signer, Signer::Relay { .. });
+    let embedded = matches!(signer, Signer::Embedded | Signer::Validated);
+    // A crash between the order's step to processing and the outcome's:
+    // the finalize dies while the program signs.
+    let died_signing =
+        matches!(signer, Signer::Custom) && ["finalize.began", "finalize.signed"].contains(&point);
     let responder = Responder::start().await;
     let mut _dns = None;
+    let mut legacy = None;
     let (_pebble, _proxy, profile, refused) = match signer {
         Signer::Embedded => (
             None,
@@ -329,6 +432,16 @@ async fn converges(point: &str, signer: Signer) {
                 dns.addr
             );
             _dns = Some(dns);
+            (None, None, profile, false)
+        }
+        Signer::Custom => {
+            let Some(pki) = LegacyPki::new() else { return };
+            // A short time limit: the watch calls a finalize dead 12 s
+            // (2 s and 10 s more) after it began.
+            let profile = pki
+                .profile("2s")
+                .replace("[profiles.legacy", "[profiles.default");
+            legacy = Some(pki);
             (None, None, profile, false)
         }
         Signer::Relay { refuse } => {
@@ -378,96 +491,22 @@ async fn converges(point: &str, signer: Signer) {
     client.account = Some(account);
 
     let names = ["one.example.test", "two.example.test"];
-    let order_url = step(&mut server, &client, "newOrder", async |c: &Client| {
-        let ids: Vec<Value> = names
-            .iter()
-            .map(|n| json!({"type": "dns", "value": n}))
-            .collect();
-        let r = c
-            .signed(
-                c.dir["newOrder"].as_str().unwrap(),
-                Some(&json!({"identifiers": ids})),
-            )
-            .await?;
-        if r.status != 201 {
-            return Err(format!("newOrder: {} {}", r.status, r.json()));
-        }
-        Ok(r.headers
-            .get("location")
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_owned())
-    })
-    .await;
-
-    let thumbprint = acme_proxy_protocol::Jwk::from_value(&client.key.jwk)
-        .unwrap()
-        .thumbprint_b64();
-    step(
-        &mut server,
-        &client,
-        "the challenges",
-        async |c: &Client| {
-            let order = c.get(&order_url).await?;
-            for authz_url in order["authorizations"].as_array().unwrap() {
-                let authz = c.get(authz_url.as_str().unwrap()).await?;
-                let Some(ch) = authz["challenges"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|ch| ch["type"] == "http-01")
-                else {
-                    return Err(format!("no http-01 challenge: {authz}"));
-                };
-                if authz["status"] == "pending" && ch["status"] == "pending" {
-                    let token = ch["token"].as_str().unwrap();
-                    responder.publish(token, &format!("{token}.{thumbprint}"));
-                    let r = c
-                        .signed(ch["url"].as_str().unwrap(), Some(&json!({})))
-                        .await?;
-                    if r.status != 200 {
-                        return Err(format!("trigger: {} {}", r.status, r.json()));
-                    }
-                }
-            }
-            Ok(())
-        },
-    )
-    .await;
-    // Validations settle in the background.
-    let order = order_once_past(&mut server, &client, &order_url, &["pending"], 30).await;
-    assert_eq!(order["status"], "ready", "{order}");
-
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(names.map(str::to_owned).to_vec()).unwrap();
     params.distinguished_name = rcgen::DistinguishedName::new();
     let csr = params.serialize_request(&key).unwrap().der().to_vec();
-    step(&mut server, &client, "finalize", async |c: &Client| {
-        let order = c.get(&order_url).await?;
-        if order["status"] == "ready" {
-            let r = c
-                .signed(
-                    order["finalize"].as_str().unwrap(),
-                    Some(&json!({"csr": b64(&csr)})),
-                )
-                .await?;
-            if r.status != 200 {
-                return Err(format!("finalize: {} {}", r.status, r.json()));
-            }
-        }
-        Ok(())
-    })
-    .await;
-    // The relay settles (or retires) in the background.
-    let order = order_once_past(
-        &mut server,
-        &client,
-        &order_url,
-        &["ready", "processing"],
-        60,
-    )
-    .await;
+    let mut order = issue(&mut server, &client, &names, &csr, &responder).await;
+    if died_signing {
+        // The finalize the crash cut off never recorded its outcome: once
+        // the signer's time limit is well past, the watch has made the
+        // order invalid, and the client starts anew, as it is told.
+        assert_eq!(order["status"], "invalid", "{order}");
+        assert_eq!(
+            order["error"]["type"], "urn:ietf:params:acme:error:serverInternal",
+            "{order}"
+        );
+        order = issue(&mut server, &client, &names, &csr, &responder).await;
+    }
     if refused {
         assert_eq!(order["status"], "invalid", "{order}");
         let wanted = ["account.created", "relay.abandoned"];
@@ -521,8 +560,8 @@ async fn converges(point: &str, signer: Signer) {
     .await;
 
     // The embedded CA's CRL lists it (a relayed certificate is on the
-    // upstream CA's).
-    if !relayed {
+    // upstream CA's, a custom signer's on its own).
+    if embedded {
         let (_, x509) = x509_parser::parse_x509_certificate(&leaf).unwrap();
         let serial = x509.raw_serial().to_vec();
         let crl_url = format!("{}/crl", url.trim_end_matches("/directory"));
@@ -577,6 +616,36 @@ async fn converges(point: &str, signer: Signer) {
         1,
         "the order that was finalized is valid"
     );
+    assert_eq!(
+        count("SELECT count(*) FROM orders WHERE status = 'invalid'"),
+        i64::from(died_signing),
+        "only the order whose finalize died is invalid"
+    );
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM audit_log WHERE event = 'certificate.issue_failed' AND actor = 'system'"
+        ),
+        i64::from(died_signing),
+        "the watch's failing of the order is audited"
+    );
+    if let Some(pki) = legacy {
+        // The program signed once per finalize that reached it: twice when
+        // the crash came after it signed (that certificate never left the
+        // server, and the order was failed, not completed with it).
+        let runs = std::fs::read_to_string(pki.path("runs")).unwrap_or_default();
+        let signed_twice = point == "finalize.signed";
+        assert_eq!(
+            runs.lines().count(),
+            1 + usize::from(signed_twice),
+            "{runs}"
+        );
+        let revoked = std::fs::read_to_string(pki.path("revoked")).unwrap_or_default();
+        assert_eq!(
+            revoked.lines().count(),
+            1,
+            "revoked through the program once"
+        );
+    }
 }
 
 /// Waits for every `wanted` notification and for the crash, checks that
@@ -662,6 +731,8 @@ fn every_crash_point_has_its_test_below() {
             "challenge.bypassed",
             "challenge.started",
             "challenge.settled",
+            "finalize.began",
+            "finalize.signed",
             "finalize.completed",
             "revocation.stored",
             "crl.number_reserved",
@@ -738,4 +809,20 @@ async fn a_crash_right_after_a_challenge_is_triggered_converges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_a_validation_is_recorded_converges() {
     converges("challenge.settled", Signer::Validated).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_a_custom_program_signs_leaves_the_order_invalid_once_its_limit_is_past() {
+    converges("finalize.began", Signer::Custom).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_custom_program_signed_leaves_the_order_invalid_once_its_limit_is_past() {
+    converges("finalize.signed", Signer::Custom).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_custom_programs_certificate_is_stored_converges_with_one_certificate()
+ {
+    converges("finalize.completed", Signer::Custom).await;
 }

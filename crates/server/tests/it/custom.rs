@@ -21,7 +21,7 @@ use crate::harness::{self, Responder, TestServer, free_port};
 use crate::{client, raw};
 
 /// The PKI stand-in: its CA and the signing script, in one directory.
-struct LegacyPki {
+pub(crate) struct LegacyPki {
     dir: tempfile::TempDir,
 }
 
@@ -39,7 +39,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 impl LegacyPki {
-    fn new() -> Option<LegacyPki> {
+    pub(crate) fn new() -> Option<LegacyPki> {
         if !harness::require_program("openssl") {
             return None;
         }
@@ -118,7 +118,7 @@ impl LegacyPki {
         Some(LegacyPki { dir })
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
@@ -130,7 +130,7 @@ impl LegacyPki {
 
     /// The profile `legacy` signing through the script, with every
     /// optional operation declared.
-    fn profile(&self, timeout: &str) -> String {
+    pub(crate) fn profile(&self, timeout: &str) -> String {
         let script = self.path("sign.sh").display().to_string();
         format!(
             "[profiles.legacy]\nbypass = true\n[profiles.legacy.signer]\ntype = \"custom\"\ncommand = \"{script}\"\nargs = [\"issue\"]\ntimeout = \"{timeout}\"\nca_cert = \"{}\"\n[profiles.legacy.signer.revoke]\ncommand = \"{script}\"\n[profiles.legacy.signer.crl]\ncommand = \"{script}\"\n[profiles.legacy.signer.renewal_window]\ncommand = \"{script}\"\n",

@@ -673,7 +673,30 @@ impl Bind {
     /// Serves `zone` with `records` (zone-file lines relative to the
     /// origin); an SOA and NS are added.
     pub fn start(zone: &str, records: &str) -> Option<Bind> {
-        Self::launch(zone, records, "", "")
+        Self::launch(zone, records, "", "", "")
+    }
+
+    /// Serves `zone` with `records` as [`Self::start`] does, and resolves
+    /// names of `delegated` by asking `server` (a forward zone: how a
+    /// resolver reaches a delegated zone, short of a real parent), so that
+    /// a CNAME from `zone` into `delegated` is followed to its TXT values.
+    pub fn start_delegating(
+        zone: &str,
+        records: &str,
+        delegated: &str,
+        server: SocketAddr,
+    ) -> Option<Bind> {
+        Self::launch(
+            zone,
+            records,
+            "",
+            "",
+            &format!(
+                "zone \"{delegated}\" {{ type forward; forward only; forwarders {{ {} port {}; }}; }};\n",
+                server.ip(),
+                server.port()
+            ),
+        )
     }
 
     /// Serves `zone` as a dynamic primary zone that accepts updates of TXT
@@ -693,6 +716,7 @@ impl Bind {
             "",
             &format!("key \"{key_name}\" {{ algorithm {algorithm}; secret \"{secret_b64}\"; }};\n"),
             &format!(" update-policy {{ grant {key_name} zonesub TXT; }};"),
+            "",
         )
     }
 
@@ -740,7 +764,15 @@ impl Bind {
     /// `zone_extra` inside its stanza) and a zone file with the SOA, NS and
     /// the name server's A record plus `records`, then starts named in the
     /// foreground and waits for its TCP listener.
-    fn launch(zone: &str, records: &str, keys: &str, zone_extra: &str) -> Option<Bind> {
+    /// `forward`: forward zones; with any, named recurses (for loopback
+    /// clients) to follow names into them.
+    fn launch(
+        zone: &str,
+        records: &str,
+        keys: &str,
+        zone_extra: &str,
+        forward: &str,
+    ) -> Option<Bind> {
         if !require_program("named") {
             return None;
         }
@@ -749,7 +781,7 @@ impl Bind {
         // with a fresh one.
         let mut lost = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
-            match Self::launch_on(free_port(), zone, records, keys, zone_extra) {
+            match Self::launch_on(free_port(), zone, records, keys, zone_extra, forward) {
                 Ok(bind) => return Some(bind),
                 Err(log) => lost.push(log),
             }
@@ -767,13 +799,15 @@ impl Bind {
         records: &str,
         keys: &str,
         zone_extra: &str,
+        forward: &str,
     ) -> Result<Bind, String> {
         let dir = tempdir();
         let d = dir.path().display().to_string();
+        let recursion = if forward.is_empty() { "no" } else { "yes" };
         std::fs::write(
             dir.path().join("named.conf"),
             format!(
-                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion no; dnssec-validation no; }};\ncontrols {{ }};\n{keys}zone \"{zone}\" {{ type primary; file \"{d}/db\";{zone_extra} }};\n"
+                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion {recursion}; dnssec-validation no; }};\ncontrols {{ }};\n{keys}zone \"{zone}\" {{ type primary; file \"{d}/db\";{zone_extra} }};\n{forward}"
             ),
         )
         .expect("named.conf");

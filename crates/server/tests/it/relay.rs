@@ -78,6 +78,18 @@ fn dns01_profile(
     relay_profile("default", directory, pki, "dns01", LOCAL_BYPASS, &signer)
 }
 
+/// Pebble validating for real, its only resolver `bind`.
+fn pebble_validating_through(pki: &TestPki, bind: &Bind) -> Option<Pebble> {
+    Pebble::start(
+        pki,
+        PebbleOptions {
+            always_valid: false,
+            dns_server: Some(bind.addr),
+            ..PebbleOptions::default()
+        },
+    )
+}
+
 /// Fast retries, short leases: the server configuration of these tests.
 pub(crate) fn server_toml(
     data_dir: &Path,
@@ -482,14 +494,7 @@ async fn dns01_strategy_publishes_through_tsig_signed_updates_to_bind_and_obtain
         return;
     };
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: false,
-            dns_server: Some(bind.addr),
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = pebble_validating_through(&pki, &bind) else {
         return;
     };
     let dir = crate::harness::tempdir();
@@ -509,19 +514,10 @@ async fn dns01_strategy_publishes_through_tsig_signed_updates_to_bind_and_obtain
     // The wildcard and its base name share one _acme-challenge RRset: watch
     // it while the relay runs.
     let record = "_acme-challenge.wild.example.test.";
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let bind = Arc::new(bind);
-    let watcher = {
-        let stop = Arc::clone(&stop);
+    let (stop, watcher) = {
         let bind = Arc::clone(&bind);
-        std::thread::spawn(move || {
-            let mut most = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                most = most.max(bind.txt(record).len());
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            most
-        })
+        watch_most(move || bind.txt(record).len())
     };
     let relayed = relay_issue(
         &account,
@@ -568,14 +564,7 @@ async fn dns01_cleanup_removes_only_the_value_this_attempt_added() {
         return;
     };
     let pki = TestPki::new();
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: false,
-            dns_server: Some(bind.addr),
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(pebble) = pebble_validating_through(&pki, &bind) else {
         return;
     };
     // Someone else's value already in the RRset (another order, another
@@ -2037,4 +2026,153 @@ fn profile_of(status: &serde_json::Value, name: &str) -> serde_json::Value {
         .and_then(|ps| ps.iter().find(|p| p["name"] == name))
         .cloned()
         .unwrap_or_else(|| panic!("no profile {name}: {status:#}"))
+}
+
+/// Reads `count` every 20 ms on a thread of its own until the returned
+/// flag is set; the thread ends with the largest count it read.
+fn watch_most(
+    count: impl Fn() -> usize + Send + 'static,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<usize>,
+) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watching = Arc::clone(&stop);
+    let watcher = std::thread::spawn(move || {
+        let mut most = 0;
+        while !watching.load(std::sync::atomic::Ordering::Relaxed) {
+            most = most.max(count());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        most
+    });
+    (stop, watcher)
+}
+
+/// The authoritative TXT values of `name` in the embedded zone at `at`.
+fn zone_txt(at: std::net::SocketAddr, name: &str) -> Vec<String> {
+    let out = std::process::Command::new("dig")
+        .arg(format!("@{}", at.ip()))
+        .args(["-p", &at.port().to_string()])
+        .args(["TXT", name, "+short", "+norecurse", "+time=2", "+tries=2"])
+        .output()
+        .expect("run dig");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim_matches('"').to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns01_delegated_obtains_a_wildcard_through_a_cname_to_our_own_zone_with_no_key_anywhere() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    // The server first, with its zone and no relay yet: the corporate DNS
+    // must know where the zone answers, and Pebble must know the
+    // corporate DNS, before the relay profile can name Pebble.
+    let dir = crate::harness::tempdir();
+    let zone = "\n[dns_zone]\nzones = [\"acme.zone.test\"]\nlisten = [\"127.0.0.1:0\"]\nnameservers = [\"ns1.lab.test\"]\nttl = \"5s\"\nnegative_ttl = \"1s\"\n";
+    let first = server_toml(
+        dir.path(),
+        harness::free_port(),
+        None,
+        &format!("[profiles.default]\nbypass = true\n{zone}"),
+    );
+    let server = TestServer::start_in(dir, &first).await;
+    let at = server.running().dns_addrs[0];
+
+    // The corporate zone holds only the delegation, and its server follows
+    // it to ours.
+    let Some(bind) = Bind::start_delegating(
+        "lab.test",
+        "_acme-challenge.x IN CNAME x.lab.test.acme.zone.test.\n_acme-challenge.z IN CNAME z.lab.test.elsewhere.test.",
+        "acme.zone.test",
+        at,
+    ) else {
+        return;
+    };
+    let pki = TestPki::new();
+    let Some(pebble) = pebble_validating_through(&pki, &bind) else {
+        return;
+    };
+    let relayed_profile = relay_profile(
+        "relayed",
+        &pebble.directory_url(),
+        &pki,
+        "dns01_delegated",
+        LOCAL_BYPASS,
+        "",
+    );
+    // newOrder checks the delegation through the corporate DNS.
+    let second = format!(
+        "{}\n{relayed_profile}",
+        first.replace(
+            "[validation]\n",
+            &format!("[validation]\ndns_resolvers = [\"{}\"]\n", bind.addr)
+        )
+    );
+    assert!(!second.contains("tsig"), "no DNS key is configured");
+    register_upstream_accounts(&second).await;
+    server
+        .running()
+        .reload(Config::from_toml(&second).expect("the configuration"))
+        .await
+        .expect("the relay profile is added by a reload");
+    let account = client::account(&server.directory("relayed")).await;
+
+    // A name without the CNAME, and one whose CNAME points elsewhere, are
+    // refused at newOrder with the record to ask the DNS team for.
+    let err = account
+        .new_order(&NewOrder::new(&[
+            Identifier::Dns("x.lab.test".to_owned()),
+            Identifier::Dns("y.lab.test".to_owned()),
+            Identifier::Dns("*.z.lab.test".to_owned()),
+        ]))
+        .await
+        .err()
+        .expect("undelegated names are refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("_acme-challenge.y.lab.test. CNAME y.lab.test.acme.zone.test."),
+        "{text}"
+    );
+    assert!(text.contains("z.lab.test.elsewhere.test."), "{text}");
+    assert!(
+        text.contains("_acme-challenge.z.lab.test. CNAME z.lab.test.acme.zone.test."),
+        "{text}"
+    );
+    assert!(!text.contains("_acme-challenge.x.lab.test"), "{text}");
+
+    // Both values (the wildcard's and the base name's) are in our zone
+    // while Pebble looks.
+    let target = "x.lab.test.acme.zone.test";
+    let (stop, watcher) = watch_most(move || zone_txt(at, target).len());
+    let relayed = relay_issue(
+        &account,
+        &["*.x.lab.test", "x.lab.test"],
+        Duration::from_secs(60),
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.join().expect("watcher");
+    let (issuer, mut sans, _) = leaf_of(relayed.chain());
+    sans.sort();
+    assert_eq!(sans, ["*.x.lab.test", "x.lab.test"]);
+    assert_eq!(issuer, subject_of(&pebble.intermediate_pem().await));
+    assert_eq!(most, 2, "both values must be served at once");
+    // Pebble's only resolver is BIND, which holds no TXT record: the values
+    // reached it through the CNAME and the forward to our zone.
+    // None left behind.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !zone_txt(at, target).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        zone_txt(at, target).is_empty(),
+        "{:?}",
+        zone_txt(at, target)
+    );
+    server.stop().await;
 }

@@ -95,6 +95,11 @@ pub async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
                     let what = match (&r.problem_type, &r.serial) {
                         (Some(p), _) => format!("{p}: {}", r.detail.as_deref().unwrap_or("")),
                         (None, Some(s)) => format!("serial {s} {}", r.identifiers.join(",")),
+                        // An operator's change to something else than a
+                        // certificate (a DNS record, a reload): its detail.
+                        (None, None) if r.identifiers.is_empty() => {
+                            r.detail.clone().unwrap_or_default()
+                        }
                         (None, None) => r.identifiers.join(","),
                     };
                     table.row(vec![

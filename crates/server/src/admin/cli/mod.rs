@@ -6,6 +6,7 @@ pub mod audit;
 pub mod cert;
 pub mod common;
 pub mod db;
+pub mod dns;
 pub mod eab;
 pub mod job;
 pub mod nonce;

@@ -16,6 +16,7 @@
 pub mod board;
 pub mod classify;
 pub mod http;
+pub mod publish;
 pub mod rfc2136;
 
 use std::collections::HashMap;
@@ -33,11 +34,10 @@ use tokio::time::Instant;
 pub use board::ChallengeBoard;
 pub use classify::{Class, RelayError, classify};
 
-use crate::clock::SharedClock;
 use crate::config::{RelayConfig, RelayStrategy};
 use board::Published;
 use http::UpstreamHttp;
-use rfc2136::Rfc2136;
+use publish::Publisher;
 
 /// The relay backend of one profile.
 pub struct Relay {
@@ -51,7 +51,7 @@ pub struct Relay {
     account: tokio::sync::Mutex<Option<Account>>,
     /// The upstream's renewal windows, cached (RFC 9773 renewalInfo is public).
     windows: crate::signer::WindowCache,
-    dns: Option<Arc<Rfc2136>>,
+    dns: Option<Arc<Publisher>>,
     board: Arc<ChallengeBoard>,
 }
 
@@ -95,7 +95,7 @@ impl Relay {
         data_dir: &Path,
         account: &acme_proxy_store::UpstreamAccountRow,
         board: Arc<ChallengeBoard>,
-        clock: SharedClock,
+        dns: Option<Publisher>,
     ) -> Result<Self, String> {
         let key_thumbprint = account.key_thumbprint.as_str();
         let key_path = config.account_key_path(data_dir, profile);
@@ -114,10 +114,7 @@ impl Relay {
                 key_path.display()
             ));
         }
-        let dns = match &config.dns01 {
-            Some(d) => Some(Arc::new(Rfc2136::new(d, config.request_timeout, clock)?)),
-            None => None,
-        };
+        let dns = dns.map(Arc::new);
         Ok(Self {
             profile: profile.to_owned(),
             config: config.clone(),
@@ -351,14 +348,11 @@ impl Relay {
                     self.board
                         .publish(&challenge.token, key_authorization.as_str()),
                 ),
-                RelayStrategy::Dns01 => {
+                RelayStrategy::Dns01 | RelayStrategy::Dns01Delegated => {
                     let dns = self.dns.as_ref().ok_or_else(|| {
-                        RelayError::permanent("strategy dns01 without a [signer.dns01] server")
+                        RelayError::permanent("a dns-01 strategy with nowhere to publish")
                     })?;
-                    let name = format!(
-                        "_acme-challenge.{}.",
-                        identifier.trim_start_matches("*.").trim_end_matches('.')
-                    );
+                    let name = dns.record_name(&identifier);
                     let value = key_authorization.dns_value();
                     // Listed before the update is sent: an update applied
                     // whose answer was lost must still be removed (deleting
@@ -376,7 +370,11 @@ impl Relay {
                 },
             );
         }
-        if self.config.strategy == RelayStrategy::Dns01 && !self.config.propagation_wait.is_zero() {
+        if matches!(
+            self.config.strategy,
+            RelayStrategy::Dns01 | RelayStrategy::Dns01Delegated
+        ) && !self.config.propagation_wait.is_zero()
+        {
             tokio::time::sleep(self.config.propagation_wait).await;
         }
         let mut auths = order.authorizations();
@@ -515,7 +513,7 @@ impl Relay {
 /// order; if the attempt is cancelled before that (budget, shutdown,
 /// operator), `Drop` retracts in a spawned task.
 struct Cleanup {
-    dns: Option<Arc<Rfc2136>>,
+    dns: Option<Arc<Publisher>>,
     records: Vec<(String, String)>,
     published: Vec<Published>,
 }
@@ -552,7 +550,7 @@ impl Drop for Cleanup {
 }
 
 /// Deletes one published TXT value; best-effort and logged.
-async fn retract(dns: &Rfc2136, name: &str, value: &str) {
+async fn retract(dns: &Publisher, name: &str, value: &str) {
     match dns.delete_txt(name, value).await {
         Ok(()) => {
             tracing::debug!(event = "relay.dns01.cleanup", outcome = "success", %name, "TXT record removed")
@@ -585,7 +583,7 @@ pub fn pick_challenge(
             )));
         }
         RelayStrategy::Http01 => ChallengeType::Http01,
-        RelayStrategy::Dns01 => ChallengeType::Dns01,
+        RelayStrategy::Dns01 | RelayStrategy::Dns01Delegated => ChallengeType::Dns01,
     };
     if offered.contains(&want) {
         Ok(want)
@@ -804,6 +802,13 @@ impl super::SignerBackend for Relay {
     }
 
     /// The upstream can only be shown a wildcard over dns-01.
+    fn delegated_dns01_zone(&self) -> Option<&str> {
+        match self.dns.as_deref() {
+            Some(Publisher::Zone { zone, .. }) => Some(zone),
+            _ => None,
+        }
+    }
+
     fn refuses_wildcards(&self) -> Option<&'static str> {
         (self.config.strategy == RelayStrategy::Http01).then_some(
             "this profile obtains certificates upstream over http-01, which cannot prove a wildcard; a relay profile with strategy = \"dns01\" can",

@@ -1,0 +1,179 @@
+//! `acme-proxy dns`: the records of the embedded DNS zone (`[dns_zone]`).
+
+use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow};
+use clap::Subcommand;
+
+use super::common::{Table, open_reader, open_store, operator_actor};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Config, DnsZoneConfig};
+use crate::dns_zone::{record_name, txt_value};
+
+#[derive(Debug, Subcommand)]
+pub enum DnsCommand {
+    /// The TXT records the zone serves.
+    #[command(subcommand)]
+    Txt(TxtCommand),
+    /// The CNAME records the corporate DNS needs so that a relay profile
+    /// with strategy dns01_delegated can answer dns-01 for these names
+    /// (one per name; a wildcard shares its base name's).
+    Cname {
+        /// DNS names (`*.x.example.org` for a wildcard).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TxtCommand {
+    /// Publish a TXT value (every server on the database serves it at
+    /// once); audited.
+    Add {
+        /// Its owner name, inside a zone of [dns_zone].
+        name: String,
+        /// The value (e.g. a dns-01 key authorization's digest).
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Remove a TXT value, or every value at the name; audited.
+    Remove {
+        /// Its owner name.
+        name: String,
+        /// Only this value (default: every value at the name).
+        #[arg(allow_hyphen_values = true)]
+        value: Option<String>,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// List the TXT values, by name.
+    List {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Rows `dns txt list` shows at most.
+const LIST_LIMIT: i64 = 10_000;
+
+fn zone_config(config: &Config) -> anyhow::Result<&DnsZoneConfig> {
+    config.dns_zone.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "no [dns_zone] in the configuration: add one, e.g. [dns_zone] zones = [\"acme.example.org\"], listen = [\"192.0.2.53:53\"], nameservers = [\"ns1.example.org\"]"
+        )
+    })
+}
+
+pub async fn run(config: &Config, command: DnsCommand) -> anyhow::Result<()> {
+    let command = match command {
+        DnsCommand::Txt(command) => command,
+        DnsCommand::Cname { names } => {
+            let zone = crate::dns_zone::publishing_zone(zone_config(config)?)
+                .ok_or_else(|| anyhow::anyhow!("[dns_zone] lists no zone"))?;
+            let mut records = Vec::new();
+            for name in &names {
+                let base = name.trim_start_matches("*.");
+                acme_proxy_protocol::names::check_dns_name(base)
+                    .map_err(|e| anyhow::anyhow!("{name:?}: {e}"))?;
+                let record = crate::dns_zone::delegation_record(&zone, name);
+                if !records.contains(&record) {
+                    records.push(record);
+                }
+            }
+            for record in records {
+                println!("{record}");
+            }
+            return Ok(());
+        }
+    };
+    match command {
+        TxtCommand::Add { name, value, actor } => {
+            let (zone, name) =
+                record_name(zone_config(config)?, &name).map_err(anyhow::Error::msg)?;
+            let value = txt_value(&value).map_err(anyhow::Error::msg)?;
+            let actor = operator_actor(actor);
+            let detail = format!("{name} TXT {value:?}");
+            let now = SystemClock.unix();
+            let audit = NewAuditRow {
+                detail: Some(&detail),
+                ..NewAuditRow::new(
+                    now,
+                    AuditEvent::DnsRecordAdded,
+                    AuditOutcome::Success,
+                    &actor,
+                )
+            };
+            let store = open_store(config).await?;
+            let added = store
+                .add_dns_txt(&zone, &name, value, now, Some(&audit))
+                .await;
+            store.close().await;
+            if added? {
+                println!("added {name} TXT {value:?}");
+            } else {
+                println!("{name} TXT {value:?} was there already; nothing changed");
+            }
+        }
+        TxtCommand::Remove { name, value, actor } => {
+            let (zone, name) =
+                record_name(zone_config(config)?, &name).map_err(anyhow::Error::msg)?;
+            let actor = operator_actor(actor);
+            let detail = match &value {
+                Some(v) => format!("{name} TXT {v:?}"),
+                None => format!("{name} TXT (every value)"),
+            };
+            let audit = NewAuditRow {
+                detail: Some(&detail),
+                ..NewAuditRow::new(
+                    SystemClock.unix(),
+                    AuditEvent::DnsRecordRemoved,
+                    AuditOutcome::Success,
+                    &actor,
+                )
+            };
+            let store = open_store(config).await?;
+            let removed = store
+                .remove_dns_txt(&zone, &name, value.as_deref(), Some(&audit))
+                .await;
+            store.close().await;
+            match removed? {
+                0 => anyhow::bail!("no such record: {detail}"),
+                n => println!("removed {n} value(s): {detail}"),
+            }
+        }
+        TxtCommand::List { json } => {
+            zone_config(config)?;
+            let store = open_reader(config).await?;
+            let rows = store.dns_records(LIST_LIMIT).await;
+            store.close().await;
+            let rows = rows?;
+            if json {
+                let list: Vec<_> = rows
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "name": r.name,
+                            "value": r.value,
+                            "created_at": crate::clock::rfc3339(r.created_at),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let mut table = Table::new(&["NAME", "VALUE", "ADDED"]);
+                for r in &rows {
+                    table.row(vec![
+                        r.name.clone(),
+                        r.value.clone(),
+                        crate::clock::rfc3339(r.created_at),
+                    ]);
+                }
+                table.print()?;
+            }
+        }
+    }
+    Ok(())
+}
