@@ -152,6 +152,34 @@ pub fn eab_hmac_key() -> [u8; 32] {
     no_leading_dash::<32>()
 }
 
+/// A random UUID (version 4, RFC 9562 §5.4): how acme-dns names an API
+/// account's user and subdomain, which clients may expect.
+pub fn uuid_v4() -> String {
+    let mut b = random::<16>();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// An acme-dns API account's password: 240 random bits, base64url (40
+/// characters, acme-dns's length).
+pub fn dns_api_password() -> String {
+    URL_SAFE_NO_PAD.encode(random::<30>())
+}
+
+/// A password hash's salt: 128 bits (RFC 9106 §3.1 recommends 128).
+pub fn salt() -> [u8; 16] {
+    random::<16>()
+}
+
 /// A request id for logs and the `X-Request-Id` header: 48 random bits, hex.
 pub fn request_id() -> String {
     hex::encode(random::<6>())

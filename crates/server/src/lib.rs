@@ -23,6 +23,7 @@ pub mod authority;
 pub mod bounded;
 pub mod clock;
 pub mod config;
+pub mod dns_api;
 pub mod dns_zone;
 pub mod egress;
 pub mod error;

@@ -67,6 +67,9 @@ pub struct Metrics {
     pub connections_refused: Family<Labels, Counter>,
     /// Queries the embedded DNS zone answered, by type and response code.
     pub dns_queries: Family<Labels, Counter>,
+    /// Requests to the acme-dns API by endpoint (`register`, `update`) and
+    /// outcome (`success`, `refused`, `limited`, `failure`).
+    pub dns_api_requests: Family<Labels, Counter>,
     /// Refreshed at each scrape from the database.
     pub job_depth: Family<Labels, Gauge>,
     pub db_connections: Family<Labels, Gauge>,
@@ -95,6 +98,7 @@ impl Metrics {
             connections_open: Family::default(),
             connections_refused: Family::default(),
             dns_queries: Family::default(),
+            dns_api_requests: Family::default(),
             job_depth: Family::default(),
             db_connections: Family::default(),
             nonces: Gauge::default(),
@@ -135,6 +139,11 @@ impl Metrics {
             "dns_queries",
             "Queries the embedded DNS zone answered, by type and response code",
             m.dns_queries.clone(),
+        );
+        r.register(
+            "dns_api_requests",
+            "Requests to the acme-dns API by endpoint and outcome",
+            m.dns_api_requests.clone(),
         );
         r.register(
             "validations",

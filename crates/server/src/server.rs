@@ -206,7 +206,15 @@ async fn prepare(
             Err(e) => problems.push(e),
         }
     }
-    let validators = Validators::new(&config.validation).map_err(|e| problems.push(e));
+    let validators = Validators::new(&config.validation)
+        .map(|mut v| {
+            v.delegation_zone = config
+                .dns_zone
+                .as_ref()
+                .and_then(crate::dns_zone::publishing_zone);
+            v
+        })
+        .map_err(|e| problems.push(e));
     let destinations = Notifier::destinations(config, metrics).map_err(|e| problems.push(e));
     let terminator = match &config.tls {
         Some(tls)

@@ -27,6 +27,9 @@ acme_proxy_protocol::string_enum! {
         ConfigReload = "config.reload",
         DnsRecordAdded = "dns.record_added",
         DnsRecordRemoved = "dns.record_removed",
+        DnsAccountRegistered = "dns.account_registered",
+        DnsAccountRemoved = "dns.account_removed",
+        DnsRecordUpdated = "dns.record_updated",
     }
 }
 

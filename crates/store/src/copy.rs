@@ -45,6 +45,7 @@ const TABLES: &[&str] = &[
     "used_nonces",
     "dns_records",
     "dns_zone_serials",
+    "dns_api_accounts",
 ];
 
 /// Rows per batch sent from the reading thread and per `INSERT`.

@@ -5,8 +5,8 @@
 //! regard to case (RFC 4343).
 
 use crate::audit::insert_audit_in;
-use crate::db::args;
-use crate::{NewAuditRow, Result, Store};
+use crate::db::{Row, args};
+use crate::{NewAuditRow, Result, Store, json_vec, to_json};
 
 /// One TXT value the zone serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,6 +14,54 @@ pub struct DnsRecordRow {
     pub name: String,
     pub value: String,
     pub created_at: i64,
+}
+
+/// An account of the acme-dns-compatible API: who may set the TXT values
+/// of one name of the zone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsAccountRow {
+    pub username: String,
+    /// argon2id, as a PHC string; never logged, never printed.
+    pub password_hash: String,
+    /// Its one label under `zone`.
+    pub subdomain: String,
+    pub zone: String,
+    /// Networks (CIDR) its updates may come from; empty: anywhere.
+    pub allow_from: Vec<String>,
+    pub eab_kid: Option<String>,
+    pub created_at: i64,
+}
+
+impl DnsAccountRow {
+    /// The name its values are served at.
+    pub fn fulldomain(&self) -> String {
+        format!("{}.{}", self.subdomain, self.zone)
+    }
+}
+
+/// An account to create.
+#[derive(Clone, Debug)]
+pub struct NewDnsAccount<'a> {
+    pub username: &'a str,
+    pub password_hash: &'a str,
+    pub subdomain: &'a str,
+    pub zone: &'a str,
+    pub allow_from: &'a [String],
+    pub eab_kid: Option<&'a str>,
+    pub created_at: i64,
+}
+
+fn dns_account_row(row: Row<'_>) -> Result<DnsAccountRow> {
+    let allow_from: String = row.get(4)?;
+    Ok(DnsAccountRow {
+        username: row.get(0)?,
+        password_hash: row.get(1)?,
+        subdomain: row.get(2)?,
+        zone: row.get(3)?,
+        allow_from: json_vec(&allow_from)?,
+        eab_kid: row.get(5)?,
+        created_at: row.get(6)?,
+    })
 }
 
 impl Store {
@@ -147,6 +195,130 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Creates an API account and writes `audit`, in one transaction.
+    pub async fn insert_dns_account(
+        &self,
+        new: &NewDnsAccount<'_>,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        tx.exec(
+            "INSERT INTO dns_api_accounts
+                 (username, password_hash, subdomain, zone, allow_from, eab_kid, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            args![
+                new.username,
+                new.password_hash,
+                new.subdomain,
+                new.zone,
+                to_json(new.allow_from),
+                new.eab_kid,
+                new.created_at
+            ],
+        )
+        .await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The API account `username`.
+    pub async fn dns_account(&self, username: &str) -> Result<Option<DnsAccountRow>> {
+        self.point_reader()
+            .await?
+            .one(
+                "SELECT username, password_hash, subdomain, zone, allow_from, eab_kid, created_at
+                 FROM dns_api_accounts WHERE username = ?1",
+                args![username],
+                dns_account_row,
+            )
+            .await
+    }
+
+    /// Every API account, oldest first, at most `limit`.
+    pub async fn dns_accounts(&self, limit: i64) -> Result<Vec<DnsAccountRow>> {
+        self.reader()
+            .await?
+            .all(
+                "SELECT username, password_hash, subdomain, zone, allow_from, eab_kid, created_at
+                 FROM dns_api_accounts ORDER BY created_at, username LIMIT ?1",
+                args![limit],
+                dns_account_row,
+            )
+            .await
+    }
+
+    /// Removes the API account `username` and the values at its name,
+    /// writing `audit`, in one transaction; false when there is no such
+    /// account.
+    pub async fn remove_dns_account(
+        &self,
+        username: &str,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let Some((subdomain, zone)) = tx
+            .one(
+                "DELETE FROM dns_api_accounts WHERE username = ?1 RETURNING subdomain, zone",
+                args![username],
+                |row| Ok((row.get::<String>(0)?, row.get::<String>(1)?)),
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        let name = format!("{subdomain}.{zone}");
+        if tx
+            .exec("DELETE FROM dns_records WHERE name = ?1", args![name])
+            .await?
+            > 0
+        {
+            bump_serial(&mut tx, &zone).await?;
+        }
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Sets `value` as the newest TXT value at `name` in `zone` and keeps
+    /// only the one before it beside it, as acme-dns does (a name and its
+    /// wildcard are validated with two values at the same name), moving
+    /// the serial on and writing `audit`, in one transaction. Values of the
+    /// same second are ordered by value.
+    pub async fn rotate_dns_txt(
+        &self,
+        zone: &str,
+        name: &str,
+        value: &str,
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        tx.exec(
+            "INSERT INTO dns_records (name, value, created_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (name, value) DO UPDATE SET created_at = excluded.created_at",
+            args![name, value, now],
+        )
+        .await?;
+        tx.exec(
+            "DELETE FROM dns_records
+             WHERE name = ?1 AND value <> ?2 AND value NOT IN (
+                 SELECT value FROM dns_records WHERE name = ?1 AND value <> ?2
+                 ORDER BY created_at DESC, value DESC LIMIT 1)",
+            args![name, value],
+        )
+        .await?;
+        bump_serial(&mut tx, zone).await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
 /// Moves `zone`'s serial on by one (RFC 1982 arithmetic is the reader's
 /// concern: it is served modulo 2^32).
 async fn bump_serial(conn: &mut crate::db::Conn<'_>, zone: &str) -> Result<()> {
@@ -236,6 +408,60 @@ mod tests {
         assert!(store.dns_records(10).await.unwrap().is_empty());
         assert_eq!(store.dns_serial(zone).await.unwrap(), 5);
         assert_eq!(db.scalar("SELECT count(*) FROM audit_log").await, 4);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_api_account_keeps_the_two_newest_values_at_its_name_and_takes_them_when_removed() {
+        let (db, store) = TestDb::open().await;
+        let zone = "acme.example.test";
+        let allow = vec!["192.0.2.0/24".to_owned()];
+        let account = crate::NewDnsAccount {
+            username: "u1",
+            password_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA",
+            subdomain: "sub1",
+            zone,
+            allow_from: &allow,
+            eab_kid: Some("kid-1"),
+            created_at: 5,
+        };
+        store.insert_dns_account(&account, &audit()).await.unwrap();
+        let row = store.dns_account("u1").await.unwrap().unwrap();
+        assert_eq!(row.fulldomain(), "sub1.acme.example.test");
+        assert_eq!(row.allow_from, allow);
+        assert_eq!(row.eab_kid.as_deref(), Some("kid-1"));
+        assert!(store.dns_account("u2").await.unwrap().is_none());
+        // The subdomain is one account's only.
+        let twin = crate::NewDnsAccount {
+            username: "u2",
+            ..account.clone()
+        };
+        assert!(store.insert_dns_account(&twin, &audit()).await.is_err());
+
+        let name = row.fulldomain();
+        for (value, at) in [("one", 10), ("two", 11), ("three", 12)] {
+            store
+                .rotate_dns_txt(zone, &name, value, at, &audit())
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.dns_txt(&name).await.unwrap(), ["two", "three"]);
+        // An old value again is the newest: the other one before it stays.
+        store
+            .rotate_dns_txt(zone, &name, "two", 13, &audit())
+            .await
+            .unwrap();
+        assert_eq!(store.dns_txt(&name).await.unwrap(), ["three", "two"]);
+        let serial = store.dns_serial(zone).await.unwrap();
+        assert_eq!(serial, 5);
+
+        assert!(store.remove_dns_account("u1", &audit()).await.unwrap());
+        assert!(!store.remove_dns_account("u1", &audit()).await.unwrap());
+        assert!(store.dns_txt(&name).await.unwrap().is_empty());
+        assert_eq!(store.dns_serial(zone).await.unwrap(), serial + 1);
+        assert!(store.dns_accounts(10).await.unwrap().is_empty());
+        // One row per account change and per update.
+        assert_eq!(db.scalar("SELECT count(*) FROM audit_log").await, 6);
         store.close().await;
     }
 }

@@ -48,7 +48,7 @@ pub use admin::{Blocker, DeleteOutcome};
 pub use audit::{AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, NewAuditRow};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use copy::TableCopy;
-pub use dns::DnsRecordRow;
+pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
 pub use orders::{

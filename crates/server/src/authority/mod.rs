@@ -125,6 +125,8 @@ pub struct Authority {
     reverse: reverse::ReverseNames,
     /// Recently used accounts with their parsed keys (`account_cache_ttl`).
     known_accounts: Arc<known_accounts::KnownAccounts>,
+    /// The acme-dns API, mounted beside the ACME routes when configured.
+    pub dns_api: Option<Arc<crate::dns_api::DnsApi>>,
 }
 
 /// What every configuration generation shares (`generation.rs`): a reload
@@ -137,6 +139,9 @@ pub struct Lasting {
     pub metrics: Arc<Metrics>,
     nonces: Arc<nonces::Nonces>,
     known_accounts: Arc<known_accounts::KnownAccounts>,
+    /// The acme-dns API (`[dns_zone.api]`), whose rate limits outlive a
+    /// reload.
+    pub dns_api: Option<Arc<crate::dns_api::DnsApi>>,
 }
 
 impl Lasting {
@@ -144,7 +149,20 @@ impl Lasting {
     /// and account copies kept for its `account_cache_ttl`.
     pub fn new(queue: Arc<Queue>, metrics: Arc<Metrics>, config: &Config) -> Self {
         let nonces = nonces::Nonces::new(config.nonce_store_for(queue.store.is_postgres()));
+        let dns_api = config.dns_zone.as_ref().and_then(|z| {
+            let api = z.api.clone()?;
+            let zone = crate::dns_zone::publishing_zone(z)?;
+            Some(Arc::new(crate::dns_api::DnsApi::new(
+                api,
+                zone,
+                queue.store.clone(),
+                Arc::clone(&queue.clock),
+                Arc::clone(&metrics),
+                config.connections.body_read_timeout,
+            )))
+        });
         Self {
+            dns_api,
             nonces: Arc::new(nonces),
             known_accounts: Arc::new(known_accounts::KnownAccounts::new(config.account_cache_ttl)),
             queue,
@@ -183,6 +201,7 @@ impl Authority {
             known_accounts: Arc::clone(&lasting.known_accounts),
             notifier,
             metrics: Arc::clone(&lasting.metrics),
+            dns_api: lasting.dns_api.clone(),
         }
     }
 

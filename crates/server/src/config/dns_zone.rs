@@ -38,6 +38,54 @@ pub struct DnsZoneConfig {
     #[serde(default = "default_dns_tcp_idle", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub tcp_idle_timeout: Duration,
+    /// An acme-dns-compatible HTTP API on the ACME listener, under
+    /// `/acme-dns` (`POST /acme-dns/register`, `POST /acme-dns/update`),
+    /// through which clients that speak it (lego's `acme-dns` provider,
+    /// certbot's acme-dns hooks) publish their own dns-01 values in the
+    /// first zone; absent: none.
+    #[serde(default)]
+    pub api: Option<DnsApiConfig>,
+}
+
+/// The `[dns_zone.api]` table.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DnsApiConfig {
+    /// Who creates accounts: `open` (anyone allowed by `register_from`,
+    /// through `POST /acme-dns/register`, as acme-dns does) or `operator`
+    /// (only `acme-proxy dns account add`).
+    #[serde(default)]
+    pub registration: DnsRegistration,
+    /// Client addresses (or CIDRs) that may register through the API;
+    /// empty: any client that reaches the listener.
+    #[serde(default, deserialize_with = "addresses_or_networks")]
+    #[schemars(schema_with = "super::reference::networks")]
+    pub register_from: Vec<ipnet::IpNet>,
+    /// Registrations per client address per hour; past it, 429.
+    #[serde(default = "default_dns_registrations_per_hour")]
+    pub registrations_per_hour: u32,
+    /// Updates per account per minute; past it, 429.
+    #[serde(default = "default_dns_updates_per_minute")]
+    pub updates_per_minute: u32,
+}
+
+/// Who creates accounts of the acme-dns API.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DnsRegistration {
+    /// Anyone allowed by `register_from`, through the API.
+    #[default]
+    Open,
+    /// Only the operator, with `acme-proxy dns account add`.
+    Operator,
+}
+
+pub(crate) fn default_dns_registrations_per_hour() -> u32 {
+    20
+}
+
+pub(crate) fn default_dns_updates_per_minute() -> u32 {
+    30
 }
 
 pub(crate) fn default_dns_hostmaster() -> String {
@@ -120,6 +168,13 @@ impl DnsZoneConfig {
                 "[dns_zone] tcp_idle_timeout must be between 1s and 2m; write e.g. tcp_idle_timeout = \"10s\"".into(),
             );
         }
+        if let Some(api) = &self.api
+            && (api.registrations_per_hour == 0 || api.updates_per_minute == 0)
+        {
+            problems.push(
+                "[dns_zone.api] registrations_per_hour and updates_per_minute must be at least 1; write e.g. updates_per_minute = 30 (registration = \"operator\" stops registration through the API)".into(),
+            );
+        }
         for ns in &self.nameservers {
             let ns = ns.to_ascii_lowercase();
             if let Some(zone) = self.zones.iter().find(|z| {
@@ -185,6 +240,18 @@ mod tests {
             (
                 "zones = [\"acme.example.org\"]\nlisten = [\"127.0.0.1:0\"]\nnameservers = [\"ns1.acme.example.org\"]\n",
                 "inside the zone",
+            ),
+            (
+                &format!("{good}[dns_zone.api]\nupdates_per_minute = 0\n"),
+                "at least 1",
+            ),
+            (
+                &format!("{good}[dns_zone.api]\nregistration = \"closed\"\n"),
+                "operator",
+            ),
+            (
+                &format!("{good}[dns_zone.api]\nregister_from = [\"lan\"]\n"),
+                "lan",
             ),
         ] {
             let e = refused(table);

@@ -24,6 +24,48 @@ pub fn txt_value(key_authorization: &str) -> String {
 }
 
 pub async fn validate(v: &Validators, t: &ValidationTarget) -> Result<(), ValidationError> {
+    match check(v, t).await {
+        Err(mut e) if e.kind != ProblemType::Dns => {
+            if let Some(zone) = &v.delegation_zone {
+                let name = format!("_acme-challenge.{}.", t.identifier);
+                e.detail.push_str(&delegation_hint(v, &name, zone).await);
+            }
+            Err(e)
+        }
+        other => other,
+    }
+}
+
+/// Where `name` is delegated, when it is not answered: the one thing a
+/// client publishing through our zone (the acme-dns API, `dns txt`) gets
+/// wrong, said with the record to create. Nothing when the lookup fails.
+async fn delegation_hint(v: &Validators, name: &str, zone: &str) -> String {
+    let target = match v.resolver.lookup(name, RecordType::CNAME).await {
+        Ok(lookup) => lookup.answers().iter().find_map(|r| match &r.data {
+            RData::CNAME(c) => Some(c.0.to_ascii().to_ascii_lowercase()),
+            _ => None,
+        }),
+        Err(e) if e.is_nx_domain() || e.is_no_records_found() => None,
+        Err(_) => return String::new(),
+    };
+    let Some(target) = target else {
+        return format!(
+            "; no CNAME delegates it to this server's zone {zone}: to publish there, the DNS of {} needs `{name} CNAME <the account's fulldomain>.` (`acme-proxy dns account add --for NAME` prints it)",
+            name.trim_start_matches("_acme-challenge.")
+                .trim_end_matches('.')
+        );
+    };
+    let bare = target.trim_end_matches('.');
+    if bare == zone || bare.ends_with(&format!(".{zone}")) {
+        format!(
+            "; it is delegated by CNAME to {target} in this server's zone, where the client must publish its value (acme-dns update, or `acme-proxy dns txt add`)"
+        )
+    } else {
+        format!("; it is delegated by CNAME to {target}, outside this server's zone {zone}")
+    }
+}
+
+async fn check(v: &Validators, t: &ValidationTarget) -> Result<(), ValidationError> {
     // Absolute, so no search domain is ever appended.
     let name = format!("_acme-challenge.{}.", t.identifier);
     let want = txt_value(&t.key_authorization);

@@ -91,6 +91,9 @@ pub struct Validators {
     pub caa_recheck_after: Duration,
     tls: Arc<rustls::ClientConfig>,
     tls_alpn: Arc<rustls::ClientConfig>,
+    /// The zone of `[dns_zone]` that clients' dns-01 may be delegated to:
+    /// a failed dns-01 then says where `_acme-challenge` points.
+    pub delegation_zone: Option<String>,
 }
 
 impl std::fmt::Debug for Validators {
@@ -168,6 +171,7 @@ impl Validators {
                 http01::danger_unverified_tls_config(b"http/1.1")
                     .map_err(|e| format!("building the TLS client: {e}"))?,
             ),
+            delegation_zone: None,
         })
     }
 

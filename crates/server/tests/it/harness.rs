@@ -497,6 +497,18 @@ pub fn certbot5() -> Option<std::path::PathBuf> {
     required(found, "certbot 5 (from PyPI)").then_some(path)
 }
 
+/// A Python with pyacmedns (the acme-dns project's client library, from
+/// PyPI): the certbot 5 virtualenv's, where scripts/test installs it. None
+/// (after failing under CI) when it is not there.
+pub fn acme_dns_client() -> Option<std::path::PathBuf> {
+    let python = certbot5()?.with_file_name("python3");
+    let found = Command::new(&python)
+        .args(["-c", "import pyacmedns"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    required(found, "pyacmedns (from PyPI, in the certbot 5 virtualenv)").then_some(python)
+}
+
 fn required(found: bool, what: &str) -> bool {
     if !found {
         if std::env::var("CI").as_deref() == Ok("true") {
@@ -697,6 +709,69 @@ impl Bind {
                 server.port()
             ),
         )
+    }
+
+    /// [`Self::start_delegating`], with a zone that also takes TSIG-signed
+    /// updates of any record, so that a test adds a CNAME with
+    /// [`Self::update`] as the DNS team would, after the server started.
+    pub fn start_delegating_dynamic(
+        zone: &str,
+        delegated: &str,
+        server: SocketAddr,
+    ) -> Option<Bind> {
+        let secret = tsig_secret();
+        let bind = Self::launch(
+            zone,
+            "",
+            &format!("key \"dns-team\" {{ algorithm hmac-sha256; secret \"{secret}\"; }};\n"),
+            " update-policy { grant dns-team zonesub ANY; };",
+            &format!(
+                "zone \"{delegated}\" {{ type forward; forward only; forwarders {{ {} port {}; }}; }};\n",
+                server.ip(),
+                server.port()
+            ),
+        )?;
+        // nsupdate reads the key from a file, not its command line.
+        std::fs::write(
+            bind.dir.path().join("update.key"),
+            format!("key \"dns-team\" {{ algorithm hmac-sha256; secret \"{secret}\"; }};\n"),
+        )
+        .expect("the key file");
+        Some(bind)
+    }
+
+    /// Sends `lines` (nsupdate's `update add …` commands) to the zone
+    /// `zone` of a [`Self::start_delegating_dynamic`] server.
+    pub fn update(&self, zone: &str, lines: &[String]) {
+        assert!(
+            require_program("nsupdate"),
+            "nsupdate (package bind9-dnsutils) is needed to change BIND's zone"
+        );
+        let script = format!(
+            "server {} {}\nzone {zone}\n{}\nsend\n",
+            self.addr.ip(),
+            self.addr.port(),
+            lines.join("\n")
+        );
+        let mut child = Command::new("nsupdate")
+            .arg("-k")
+            .arg(self.dir.path().join("update.key"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run nsupdate");
+        std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), script.as_bytes())
+            .expect("nsupdate's input");
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("nsupdate");
+        assert!(
+            out.status.success(),
+            "nsupdate {script}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
     }
 
     /// Serves `zone` as a dynamic primary zone that accepts updates of TXT

@@ -17,6 +17,7 @@ mod connections;
 mod crash;
 mod custom;
 mod db;
+mod dns_api;
 mod dns_zone;
 mod eab;
 mod egress;

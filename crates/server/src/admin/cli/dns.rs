@@ -13,6 +13,9 @@ pub enum DnsCommand {
     /// The TXT records the zone serves.
     #[command(subcommand)]
     Txt(TxtCommand),
+    /// Accounts of the acme-dns API ([dns_zone.api]).
+    #[command(subcommand)]
+    Account(AccountCommand),
     /// The CNAME records the corporate DNS needs so that a relay profile
     /// with strategy dns01_delegated can answer dns-01 for these names
     /// (one per name; a wildcard shares its base name's).
@@ -20,6 +23,43 @@ pub enum DnsCommand {
         /// DNS names (`*.x.example.org` for a wildcard).
         #[arg(required = true)]
         names: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountCommand {
+    /// Create an account and print its credentials as JSON (the password
+    /// is shown this once); audited.
+    Add {
+        /// A network (CIDR) or address its updates may come from; repeat
+        /// for several (default: anywhere).
+        #[arg(long = "allow-from", value_name = "CIDR")]
+        allow_from: Vec<String>,
+        /// Bind it to this EAB credential: once that is revoked, its
+        /// updates are refused.
+        #[arg(long, value_name = "KID")]
+        eab: Option<String>,
+        /// A DNS name it will answer for: the CNAME the corporate DNS needs
+        /// is printed (to standard error); repeat for several.
+        #[arg(long = "for", value_name = "NAME")]
+        names: Vec<String>,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Remove an account and the values at its name; audited.
+    Remove {
+        /// Its user name (X-Api-User).
+        username: String,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// List the accounts (never their passwords).
+    List {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -56,6 +96,143 @@ pub enum TxtCommand {
     },
 }
 
+async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()> {
+    let zone_config = zone_config(config)?;
+    let zone = crate::dns_zone::publishing_zone(zone_config)
+        .ok_or_else(|| anyhow::anyhow!("[dns_zone] lists no zone"))?;
+    match command {
+        AccountCommand::Add {
+            allow_from,
+            eab,
+            names,
+            actor,
+        } => {
+            let networks = allow_from
+                .iter()
+                .map(|t| {
+                    crate::dns_api::network(t).ok_or_else(|| {
+                        anyhow::anyhow!("--allow-from {t:?} is not a CIDR or an address; write e.g. --allow-from 10.1.0.0/16")
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            for name in &names {
+                acme_proxy_protocol::names::check_dns_name(name.trim_start_matches("*."))
+                    .map_err(|e| anyhow::anyhow!("--for {name:?}: {e}"))?;
+            }
+            let actor = operator_actor(actor);
+            let store = open_store(config).await?;
+            let made = async {
+                if let Some(kid) = &eab {
+                    match store.eab(kid).await? {
+                        Some(row) if row.revoked_at.is_none() => {}
+                        Some(_) => anyhow::bail!("the EAB credential {kid} is revoked"),
+                        None => anyhow::bail!(
+                            "no EAB credential {kid}: `acme-proxy eab list` shows them"
+                        ),
+                    }
+                }
+                crate::dns_api::register_account(
+                    &store,
+                    &zone,
+                    &networks,
+                    eab.as_deref(),
+                    crate::dns_api::Registrant {
+                        actor: &actor,
+                        context: None,
+                    },
+                    SystemClock.unix(),
+                )
+                .await
+            }
+            .await;
+            store.close().await;
+            let made = made?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "username": made.username,
+                    "password": made.password,
+                    "fulldomain": made.fulldomain,
+                    "subdomain": made.subdomain,
+                    "allowfrom": made.allow_from,
+                }))?
+            );
+            let mut records: Vec<String> = Vec::new();
+            for name in &names {
+                let base = name.trim_start_matches("*.").trim_end_matches('.');
+                let record = format!("_acme-challenge.{base}. CNAME {}.", made.fulldomain);
+                if !records.contains(&record) {
+                    records.push(record);
+                }
+            }
+            for record in records {
+                eprintln!("{record}");
+            }
+        }
+        AccountCommand::Remove { username, actor } => {
+            let actor = operator_actor(actor);
+            let detail = format!("account {username}");
+            let audit = NewAuditRow {
+                detail: Some(&detail),
+                ..NewAuditRow::new(
+                    SystemClock.unix(),
+                    AuditEvent::DnsAccountRemoved,
+                    AuditOutcome::Success,
+                    &actor,
+                )
+            };
+            let store = open_store(config).await?;
+            let removed = store.remove_dns_account(&username, &audit).await;
+            store.close().await;
+            if !removed? {
+                anyhow::bail!(
+                    "no acme-dns account {username}: `acme-proxy dns account list` shows them"
+                );
+            }
+            println!("removed the account {username} and the values at its name");
+        }
+        AccountCommand::List { json } => {
+            let store = open_reader(config).await?;
+            let rows = store.dns_accounts(LIST_LIMIT).await;
+            store.close().await;
+            let rows = rows?;
+            if json {
+                let list: Vec<_> = rows
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "username": r.username,
+                            "fulldomain": r.fulldomain(),
+                            "allowfrom": r.allow_from,
+                            "eab": r.eab_kid,
+                            "created_at": crate::clock::rfc3339(r.created_at),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let mut table =
+                    Table::new(&["USERNAME", "FULLDOMAIN", "ALLOW FROM", "EAB", "CREATED"]);
+                for r in &rows {
+                    table.row(vec![
+                        r.username.clone(),
+                        r.fulldomain(),
+                        if r.allow_from.is_empty() {
+                            "anywhere".to_owned()
+                        } else {
+                            r.allow_from.join(",")
+                        },
+                        r.eab_kid.clone().unwrap_or_else(|| "-".to_owned()),
+                        crate::clock::rfc3339(r.created_at),
+                    ]);
+                }
+                table.print()?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Rows `dns txt list` shows at most.
 const LIST_LIMIT: i64 = 10_000;
 
@@ -70,6 +247,7 @@ fn zone_config(config: &Config) -> anyhow::Result<&DnsZoneConfig> {
 pub async fn run(config: &Config, command: DnsCommand) -> anyhow::Result<()> {
     let command = match command {
         DnsCommand::Txt(command) => command,
+        DnsCommand::Account(command) => return account(config, command).await,
         DnsCommand::Cname { names } => {
             let zone = crate::dns_zone::publishing_zone(zone_config(config)?)
                 .ok_or_else(|| anyhow::anyhow!("[dns_zone] lists no zone"))?;

@@ -1,0 +1,592 @@
+//! The acme-dns-compatible API (`[dns_zone.api]`): accounts registered
+//! over HTTP and by the operator, updates that land in the embedded zone
+//! (read back with dig), what is refused and audited, the rate limits, and
+//! certbot with acme-dns's own client library obtaining a name and its
+//! wildcard from our CA through a CNAME in a real BIND.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::clients::{certbot_common, certbot_log_tail, leaf, run_with_env};
+use crate::harness::{self, Bind, TestServer, config_file, run_cli};
+use crate::raw;
+
+const ZONE: &str = "acme.zone.test";
+
+fn zone_table(api: &str) -> String {
+    format!(
+        "\n[dns_zone]\nzones = [\"{ZONE}\"]\nlisten = [\"127.0.0.1:0\"]\nnameservers = [\"ns1.corp.test\"]\nttl = \"1s\"\nnegative_ttl = \"1s\"\n[dns_zone.api]\n{api}"
+    )
+}
+
+/// A dns-01 value as clients compute it: 43 base64url characters.
+fn value(n: u8) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([n; 32])
+}
+
+/// The TXT values the zone serves at `name`, sorted.
+fn served(at: SocketAddr, name: &str) -> Vec<String> {
+    let out = Command::new("dig")
+        .arg(format!("@{}", at.ip()))
+        .args(["-p", &at.port().to_string(), "+norec", "+short", "+time=5"])
+        .args([name, "TXT"])
+        .output()
+        .expect("run dig");
+    let mut values: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_matches('"').to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    values.sort();
+    values
+}
+
+async fn register(base: &str, body: &str) -> raw::Resp {
+    raw::request(
+        "POST",
+        &format!("{base}/acme-dns/register"),
+        Some("application/json"),
+        body.as_bytes().to_vec(),
+    )
+    .await
+}
+
+async fn update(base: &str, user: &str, key: &str, subdomain: &str, txt: &str) -> raw::Resp {
+    raw::request_with(
+        "POST",
+        &format!("{base}/acme-dns/update"),
+        &[
+            ("x-api-user", user),
+            ("x-api-key", key),
+            ("content-type", "application/json"),
+        ],
+        json!({ "subdomain": subdomain, "txt": txt })
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+}
+
+/// An account's credentials, as the API or the CLI printed them.
+struct Creds {
+    username: String,
+    password: String,
+    subdomain: String,
+    fulldomain: String,
+}
+
+impl Creds {
+    fn from(v: &Value) -> Creds {
+        let s = |k: &str| {
+            v[k].as_str()
+                .unwrap_or_else(|| panic!("{k} in {v}"))
+                .to_owned()
+        };
+        Creds {
+            username: s("username"),
+            password: s("password"),
+            subdomain: s("subdomain"),
+            fulldomain: s("fulldomain"),
+        }
+    }
+}
+
+async fn registered(base: &str, body: &str) -> Creds {
+    let r = register(base, body).await;
+    assert_eq!(r.status, 201, "register {body}: {}", r.problem());
+    Creds::from(&r.json())
+}
+
+fn error_of(r: &raw::Resp) -> String {
+    r.json()["error"].as_str().unwrap_or_default().to_owned()
+}
+
+fn audit_rows(config: &Path, event: &str) -> Vec<Value> {
+    let out = run_cli(config, &["audit", "list", "--event", event, "--json"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    serde_json::from_str(&out.stdout).expect("audit JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_update_only_their_own_name_from_their_own_networks_and_keep_two_values() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(data.path(), 1, None, &zone_table(""));
+    let (_etc, config) = config_file(&toml);
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let base = server.base().to_owned();
+    let at = server.running().dns_addrs[0];
+
+    let health = raw::request("GET", &format!("{base}/acme-dns/health"), None, vec![]).await;
+    assert_eq!(health.status, 200);
+
+    // Registration: acme-dns's fields, a name under our zone, no body
+    // needed.
+    let r = register(&base, "").await;
+    assert_eq!(r.status, 201, "{}", r.problem());
+    let doc = r.json();
+    let a = Creds::from(&doc);
+    assert_eq!(a.username.len(), 36, "{doc}");
+    assert_eq!(a.password.len(), 40, "{doc}");
+    assert_eq!(a.fulldomain, format!("{}.{ZONE}", a.subdomain), "{doc}");
+    assert_eq!(doc["allowfrom"], json!([]), "{doc}");
+
+    // Updates land in the zone; only the two newest values stay.
+    let r = update(&base, &a.username, &a.password, &a.subdomain, &value(1)).await;
+    assert_eq!(r.status, 200, "{}", r.problem());
+    assert_eq!(r.json(), json!({ "txt": value(1) }));
+    assert_eq!(served(at, &a.fulldomain), [value(1)]);
+    for n in [2, 3] {
+        let r = update(&base, &a.username, &a.password, &a.subdomain, &value(n)).await;
+        assert_eq!(r.status, 200, "{}", r.problem());
+    }
+    let mut newest = vec![value(2), value(3)];
+    newest.sort();
+    assert_eq!(served(at, &a.fulldomain), newest);
+
+    // Wrong or missing credentials, another account's subdomain, an
+    // address outside allowfrom: the same 401, and nothing changes.
+    let b = registered(&base, "{}").await;
+    let fenced = registered(&base, r#"{"allowfrom": ["192.0.2.0/24"]}"#).await;
+    for (user, key, subdomain, why) in [
+        (&a.username, "wrong", &a.subdomain, "a wrong key"),
+        (&a.username, "", &a.subdomain, "no key"),
+        (
+            &"0".repeat(36),
+            &a.password,
+            &a.subdomain,
+            "an unknown user",
+        ),
+        (
+            &"not-a-user".to_owned(),
+            &a.password,
+            &a.subdomain,
+            "a malformed user",
+        ),
+        (
+            &b.username,
+            &b.password,
+            &a.subdomain,
+            "another account's subdomain",
+        ),
+        (
+            &fenced.username,
+            &fenced.password,
+            &fenced.subdomain,
+            "an address outside allowfrom",
+        ),
+    ] {
+        let r = update(&base, user, key, subdomain, &value(9)).await;
+        assert_eq!(r.status, 401, "{why}: {}", r.problem());
+        assert_eq!(error_of(&r), "forbidden", "{why}");
+    }
+    assert_eq!(served(at, &a.fulldomain), newest);
+    assert!(served(at, &fenced.fulldomain).is_empty());
+
+    // An account whose networks include the client may update.
+    let local = registered(&base, r#"{"AllowFrom": ["127.0.0.0/8", "::1"]}"#).await;
+    let r = update(
+        &base,
+        &local.username,
+        &local.password,
+        &local.subdomain,
+        &value(4),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.problem());
+    assert_eq!(served(at, &local.fulldomain), [value(4)]);
+
+    // Malformed requests: named, and stored nothing.
+    let r = update(&base, &a.username, &a.password, &a.subdomain, "short").await;
+    assert_eq!((r.status, error_of(&r).as_str()), (400, "bad_txt"));
+    let r = register(&base, r#"{"allowfrom": ["lan"]}"#).await;
+    assert_eq!(
+        (r.status, error_of(&r).as_str()),
+        (400, "invalid_allowfrom_cidr")
+    );
+    let r = register(&base, "not json").await;
+    assert_eq!(
+        (r.status, error_of(&r).as_str()),
+        (400, "malformed_json_payload")
+    );
+    let r = raw::request(
+        "POST",
+        &format!("{base}/acme-dns/register"),
+        Some("application/json"),
+        vec![b' '; 5000],
+    )
+    .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(served(at, &a.fulldomain), newest);
+
+    // Every update and every refusal is audited, the account named when
+    // there is one; the password never is.
+    let rows = audit_rows(&config, "dns.record_updated");
+    let outcome = |o: &str| rows.iter().filter(|r| r["outcome"] == o).count();
+    assert_eq!(outcome("success"), 4, "{rows:?}");
+    assert_eq!(outcome("refused"), 7, "{rows:?}");
+    let fenced_row = rows
+        .iter()
+        .find(|r| r["actor"] == format!("dns-api:{}", fenced.username))
+        .expect("the refusal names the account");
+    assert!(
+        fenced_row["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("outside the account's allowfrom (192.0.2.0/24)"),
+        "{fenced_row}"
+    );
+    assert_eq!(fenced_row["client_ip"], "127.0.0.1", "{fenced_row}");
+    let all = format!(
+        "{rows:?}{:?}",
+        audit_rows(&config, "dns.account_registered")
+    );
+    assert!(
+        !all.contains(&a.password),
+        "a password is in the audit trail"
+    );
+    assert_eq!(audit_rows(&config, "dns.account_registered").len(), 4);
+
+    // Removing an account takes its values with it.
+    let out = run_cli(&config, &["dns", "account", "remove", &a.username], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(served(at, &a.fulldomain).is_empty());
+    let r = update(&base, &a.username, &a.password, &a.subdomain, &value(5)).await;
+    assert_eq!(r.status, 401);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_and_updates_past_their_limits_get_429_with_retry_after() {
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(
+        data.path(),
+        1,
+        None,
+        &zone_table("registrations_per_hour = 2\nupdates_per_minute = 2\n"),
+    );
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let base = server.base().to_owned();
+    let a = registered(&base, "").await;
+    registered(&base, "").await;
+    let r = register(&base, "").await;
+    assert_eq!((r.status, error_of(&r).as_str()), (429, "rate_limited"));
+    let wait: u64 = r.headers["retry-after"]
+        .to_str()
+        .expect("text")
+        .parse()
+        .expect("seconds");
+    assert!((1..=3600).contains(&wait), "{wait}");
+
+    for n in [1, 2] {
+        let r = update(&base, &a.username, &a.password, &a.subdomain, &value(n)).await;
+        assert_eq!(r.status, 200, "{}", r.problem());
+    }
+    let r = update(&base, &a.username, &a.password, &a.subdomain, &value(3)).await;
+    assert_eq!((r.status, error_of(&r).as_str()), (429, "rate_limited"));
+    assert!(r.headers.contains_key("retry-after"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_operator_registration_only_the_cli_makes_accounts_and_an_eab_binding_ends_with_it() {
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(
+        data.path(),
+        1,
+        None,
+        &zone_table("registration = \"operator\"\n"),
+    );
+    let (_etc, config) = config_file(&toml);
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let base = server.base().to_owned();
+    let r = register(&base, "").await;
+    assert_eq!(
+        (r.status, error_of(&r).as_str()),
+        (403, "registration_disabled")
+    );
+
+    let eab = run_cli(&config, &["eab", "create", "--json"], &[]);
+    assert_eq!(eab.code, 0, "{}", eab.stderr);
+    let kid = serde_json::from_str::<Value>(&eab.stdout).expect("JSON")["kid"]
+        .as_str()
+        .expect("kid")
+        .to_owned();
+    let out = run_cli(
+        &config,
+        &[
+            "dns",
+            "account",
+            "add",
+            "--eab",
+            &kid,
+            "--for",
+            "*.h.lab.test",
+            "--for",
+            "h.lab.test",
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let creds = Creds::from(&serde_json::from_str(&out.stdout).expect("JSON"));
+    // One CNAME for a name and its wildcard, to the account's name.
+    assert_eq!(
+        out.stderr.trim(),
+        format!("_acme-challenge.h.lab.test. CNAME {}.", creds.fulldomain)
+    );
+    let listed = run_cli(&config, &["dns", "account", "list"], &[]);
+    assert!(listed.stdout.contains(&creds.username), "{}", listed.stdout);
+    assert!(
+        !listed.stdout.contains(&creds.password),
+        "{}",
+        listed.stdout
+    );
+
+    let r = update(
+        &base,
+        &creds.username,
+        &creds.password,
+        &creds.subdomain,
+        &value(1),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.problem());
+    let revoked = run_cli(&config, &["eab", "revoke", &kid, "--yes"], &[]);
+    assert_eq!(revoked.code, 0, "{}", revoked.stderr);
+    let r = update(
+        &base,
+        &creds.username,
+        &creds.password,
+        &creds.subdomain,
+        &value(2),
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.problem());
+
+    // A revoked or unknown credential cannot be bound.
+    for kid in [kid.as_str(), "no-such-kid"] {
+        let out = run_cli(&config, &["dns", "account", "add", "--eab", kid], &[]);
+        assert_ne!(out.code, 0, "{}", out.stdout);
+        assert!(out.stderr.contains(kid), "{}", out.stderr);
+    }
+    server.stop().await;
+}
+
+/// The manual auth hook certbot runs per authorization: it publishes
+/// `CERTBOT_VALIDATION` through the acme-dns API with pyacmedns, the
+/// acme-dns project's own client library, registering an account for the
+/// domain on first use and then stopping with the CNAME to create, as
+/// acme-dns clients (lego's provider, acme-dns-certbot) do.
+const ACME_DNS_HOOK: &str = r#"
+import os, sys
+from pyacmedns import Client, Storage
+
+client = Client(os.environ["ACMEDNS_API"])
+storage = Storage(os.environ["ACMEDNS_STORAGE"])
+domain = os.environ["CERTBOT_DOMAIN"]
+account = storage.fetch(domain)
+if not account:
+    account = client.register_account(None)
+    storage.put(domain, account)
+    storage.save()
+    sys.exit("new acme-dns account; create the CNAME _acme-challenge.%s. CNAME %s. and run again"
+             % (domain, account["fulldomain"]))
+client.update_txt_record(account, os.environ["CERTBOT_VALIDATION"])
+"#;
+
+/// certbot with an acme-dns client against our API and our CA: the first
+/// run registers and stops, asking for the CNAME; the DNS team (the test)
+/// adds it to BIND; the second run obtains the name and its wildcard over
+/// dns-01, both values served at the account's one name, found by our
+/// validator through BIND's CNAME and forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acme_dns_client_gets_a_name_and_its_wildcard_from_our_ca_through_one_cname() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    let (Some(certbot), Some(python)) = (harness::certbot5(), harness::acme_dns_client()) else {
+        return;
+    };
+    let data = harness::tempdir();
+    let first = TestServer::config_text(
+        data.path(),
+        1,
+        None,
+        &format!(
+            "[profiles.default]\nchallenges = [\"dns-01\"]\n{}",
+            zone_table("")
+        ),
+    );
+    let server = TestServer::start_in(harness::tempdir(), &first).await;
+    let at = server.running().dns_addrs[0];
+    let Some(bind) = Bind::start_delegating_dynamic("lab.test", ZONE, at) else {
+        return;
+    };
+    // The validator resolves through the corporate DNS.
+    let second = first.replace(
+        "[validation]\n",
+        &format!("[validation]\ndns_resolvers = [\"{}\"]\n", bind.addr),
+    );
+    server
+        .running()
+        .reload(acme_proxy::config::Config::from_toml(&second).expect("the configuration"))
+        .await
+        .expect("the resolver is set by a reload");
+
+    let dir = harness::tempdir();
+    let d = dir.path().to_path_buf();
+    let hook = d.join("acme-dns-hook.py");
+    std::fs::write(&hook, ACME_DNS_HOOK).expect("the hook");
+    let storage = d.join("acme-dns.json");
+    let certbot_run = |storage: &Path| {
+        let mut args = vec!["certonly".to_owned()];
+        args.extend(certbot_common(&d, &server.directory("default")));
+        args.extend(
+            [
+                "--manual",
+                "--preferred-challenges",
+                "dns",
+                "--manual-auth-hook",
+                &format!("{} {}", python.display(), hook.display()),
+                "-d",
+                "x.lab.test",
+                "-d",
+                "*.x.lab.test",
+                "--cert-name",
+                "x",
+                // The last run asks again for a lineage that is not due.
+                "--force-renewal",
+            ]
+            .map(str::to_owned),
+        );
+        let env = vec![
+            (
+                "ACMEDNS_API".to_owned(),
+                format!("{}/acme-dns", server.base()),
+            ),
+            (
+                "ACMEDNS_STORAGE".to_owned(),
+                storage.to_str().expect("utf-8 path").to_owned(),
+            ),
+        ];
+        run_with_env(certbot.display().to_string(), args, env, d.clone())
+    };
+
+    // First run: the client registers, stores the account and stops with
+    // the CNAME to create.
+    let ran = certbot_run(&storage).await;
+    assert!(
+        !ran.success(),
+        "certbot cannot finish before the CNAME exists\n{}",
+        ran.report()
+    );
+    let stored: Value = serde_json::from_slice(&std::fs::read(&storage).unwrap_or_else(|e| {
+        panic!(
+            "the client stored no account ({e})\n{}\n{}",
+            ran.report(),
+            certbot_log_tail(&d)
+        )
+    }))
+    .expect("the client's storage JSON");
+    let fulldomain = stored["x.lab.test"]["fulldomain"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no account for x.lab.test: {stored}"))
+        .to_owned();
+    assert!(fulldomain.ends_with(&format!(".{ZONE}")), "{stored}");
+
+    // The DNS team adds the one CNAME; the second run obtains both names.
+    bind.update(
+        "lab.test",
+        &[format!(
+            "update add _acme-challenge.x.lab.test. 60 CNAME {fulldomain}."
+        )],
+    );
+    let ran = certbot_run(&storage).await;
+    assert!(
+        ran.success(),
+        "certbot failed\n{}\n{}\n{}",
+        ran.report(),
+        certbot_log_tail(&d),
+        bind.log()
+    );
+    let cert = d.join("conf").join("live").join("x").join("cert.pem");
+    let issued = leaf(&cert, &|| ran.report());
+    let mut sans = issued.sans.clone();
+    sans.sort();
+    assert_eq!(sans, ["*.x.lab.test", "x.lab.test"]);
+    // Both authorizations' values, at the account's one name.
+    assert_eq!(served(at, &fulldomain).len(), 2);
+
+    // A failed dns-01 says where the name is delegated: nowhere, or to a
+    // name of our zone that holds no value.
+    bind.update(
+        "lab.test",
+        &[format!(
+            "update add _acme-challenge.z.lab.test. 60 CNAME nobody.{ZONE}."
+        )],
+    );
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = raw::Acct::create(&dir, raw::Key::p256()).await;
+    for (name, said) in [
+        (
+            "y.lab.test",
+            format!("no CNAME delegates it to this server's zone {ZONE}"),
+        ),
+        (
+            "z.lab.test",
+            format!("delegated by CNAME to nobody.{ZONE}. in this server's zone"),
+        ),
+    ] {
+        let r = acct
+            .post(
+                &dir,
+                dir["newOrder"].as_str().expect("newOrder"),
+                Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.problem());
+        let authz = acct
+            .post(
+                &dir,
+                r.json()["authorizations"][0].as_str().expect("authz"),
+                None,
+            )
+            .await
+            .json();
+        let challenge = authz["challenges"]
+            .as_array()
+            .expect("challenges")
+            .iter()
+            .find(|c| c["type"] == "dns-01")
+            .expect("dns-01 offered")
+            .clone();
+        let settled = acct
+            .trigger_and_settle(&dir, challenge["url"].as_str().expect("url"))
+            .await;
+        assert_eq!(settled["status"], "invalid", "{name}: {settled}");
+        let detail = settled["error"]["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(&said), "{name}: {settled}");
+    }
+
+    // Another account's credentials for the first one's subdomain: the
+    // client is refused (401) and nothing is published.
+    let before = served(at, &fulldomain);
+    let other = registered(server.base(), "").await;
+    let mut forged = stored.clone();
+    forged["x.lab.test"]["username"] = json!(other.username);
+    forged["x.lab.test"]["password"] = json!(other.password);
+    let forged_path = d.join("forged.json");
+    std::fs::write(&forged_path, forged.to_string()).expect("storage file");
+    let ran = certbot_run(&forged_path).await;
+    assert!(!ran.success(), "{}", ran.report());
+    let told = format!("{}{}", ran.report(), certbot_log_tail(&d));
+    assert!(told.contains("Response HTTP status: 401"), "{told}");
+    assert_eq!(served(at, &fulldomain), before);
+    server.stop().await;
+}
