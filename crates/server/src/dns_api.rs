@@ -44,6 +44,8 @@ use crate::metrics::Metrics;
 
 /// Password hashes computed at once; more requests wait for one.
 const HASHING_AT_ONCE: usize = 2;
+/// Requests handled at once once their body is in; more get 503.
+const MAX_IN_FLIGHT: usize = 64;
 /// How long a request waits for a hashing slot before 503.
 const HASHING_WAIT: Duration = Duration::from_secs(5);
 /// The largest body either endpoint reads.
@@ -51,7 +53,7 @@ const MAX_BODY: usize = 4096;
 /// Networks one account's `allowfrom` may list.
 const MAX_ALLOW_FROM: usize = 32;
 /// Keys a rate limiter remembers at once (bounded memory, whatever the
-/// clients send); when full, a new key is limited until a window ends.
+/// clients send); when full, the oldest window is forgotten.
 const MAX_LIMITER_KEYS: usize = 65_536;
 /// A dns-01 value: base64url of a SHA-256 digest (RFC 8555 §8.4), 43
 /// characters; acme-dns accepts nothing else.
@@ -68,19 +70,32 @@ pub struct DnsApi {
     clock: SharedClock,
     metrics: Arc<Metrics>,
     body_read_timeout: Duration,
-    hashing: tokio::sync::Semaphore,
+    /// Password hashes being computed; each blocking job holds its permit
+    /// until it ends, even when its client has gone.
+    hashing: Arc<tokio::sync::Semaphore>,
+    /// Requests past their body (the ACME routes' `max_in_flight` is for
+    /// ACME work: a flood here must not take its slots).
+    in_flight: Arc<tokio::sync::Semaphore>,
     registrations: Limiter,
     updates: Limiter,
 }
 
 /// The account a registration created: what the client is told, once.
-#[derive(Debug)]
 pub struct Registered {
     pub username: String,
     pub password: String,
     pub subdomain: String,
     pub fulldomain: String,
     pub allow_from: Vec<String>,
+}
+
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered")
+            .field("username", &self.username)
+            .field("fulldomain", &self.fulldomain)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Who asked for a registration, for its audit row.
@@ -108,8 +123,14 @@ impl DnsApi {
             clock,
             metrics,
             body_read_timeout,
-            hashing: tokio::sync::Semaphore::new(HASHING_AT_ONCE),
+            hashing: Arc::new(tokio::sync::Semaphore::new(HASHING_AT_ONCE)),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
+    }
+
+    /// A slot for a request whose body is in; None when all are taken.
+    fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.in_flight).try_acquire_owned().ok()
     }
 
     fn count(&self, endpoint: &'static str, outcome: &'static str) {
@@ -129,7 +150,7 @@ impl DnsApi {
         allow_from: &[IpNet],
         who: Registrant<'_>,
     ) -> anyhow::Result<Registered> {
-        let _slot = self.hashing_slot().await?;
+        let slot = self.hashing_slot().await?;
         register_account(
             &self.store,
             &self.zone,
@@ -137,6 +158,7 @@ impl DnsApi {
             None,
             who,
             self.clock.unix(),
+            Some(slot),
         )
         .await
     }
@@ -144,9 +166,10 @@ impl DnsApi {
     /// Whether `password` is the one `hash` was made of (constant time:
     /// the comparison is argon2's).
     async fn verify(&self, password: &str, hash: &str) -> anyhow::Result<bool> {
-        let _slot = self.hashing_slot().await?;
+        let slot = self.hashing_slot().await?;
         let (password, hash) = (password.to_owned(), hash.to_owned());
         tokio::task::spawn_blocking(move || {
+            let _slot = slot;
             let parsed =
                 PasswordHash::new(&hash).map_err(|e| anyhow::anyhow!("a stored hash: {e}"))?;
             Ok(Argon2::default()
@@ -156,8 +179,8 @@ impl DnsApi {
         .await?
     }
 
-    async fn hashing_slot(&self) -> anyhow::Result<tokio::sync::SemaphorePermit<'_>> {
-        tokio::time::timeout(HASHING_WAIT, self.hashing.acquire())
+    async fn hashing_slot(&self) -> anyhow::Result<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(HASHING_WAIT, Arc::clone(&self.hashing).acquire_owned())
             .await
             .map_err(|_| anyhow::anyhow!("no password hashing slot within {HASHING_WAIT:?}"))?
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -167,7 +190,8 @@ impl DnsApi {
 /// Creates an account for a new name under `zone`, whose updates may come
 /// from `allow_from` (empty: anywhere), bound to the EAB credential
 /// `eab_kid` if any, and audits it as `who`; the password is shown here
-/// only, and kept as its argon2id hash.
+/// only, and kept as its argon2id hash (computed holding `slot`, when
+/// given, until it is done).
 pub async fn register_account(
     store: &Store,
     zone: &str,
@@ -175,11 +199,12 @@ pub async fn register_account(
     eab_kid: Option<&str>,
     who: Registrant<'_>,
     now: i64,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> anyhow::Result<Registered> {
     let username = crate::ids::uuid_v4();
     let password = crate::ids::dns_api_password();
     let subdomain = crate::ids::uuid_v4();
-    let hash = hash_password(password.clone()).await?;
+    let hash = hash_password(password.clone(), slot).await?;
     let allow_from: Vec<String> = allow_from.iter().map(ToString::to_string).collect();
     let detail = format!(
         "account {username} for {subdomain}.{zone}; updates from {}{}",
@@ -225,8 +250,12 @@ pub async fn register_account(
 
 /// argon2id with RFC 9106's second recommended option (the crate's
 /// default: 19 MiB, 2 passes), on a blocking thread.
-async fn hash_password(password: String) -> anyhow::Result<String> {
+async fn hash_password(
+    password: String,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> anyhow::Result<String> {
     tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let salt = SaltString::encode_b64(&crate::ids::salt())
             .map_err(|e| anyhow::anyhow!("salt: {e}"))?;
         Argon2::default()
@@ -253,6 +282,16 @@ async fn health() -> StatusCode {
 /// An acme-dns error document.
 fn error(status: StatusCode, error: &str) -> Response {
     (status, axum::Json(json!({ "error": error }))).into_response()
+}
+
+/// 503 with `Retry-After`: the server's own trouble (the database, no
+/// free hashing slot, too many requests at once), worth retrying.
+fn unavailable() -> Response {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response
 }
 
 fn limited(retry_after: u64) -> Response {
@@ -333,6 +372,18 @@ pub fn network(text: &str) -> Option<IpNet> {
         .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
+/// What a client's registrations are counted under: its address, or its
+/// /64 for IPv6 (one host is commonly given a whole /64).
+fn limit_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+    }
+}
+
 fn client_ip(ctx: &RequestContext) -> Option<IpAddr> {
     ctx.client_ip.as_deref().and_then(|ip| ip.parse().ok())
 }
@@ -363,7 +414,7 @@ async fn register(
         api.count(endpoint, "refused");
         return error(StatusCode::FORBIDDEN, "forbidden");
     }
-    if let Err(retry_after) = api.registrations.take(&ip.to_string(), api.clock.unix()) {
+    if let Err(retry_after) = api.registrations.take(&limit_key(ip), api.clock.unix()) {
         api.count(endpoint, "limited");
         return limited(retry_after);
     }
@@ -373,6 +424,10 @@ async fn register(
             api.count(endpoint, "refused");
             return response;
         }
+    };
+    let Some(_admitted) = api.admit() else {
+        api.count(endpoint, "limited");
+        return unavailable();
     };
     let Some(body) = register_body(&body) else {
         api.count(endpoint, "refused");
@@ -417,7 +472,7 @@ async fn register(
         Err(e) => {
             api.count(endpoint, "failure");
             tracing::error!(event = "dns.account_registered", outcome = "failure", error = %e, "could not register an acme-dns account");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "db_error")
+            unavailable()
         }
     }
 }
@@ -459,10 +514,15 @@ async fn update(
             return response;
         }
     };
+    let Some(_admitted) = api.admit() else {
+        api.count(endpoint, "limited");
+        return unavailable();
+    };
     let outcome = authorize(&api, &ctx, &user, &key, &body).await;
     let now = api.clock.unix();
-    // The user name goes in the audit row only when it names an account:
-    // anything else is the client's text, unbounded.
+    // Only a user name that names an account is audited: anything else
+    // is the client's text, and a refusal of no account is noise anyone
+    // can make in any amount (logged and counted, not written).
     let actor = match &outcome {
         Ok(authorized) => format!("dns-api:{}", authorized.username),
         Err(Failure::Refused {
@@ -502,9 +562,17 @@ async fn update(
                 Err(e) => {
                     api.count(endpoint, "failure");
                     tracing::error!(event = "dns.record_updated", outcome = "failure", error = %e, "could not store an acme-dns update");
-                    error(StatusCode::INTERNAL_SERVER_ERROR, "db_error")
+                    unavailable()
                 }
             }
+        }
+        Err(Failure::Refused {
+            refusal,
+            known_user: false,
+        }) => {
+            api.count(endpoint, "refused");
+            tracing::info!(event = "dns.record_updated", outcome = "refused", reason = %refusal.detail, "acme-dns update refused");
+            error(refusal.status, refusal.error)
         }
         Err(Failure::Refused { refusal, .. }) => {
             api.count(endpoint, "refused");
@@ -525,11 +593,7 @@ async fn update(
         Err(Failure::Internal(e)) => {
             api.count(endpoint, "failure");
             tracing::error!(event = "dns.record_updated", outcome = "failure", error = %e, "could not check an acme-dns update");
-            let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(1));
-            response
+            unavailable()
         }
     }
 }
@@ -663,6 +727,8 @@ async fn authorize(
 struct Limiter {
     window: i64,
     limit: u32,
+    /// Keys remembered at most ([`MAX_LIMITER_KEYS`]).
+    capacity: usize,
     counts: Mutex<HashMap<String, (i64, u32)>>,
 }
 
@@ -671,6 +737,7 @@ impl Limiter {
         Self {
             window: window.as_secs().max(1) as i64,
             limit,
+            capacity: MAX_LIMITER_KEYS,
             counts: Mutex::new(HashMap::new()),
         }
     }
@@ -682,10 +749,18 @@ impl Limiter {
             return Err(1);
         };
         let window = self.window;
-        if counts.len() >= MAX_LIMITER_KEYS && !counts.contains_key(key) {
+        if counts.len() >= self.capacity && !counts.contains_key(key) {
             counts.retain(|_, (opened, _)| now - *opened < window);
-            if counts.len() >= MAX_LIMITER_KEYS {
-                return Err(1);
+            // Still full: the oldest window goes (its key starts afresh if
+            // it comes back), so a flood of keys bounds memory without
+            // locking everyone out.
+            if counts.len() >= self.capacity
+                && let Some(oldest) = counts
+                    .iter()
+                    .min_by_key(|(_, (opened, _))| *opened)
+                    .map(|(k, _)| k.clone())
+            {
+                counts.remove(&oldest);
             }
         }
         let entry = counts.entry(key.to_owned()).or_insert((now, 0));
@@ -746,5 +821,28 @@ mod tests {
         assert!(l.take("a", 179).is_ok());
         assert!(l.take("a", 180).is_ok());
         assert_eq!(l.take("a", 181), Err(58));
+    }
+
+    #[test]
+    fn a_full_limiter_forgets_its_oldest_window_rather_than_refusing_newcomers() {
+        let mut l = Limiter::new(Duration::from_secs(60), 1);
+        l.capacity = 2;
+        assert!(l.take("a", 10).is_ok());
+        assert!(l.take("b", 20).is_ok());
+        // Full: "c" is counted, "a" (the oldest) forgotten.
+        assert!(l.take("c", 30).is_ok());
+        assert_eq!(l.take("b", 31), Err(49));
+        assert_eq!(l.take("c", 31), Err(59));
+        assert!(l.take("a", 31).is_ok());
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::7".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(limit_key(a), limit_key(b));
+        assert_ne!(limit_key(a), limit_key(other));
+        assert_eq!(limit_key("192.0.2.7".parse().unwrap()), "192.0.2.7");
     }
 }

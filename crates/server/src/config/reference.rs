@@ -287,6 +287,7 @@ pub fn uncommented(text: &str) -> String {
                     "[notify]",
                     "[metrics]",
                     "[dns_zone]",
+                    "[dns_zone.api]",
                     "[egress]",
                     "[tls]",
                     "[audit]",

@@ -2049,6 +2049,105 @@ fn watch_most(
     (stop, watcher)
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_served_and_completes() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    // Fixed addresses: the corporate DNS forwards to the zone, and the
+    // client's order URL must stay valid, across the restart.
+    let dns_at = harness::own_addr();
+    let listen = format!("listen = \"{}\"", harness::own_addr());
+    let Some(bind) = Bind::start_delegating(
+        "lab.test",
+        "_acme-challenge.r IN CNAME r.lab.test.acme.zone.test.",
+        "acme.zone.test",
+        dns_at,
+    ) else {
+        return;
+    };
+    let pki = TestPki::new();
+    let Some(pebble) = pebble_validating_through(&pki, &bind) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = crate::harness::tempdir();
+    let profile = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "dns01_delegated",
+        LOCAL_BYPASS,
+        "",
+    );
+    let zone = format!(
+        "\n[dns_zone]\nzones = [\"acme.zone.test\"]\nlisten = [\"{dns_at}\"]\nnameservers = [\"ns1.lab.test\"]\nttl = \"1s\"\nnegative_ttl = \"1s\"\n"
+    );
+    let toml = server_toml(
+        data.path(),
+        harness::free_port(),
+        None,
+        &format!("{profile}{zone}"),
+    )
+    .replace("listen = \"127.0.0.1:0\"", &listen)
+    .replace(
+        "[validation]\n",
+        &format!("[validation]\ndns_resolvers = [\"{}\"]\n", bind.addr),
+    );
+    register_upstream_accounts(&toml).await;
+
+    // The upstream never hears that the challenge is ready: the relay has
+    // published its value and waits.
+    proxy.set_always(Match::PathContains("chalZ"), Some(Fault::Hang));
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let mut order = ready_order(&account, &["r.lab.test"]).await;
+    order.finalize().await.expect("finalize answers");
+    let target = "r.lab.test.acme.zone.test";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while zone_txt(dns_at, target).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the relay published nothing within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let published = zone_txt(dns_at, target);
+    server.stop().await;
+
+    // Back up: the value is served at once, from the database, before the
+    // relay runs again; then the upstream hears of it and issues.
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    assert_eq!(zone_txt(dns_at, target), published);
+    proxy.set_always(Match::PathContains("chalZ"), None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let chain = loop {
+        let status = order.refresh().await.expect("poll the order").status;
+        match status {
+            OrderStatus::Valid => {
+                break order.certificate().await.expect("download").expect("chain");
+            }
+            OrderStatus::Invalid => panic!("the order failed: {:?}", order.state().error),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {status:?} 60 s after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (issuer, sans, _) = leaf_of(&chain);
+    assert_eq!(sans, ["r.lab.test"]);
+    assert_eq!(issuer, subject_of(&pebble.intermediate_pem().await));
+    // Its value is removed once the upstream has decided.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !zone_txt(dns_at, target).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(zone_txt(dns_at, target).is_empty());
+    server.stop().await;
+}
+
 /// The authoritative TXT values of `name` in the embedded zone at `at`.
 fn zone_txt(at: std::net::SocketAddr, name: &str) -> Vec<String> {
     let out = std::process::Command::new("dig")

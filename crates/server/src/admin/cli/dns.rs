@@ -39,8 +39,9 @@ pub enum AccountCommand {
         /// updates are refused.
         #[arg(long, value_name = "KID")]
         eab: Option<String>,
-        /// A DNS name it will answer for: the CNAME the corporate DNS needs
-        /// is printed (to standard error); repeat for several.
+        /// The DNS name it will answer for (and its wildcard, which shares
+        /// the name's record): the CNAME the corporate DNS needs is printed
+        /// to standard error.
         #[arg(long = "for", value_name = "NAME")]
         names: Vec<String>,
         /// Who is acting; defaults to operator:$USER.
@@ -115,9 +116,21 @@ async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()>
                     })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            // An account keeps two values: one name and its wildcard.
+            let mut base: Option<String> = None;
             for name in &names {
-                acme_proxy_protocol::names::check_dns_name(name.trim_start_matches("*."))
+                let b = name
+                    .strip_prefix("*.")
+                    .unwrap_or(name)
+                    .trim_end_matches('.');
+                acme_proxy_protocol::names::check_dns_name(b)
                     .map_err(|e| anyhow::anyhow!("--for {name:?}: {e}"))?;
+                match &base {
+                    Some(seen) if !seen.eq_ignore_ascii_case(b) => anyhow::bail!(
+                        "--for {seen} and --for {name}: an account keeps only two values, so it serves one name and its wildcard; make one account per name"
+                    ),
+                    _ => base = Some(b.to_ascii_lowercase()),
+                }
             }
             let actor = operator_actor(actor);
             let store = open_store(config).await?;
@@ -141,6 +154,7 @@ async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()>
                         context: None,
                     },
                     SystemClock.unix(),
+                    None,
                 )
                 .await
             }
@@ -157,16 +171,8 @@ async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()>
                     "allowfrom": made.allow_from,
                 }))?
             );
-            let mut records: Vec<String> = Vec::new();
-            for name in &names {
-                let base = name.trim_start_matches("*.").trim_end_matches('.');
-                let record = format!("_acme-challenge.{base}. CNAME {}.", made.fulldomain);
-                if !records.contains(&record) {
-                    records.push(record);
-                }
-            }
-            for record in records {
-                eprintln!("{record}");
+            if let Some(base) = base {
+                eprintln!("_acme-challenge.{base}. CNAME {}.", made.fulldomain);
             }
         }
         AccountCommand::Remove { username, actor } => {
