@@ -190,7 +190,13 @@ impl Authority {
                 }),
             );
         }
-        let values = self.store.dns_txt(&text).await?;
+        // The apex exists whatever it holds: its values are read only when
+        // asked for.
+        let values = if apex && !matches!(qtype, RecordType::TXT | RecordType::ANY) {
+            Vec::new()
+        } else {
+            self.store.dns_txt(&text).await?
+        };
         if matches!(qtype, RecordType::TXT | RecordType::ANY) {
             answers.extend(values.iter().map(|v| {
                 Record::from_rdata(
@@ -408,16 +414,39 @@ async fn bind_both(
     let attempts = if addr.port() == 0 { 20 } else { 1 };
     let mut last = String::new();
     for _ in 0..attempts {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
+        let tcp = bind(addr, socket2::Type::STREAM)
+            .and_then(|s| {
+                s.listen(1024)?;
+                tokio::net::TcpListener::from_std(s.into())
+            })
             .map_err(|e| format!("[dns_zone] listen {addr} (TCP): {e}"))?;
         let bound = tcp.local_addr().map_err(|e| e.to_string())?;
-        match tokio::net::UdpSocket::bind(bound).await {
+        match bind(bound, socket2::Type::DGRAM)
+            .and_then(|s| tokio::net::UdpSocket::from_std(s.into()))
+        {
             Ok(udp) => return Ok((udp, tcp)),
             Err(e) => last = format!("[dns_zone] listen {bound} (UDP): {e}"),
         }
     }
     Err(last)
+}
+
+/// A non-blocking socket bound to `addr`; an IPv6 one is IPv6 only, so
+/// that `[::]` and `0.0.0.0` can both be listed (Linux otherwise lets the
+/// IPv6 wildcard take the IPv4 port too).
+fn bind(addr: SocketAddr, kind: socket2::Type) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), kind, None)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    if kind == socket2::Type::STREAM {
+        // As tokio's own TcpListener::bind does: a restart can take the
+        // port while old connections linger in TIME_WAIT.
+        socket.set_reuse_address(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// A TXT value holds at most this many octets in one character-string
@@ -510,7 +539,18 @@ pub fn publishing_zone(config: &DnsZoneConfig) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    #[tokio::test]
+    async fn the_ipv4_and_ipv6_wildcards_can_both_be_listened_on_one_port() {
+        let (_udp4, tcp4) = bind_both("0.0.0.0:0".parse().unwrap()).await.unwrap();
+        let port = tcp4.local_addr().unwrap().port();
+        let v6: SocketAddr = format!("[::]:{port}").parse().unwrap();
+        let (_udp6, tcp6) = bind_both(v6).await.unwrap();
+        assert_eq!(tcp6.local_addr().unwrap().port(), port);
+    }
 
     #[test]
     fn a_name_and_its_wildcard_are_delegated_to_the_name_under_the_zone() {

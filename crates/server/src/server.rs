@@ -793,6 +793,27 @@ pub async fn start_with(
     let runner = Arc::new(Runner::new(Arc::clone(&queue), registry));
     runner.recover().await.map_err(anyhow::Error::msg)?;
 
+    // Bound before anything is spawned: a [dns_zone] address that cannot
+    // be bound stops start-up with nothing left running.
+    let dns = match &config.dns_zone {
+        Some(zone) => {
+            let answers = crate::dns_zone::Authority::new(
+                zone,
+                authority.store().clone(),
+                Arc::clone(&authority.metrics),
+            )
+            .map_err(anyhow::Error::msg)?;
+            let dns = crate::dns_zone::DnsServer::start(zone, answers)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            for at in &dns.addresses {
+                tracing::info!(event = "dns.started", outcome = "success", %at, zones = %zone.zones.join(","), "the DNS zone answers");
+            }
+            Some(dns)
+        }
+        None => None,
+    };
+
     let (shutdown, stop) = watch::channel(false);
     let stop_metrics = stop.clone();
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
@@ -851,24 +872,6 @@ pub async fn start_with(
             )
             .await?,
         ),
-        None => None,
-    };
-    let dns = match &config.dns_zone {
-        Some(zone) => {
-            let answers = crate::dns_zone::Authority::new(
-                zone,
-                authority.store().clone(),
-                Arc::clone(&authority.metrics),
-            )
-            .map_err(anyhow::Error::msg)?;
-            let dns = crate::dns_zone::DnsServer::start(zone, answers)
-                .await
-                .map_err(anyhow::Error::msg)?;
-            for at in &dns.addresses {
-                tracing::info!(event = "dns.started", outcome = "success", %at, zones = %zone.zones.join(","), "the DNS zone answers");
-            }
-            Some(dns)
-        }
         None => None,
     };
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");

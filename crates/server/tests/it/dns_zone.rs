@@ -325,3 +325,40 @@ fn the_cname_command_prints_one_delegation_per_name_a_wildcard_sharing_its_base_
     let out = run_cli(&config, &["dns", "cname", "not a name"], &[]);
     assert_ne!(out.code, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_address_that_cannot_be_bound_stops_start_up_with_nothing_left_serving() {
+    // Another program holds the UDP port.
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let listen = harness::own_addr();
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(
+        data.path(),
+        1,
+        None,
+        &format!(
+            "\n[dns_zone]\nzones = [\"{ZONE}\"]\nlisten = [\"127.0.0.1:{port}\"]\nnameservers = [\"ns1.corp.test\"]\n"
+        ),
+    )
+    .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{listen}\""));
+    let config = acme_proxy::config::Config::from_toml(&toml).expect("the configuration");
+    let Err(err) =
+        acme_proxy::server::start(config, std::sync::Arc::new(acme_proxy::clock::SystemClock))
+            .await
+    else {
+        panic!("start-up succeeded with its DNS port taken");
+    };
+    let text = format!("{err:#}");
+    assert!(
+        text.contains(&format!("[dns_zone] listen 127.0.0.1:{port}")),
+        "{text}"
+    );
+    // The ACME address was bound first; a failed start-up leaves nothing
+    // serving it.
+    assert!(
+        tokio::net::TcpStream::connect(listen).await.is_err(),
+        "the ACME listener outlived a failed start-up"
+    );
+    drop(taken);
+}
