@@ -17,7 +17,9 @@
 //! blocking thread, at most [`HASHING_AT_ONCE`] at a time: a flood of
 //! wrong passwords cannot take every core. Only the two newest values per
 //! name are kept (a name and its wildcard are validated at once), as
-//! acme-dns does. Every registration, update and refusal is audited.
+//! acme-dns does. Every registration and update is audited, and every
+//! refused update of an account (not those naming no account, which
+//! anyone can send in any amount: those are logged and counted).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -414,10 +416,6 @@ async fn register(
         api.count(endpoint, "refused");
         return error(StatusCode::FORBIDDEN, "forbidden");
     }
-    if let Err(retry_after) = api.registrations.take(&limit_key(ip), api.clock.unix()) {
-        api.count(endpoint, "limited");
-        return limited(retry_after);
-    }
     let body = match read_body(&api, body).await {
         Ok(body) => body,
         Err(response) => {
@@ -438,6 +436,12 @@ async fn register(
         api.count(endpoint, "refused");
         return error(StatusCode::BAD_REQUEST, "invalid_allowfrom_cidr");
     };
+    // Counted only for a registration about to be made: a request turned
+    // away above costs the client none of its quota.
+    if let Err(retry_after) = api.registrations.take(&limit_key(ip), api.clock.unix()) {
+        api.count(endpoint, "limited");
+        return limited(retry_after);
+    }
     match api
         .register(
             &networks,

@@ -116,13 +116,10 @@ pub fn router(app: App) -> Router {
         .layer(from_fn_with_state(Arc::clone(&app), admission))
         .layer(from_fn_with_state(Arc::clone(&app), read_body));
     // The acme-dns API (`[dns_zone.api]`): its own wire format, body
-    // limits and answers; the same admission control.
+    // limits and in-flight bound, so that it never holds the ACME
+    // routes' admission slots.
     let acme = match &app.authority.dns_api {
-        Some(api) => acme.nest(
-            "/acme-dns",
-            crate::dns_api::router(Arc::clone(api))
-                .layer(from_fn_with_state(Arc::clone(&app), admission)),
-        ),
+        Some(api) => acme.nest("/acme-dns", crate::dns_api::router(Arc::clone(api))),
         None => acme,
     };
     Router::new()

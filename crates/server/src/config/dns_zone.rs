@@ -61,7 +61,8 @@ pub struct DnsApiConfig {
     #[serde(default, deserialize_with = "addresses_or_networks")]
     #[schemars(schema_with = "super::reference::networks")]
     pub register_from: Vec<ipnet::IpNet>,
-    /// Registrations per client address per hour; past it, 429.
+    /// Registrations per client address (per /64 for IPv6) per hour; past
+    /// it, 429.
     #[serde(default = "default_dns_registrations_per_hour")]
     pub registrations_per_hour: u32,
     /// Updates per account per minute; past it, 429.

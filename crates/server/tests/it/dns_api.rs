@@ -226,8 +226,8 @@ async fn accounts_update_only_their_own_name_from_their_own_networks_and_keep_tw
     assert_eq!(r.status, 413);
     assert_eq!(served(at, &a.fulldomain), newest);
 
-    // Every update and every refusal is audited, the account named when
-    // there is one; the password never is.
+    // Every update and every refused update of an account is audited,
+    // the account named; the password never is.
     let rows = audit_rows(&config, "dns.record_updated");
     let outcome = |o: &str| rows.iter().filter(|r| r["outcome"] == o).count();
     assert_eq!(outcome("success"), 4, "{rows:?}");

@@ -2113,10 +2113,19 @@ async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_serv
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let published = zone_txt(dns_at, target);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.faults_applied() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the challenge was never sent upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.stop().await;
 
-    // Back up: the value is served at once, from the database, before the
-    // relay runs again; then the upstream hears of it and issues.
+    // Back up: the value is served (from the database, or published
+    // again by the resumed relay: the same value either way); then the
+    // upstream hears of it and issues.
     let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
     assert_eq!(zone_txt(dns_at, target), published);
     proxy.set_always(Match::PathContains("chalZ"), None);
@@ -2156,6 +2165,7 @@ fn zone_txt(at: std::net::SocketAddr, name: &str) -> Vec<String> {
         .args(["TXT", name, "+short", "+norecurse", "+time=2", "+tries=2"])
         .output()
         .expect("run dig");
+    assert!(out.status.success(), "dig {name}: {out:?}");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())
