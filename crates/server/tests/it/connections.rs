@@ -42,7 +42,7 @@ fn bounded(toml: String, connections: &str) -> String {
 /// Waits (up to 10 s) until the server's `connections_open` gauge for the
 /// ACME listener reads `n`: every staller has been accepted and is being
 /// read.
-async fn wait_open_connections(server: &TestServer, n: usize) {
+pub(crate) async fn wait_open_connections(server: &TestServer, n: usize) {
     let url = format!(
         "http://{}/metrics",
         server.running().metrics_addr.expect("a metrics listener")
@@ -76,7 +76,7 @@ async fn stall(addr: SocketAddr, bytes: &[u8]) -> tokio::net::TcpStream {
 
 /// HEAD newNonce at `directory`'s server, plain HTTP: its status and how
 /// long it took.
-async fn new_nonce(directory: &str) -> (u16, Duration) {
+pub(crate) async fn new_nonce(directory: &str) -> (u16, Duration) {
     let url = directory.replace("/directory", "/new-nonce");
     let started = Instant::now();
     let r = tokio::time::timeout(

@@ -266,6 +266,39 @@ async fn accounts_update_only_their_own_name_from_their_own_networks_and_keep_tw
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_acme_dns_bodies_take_none_of_the_acme_routes_request_slots() {
+    use tokio::io::AsyncWriteExt;
+    let data = harness::tempdir();
+    let toml = format!(
+        "max_in_flight = 2\n{}\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+        TestServer::config_text(data.path(), 1, None, &zone_table(""))
+    );
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let at = server.running().addr;
+    // Four updates (twice the ACME slots) whose bodies never come.
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut tcp = tokio::net::TcpStream::connect(at).await.expect("connect");
+        tcp.write_all(
+            b"POST /acme-dns/update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+        )
+        .await
+        .expect("send");
+        stalled.push(tcp);
+    }
+    crate::connections::wait_open_connections(&server, 4).await;
+    // The ACME API answers all the while (it would shed with 503 if the
+    // stalled requests held its slots).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < until {
+        let (status, _) = crate::connections::new_nonce(&server.directory("default")).await;
+        assert_eq!(status, 200, "newNonce while acme-dns bodies stall");
+    }
+    drop(stalled);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_and_updates_past_their_limits_get_429_with_retry_after() {
     let data = harness::tempdir();
     let toml = TestServer::config_text(
