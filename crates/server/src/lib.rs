@@ -37,6 +37,7 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod operator_program;
+pub mod policy;
 pub mod private;
 pub mod server;
 pub mod signer;

@@ -91,6 +91,9 @@ enum Command {
     /// The embedded DNS zone ([dns_zone]): its TXT records.
     #[command(subcommand)]
     Dns(cli::dns::DnsCommand),
+    /// The [policy]: what it decides for a client, and why.
+    #[command(subcommand)]
+    Policy(cli::policy::PolicyCommand),
     /// Write the man pages or the shell completions into a directory (for
     /// packagers; reads no configuration).
     #[command(subcommand)]
@@ -272,6 +275,9 @@ fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Resul
         Command::Eab(command) => operator_runtime()?.block_on(cli::eab::run(&config, command)),
         Command::Nonce(command) => operator_runtime()?.block_on(cli::nonce::run(&config, command)),
         Command::Dns(command) => operator_runtime()?.block_on(cli::dns::run(&config, command)),
+        Command::Policy(command) => {
+            operator_runtime()?.block_on(cli::policy::run(&config, command))
+        }
         Command::Db(command) => operator_runtime()?.block_on(cli::db::run(&config, command)),
         Command::Job(job) => operator_runtime()?.block_on(cli::job::run(&config, job)),
         Command::Audit(command) => operator_runtime()?.block_on(cli::audit::run(&config, command)),

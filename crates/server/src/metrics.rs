@@ -70,6 +70,9 @@ pub struct Metrics {
     /// Requests to the acme-dns API by endpoint (`register`, `update`) and
     /// outcome (`success`, `refused`, `limited`, `failure`).
     pub dns_api_requests: Family<Labels, Counter>,
+    /// `[policy]` decisions by stage, rule (`default` for a profile's
+    /// default) and decision (`allow`, `deny`, `warn`, `undecided`).
+    pub policy_decisions: Family<Labels, Counter>,
     /// Refreshed at each scrape from the database.
     pub job_depth: Family<Labels, Gauge>,
     pub db_connections: Family<Labels, Gauge>,
@@ -99,6 +102,7 @@ impl Metrics {
             connections_refused: Family::default(),
             dns_queries: Family::default(),
             dns_api_requests: Family::default(),
+            policy_decisions: Family::default(),
             job_depth: Family::default(),
             db_connections: Family::default(),
             nonces: Gauge::default(),
@@ -134,6 +138,11 @@ impl Metrics {
             "revocations_refused",
             "Refused revocations by profile and reason, those not audited included",
             m.revocations_refused.clone(),
+        );
+        r.register(
+            "policy_decisions",
+            "Policy decisions by stage, rule and decision",
+            m.policy_decisions.clone(),
         );
         r.register(
             "dns_queries",

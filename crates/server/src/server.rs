@@ -154,6 +154,7 @@ struct Prepared {
     /// In [`Mode::Check`], None when the self-signed certificate is still
     /// to be made.
     terminator: Option<Arc<crate::tls::Terminator>>,
+    policy: crate::policy::Policy,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -228,13 +229,17 @@ async fn prepare(
             .map_err(|e| problems.push(e)),
         None => Ok(None),
     };
-    match (validators, destinations, terminator) {
-        (Ok(validators), Ok(destinations), Ok(terminator)) if problems.is_empty() => Ok(Prepared {
-            signers,
-            validators,
-            destinations,
-            terminator,
-        }),
+    let policy = crate::policy::Policy::build(config).map_err(|e| problems.extend(e));
+    match (validators, destinations, terminator, policy) {
+        (Ok(validators), Ok(destinations), Ok(terminator), Ok(policy)) if problems.is_empty() => {
+            Ok(Prepared {
+                signers,
+                validators,
+                destinations,
+                terminator,
+                policy,
+            })
+        }
         _ => Err(Refused(problems)),
     }
 }
@@ -418,6 +423,7 @@ async fn authority_for(
         validators,
         destinations,
         terminator,
+        policy,
     } = prepare(
         config,
         clock,
@@ -461,6 +467,7 @@ async fn authority_for(
         base_url.to_owned(),
         config,
         notifier,
+        policy,
     ));
     Ok((authority, terminator))
 }

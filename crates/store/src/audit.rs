@@ -30,6 +30,9 @@ acme_proxy_protocol::string_enum! {
         DnsAccountRegistered = "dns.account_registered",
         DnsAccountRemoved = "dns.account_removed",
         DnsRecordUpdated = "dns.record_updated",
+        PolicyRefused = "policy.refused",
+        PolicyUndecided = "policy.undecided",
+        PolicyWarned = "policy.warned",
     }
 }
 

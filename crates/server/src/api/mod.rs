@@ -114,7 +114,8 @@ pub fn router(app: App) -> Router {
         )
         .layer(from_fn_with_state(Arc::clone(&app), acme_headers))
         .layer(from_fn_with_state(Arc::clone(&app), admission))
-        .layer(from_fn_with_state(Arc::clone(&app), read_body));
+        .layer(from_fn_with_state(Arc::clone(&app), read_body))
+        .layer(from_fn_with_state(Arc::clone(&app), policy_gate));
     // The acme-dns API (`[dns_zone.api]`): its own wire format, body
     // limits and in-flight bound, so that it never holds the ACME
     // routes' admission slots.
@@ -190,6 +191,25 @@ async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response
     // left unread, hyper closes an HTTP/1.1 connection after the answer.
     let response = reply::problem_response(refused);
     decorate(&app, parts.uri.path(), true, response).await
+}
+
+/// `[policy]`'s connection stage, before a body is read or anything
+/// stored: a refused client gets 403 `unauthorized` (503 with
+/// `Retry-After` when the policy cannot decide), and no nonce.
+async fn policy_gate(State(app): State<App>, req: Request, next: Next) -> Response {
+    let profile = req
+        .uri()
+        .path()
+        .strip_prefix("/profile/")
+        .and_then(|rest| rest.split('/').next())
+        .filter(|name| app.authority.profile(name).is_some())
+        .map(str::to_owned);
+    if let Some(profile) = profile
+        && let Err(e) = app.authority.admit(&profile).await
+    {
+        return reply::problem_response(e);
+    }
+    next.run(req).await
 }
 
 /// Sheds load instead of queueing without bound: past `max_in_flight`

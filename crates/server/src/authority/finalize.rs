@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use super::audit::{AuditContext, Fact};
 use super::csr::{CheckedCsr, bad_csr, check_csr};
 use super::{Authority, Profile};
-use crate::config::{CertificateProfileConfig, ExtendedKeyUsage};
+use crate::config::{CertificateProfileConfig, ExtendedKeyUsage, Stage};
 use crate::error::{AcmeError, AcmeResult};
 use crate::events::Event;
 use crate::generation::Generations;
@@ -227,6 +227,30 @@ impl Authority {
             &account.key_thumbprint,
             ExtendedKeyUsage::requestable(purposes),
         )?;
+        // `[policy]` again, over the CSR's names (which are the order's):
+        // a reload since newOrder may refuse what it allowed.
+        let policy = self
+            .policy_refusals(Stage::Finalize, &profile.name, account, &order.identifiers)
+            .await?;
+        if !policy.faults.is_empty() {
+            let names: Vec<String> = policy
+                .faults
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} ({})",
+                        f.identifier.as_ref().map_or("", |i| i.value.as_str()),
+                        f.detail.as_deref().unwrap_or("")
+                    )
+                })
+                .collect();
+            let mut e = bad_csr(format!(
+                "the policy refuses a certificate for {}",
+                names.join(", ")
+            ));
+            e.internal = Some(policy.reasons.join("; "));
+            return Err(e);
+        }
         let signing = Signing {
             profile,
             account,

@@ -20,6 +20,7 @@ mod maintenance;
 mod nonces;
 mod operator;
 mod orders;
+mod policy;
 mod recheck;
 mod relay;
 mod reverse;
@@ -127,6 +128,8 @@ pub struct Authority {
     known_accounts: Arc<known_accounts::KnownAccounts>,
     /// The acme-dns API, mounted beside the ACME routes when configured.
     pub dns_api: Option<Arc<crate::dns_api::DnsApi>>,
+    /// `[policy]`: who may ask for what (`policy.rs`).
+    pub policy: Arc<crate::policy::Policy>,
 }
 
 /// What every configuration generation shares (`generation.rs`): a reload
@@ -180,6 +183,7 @@ impl Authority {
         base_url: String,
         config: &Config,
         notifier: Arc<Notifier>,
+        policy: crate::policy::Policy,
     ) -> Self {
         let queue = Arc::clone(&lasting.queue);
         Self {
@@ -202,6 +206,7 @@ impl Authority {
             notifier,
             metrics: Arc::clone(&lasting.metrics),
             dns_api: lasting.dns_api.clone(),
+            policy: Arc::new(policy),
         }
     }
 

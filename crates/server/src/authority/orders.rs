@@ -16,6 +16,7 @@ use acme_proxy_store::{
 use super::{Authority, Profile};
 use crate::clock::parse_rfc3339;
 use crate::config::CertificateProfileConfig;
+use crate::config::Stage;
 use crate::error::{AcmeError, AcmeResult};
 use crate::ids;
 use crate::signer::RequestedWindow;
@@ -141,11 +142,28 @@ impl Authority {
         // The names the account's external account credential allows (a
         // revoked credential refuses the whole order).
         faults.extend(self.external_account_limits(account, &identifiers).await?);
+        // `[policy]`, for the identifiers nothing above refused.
+        let checked: Vec<Identifier> = identifiers
+            .iter()
+            .filter(|id| {
+                !faults
+                    .iter()
+                    .any(|f| f.identifier.as_ref() == Some(&RawIdentifier::from(*id)))
+            })
+            .cloned()
+            .collect();
+        let policy = self
+            .policy_refusals(Stage::NewOrder, &profile.name, account, &checked)
+            .await?;
+        // A refusal by policy alone is a 403: the identifier is well
+        // formed, and this client may not have it.
+        let forbidden = faults.is_empty() && !policy.faults.is_empty();
+        faults.extend(policy.faults);
         if faults.is_empty() {
             faults.extend(self.missing_delegations(profile, &identifiers).await);
         }
-        match faults.len() {
-            0 => {}
+        let refusal = match faults.len() {
+            0 => None,
             1 => {
                 let only = faults.remove(0);
                 let kind = only
@@ -155,7 +173,7 @@ impl Authority {
                     .unwrap_or(ProblemType::RejectedIdentifier);
                 let mut e = AcmeError::new(kind, only.detail.clone().unwrap_or_default());
                 e.subproblems = vec![only];
-                return Err(e);
+                Some(e)
             }
             n => {
                 let mut e = AcmeError::new(
@@ -163,8 +181,18 @@ impl Authority {
                     format!("{n} identifiers were refused; see subproblems"),
                 );
                 e.subproblems = faults;
-                return Err(e);
+                Some(e)
             }
+        };
+        if let Some(mut e) = refusal {
+            // The audit row says which rule refused and what its checks were.
+            if !policy.reasons.is_empty() {
+                e.internal = Some(policy.reasons.join("; "));
+            }
+            if forbidden {
+                e = e.with_status(403);
+            }
+            return Err(e);
         }
 
         let now = self.clock.unix();

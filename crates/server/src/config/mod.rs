@@ -25,6 +25,7 @@ mod egress;
 mod jobs;
 mod metrics;
 mod notify;
+mod policy;
 mod profile;
 pub mod reference;
 pub mod show;
@@ -40,6 +41,7 @@ pub use egress::*;
 pub use jobs::*;
 pub use metrics::*;
 pub use notify::*;
+pub use policy::*;
 pub use profile::*;
 pub use signer::*;
 pub use tls::*;
@@ -117,6 +119,8 @@ pub struct Config {
     pub audit: AuditConfig,
     /// Outbound HTTP(S) of the relay and webhooks: direct or through a proxy.
     pub egress: EgressConfig,
+    /// Who may ask for what: named checks and ordered rules over them.
+    pub policy: PolicyConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
     /// The `ACME_PROXY_*` variables [`Config::load`] left aside as
     /// Kubernetes service links, for start-up to warn about.
@@ -185,6 +189,7 @@ impl Default for Config {
             dns_zone: None,
             audit: AuditConfig::default(),
             egress: EgressConfig::default(),
+            policy: PolicyConfig::default(),
             profiles,
             ignored_environment: Vec::new(),
             data_dir_as_written: None,

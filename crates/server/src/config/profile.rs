@@ -43,6 +43,10 @@ pub struct ProfileConfig {
     /// External Account Binding (RFC 8555 §7.3.4) at newAccount: `off`
     /// (bindings are ignored), `optional` (checked when sent) or `required`.
     pub eab: EabMode,
+    /// What `[policy]` does with an identifier (at newOrder and finalize)
+    /// that no rule decides at this profile: `allow` or `deny`. At the
+    /// connection stage, what no rule denies goes on.
+    pub policy_default: Effect,
     /// Named kinds of certificate this endpoint offers
     /// (draft-ietf-acme-profiles), advertised in the directory's
     /// `meta.profiles` and chosen by newOrder's `profile`.
@@ -223,6 +227,7 @@ impl Default for ProfileConfig {
             max_pending_authorizations: 300,
             caa: false,
             eab: EabMode::Off,
+            policy_default: Effect::Allow,
             certificate_profiles: BTreeMap::new(),
             default_certificate_profile: None,
             renewal_info_retry_after: Duration::from_secs(6 * 3600),

@@ -174,11 +174,19 @@ fn walk_properties(
             .filter(|each| is_table(&resolve(each, defs)))
             .cloned()
     };
+    // An array of tables (`[[policy.rules]]`): one per entry.
+    let array_of_tables = |s: &Value| {
+        s.get("items")
+            .filter(|each| is_table(&resolve(each, defs)))
+            .cloned()
+    };
     // The table's own keys first, then its tables: a table's keys stay
     // together on the page.
     let (tables, leaves): (Vec<_>, Vec<_>) = properties.iter().partition(|(_, prop)| {
         let resolved = resolve(prop, defs);
-        is_table(&resolved) || each_table(&resolved).is_some()
+        is_table(&resolved)
+            || each_table(&resolved).is_some()
+            || array_of_tables(&resolved).is_some()
     });
     for (name, prop) in leaves.into_iter().chain(tables) {
         let key = if path.is_empty() {
@@ -190,6 +198,11 @@ fn walk_properties(
         if let Some(each) = each_table(&resolved) {
             let named = format!("{key}.<name>");
             walk(&each, &named, &named, defs, keys);
+            continue;
+        }
+        if let Some(each) = array_of_tables(&resolved) {
+            let entry = format!("{key}[]");
+            walk(&each, &entry, &entry, defs, keys);
             continue;
         }
         if is_table(&resolved) {
@@ -288,6 +301,8 @@ pub fn uncommented(text: &str) -> String {
                     "[metrics]",
                     "[dns_zone]",
                     "[dns_zone.api]",
+                    "[policy.",
+                    "[[policy.rules]]",
                     "[egress]",
                     "[tls]",
                     "[audit]",
@@ -312,6 +327,13 @@ pub fn find<'a>(table: &'a toml::Table, path: &str) -> Option<&'a toml::Value> {
     };
     let candidates: Vec<&toml::Value> = if head == "<name>" {
         table.values().collect()
+    } else if let Some(array) = head.strip_suffix("[]") {
+        // An array of tables: the first entry that has the key.
+        table
+            .get(array)
+            .and_then(toml::Value::as_array)
+            .map(|entries| entries.iter().collect())
+            .unwrap_or_default()
     } else {
         table.get(head).into_iter().collect()
     };
@@ -344,6 +366,9 @@ pub fn markdown() -> String {
         if table.as_deref() != Some(key.table.as_str()) {
             let title = match key.table.split_once(" (") {
                 _ if key.table.is_empty() => "Top level".to_owned(),
+                None if key.table.ends_with("[]") => {
+                    format!("`[[{}]]`", key.table.trim_end_matches("[]"))
+                }
                 Some((name, signer)) => format!("`[{name}]` ({signer}"),
                 None => format!("`[{}]`", key.table),
             };
@@ -351,7 +376,14 @@ pub fn markdown() -> String {
             table = Some(key.table.clone());
         }
         out.push_str(&format!("\n### `{}`\n\n", key.path));
+        // The tag of one variant's table is that variant's name.
+        let tag = key
+            .table
+            .split_once(" (type = ")
+            .filter(|_| key.path.ends_with(".type"))
+            .map(|(_, t)| t.trim_end_matches(')'));
         let value = match (find(&set, &key.path), find(&documented, &key.path)) {
+            _ if tag.is_some() => format!("`{}` in this table", tag.unwrap_or_default()),
             (Some(v), _) => format!("default `{}`", inline(v)),
             (None, Some(v)) => format!("e.g. `{}`", inline(v)),
             (None, None) => "not in the example file".to_owned(),

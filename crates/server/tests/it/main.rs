@@ -33,6 +33,7 @@ mod metrics;
 mod notify;
 mod operations;
 mod package;
+mod policy;
 mod postgres;
 mod profiles;
 mod proxy;

@@ -11,5 +11,6 @@ pub mod eab;
 pub mod job;
 pub mod nonce;
 pub mod order;
+pub mod policy;
 pub mod status;
 pub mod upstream;

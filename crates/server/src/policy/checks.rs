@@ -1,0 +1,387 @@
+//! The checks a rule can name, built from `[policy.checks.NAME]`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use acme_proxy_protocol::types::{Identifier, IdentifierType};
+use regex::RegexSet;
+use tokio::sync::Semaphore;
+
+use super::{Subject, Truth};
+use crate::config::{CheckConfig, Config, Stage};
+
+/// Output kept of a check program: one reason line is all that is read.
+const PROGRAM_OUTPUT_CAP: usize = 4096;
+/// The longest reason kept from a program.
+const REASON_CHARS: usize = 200;
+
+#[derive(Debug)]
+pub(super) enum Check {
+    ClientIp(Vec<ipnet::IpNet>),
+    Identifiers(Box<IdentifierMatch>),
+    Eab {
+        key_ids: Vec<String>,
+        labels: Vec<String>,
+    },
+    Path(Vec<String>),
+    Program(Program),
+}
+
+#[derive(Debug)]
+pub(super) struct IdentifierMatch {
+    allow: Vec<Pattern>,
+    deny: Vec<Pattern>,
+    allow_regex: Option<RegexSet>,
+    deny_regex: Option<RegexSet>,
+    types: Vec<IdentifierType>,
+    wildcards: bool,
+}
+
+/// One `allow`/`deny` entry: a DNS glob (lowercase labels, `*` one label)
+/// or an address network.
+#[derive(Debug)]
+enum Pattern {
+    Dns(Vec<String>),
+    Network(ipnet::IpNet),
+}
+
+#[derive(Debug)]
+pub(super) struct Program {
+    command: PathBuf,
+    args: Vec<String>,
+    timeout: Duration,
+    /// Shared by every program check of the policy.
+    at_once: Arc<Semaphore>,
+}
+
+impl Check {
+    pub(super) fn build(
+        name: &str,
+        config: &CheckConfig,
+        whole: &Config,
+        programs: &Arc<Semaphore>,
+    ) -> Result<Self, Vec<String>> {
+        let key = format!("policy.checks.{name}");
+        let mut problems = Vec::new();
+        let check = match config {
+            CheckConfig::ClientIp(c) => {
+                if c.networks.is_empty() {
+                    problems.push(format!(
+                        "{key}: networks is empty; write e.g. networks = [\"10.20.0.0/16\"]"
+                    ));
+                }
+                Check::ClientIp(c.networks.clone())
+            }
+            CheckConfig::Identifiers(c) => {
+                let mut patterns = |list: &[String], field: &str| -> Vec<Pattern> {
+                    list.iter()
+                        .filter_map(|p| match Pattern::parse(p) {
+                            Ok(p) => Some(p),
+                            Err(e) => {
+                                problems.push(format!("{key}.{field}: {p:?} {e}"));
+                                None
+                            }
+                        })
+                        .collect()
+                };
+                let allow = patterns(&c.allow, "allow");
+                let deny = patterns(&c.deny, "deny");
+                let mut regexes = |list: &[String], field: &str| -> Option<RegexSet> {
+                    if list.is_empty() {
+                        return None;
+                    }
+                    let anchored: Vec<String> = list.iter().map(|r| format!("^(?:{r})$")).collect();
+                    match RegexSet::new(&anchored) {
+                        Ok(set) => Some(set),
+                        Err(e) => {
+                            problems.push(format!(
+                                "{key}.{field}: not a regular expression this server reads: {e}"
+                            ));
+                            None
+                        }
+                    }
+                };
+                let allow_regex = regexes(&c.allow_regex, "allow_regex");
+                let deny_regex = regexes(&c.deny_regex, "deny_regex");
+                if c.types.is_empty() {
+                    problems.push(format!(
+                        "{key}.types is empty, so the check could never be true; write e.g. types = [\"dns\"]"
+                    ));
+                }
+                Check::Identifiers(Box::new(IdentifierMatch {
+                    allow,
+                    deny,
+                    allow_regex,
+                    deny_regex,
+                    types: c.types.clone(),
+                    wildcards: c.wildcards,
+                }))
+            }
+            CheckConfig::Eab(c) => {
+                if c.key_ids.is_empty() && c.labels.is_empty() {
+                    problems.push(format!(
+                        "{key}: name the credentials by key_ids = [\"…\"] and/or labels = [\"…\"]"
+                    ));
+                }
+                Check::Eab {
+                    key_ids: c.key_ids.clone(),
+                    labels: c.labels.clone(),
+                }
+            }
+            CheckConfig::Path(c) => {
+                for p in &c.profiles {
+                    if !whole.profiles.contains_key(p) {
+                        problems.push(format!(
+                            "{key}.profiles names {p:?}, which is not a profile; the profiles are {}",
+                            whole.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                }
+                if c.profiles.is_empty() {
+                    problems.push(format!(
+                        "{key}: profiles is empty; write e.g. profiles = [\"default\"]"
+                    ));
+                }
+                Check::Path(c.profiles.clone())
+            }
+            CheckConfig::Program(c) => {
+                if !c.command.is_absolute() {
+                    problems.push(format!(
+                        "{key}.command must be an absolute path (no shell runs it), e.g. command = \"/usr/local/bin/may-issue\""
+                    ));
+                }
+                if c.timeout < Duration::from_millis(10) || c.timeout > Duration::from_secs(10) {
+                    problems.push(format!(
+                        "{key}.timeout must be between 10ms and 10s (a client waits for it); write e.g. timeout = \"2s\""
+                    ));
+                }
+                Check::Program(Program {
+                    command: c.command.clone(),
+                    args: c.args.clone(),
+                    timeout: c.timeout,
+                    at_once: Arc::clone(programs),
+                })
+            }
+        };
+        if problems.is_empty() {
+            Ok(check)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The configuration's `type`.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Check::ClientIp(_) => "client_ip",
+            Check::Identifiers(_) => "identifiers",
+            Check::Eab { .. } => "eab",
+            Check::Path(_) => "path",
+            Check::Program(_) => "program",
+        }
+    }
+
+    /// Whether what the check needs is known at `stage`.
+    pub(super) fn runs_at(&self, stage: Stage) -> bool {
+        match self {
+            Check::ClientIp(_) | Check::Path(_) | Check::Program(_) => true,
+            Check::Identifiers(_) | Check::Eab { .. } => stage != Stage::Connection,
+        }
+    }
+
+    /// Why not, for the start-up refusal.
+    pub(super) fn why_not(&self, stage: Stage) -> &'static str {
+        match (self, stage) {
+            (Check::Identifiers(_), Stage::Connection) => {
+                "no identifier is known before a newOrder is read"
+            }
+            (Check::Eab { .. }, Stage::Connection) => {
+                "no account is known before a request is verified"
+            }
+            _ => "it always runs",
+        }
+    }
+
+    /// The check's value for `subject`, and a note when there is more to
+    /// say than the value.
+    pub(super) async fn answer(&self, stage: Stage, s: &Subject<'_>) -> (Truth, Option<String>) {
+        match self {
+            Check::ClientIp(networks) => match s.client_ip {
+                Some(ip) => {
+                    let ip = ip.to_canonical();
+                    (
+                        Truth::from_bool(networks.iter().any(|n| n.contains(&ip))),
+                        None,
+                    )
+                }
+                None => (
+                    Truth::Undecided,
+                    Some("the client's address is not known".into()),
+                ),
+            },
+            Check::Identifiers(m) => match s.identifier {
+                Some(id) => (Truth::from_bool(m.matches(id)), None),
+                None => (Truth::Undecided, Some("no identifier was given".into())),
+            },
+            Check::Eab { key_ids, labels } => {
+                let Some((kid, label)) = s.eab else {
+                    return (
+                        Truth::False,
+                        Some("the account has no External Account Binding".into()),
+                    );
+                };
+                (
+                    Truth::from_bool(
+                        key_ids.iter().any(|k| k == kid)
+                            || label.is_some_and(|l| labels.iter().any(|x| x == l)),
+                    ),
+                    None,
+                )
+            }
+            Check::Path(profiles) => (
+                Truth::from_bool(profiles.iter().any(|p| p == s.profile)),
+                None,
+            ),
+            Check::Program(p) => p.ask(stage, s).await,
+        }
+    }
+}
+
+impl Pattern {
+    fn parse(text: &str) -> Result<Self, String> {
+        if let Ok(net) = text.parse::<ipnet::IpNet>() {
+            return Ok(Pattern::Network(net));
+        }
+        if let Ok(ip) = text.parse::<IpAddr>() {
+            return Ok(Pattern::Network(ip.into()));
+        }
+        let lower = text.to_ascii_lowercase();
+        let labels: Vec<String> = lower.split('.').map(str::to_owned).collect();
+        let label_ok = |l: &str| {
+            l == "*"
+                || (!l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        };
+        if text.len() > 253 || !labels.iter().all(|l| label_ok(l)) {
+            return Err(
+                "is neither a DNS name glob (labels of letters, digits and '-', or a whole-label '*') nor an address or network"
+                    .into(),
+            );
+        }
+        Ok(Pattern::Dns(labels))
+    }
+
+    fn matches(&self, id: &Identifier) -> bool {
+        match (self, id.kind) {
+            (Pattern::Dns(labels), IdentifierType::Dns) => glob_labels(labels, &id.value),
+            (Pattern::Network(net), IdentifierType::Ip) => id
+                .value
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| net.contains(&ip.to_canonical())),
+            _ => false,
+        }
+    }
+}
+
+/// True when `name` has as many labels as `pattern` and each equals its
+/// pattern label (ASCII case-insensitively) or the pattern label is `*`:
+/// one label, never several, so `*.lab.test` is not `a.b.lab.test`.
+pub(super) fn glob_labels(pattern: &[String], name: &str) -> bool {
+    let mut labels = name.split('.');
+    for p in pattern {
+        match labels.next() {
+            Some(l) if p == "*" || p.eq_ignore_ascii_case(l) => {}
+            _ => return false,
+        }
+    }
+    labels.next().is_none()
+}
+
+impl IdentifierMatch {
+    fn matches(&self, id: &Identifier) -> bool {
+        if !self.types.contains(&id.kind) {
+            return false;
+        }
+        if !self.wildcards && id.value.starts_with("*.") {
+            return false;
+        }
+        let allowed = (self.allow.is_empty() && self.allow_regex.is_none())
+            || self.allow.iter().any(|p| p.matches(id))
+            || self
+                .allow_regex
+                .as_ref()
+                .is_some_and(|r| r.is_match(&id.value));
+        let denied = self.deny.iter().any(|p| p.matches(id))
+            || self
+                .deny_regex
+                .as_ref()
+                .is_some_and(|r| r.is_match(&id.value));
+        allowed && !denied
+    }
+}
+
+impl Program {
+    /// Runs the program with the subject on stdin: exit 0 true, exit 1
+    /// false with its first line of output as the reason, anything else
+    /// undecided.
+    async fn ask(&self, stage: Stage, s: &Subject<'_>) -> (Truth, Option<String>) {
+        let input = serde_json::json!({
+            "stage": stage.as_str(),
+            "profile": s.profile,
+            "client_ip": s.client_ip.map(|ip| ip.to_canonical().to_string()),
+            "account": s.account,
+            "eab_key_id": s.eab.map(|(kid, _)| kid),
+            "eab_label": s.eab.and_then(|(_, label)| label),
+            "identifier": s.identifier.map(|id| serde_json::json!({
+                "type": id.kind.as_str(),
+                "value": id.value,
+            })),
+        });
+        let input = input.to_string().into_bytes();
+        // Waiting for a turn counts against the same deadline.
+        let started = tokio::time::Instant::now();
+        let Ok(Ok(_turn)) = tokio::time::timeout(self.timeout, self.at_once.acquire()).await else {
+            return (
+                Truth::Undecided,
+                Some("too many check programs were running to start it in time".into()),
+            );
+        };
+        let left = self.timeout.saturating_sub(started.elapsed());
+        match crate::operator_program::run(
+            &self.command,
+            &self.args,
+            &input,
+            left,
+            PROGRAM_OUTPUT_CAP,
+        )
+        .await
+        {
+            Ok(done) => match done.status.code() {
+                Some(0) => (Truth::True, None),
+                Some(1) => {
+                    let reason: String = String::from_utf8_lossy(&done.stdout)
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .chars()
+                        .take(REASON_CHARS)
+                        .collect();
+                    (Truth::False, Some(reason).filter(|r| !r.is_empty()))
+                }
+                code => (
+                    Truth::Undecided,
+                    Some(match code {
+                        Some(c) => {
+                            format!("the program exited with {c}: {}", done.first_error_line())
+                        }
+                        None => "the program was killed by a signal".to_owned(),
+                    }),
+                ),
+            },
+            Err(e) => (Truth::Undecided, Some(format!("the program {e}"))),
+        }
+    }
+}

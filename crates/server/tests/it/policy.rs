@@ -1,0 +1,516 @@
+//! `[policy]` at its three stages, against the real binary and clients:
+//! lego through HAProxy (Debian's, its connections to the server made
+//! from this test's own loopback address, so the server sees a second
+//! client address) and straight from 127.0.0.1; in process, the exact
+//! problem documents, the reload that makes finalize refuse, warn mode,
+//! and a check program that cannot answer.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::clients::{leaf, lego_http_run, run};
+use crate::concurrency::{csr_for, ready_order};
+use crate::harness::{self, ChildGuard, Dns, TestServer};
+use crate::raw::{self, Acct, Key};
+
+/// HAProxy on `front`, forwarding everything to `server` over connections
+/// it makes from the address `source`.
+fn start_haproxy(dir: &Path, front: SocketAddr, server: SocketAddr, source: &str) -> ChildGuard {
+    let config = format!(
+        "global\n    log stdout format raw local0 info\n\n\
+         defaults\n    mode http\n    log global\n    option httplog\n    \
+         timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n\n\
+         frontend acme\n    bind {front}\n    default_backend server\n\n\
+         backend server\n    server s {server} source {source}\n"
+    );
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, config).expect("write haproxy.cfg");
+    let log = std::fs::File::create(dir.join("haproxy.log")).expect("log file");
+    let child = Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .spawn()
+        .expect("start haproxy");
+    let mut guard = ChildGuard(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect_timeout(&front, Duration::from_millis(200)).is_err() {
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            panic!(
+                "haproxy exited ({status}):\n{}",
+                std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "haproxy did not listen on {front}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    guard
+}
+
+/// The policy of the client tests: the lab network (this test's own
+/// loopback address, which HAProxy's connections come from) only, and no
+/// names of another team's domain.
+fn lab_policy(lab: &str) -> String {
+    format!(
+        r#"
+[policy.checks.lab_network]
+type = "client_ip"
+networks = ["{lab}/32"]
+
+[policy.checks.other_team]
+type = "identifiers"
+allow = ["*.other.test"]
+
+[[policy.rules]]
+name = "lab-hosts-only"
+stages = ["connection"]
+when = "not lab_network"
+then = "deny"
+message = "this CA serves the lab network only"
+
+[[policy.rules]]
+name = "not-other-teams-names"
+when = "other_team"
+then = "deny"
+message = "other.test belongs to another team's CA"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lego_is_served_from_a_permitted_address_and_refused_from_another_with_the_rules_message() {
+    let Some(dns) = Dns::start_answering_own_host() else {
+        return;
+    };
+    if !harness::require_program("lego") || !harness::require_program("haproxy") {
+        return;
+    }
+    let lab = harness::own_host().to_string();
+    let at = harness::own_addr();
+    let front = harness::own_addr();
+    let listen = harness::own_addr();
+    let dir = harness::tempdir();
+    let text = TestServer::config_text(
+        &dir.path().join("data"),
+        at.port(),
+        Some(&dns),
+        &lab_policy(&lab),
+    )
+    .replacen(
+        "listen = \"127.0.0.1:0\"",
+        &format!("public_url = \"http://{front}\"\nlisten = \"{listen}\""),
+        1,
+    )
+    .replacen("timeout = \"5s\"", "timeout = \"10s\"", 1);
+    let config = dir.path().join("acme-proxy.toml");
+    std::fs::write(&config, &text).expect("write config");
+    let config_arg = config.to_str().expect("utf-8").to_owned();
+    let (_server, _) = harness::spawn_binary(dir.path(), &["serve", "--config", &config_arg], &[]);
+    let _haproxy = start_haproxy(dir.path(), front, listen, &lab);
+
+    // Through HAProxy, from the lab address: issued.
+    let home = harness::tempdir();
+    let name = "host1.lab.test";
+    let ran = run(
+        "lego",
+        lego_http_run(
+            &format!("http://{front}/profile/default/directory"),
+            home.path(),
+            at,
+            name,
+        ),
+        home.path().to_path_buf(),
+    )
+    .await;
+    assert!(ran.success(), "lego from the lab address\n{}", ran.report());
+    let cert = leaf(
+        &home.path().join("certificates").join(format!("{name}.crt")),
+        &|| ran.report(),
+    );
+    assert_eq!(cert.sans, vec![name.to_owned()]);
+
+    // Straight to the server, from 127.0.0.1: the directory is refused.
+    let direct = harness::tempdir();
+    let ran = run(
+        "lego",
+        lego_http_run(
+            &format!("http://{listen}/profile/default/directory"),
+            direct.path(),
+            at,
+            "host2.lab.test",
+        ),
+        direct.path().to_path_buf(),
+    )
+    .await;
+    assert!(
+        !ran.success(),
+        "lego from 127.0.0.1 was served\n{}",
+        ran.report()
+    );
+    let said = ran.report();
+    assert!(
+        said.contains("unauthorized") && said.contains("this CA serves the lab network only"),
+        "lego reports the rule's message\n{said}"
+    );
+
+    // From the lab, one name of another team's among permitted ones: that
+    // one is refused.
+    let mut args = lego_http_run(
+        &format!("http://{front}/profile/default/directory"),
+        home.path(),
+        at,
+        "host3.lab.test",
+    );
+    let run_at = args.len() - 1;
+    args.splice(
+        run_at..run_at,
+        ["-d".to_owned(), "www.other.test".to_owned()],
+    );
+    let ran = run("lego", args, home.path().to_path_buf()).await;
+    assert!(
+        !ran.success(),
+        "lego got another team's name\n{}",
+        ran.report()
+    );
+    let said = ran.report();
+    assert!(
+        said.contains("rejectedIdentifier")
+            && said.contains("other.test belongs to another team's CA"),
+        "lego reports the refused identifier\n{said}"
+    );
+
+    // The audit trail has the connection's refusal with its rule, checks
+    // and address.
+    let out = harness::run_cli(
+        &config,
+        &["audit", "list", "--event", "policy.refused", "--json"],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows: serde_json::Value = serde_json::from_str(&out.stdout).expect("audit JSON");
+    let row = rows
+        .as_array()
+        .and_then(|r| r.first())
+        .unwrap_or_else(|| panic!("a policy.refused row: {}", out.stdout));
+    assert_eq!(row["client_ip"], "127.0.0.1", "{row}");
+    assert_eq!(
+        row["detail"], "policy deny at connection: rule lab-hosts-only; checks: lab_network=false",
+        "{row}"
+    );
+    let out = harness::run_cli(
+        &config,
+        &["audit", "list", "--event", "order.refused", "--json"],
+        &[],
+    );
+    assert!(
+        out.stdout
+            .contains("rule not-other-teams-names; checks: other_team=true"),
+        "the order's refusal names the rule\n{}",
+        out.stdout
+    );
+
+    // `policy explain` says what the server did, for each client.
+    let explain = |client: &str, names: &[&str]| {
+        let mut args = vec![
+            "policy",
+            "explain",
+            "--profile",
+            "default",
+            "--client-ip",
+            client,
+        ];
+        for n in names {
+            args.extend(["--identifier", n]);
+        }
+        harness::run_cli(&config, &args, &[])
+    };
+    let out = explain("127.0.0.1", &["host2.lab.test"]);
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains(
+            "connection: deny: this CA serves the lab network only (rule lab-hosts-only)"
+        ) && out.stdout.ends_with("decision: refused\n"),
+        "{}",
+        out.stdout
+    );
+    let out = explain(&lab, &[name]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.ends_with("decision: allowed\n"),
+        "{}",
+        out.stdout
+    );
+    let out = explain(&lab, &["host3.lab.test", "www.other.test"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("new_order www.other.test: deny: other.test belongs to another team's CA (rule not-other-teams-names)")
+            && out.stdout.contains("new_order host3.lab.test: allow (rule default)"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// A bypass profile with `extra` policy, in process.
+async fn bypass_server(extra: &str) -> TestServer {
+    TestServer::start(
+        1,
+        None,
+        &format!("[profiles.default]\nbypass = true\n{extra}"),
+    )
+    .await
+}
+
+const OTHER_TEAM: &str = r#"
+[policy.checks.other_team]
+type = "identifiers"
+allow = ["*.other.test"]
+
+[[policy.rules]]
+name = "not-other-teams-names"
+when = "other_team"
+then = "deny"
+message = "other.test belongs to another team's CA"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_identifier_among_permitted_ones_is_the_only_subproblem_and_is_audited() {
+    let server = bypass_server(OTHER_TEAM).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let r = acct
+        .post(
+            &dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": [
+                {"type": "dns", "value": "a.lab.test"},
+                {"type": "dns", "value": "www.other.test"},
+                {"type": "dns", "value": "b.lab.test"},
+            ]})),
+        )
+        .await;
+    r.assert_refused(
+        403,
+        "rejectedIdentifier",
+        "newOrder with another team's name",
+    );
+    assert_eq!(
+        r.json()["subproblems"],
+        json!([{
+            "type": "urn:ietf:params:acme:error:rejectedIdentifier",
+            "detail": "other.test belongs to another team's CA",
+            "identifier": {"type": "dns", "value": "www.other.test"},
+        }])
+    );
+    let authority = &server.running().authority;
+    let rows = authority
+        .store()
+        .audit_recent(Some("order.refused"), 1)
+        .await
+        .expect("audit");
+    assert!(
+        rows[0].detail.as_deref().is_some_and(|d| d.contains(
+            "www.other.test: policy deny at new_order: rule not-other-teams-names; checks: other_team=true"
+        )),
+        "{:?}",
+        rows[0].detail
+    );
+    let metrics = authority.render_metrics().await;
+    for line in [
+        "acme_proxy_policy_decisions_total{stage=\"new_order\",rule=\"not-other-teams-names\",decision=\"deny\"} 1",
+        "acme_proxy_policy_decisions_total{stage=\"new_order\",rule=\"default\",decision=\"allow\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reload_finalize_refuses_a_name_with_bad_csr_and_warn_mode_lets_it_through() {
+    let data = harness::tempdir();
+    let base = TestServer::config_text(data.path(), 1, None, "[profiles.default]\nbypass = true\n");
+    let server = TestServer::start_in(harness::tempdir(), &base).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let name = "www.other.test";
+    let (order_url, finalize) = ready_order(&dir, &acct, name).await;
+    let reload = |extra: &str| {
+        acme_proxy::config::Config::from_toml(&format!("{base}{extra}")).expect("config")
+    };
+    server
+        .running()
+        .reload(reload(OTHER_TEAM))
+        .await
+        .expect("reloaded");
+    let r = acct
+        .post(&dir, &finalize, Some(&json!({"csr": csr_for(name)})))
+        .await;
+    r.assert_refused(400, "badCSR", "finalize of a name the policy now refuses");
+    assert_eq!(
+        r.json()["detail"],
+        "the policy refuses a certificate for www.other.test (other.test belongs to another team's CA)"
+    );
+    let order = acct.post(&dir, &order_url, None).await.json();
+    assert_eq!(
+        order["status"], "ready",
+        "a refused CSR leaves the order ready"
+    );
+
+    // The same rule in warn mode: issued, and the would-be refusal kept.
+    server
+        .running()
+        .reload(reload(
+            &OTHER_TEAM.replace("then = \"deny\"", "then = \"deny\"\nmode = \"warn\""),
+        ))
+        .await
+        .expect("reloaded");
+    let r = acct
+        .post(&dir, &finalize, Some(&json!({"csr": csr_for(name)})))
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["status"], "valid");
+    let authority = server.running().authority.clone();
+    let rows = authority
+        .store()
+        .audit_recent(Some("policy.warned"), 5)
+        .await
+        .expect("audit");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].outcome, "success");
+    assert_eq!(rows[0].identifiers.len(), 1);
+    assert_eq!(rows[0].identifiers[0].value, name);
+    assert_eq!(
+        rows[0].detail.as_deref(),
+        Some(
+            "policy allow (rule not-other-teams-names in warn mode would deny) at finalize: rule not-other-teams-names; checks: other_team=true"
+        )
+    );
+    let metrics = server.running().authority.render_metrics().await;
+    let line = "acme_proxy_policy_decisions_total{stage=\"finalize\",rule=\"not-other-teams-names\",decision=\"warn\"} 1";
+    assert!(metrics.contains(line), "{line} in\n{metrics}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_program_that_cannot_answer_gets_503_with_retry_after_and_the_same_request_passes_once_it_can()
+ {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = harness::tempdir();
+    let down = tools.path().join("down");
+    let program = tools.path().join("approve");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\nif [ -e {} ]; then echo 'approvals database unreachable' >&2; exit 3; fi\nexit 0\n",
+            down.display()
+        ),
+    )
+    .expect("write program");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let server = bypass_server(&format!(
+        r#"
+[policy.checks.approved]
+type = "program"
+command = "{}"
+
+[[policy.rules]]
+name = "needs-approval"
+when = "not approved"
+then = "deny"
+message = "not approved"
+"#,
+        program.display()
+    ))
+    .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let new_order = json!({"identifiers": [{"type": "dns", "value": "a.lab.test"}]});
+
+    std::fs::write(&down, "").expect("down");
+    let r = acct
+        .post(&dir, dir["newOrder"].as_str().unwrap(), Some(&new_order))
+        .await;
+    r.assert_refused(
+        503,
+        "serverInternal",
+        "newOrder while the program cannot answer",
+    );
+    assert_eq!(
+        r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("10")
+    );
+    let rows = server
+        .running()
+        .authority
+        .store()
+        .audit_recent(Some("order.refused"), 1)
+        .await
+        .expect("audit");
+    assert_eq!(rows[0].outcome, "failure");
+    let detail = rows[0].detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("policy undecided at new_order: rule needs-approval; checks: approved=undecided (the program exited with 3: approvals database unreachable)"),
+        "{detail}"
+    );
+    std::fs::remove_file(&down).expect("up");
+    let r = acct
+        .post(&dir, dir["newOrder"].as_str().unwrap(), Some(&new_order))
+        .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+
+    // At finalize: the order stays ready while the program cannot answer.
+    let (order_url, finalize) = ready_order(&dir, &acct, "b.lab.test").await;
+    std::fs::write(&down, "").expect("down");
+    let r = acct
+        .post(
+            &dir,
+            &finalize,
+            Some(&json!({"csr": csr_for("b.lab.test")})),
+        )
+        .await;
+    r.assert_refused(
+        503,
+        "serverInternal",
+        "finalize while the program cannot answer",
+    );
+    let order = acct.post(&dir, &order_url, None).await.json();
+    assert_eq!(order["status"], "ready");
+    std::fs::remove_file(&down).expect("up");
+    let r = acct
+        .post(
+            &dir,
+            &finalize,
+            Some(&json!({"csr": csr_for("b.lab.test")})),
+        )
+        .await;
+    assert_eq!(
+        r.json()["status"],
+        "valid",
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    server.stop().await;
+}
+
+#[test]
+fn config_check_refuses_a_rule_whose_check_cannot_run_at_its_stage() {
+    let (_dir, config) = harness::config_file(
+        "[profiles.default]\n[policy.checks.names]\ntype = \"identifiers\"\nallow = [\"*.lab.test\"]\n[[policy.rules]]\nname = \"early\"\nstages = [\"connection\"]\nwhen = \"names\"\nthen = \"deny\"\n",
+    );
+    let out = harness::run_cli(&config, &["config", "check"], &[]);
+    assert_eq!(out.code, 2, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("policy.rules[0] (\"early\"): the check \"names\" (identifiers) cannot run at stage connection: no identifier is known before a newOrder is read; take connection out of this rule's stages"),
+        "{}",
+        out.stderr
+    );
+}
