@@ -17,7 +17,8 @@ pub struct AcmeError {
     pub subproblems: Vec<Subproblem>,
     /// A `Location` to send with the problem (keyChange's 409, §7.3.5).
     pub location: Option<String>,
-    /// For logs only.
+    /// For logs and audit rows only: the real cause of a failure, or why
+    /// a refusal was made (a policy's rule and checks).
     pub internal: Option<String>,
     /// Seconds the client should wait (`Retry-After`).
     pub retry_after: Option<u64>,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -113,9 +113,9 @@ pub fn router(app: App) -> Router {
             get(handlers::renewal_info),
         )
         .layer(from_fn_with_state(Arc::clone(&app), acme_headers))
+        .layer(from_fn_with_state(Arc::clone(&app), policy_gate))
         .layer(from_fn_with_state(Arc::clone(&app), admission))
-        .layer(from_fn_with_state(Arc::clone(&app), read_body))
-        .layer(from_fn_with_state(Arc::clone(&app), policy_gate));
+        .layer(from_fn_with_state(Arc::clone(&app), read_body));
     // The acme-dns API (`[dns_zone.api]`): its own wire format, body
     // limits and in-flight bound, so that it never holds the ACME
     // routes' admission slots.
@@ -193,23 +193,38 @@ async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response
     decorate(&app, parts.uri.path(), true, response).await
 }
 
-/// `[policy]`'s connection stage, before a body is read or anything
-/// stored: a refused client gets 403 `unauthorized` (503 with
-/// `Retry-After` when the policy cannot decide), and no nonce.
+/// `[policy]`'s connection stage, before anything is stored: a refused
+/// client gets 403 `unauthorized` (503 with `Retry-After` when the policy
+/// cannot decide), and no nonce. Inside admission, so that checks that
+/// take time (a program) are bounded by `max_in_flight` like any work.
+/// The CRL and the CA certificate are for relying parties anywhere, not
+/// only the clients the policy lets in, and are not gated.
 async fn policy_gate(State(app): State<App>, req: Request, next: Next) -> Response {
-    let profile = req
-        .uri()
-        .path()
-        .strip_prefix("/profile/")
-        .and_then(|rest| rest.split('/').next())
-        .filter(|name| app.authority.profile(name).is_some())
-        .map(str::to_owned);
-    if let Some(profile) = profile
+    let ungated = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .is_some_and(|m| m.as_str().ends_with("/crl") || m.as_str().ends_with("/ca.pem"));
+    if ungated {
+        return next.run(req).await;
+    }
+    // The profile as the router decoded it for the handler (a percent-
+    // encoded name must not pass the gate undecoded and be served decoded).
+    let (mut parts, body) = req.into_parts();
+    let profile = axum::extract::RawPathParams::from_request_parts(&mut parts, &())
+        .await
+        .ok()
+        .and_then(|params| {
+            params
+                .iter()
+                .find(|(key, _)| *key == "profile")
+                .map(|(_, value)| value.to_owned())
+        });
+    if let Some(profile) = profile.filter(|name| app.authority.profile(name).is_some())
         && let Err(e) = app.authority.admit(&profile).await
     {
         return reply::problem_response(e);
     }
-    next.run(req).await
+    next.run(Request::from_parts(parts, body)).await
 }
 
 /// Sheds load instead of queueing without bound: past `max_in_flight`

@@ -104,17 +104,29 @@ pub fn problem_response(e: AcmeError) -> Response {
     let status = e.http_status();
     // A detail may quote what the client sent (an identifier, a contact, a
     // CSR's names): the log line keeps a bounded start of it.
-    if let Some(cause) = &e.internal {
-        tracing::error!(event = "acme.error", outcome = "failure", status, error = %crate::bounded::text(cause), "internal error");
-    } else {
-        tracing::info!(
+    // A failure of ours is an error; a refusal (a policy's, with its rule
+    // as the cause) is not.
+    match &e.internal {
+        Some(cause) if status >= 500 => {
+            tracing::error!(event = "acme.error", outcome = "failure", status, error = %crate::bounded::text(cause), "internal error");
+        }
+        Some(cause) => tracing::info!(
+            event = "acme.refused",
+            outcome = "refused",
+            status,
+            problem = e.kind.name(),
+            detail = %crate::bounded::text(&e.detail),
+            cause = %crate::bounded::text(cause),
+            "request refused"
+        ),
+        None => tracing::info!(
             event = "acme.refused",
             outcome = "refused",
             status,
             problem = e.kind.name(),
             detail = %crate::bounded::text(&e.detail),
             "request refused"
-        );
+        ),
     }
     let mut doc = Problem::new(e.kind, e.detail);
     doc.status = Some(status);

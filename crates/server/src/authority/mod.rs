@@ -130,6 +130,8 @@ pub struct Authority {
     pub dns_api: Option<Arc<crate::dns_api::DnsApi>>,
     /// `[policy]`: who may ask for what (`policy.rs`).
     pub policy: Arc<crate::policy::Policy>,
+    /// When connection-stage refusals were last audited, per address.
+    audited_refusals: policy::AuditedRefusals,
 }
 
 /// What every configuration generation shares (`generation.rs`): a reload
@@ -207,6 +209,7 @@ impl Authority {
             metrics: Arc::clone(&lasting.metrics),
             dns_api: lasting.dns_api.clone(),
             policy: Arc::new(policy),
+            audited_refusals: policy::AuditedRefusals::default(),
         }
     }
 

@@ -3,7 +3,10 @@
 //! identifier). The engine is `crate::policy`; here its decisions become
 //! RFC 8555 problems, audit rows, log lines and metrics.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use acme_proxy_protocol::types::{Identifier, RawIdentifier};
 use acme_proxy_protocol::{ProblemType, Subproblem};
@@ -15,8 +18,48 @@ use crate::config::Stage;
 use crate::error::{AcmeError, AcmeResult};
 use crate::policy::{Evaluation, Subject, Verdict};
 
-/// How long a client is told to wait when the policy could not decide.
+/// How long a client is told to wait when the policy could not decide:
+/// long enough for a restarted system of record, short enough that an
+/// ACME client's retry finds it back.
 const UNDECIDED_RETRY_AFTER: u64 = 10;
+
+/// The most one request's stage may spend in checks (a check program per
+/// identifier adds up): past it the decision is undecided, so a request
+/// holds its admission slot for a bounded time.
+const STAGE_BUDGET: Duration = Duration::from_secs(15);
+
+/// One `policy.refused` or `policy.undecided` row per client address and
+/// rule in this window at the connection stage: anyone can send requests
+/// there, and they must not grow the audit trail without bound (each is
+/// still logged and counted).
+const CONNECTION_AUDIT_EVERY: i64 = 60;
+
+/// Addresses remembered for that; past it the memory starts again.
+const CONNECTION_AUDIT_REMEMBERED: usize = 10_000;
+
+/// When each (client address, rule) last got a connection-stage audit row.
+#[derive(Debug, Default)]
+pub(super) struct AuditedRefusals(Mutex<HashMap<(String, String), i64>>);
+
+impl AuditedRefusals {
+    /// Whether a row is due for `client` refused by `rule` at `now`, and
+    /// if so, remembers it.
+    fn due(&self, client: &str, rule: &str, now: i64) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (client.to_owned(), rule.to_owned());
+        if seen
+            .get(&key)
+            .is_some_and(|at| now.saturating_sub(*at) < CONNECTION_AUDIT_EVERY)
+        {
+            return false;
+        }
+        if seen.len() >= CONNECTION_AUDIT_REMEMBERED {
+            seen.clear();
+        }
+        seen.insert(key, now);
+        true
+    }
+}
 
 /// What the identifier stages found: the refused identifiers as
 /// subproblems, and for the audit row why.
@@ -40,7 +83,15 @@ impl Authority {
             client_ip: client_ip(&ctx),
             ..Subject::default()
         };
-        let e = self.policy.evaluate(Stage::Connection, &subject).await;
+        let e = match tokio::time::timeout(
+            STAGE_BUDGET,
+            self.policy.evaluate(Stage::Connection, &subject),
+        )
+        .await
+        {
+            Ok(e) => e,
+            Err(_) => self.policy.out_of_time(Stage::Connection, STAGE_BUDGET),
+        };
         e.count(&self.metrics);
         let (event, outcome, refusal) = match e.verdict {
             Verdict::Allow if e.warned.is_none() => return Ok(()),
@@ -58,11 +109,18 @@ impl Authority {
         };
         let summary = e.summary();
         log(&e, profile, &summary);
-        self.audit(Fact {
-            detail: Some(&summary),
-            ..Fact::new(event, outcome, profile)
-        })
-        .await;
+        let client = ctx.client_ip.as_deref().unwrap_or("");
+        if refusal.is_none()
+            || self
+                .audited_refusals
+                .due(client, e.rule_name(), self.clock.unix())
+        {
+            self.audit(Fact {
+                detail: Some(&summary),
+                ..Fact::new(event, outcome, profile)
+            })
+            .await;
+        }
         match refusal {
             Some(r) => Err(r),
             None => Ok(()),
@@ -89,19 +147,14 @@ impl Authority {
             (Some(kid), true) => self.store.eab(kid).await?.and_then(|c| c.label),
             _ => None,
         };
+        let evaluated = tokio::time::timeout(
+            STAGE_BUDGET,
+            self.evaluate_each(stage, profile, account, label.as_deref(), &ctx, identifiers),
+        )
+        .await
+        .unwrap_or_else(|_| Err(undecided(&self.policy.out_of_time(stage, STAGE_BUDGET))))?;
         let mut warned: Vec<(RawIdentifier, String)> = Vec::new();
-        for id in identifiers {
-            let subject = Subject {
-                profile,
-                client_ip: client_ip(&ctx),
-                account: Some(&account.id),
-                eab: account
-                    .eab_kid
-                    .as_deref()
-                    .map(|kid| (kid, label.as_deref())),
-                identifier: Some(id),
-            };
-            let e = self.policy.evaluate(stage, &subject).await;
+        for (id, e) in identifiers.iter().zip(evaluated) {
             e.count(&self.metrics);
             match e.verdict {
                 Verdict::Allow => {
@@ -142,6 +195,32 @@ impl Authority {
             .await;
         }
         Ok(refusals)
+    }
+}
+
+impl Authority {
+    /// Each identifier's evaluation, in order.
+    async fn evaluate_each(
+        &self,
+        stage: Stage,
+        profile: &str,
+        account: &AccountRow,
+        label: Option<&str>,
+        ctx: &RequestContext,
+        identifiers: &[Identifier],
+    ) -> AcmeResult<Vec<Evaluation>> {
+        let mut out = Vec::with_capacity(identifiers.len());
+        for id in identifiers {
+            let subject = crate::policy::Subject {
+                profile,
+                client_ip: client_ip(ctx),
+                account: Some(&account.id),
+                eab: account.eab_kid.as_deref().map(|kid| (kid, label)),
+                identifier: Some(id),
+            };
+            out.push(self.policy.evaluate(stage, &subject).await);
+        }
+        Ok(out)
     }
 }
 

@@ -33,8 +33,8 @@ pub struct PolicyConfig {
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
-    /// Every request to a profile's ACME URLs, before anything is read
-    /// or stored: 403 `unauthorized`.
+    /// Every request to a profile's ACME URLs but its CRL and CA
+    /// certificate, before anything is stored: 403 `unauthorized`.
     Connection,
     /// Each identifier of a newOrder: 403 `rejectedIdentifier`, one
     /// subproblem per refused identifier (RFC 8555 §6.7.1).

@@ -2,7 +2,6 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use acme_proxy_protocol::types::{Identifier, IdentifierType};
@@ -16,6 +15,33 @@ use crate::config::{CheckConfig, Config, Stage};
 const PROGRAM_OUTPUT_CAP: usize = 4096;
 /// The longest reason kept from a program.
 const REASON_CHARS: usize = 200;
+
+/// Check programs running at once in this process, whichever generation
+/// and client started them: a client with a hundred identifiers, or many
+/// clients at once, must not start a process each. Four keep a few
+/// slow answers from holding everyone up on a two-core machine.
+static PROGRAMS: Semaphore = Semaphore::const_new(4);
+
+/// How an identifier check treats a wildcard name, which stands for every
+/// name one label below its base: `Every` is true only when every covered
+/// name passes, `Any` when some does. The policy picks, per place in a
+/// rule, the one that makes the rule stricter, so that `*.lab.test` is
+/// neither allowed by a rule meant for some lab names nor let past a rule
+/// denying one of them. Other identifiers get the same answer from both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flavour {
+    Every = 0,
+    Any = 1,
+}
+
+impl Flavour {
+    fn other(self) -> Self {
+        match self {
+            Flavour::Every => Flavour::Any,
+            Flavour::Any => Flavour::Every,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub(super) enum Check {
@@ -52,8 +78,6 @@ pub(super) struct Program {
     command: PathBuf,
     args: Vec<String>,
     timeout: Duration,
-    /// Shared by every program check of the policy.
-    at_once: Arc<Semaphore>,
 }
 
 impl Check {
@@ -61,7 +85,6 @@ impl Check {
         name: &str,
         config: &CheckConfig,
         whole: &Config,
-        programs: &Arc<Semaphore>,
     ) -> Result<Self, Vec<String>> {
         let key = format!("policy.checks.{name}");
         let mut problems = Vec::new();
@@ -72,6 +95,7 @@ impl Check {
                         "{key}: networks is empty; write e.g. networks = [\"10.20.0.0/16\"]"
                     ));
                 }
+                problems.extend(c.networks.iter().filter_map(|n| mapped(&key, n)));
                 Check::ClientIp(c.networks.clone())
             }
             CheckConfig::Identifiers(c) => {
@@ -92,7 +116,18 @@ impl Check {
                     if list.is_empty() {
                         return None;
                     }
-                    let anchored: Vec<String> = list.iter().map(|r| format!("^(?:{r})$")).collect();
+                    // Each alone first: `a)|(b` must not escape the
+                    // anchors it is put between.
+                    for r in list {
+                        if let Err(e) = regex::Regex::new(r) {
+                            problems.push(format!(
+                                "{key}.{field}: {r:?} is not a regular expression this server reads: {e}"
+                            ));
+                            return None;
+                        }
+                    }
+                    let anchored: Vec<String> =
+                        list.iter().map(|r| format!(r"\A(?:{r})\z")).collect();
                     match RegexSet::new(&anchored) {
                         Ok(set) => Some(set),
                         Err(e) => {
@@ -161,7 +196,6 @@ impl Check {
                     command: c.command.clone(),
                     args: c.args.clone(),
                     timeout: c.timeout,
-                    at_once: Arc::clone(programs),
                 })
             }
         };
@@ -206,7 +240,12 @@ impl Check {
 
     /// The check's value for `subject`, and a note when there is more to
     /// say than the value.
-    pub(super) async fn answer(&self, stage: Stage, s: &Subject<'_>) -> (Truth, Option<String>) {
+    pub(super) async fn answer(
+        &self,
+        stage: Stage,
+        s: &Subject<'_>,
+        flavour: Flavour,
+    ) -> (Truth, Option<String>) {
         match self {
             Check::ClientIp(networks) => match s.client_ip {
                 Some(ip) => {
@@ -222,7 +261,7 @@ impl Check {
                 ),
             },
             Check::Identifiers(m) => match s.identifier {
-                Some(id) => (Truth::from_bool(m.matches(id)), None),
+                Some(id) => (Truth::from_bool(m.matches(id, flavour)), None),
                 None => (Truth::Undecided, Some("no identifier was given".into())),
             },
             Check::Eab { key_ids, labels } => {
@@ -251,11 +290,15 @@ impl Check {
 
 impl Pattern {
     fn parse(text: &str) -> Result<Self, String> {
-        if let Ok(net) = text.parse::<ipnet::IpNet>() {
-            return Ok(Pattern::Network(net));
-        }
-        if let Ok(ip) = text.parse::<IpAddr>() {
-            return Ok(Pattern::Network(ip.into()));
+        let net = text
+            .parse::<ipnet::IpNet>()
+            .ok()
+            .or_else(|| text.parse::<IpAddr>().ok().map(ipnet::IpNet::from));
+        if let Some(net) = net {
+            return match mapped("", &net) {
+                Some(_) => Err("is an IPv4 network written as IPv6; write it as IPv4".into()),
+                None => Ok(Pattern::Network(net)),
+            };
         }
         let lower = text.to_ascii_lowercase();
         let labels: Vec<String> = lower.split('.').map(str::to_owned).collect();
@@ -274,9 +317,9 @@ impl Pattern {
         Ok(Pattern::Dns(labels))
     }
 
-    fn matches(&self, id: &Identifier) -> bool {
+    fn matches(&self, id: &Identifier, flavour: Flavour) -> bool {
         match (self, id.kind) {
-            (Pattern::Dns(labels), IdentifierType::Dns) => glob_labels(labels, &id.value),
+            (Pattern::Dns(labels), IdentifierType::Dns) => glob_labels(labels, &id.value, flavour),
             (Pattern::Network(net), IdentifierType::Ip) => id
                 .value
                 .parse::<IpAddr>()
@@ -288,20 +331,49 @@ impl Pattern {
 
 /// True when `name` has as many labels as `pattern` and each equals its
 /// pattern label (ASCII case-insensitively) or the pattern label is `*`:
-/// one label, never several, so `*.lab.test` is not `a.b.lab.test`.
-pub(super) fn glob_labels(pattern: &[String], name: &str) -> bool {
+/// one label, never several, so `*.lab.test` is not `a.b.lab.test`. A
+/// wildcard name's `*` matches a pattern's `*`, and with [`Flavour::Any`]
+/// any pattern label too (some name it covers is that label).
+pub(crate) fn glob_labels(pattern: &[String], name: &str, flavour: Flavour) -> bool {
     let mut labels = name.split('.');
-    for p in pattern {
+    for (i, p) in pattern.iter().enumerate() {
         match labels.next() {
             Some(l) if p == "*" || p.eq_ignore_ascii_case(l) => {}
+            Some("*") if i == 0 && flavour == Flavour::Any => {}
             _ => return false,
         }
     }
     labels.next().is_none()
 }
 
+/// The problem with an IPv4 network written as IPv6 (`::ffff:10.0.0.0/104`),
+/// which would never match: client addresses and IP identifiers are
+/// compared in their IPv4 form.
+fn mapped(key: &str, net: &ipnet::IpNet) -> Option<String> {
+    match net {
+        ipnet::IpNet::V6(v6) if v6.addr().to_ipv4_mapped().is_some() && v6.prefix_len() >= 96 => {
+            Some(format!(
+                "{key}: {net} is an IPv4 network written as IPv6; write it as IPv4, e.g. {}",
+                ipnet::Ipv4Net::new(
+                    v6.addr()
+                        .to_ipv4_mapped()
+                        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                    v6.prefix_len() - 96
+                )
+                .map_or_else(|_| "10.0.0.0/8".to_owned(), |n| n.to_string())
+            ))
+        }
+        _ => None,
+    }
+}
+
 impl IdentifierMatch {
-    fn matches(&self, id: &Identifier) -> bool {
+    /// Whether `id` passes: for a wildcard name, every name it covers
+    /// ([`Flavour::Every`]) or some ([`Flavour::Any`]). So a deny entry
+    /// refuses a wildcard with `Every` as soon as it could cover a denied
+    /// name. Regular expressions see a wildcard name as written (`*.` and
+    /// all).
+    fn matches(&self, id: &Identifier, flavour: Flavour) -> bool {
         if !self.types.contains(&id.kind) {
             return false;
         }
@@ -309,12 +381,12 @@ impl IdentifierMatch {
             return false;
         }
         let allowed = (self.allow.is_empty() && self.allow_regex.is_none())
-            || self.allow.iter().any(|p| p.matches(id))
+            || self.allow.iter().any(|p| p.matches(id, flavour))
             || self
                 .allow_regex
                 .as_ref()
                 .is_some_and(|r| r.is_match(&id.value));
-        let denied = self.deny.iter().any(|p| p.matches(id))
+        let denied = self.deny.iter().any(|p| p.matches(id, flavour.other()))
             || self
                 .deny_regex
                 .as_ref()
@@ -343,7 +415,7 @@ impl Program {
         let input = input.to_string().into_bytes();
         // Waiting for a turn counts against the same deadline.
         let started = tokio::time::Instant::now();
-        let Ok(Ok(_turn)) = tokio::time::timeout(self.timeout, self.at_once.acquire()).await else {
+        let Ok(Ok(_turn)) = tokio::time::timeout(self.timeout, PROGRAMS.acquire()).await else {
             return (
                 Truth::Undecided,
                 Some("too many check programs were running to start it in time".into()),
@@ -374,9 +446,10 @@ impl Program {
                 code => (
                     Truth::Undecided,
                     Some(match code {
-                        Some(c) => {
-                            format!("the program exited with {c}: {}", done.first_error_line())
-                        }
+                        Some(c) => match done.first_error_line() {
+                            line if line.is_empty() => format!("the program exited with {c}"),
+                            line => format!("the program exited with {c}: {line}"),
+                        },
                         None => "the program was killed by a signal".to_owned(),
                     }),
                 ),

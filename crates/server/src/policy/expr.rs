@@ -66,13 +66,25 @@ impl<C> Expr<C> {
         out
     }
 
-    /// The same expression over other leaves.
-    pub fn map<D, E>(&self, f: &mut impl FnMut(&C) -> Result<D, E>) -> Result<Expr<D>, E> {
+    /// The same expression over other leaves, each leaf told whether it
+    /// counts positively (under an even number of `not`s) toward the
+    /// expression's value.
+    pub fn map_polar<D, E>(
+        &self,
+        positive: bool,
+        f: &mut impl FnMut(&C, bool) -> Result<D, E>,
+    ) -> Result<Expr<D>, E> {
         Ok(match self {
-            Expr::Check(c) => Expr::Check(f(c)?),
-            Expr::Not(a) => Expr::Not(Box::new(a.map(f)?)),
-            Expr::And(a, b) => Expr::And(Box::new(a.map(f)?), Box::new(b.map(f)?)),
-            Expr::Or(a, b) => Expr::Or(Box::new(a.map(f)?), Box::new(b.map(f)?)),
+            Expr::Check(c) => Expr::Check(f(c, positive)?),
+            Expr::Not(a) => Expr::Not(Box::new(a.map_polar(!positive, f)?)),
+            Expr::And(a, b) => Expr::And(
+                Box::new(a.map_polar(positive, f)?),
+                Box::new(b.map_polar(positive, f)?),
+            ),
+            Expr::Or(a, b) => Expr::Or(
+                Box::new(a.map_polar(positive, f)?),
+                Box::new(b.map_polar(positive, f)?),
+            ),
         })
     }
 

@@ -22,22 +22,34 @@ pub mod expr;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use acme_proxy_protocol::types::Identifier;
 use serde::Serialize;
 
 use crate::config::{Config, Effect, RuleMode, Stage};
 use crate::metrics::Metrics;
-use checks::Check;
+use checks::{Check, Flavour};
 pub use expr::Truth;
 
 /// The rule name of a profile's `policy_default`.
 const DEFAULT: &str = "default";
+/// The rule name of a decision the checks ran out of time for.
+const TIMEOUT: &str = "timeout";
 
-/// How many operators' check programs run at once, process-wide: a client
-/// with a hundred identifiers must not start a hundred processes.
-const PROGRAMS_AT_ONCE: usize = 4;
+/// One leaf of a built condition: a check, asked in the sense that makes
+/// its rule the stricter (see [`Flavour`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Leaf {
+    check: usize,
+    flavour: Flavour,
+}
+
+impl Leaf {
+    /// Where its answer is kept during one evaluation.
+    fn slot(self) -> usize {
+        self.check * 2 + self.flavour as usize
+    }
+}
 
 /// The built policy of one configuration generation.
 #[derive(Debug)]
@@ -57,7 +69,7 @@ pub struct Policy {
 struct Rule {
     name: String,
     stages: Vec<Stage>,
-    when: expr::Expr<usize>,
+    when: expr::Expr<Leaf>,
     then: Effect,
     message: String,
     mode: RuleMode,
@@ -200,7 +212,6 @@ impl Policy {
     /// what to write.
     pub fn build(config: &Config) -> Result<Self, Vec<String>> {
         let mut problems = Vec::new();
-        let programs = Arc::new(tokio::sync::Semaphore::new(PROGRAMS_AT_ONCE));
         let mut checks = Vec::new();
         let mut index = BTreeMap::new();
         for (name, check) in &config.policy.checks {
@@ -210,7 +221,7 @@ impl Policy {
                 ));
                 continue;
             }
-            match Check::build(name, check, config, &programs) {
+            match Check::build(name, check, config) {
                 Ok(c) => {
                     index.insert(name.clone(), checks.len());
                     checks.push((name.clone(), c));
@@ -227,9 +238,9 @@ impl Policy {
                     "{key}: name must be letters, digits, '_' or '-', e.g. name = \"lab-only\""
                 ));
             }
-            if rule.name == "default" || !names.insert(rule.name.clone()) {
+            if rule.name == DEFAULT || rule.name == TIMEOUT || !names.insert(rule.name.clone()) {
                 problems.push(format!(
-                    "{key}: another rule has this name, or it is \"default\" (which names a profile's policy_default); give each rule a name of its own"
+                    "{key}: another rule has this name, or it is \"default\" or \"timeout\" (which name a profile's policy_default and a decision out of time); give each rule a name of its own"
                 ));
             }
             if rule.stages.is_empty() {
@@ -249,8 +260,24 @@ impl Policy {
                     continue;
                 }
             };
-            let when = parsed.map(&mut |name: &String| {
-                index.get(name).copied().ok_or_else(|| {
+            // A wildcard name covers many: a check is asked so that the
+            // rule errs toward refusing (`Flavour`). A deny rule's
+            // positive leaves are true when any covered name matches;
+            // an allow rule's, only when every one does; `not` swaps.
+            let when = parsed.map_polar(true, &mut |name: &String, positive: bool| {
+                let flavour = if positive == (rule.then == Effect::Deny) {
+                    Flavour::Any
+                } else {
+                    Flavour::Every
+                };
+                index.get(name).copied().map(|check| Leaf {
+                    check,
+                    // Only a name can be a wildcard.
+                    flavour: match checks[check].1 {
+                        Check::Identifiers(_) => flavour,
+                        _ => Flavour::Every,
+                    },
+                }).ok_or_else(|| {
                     format!(
                         "{key}: when names the check {name:?}, which is not defined; add a [policy.checks.{name}] table{}",
                         if index.is_empty() {
@@ -272,8 +299,8 @@ impl Policy {
                 }
             };
             for &stage in &rule.stages {
-                for &c in when.leaves() {
-                    let (check_name, check) = &checks[c];
+                for leaf in when.leaves() {
+                    let (check_name, check) = &checks[leaf.check];
                     if !check.runs_at(stage) {
                         problems.push(format!(
                             "{key}: the check {check_name:?} ({}) cannot run at stage {stage}: {}; take {stage} out of this rule's stages",
@@ -348,8 +375,8 @@ impl Policy {
     /// Decides `subject` at `stage`, running only the checks the rules
     /// need, each at most once.
     pub async fn evaluate(&self, stage: Stage, subject: &Subject<'_>) -> Evaluation {
-        let mut answers: Vec<Option<(Truth, Option<String>)>> = vec![None; self.checks.len()];
-        let mut asked: Vec<usize> = Vec::new();
+        let mut answers: Vec<Option<(Truth, Option<String>)>> = vec![None; self.checks.len() * 2];
+        let mut asked: Vec<Leaf> = Vec::new();
         let mut traces = Vec::new();
         let mut decided = None;
         let mut undecided = Vec::new();
@@ -358,15 +385,27 @@ impl Policy {
                 continue;
             }
             let value = loop {
+                // What is known may decide already (Kleene's logic is
+                // monotone: an answer still missing cannot change a
+                // definite value), so no check runs that cannot matter.
+                let so_far = rule.when.eval(&|l: &Leaf| {
+                    Some(answers[l.slot()].as_ref().map_or(Truth::Undecided, |a| a.0))
+                });
+                if let Ok(v @ (Truth::True | Truth::False)) = so_far {
+                    break v;
+                }
                 match rule
                     .when
-                    .eval(&|c: &usize| answers[*c].as_ref().map(|a| a.0))
+                    .eval(&|l: &Leaf| answers[l.slot()].as_ref().map(|a| a.0))
                 {
                     Ok(v) => break v,
-                    Err(&c) => {
-                        let answer = self.checks[c].1.answer(stage, subject).await;
-                        answers[c] = Some(answer);
-                        asked.push(c);
+                    Err(&leaf) => {
+                        let answer = self.checks[leaf.check]
+                            .1
+                            .answer(stage, subject, leaf.flavour)
+                            .await;
+                        answers[leaf.slot()] = Some(answer);
+                        asked.push(leaf);
                     }
                 }
             };
@@ -387,10 +426,10 @@ impl Policy {
         let outcome = self.weigh(default, decided, &undecided);
         let checks = asked
             .into_iter()
-            .filter_map(|c| {
-                let (value, note) = answers[c].take()?;
+            .filter_map(|leaf| {
+                let (value, note) = answers[leaf.slot()].take()?;
                 Some(CheckTrace {
-                    check: self.checks[c].0.clone(),
+                    check: self.checks[leaf.check].0.clone(),
                     value,
                     note,
                 })
@@ -484,9 +523,20 @@ impl Policy {
         }
     }
 
-    /// Every rule and check, for `policy explain`.
-    pub fn rule_names(&self) -> impl Iterator<Item = &str> {
-        self.rules.iter().map(|r| r.name.as_str())
+    /// The undecided evaluation of a stage whose checks took longer than
+    /// `budget`.
+    pub fn out_of_time(&self, stage: Stage, budget: std::time::Duration) -> Evaluation {
+        Evaluation {
+            stage,
+            verdict: Verdict::Undecided,
+            rule: TIMEOUT.to_owned(),
+            message: format!(
+                "the policy could not decide within {budget:?}, because its checks were slow to answer; retry later"
+            ),
+            warned: None,
+            rules: Vec::new(),
+            checks: Vec::new(),
+        }
     }
 }
 

@@ -342,7 +342,7 @@ then = "deny"
         }
     }
     // An undecided deny rule followed by a deny default changes nothing:
-    // the answer is deny either way, and no one waits for the program.
+    // the answer is deny either way.
     let p = policy(&config(
         "7",
         r#"
@@ -478,6 +478,23 @@ fn rules_that_cannot_be_evaluated_are_refused_with_what_to_write() {
             "[policy.checks.and]\ntype = \"path\"\nprofiles = [\"default\"]",
             "not and, or or not",
         ),
+        // One expression cannot escape the anchors of a set.
+        (
+            "[policy.checks.x]\ntype = \"identifiers\"\nallow_regex = [\"a)|(b\"]",
+            "\"a)|(b\" is not a regular expression",
+        ),
+        (
+            "[policy.checks.x]\ntype = \"client_ip\"\nnetworks = [\"::ffff:10.0.0.0/104\"]",
+            "written as IPv6; write it as IPv4, e.g. 10.0.0.0/8",
+        ),
+        (
+            "[policy.checks.x]\ntype = \"identifiers\"\nallow = [\"::ffff:10.0.0.1\"]",
+            "written as IPv6",
+        ),
+        (
+            "[[policy.rules]]\nname = \"timeout\"\nwhen = \"lab_net\"\nthen = \"deny\"",
+            "or \"timeout\"",
+        ),
     ] {
         let text = problems(&format!("{CHECKS}\n{rules}"));
         assert!(text.contains(says), "{rules}\n→ {text}");
@@ -487,10 +504,146 @@ fn rules_that_cannot_be_evaluated_are_refused_with_what_to_write() {
 #[test]
 fn a_glob_star_is_exactly_one_label() {
     let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
-    assert!(checks::glob_labels(&p("*.lab.test"), "a.lab.test"));
-    assert!(checks::glob_labels(&p("*.lab.test"), "A.LAB.test"));
-    assert!(!checks::glob_labels(&p("*.lab.test"), "a.b.lab.test"));
-    assert!(!checks::glob_labels(&p("*.lab.test"), "lab.test"));
-    assert!(checks::glob_labels(&p("web.*.test"), "web.x.test"));
-    assert!(!checks::glob_labels(&p("web.*.test"), "web.x.test.evil"));
+    let every = checks::Flavour::Every;
+    let any = checks::Flavour::Any;
+    assert!(checks::glob_labels(&p("*.lab.test"), "a.lab.test", every));
+    assert!(checks::glob_labels(&p("*.lab.test"), "A.LAB.test", every));
+    assert!(!checks::glob_labels(&p("*.lab.test"), "a.b.lab.test", any));
+    assert!(!checks::glob_labels(&p("*.lab.test"), "lab.test", any));
+    assert!(checks::glob_labels(&p("web.*.test"), "web.x.test", every));
+    assert!(!checks::glob_labels(
+        &p("web.*.test"),
+        "web.x.test.evil",
+        any
+    ));
+    // A wildcard name: every name it covers, or some.
+    assert!(checks::glob_labels(&p("*.lab.test"), "*.lab.test", every));
+    assert!(!checks::glob_labels(&p("a.lab.test"), "*.lab.test", every));
+    assert!(checks::glob_labels(&p("a.lab.test"), "*.lab.test", any));
+    assert!(!checks::glob_labels(&p("a.b.lab.test"), "*.lab.test", any));
+}
+
+async fn verdict(p: &Policy, profile: &str, name: &str) -> (Verdict, String) {
+    let id = dns(name);
+    let e = p
+        .evaluate(
+            Stage::NewOrder,
+            &Subject {
+                profile,
+                identifier: Some(&id),
+                ..Subject::default()
+            },
+        )
+        .await;
+    (e.verdict, e.rule_name().to_owned())
+}
+
+#[tokio::test]
+async fn a_wildcard_is_allowed_only_when_every_name_it_covers_is_and_denied_when_one_could_be() {
+    let checks = r#"
+[profiles.default]
+policy_default = "deny"
+
+[policy.checks.lab_names]
+type = "identifiers"
+allow = ["*.lab.test"]
+deny = ["secret.lab.test"]
+
+[policy.checks.secrets]
+type = "identifiers"
+allow = ["secret.lab.test", "vault.lab.test"]
+"#;
+    let rule = |name: &str, when: &str, then: &str| {
+        format!("[[policy.rules]]\nname = \"{name}\"\nwhen = \"{when}\"\nthen = \"{then}\"\n")
+    };
+    let at = |v: Verdict, rule: &str| (v, rule.to_owned());
+    // The lab rule alone: its own deny entry names one of the wildcard's
+    // names, so the wildcard is not allowed by it.
+    let p = policy(&format!("{checks}{}", rule("lab", "lab_names", "allow")));
+    assert_eq!(
+        verdict(&p, "default", "www.lab.test").await,
+        at(Verdict::Allow, "lab")
+    );
+    assert_eq!(
+        verdict(&p, "default", "secret.lab.test").await,
+        at(Verdict::Deny, "default")
+    );
+    assert_eq!(
+        verdict(&p, "default", "*.lab.test").await,
+        at(Verdict::Deny, "default")
+    );
+    // A deny rule naming some lab names refuses the wildcard covering them.
+    let p = policy(&format!(
+        "{checks}{}{}",
+        rule("no-secrets", "secrets", "deny"),
+        rule("all", "not secrets or secrets", "allow")
+    ));
+    assert_eq!(
+        verdict(&p, "default", "*.lab.test").await,
+        at(Verdict::Deny, "no-secrets")
+    );
+    assert_eq!(
+        verdict(&p, "default", "*.other.test").await,
+        at(Verdict::Allow, "all")
+    );
+    assert_eq!(
+        verdict(&p, "default", "www.lab.test").await,
+        at(Verdict::Allow, "all")
+    );
+    // Under `not` in an allow rule: the wildcard is not "not a secret".
+    let p = policy(&format!(
+        "{checks}{}",
+        rule("non-secrets", "not secrets", "allow")
+    ));
+    assert_eq!(
+        verdict(&p, "default", "*.lab.test").await,
+        at(Verdict::Deny, "default")
+    );
+    assert_eq!(
+        verdict(&p, "default", "www.lab.test").await,
+        at(Verdict::Allow, "non-secrets")
+    );
+}
+
+#[tokio::test]
+async fn a_check_already_answered_false_spares_a_later_rule_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = program(&dir);
+    let p = policy(&format!(
+        r#"{CHECKS}
+[policy.checks.approver]
+type = "program"
+command = "{program}"
+args = ["sleep"]
+timeout = "3s"
+
+[[policy.rules]]
+name = "first"
+when = "lab_net and approver"
+then = "deny"
+
+[[policy.rules]]
+name = "second"
+when = "approver and lab_net"
+then = "deny"
+"#
+    ));
+    let id = dns("a.example.test");
+    let started = std::time::Instant::now();
+    let e = p
+        .evaluate(
+            Stage::NewOrder,
+            &Subject {
+                profile: "default",
+                client_ip: Some("172.16.0.9".parse().unwrap()),
+                identifier: Some(&id),
+                ..Subject::default()
+            },
+        )
+        .await;
+    assert_eq!(
+        e.summary(),
+        "policy allow at new_order: rule default; checks: lab_net=false"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
 }

@@ -514,3 +514,105 @@ fn config_check_refuses_a_rule_whose_check_cannot_run_at_its_stage() {
         out.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_stage_gates_every_spelling_of_a_profile_but_not_its_crl_and_audits_once_a_minute()
+ {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = harness::tempdir();
+    let program = tools.path().join("unsure");
+    std::fs::write(&program, "#!/bin/sh\ncat >/dev/null\nexit 3\n").expect("write program");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let server = TestServer::start(
+        1,
+        None,
+        &format!(
+            r#"
+[profiles.default]
+[profiles.closed]
+[profiles.unsure]
+
+[policy.checks.closed]
+type = "path"
+profiles = ["closed"]
+
+[policy.checks.unsure_path]
+type = "path"
+profiles = ["unsure"]
+
+[policy.checks.unsure]
+type = "program"
+command = "{}"
+
+[[policy.rules]]
+name = "closed-to-all"
+stages = ["connection"]
+when = "closed"
+then = "deny"
+message = "this profile is closed"
+
+[[policy.rules]]
+name = "ask-the-program"
+stages = ["connection"]
+when = "unsure_path and not unsure"
+then = "deny"
+"#,
+            program.display()
+        ),
+    )
+    .await;
+    let base = server.base().to_owned();
+    let get = |path: &str| {
+        let url = format!("{base}{path}");
+        async move { raw::request("GET", &url, None, Vec::new()).await }
+    };
+    // Spelled plainly or percent-encoded, as the router decodes it.
+    for path in ["/profile/closed/directory", "/profile/%63losed/directory"] {
+        let r = get(path).await;
+        assert_eq!(
+            r.status,
+            403,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.problem(), "unauthorized", "{path}");
+        assert_eq!(r.json()["detail"], "this profile is closed");
+        assert!(r.nonce().is_none(), "a refused client gets no nonce");
+    }
+    assert_eq!(get("/profile/default/directory").await.status, 200);
+    // Relying parties anywhere fetch the CRL and the CA certificate.
+    assert_eq!(get("/profile/closed/crl").await.status, 200);
+    assert_eq!(get("/profile/closed/ca.pem").await.status, 200);
+    // A program that cannot answer: 503, Retry-After, an undecided row.
+    let r = get("/profile/unsure/new-nonce").await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("10")
+    );
+    let store = server.running().authority.store().clone();
+    let undecided = store
+        .audit_recent(Some("policy.undecided"), 10)
+        .await
+        .expect("audit");
+    assert_eq!(undecided.len(), 1, "{undecided:?}");
+    assert_eq!(undecided[0].outcome, "failure");
+    assert_eq!(
+        undecided[0].detail.as_deref(),
+        Some(
+            "policy undecided at connection: rule ask-the-program; checks: closed=false, unsure_path=true, unsure=undecided (the program exited with 3)"
+        )
+    );
+    // Two refusals of one address by one rule within a minute: one row,
+    // both counted.
+    let refused = store
+        .audit_recent(Some("policy.refused"), 10)
+        .await
+        .expect("audit");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].client_ip.as_deref(), Some("127.0.0.1"));
+    let metrics = server.running().authority.render_metrics().await;
+    let line = "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"closed-to-all\",decision=\"deny\"} 2";
+    assert!(metrics.contains(line), "{line} in\n{metrics}");
+    server.stop().await;
+}

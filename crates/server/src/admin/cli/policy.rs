@@ -34,6 +34,9 @@ pub enum PolicyCommand {
         /// account registered with.
         #[arg(long)]
         eab: Option<String>,
+        /// The account's id, as a check program would be told it.
+        #[arg(long)]
+        account: Option<String>,
         /// As JSON.
         #[arg(long)]
         json: bool,
@@ -50,11 +53,20 @@ pub struct Refused(String);
 struct Explanation {
     profile: String,
     client_ip: IpAddr,
+    account: Option<String>,
     eab_key_id: Option<String>,
     eab_label: Option<String>,
     evaluations: Vec<Explained>,
-    /// `allowed`, `refused` or `undecided`, as the server would answer.
-    decision: &'static str,
+    decision: Decision,
+}
+
+/// What the server would answer, all stages together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Decision {
+    Allowed,
+    Refused,
+    Undecided,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,6 +83,7 @@ pub async fn run(config: &Config, command: PolicyCommand) -> anyhow::Result<()> 
         client_ip,
         identifiers,
         eab,
+        account,
         json,
     } = command;
     if !config.profiles.contains_key(&profile) {
@@ -105,44 +118,56 @@ pub async fn run(config: &Config, command: PolicyCommand) -> anyhow::Result<()> 
         _ => None,
     };
     let identifiers: Vec<Identifier> = identifiers.iter().map(|i| identifier(i)).collect();
-    let subject = Subject {
+    // As the server asks: the connection before any account is known,
+    // then each identifier with the account; finalize only for what
+    // newOrder let through.
+    let connection = Subject {
         profile: &profile,
         client_ip: Some(client_ip),
-        account: None,
+        ..Subject::default()
+    };
+    let signed = Subject {
+        account: account.as_deref(),
         eab: eab.as_deref().map(|kid| (kid, label.as_deref())),
-        identifier: None,
+        ..connection.clone()
     };
     let mut evaluations = vec![Explained {
         identifier: None,
-        evaluation: policy.evaluate(Stage::Connection, &subject).await,
+        evaluation: policy.evaluate(Stage::Connection, &connection).await,
     }];
     if evaluations[0].evaluation.verdict == Verdict::Allow {
-        for stage in [Stage::NewOrder, Stage::Finalize] {
-            for id in &identifiers {
-                let about = subject.clone().with_identifier(Some(id));
-                evaluations.push(Explained {
-                    identifier: Some(id.clone()),
-                    evaluation: policy.evaluate(stage, &about).await,
-                });
+        let mut at_finalize = Vec::new();
+        for id in &identifiers {
+            let about = signed.clone().with_identifier(Some(id));
+            let e = policy.evaluate(Stage::NewOrder, &about).await;
+            if e.verdict == Verdict::Allow {
+                at_finalize.push(id);
             }
+            evaluations.push(Explained {
+                identifier: Some(id.clone()),
+                evaluation: e,
+            });
+        }
+        for id in at_finalize {
+            let about = signed.clone().with_identifier(Some(id));
+            evaluations.push(Explained {
+                identifier: Some(id.clone()),
+                evaluation: policy.evaluate(Stage::Finalize, &about).await,
+            });
         }
     }
-    let decision = if evaluations
-        .iter()
-        .any(|e| e.evaluation.verdict == Verdict::Undecided)
-    {
-        "undecided"
-    } else if evaluations
-        .iter()
-        .any(|e| e.evaluation.verdict == Verdict::Deny)
-    {
-        "refused"
+    let verdicts = || evaluations.iter().map(|e| e.evaluation.verdict);
+    let decision = if verdicts().any(|v| v == Verdict::Undecided) {
+        Decision::Undecided
+    } else if verdicts().any(|v| v == Verdict::Deny) {
+        Decision::Refused
     } else {
-        "allowed"
+        Decision::Allowed
     };
     let explanation = Explanation {
         profile: profile.clone(),
         client_ip,
+        account: account.clone(),
         eab_key_id: eab.clone(),
         eab_label: label.clone(),
         evaluations,
@@ -155,8 +180,9 @@ pub async fn run(config: &Config, command: PolicyCommand) -> anyhow::Result<()> 
         write_text(&mut out, &explanation)?;
     }
     match decision {
-        "allowed" => Ok(()),
-        other => Err(Refused(format!("the policy's decision: {other}")).into()),
+        Decision::Allowed => Ok(()),
+        Decision::Refused => Err(Refused("the policy refuses".into()).into()),
+        Decision::Undecided => Err(Refused("the policy could not decide".into()).into()),
     }
 }
 
@@ -169,7 +195,7 @@ fn identifier(text: &str) -> Identifier {
         },
         Err(_) => Identifier {
             kind: IdentifierType::Dns,
-            value: text.trim_end_matches('.').to_ascii_lowercase(),
+            value: text.to_ascii_lowercase(),
         },
     }
 }
@@ -214,5 +240,10 @@ fn write_text(out: &mut impl Write, x: &Explanation) -> std::io::Result<()> {
             }
         }
     }
-    writeln!(out, "decision: {}", x.decision)
+    let decision = match x.decision {
+        Decision::Allowed => "allowed",
+        Decision::Refused => "refused",
+        Decision::Undecided => "undecided",
+    };
+    writeln!(out, "decision: {decision}")
 }
