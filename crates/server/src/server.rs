@@ -229,7 +229,9 @@ async fn prepare(
             .map_err(|e| problems.push(e)),
         None => Ok(None),
     };
-    let policy = crate::policy::Policy::build(config).map_err(|e| problems.extend(e));
+    let policy =
+        crate::policy::Policy::build(config, validators.as_ref().ok().map(|v| &v.resolver))
+            .map_err(|e| problems.extend(e));
     match (validators, destinations, terminator, policy) {
         (Ok(validators), Ok(destinations), Ok(terminator), Ok(policy)) if problems.is_empty() => {
             Ok(Prepared {

@@ -116,6 +116,9 @@ pub enum CheckConfig {
     /// True when the client's address (after `trusted_proxies`) is in
     /// one of `networks`.
     ClientIp(ClientIpCheck),
+    /// True when the client's address has a PTR name matching `names`
+    /// that (with `forward_confirmed`) resolves back to the address.
+    ReverseDns(ReverseDnsCheck),
     /// True when the identifier (at `new_order` and `finalize`) is of one
     /// of `types`, matches `allow` or `allow_regex` (or both are empty),
     /// and matches neither `deny` nor `deny_regex`.
@@ -138,6 +141,28 @@ pub struct ClientIpCheck {
     #[serde(deserialize_with = "addresses_or_networks")]
     #[schemars(schema_with = "reference::networks")]
     pub networks: Vec<ipnet::IpNet>,
+}
+
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReverseDnsCheck {
+    /// DNS name globs the PTR name must match (`*` is one label), e.g.
+    /// `["*.lab.example.internal"]`.
+    pub names: Vec<String>,
+    /// Whether the PTR name must resolve (A or AAAA) back to the client's
+    /// address: without it, whoever runs the reverse zone of an address
+    /// can name it anything.
+    #[serde(default = "yes")]
+    pub forward_confirmed: bool,
+    /// Deadline of the lookups of one client address (at most 5 s); past
+    /// it the check is undecided. Answers are reused for a minute.
+    #[serde(default = "default_reverse_dns_timeout", deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub timeout: Duration,
+}
+
+fn default_reverse_dns_timeout() -> Duration {
+    Duration::from_secs(1)
 }
 
 #[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]

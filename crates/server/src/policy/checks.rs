@@ -1,8 +1,13 @@
 //! The checks a rule can name, built from `[policy.checks.NAME]`.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hickory_resolver::TokioResolver;
+use hickory_resolver::proto::rr::RData;
 
 use acme_proxy_protocol::types::{Identifier, IdentifierType};
 use regex::RegexSet;
@@ -43,9 +48,17 @@ impl Flavour {
     }
 }
 
+/// How long a reverse-name answer (true or false) is reused: a client's
+/// requests come in bursts, and its PTR record does not change between
+/// them.
+const REVERSE_CACHE_FOR: Duration = Duration::from_secs(60);
+/// Addresses remembered at most per check; the cache starts over beyond.
+const REVERSE_CACHE_MAX: usize = 4096;
+
 #[derive(Debug)]
 pub(super) enum Check {
     ClientIp(Vec<ipnet::IpNet>),
+    ReverseDns(Box<ReverseDns>),
     Identifiers(Box<IdentifierMatch>),
     Eab {
         key_ids: Vec<String>,
@@ -73,6 +86,28 @@ enum Pattern {
     Network(ipnet::IpNet),
 }
 
+/// A check's value, its note, and when it was found.
+type Answered = (Truth, Option<String>, Instant);
+
+pub(super) struct ReverseDns {
+    names: Vec<Vec<String>>,
+    forward_confirmed: bool,
+    timeout: Duration,
+    /// The validators' resolver (`validation.dns_resolvers`); None where
+    /// there is none (unit tests), which makes the check undecided.
+    resolver: Option<Arc<TokioResolver>>,
+    cache: Mutex<HashMap<IpAddr, Answered>>,
+}
+
+impl std::fmt::Debug for ReverseDns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReverseDns")
+            .field("names", &self.names)
+            .field("forward_confirmed", &self.forward_confirmed)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Program {
     command: PathBuf,
@@ -85,6 +120,7 @@ impl Check {
         name: &str,
         config: &CheckConfig,
         whole: &Config,
+        resolver: Option<&Arc<TokioResolver>>,
     ) -> Result<Self, Vec<String>> {
         let key = format!("policy.checks.{name}");
         let mut problems = Vec::new();
@@ -97,6 +133,34 @@ impl Check {
                 }
                 problems.extend(c.networks.iter().filter_map(|n| mapped(&key, n)));
                 Check::ClientIp(c.networks.clone())
+            }
+            CheckConfig::ReverseDns(c) => {
+                let mut names = Vec::new();
+                for glob in &c.names {
+                    match Pattern::parse(glob) {
+                        Ok(Pattern::Dns(labels)) => names.push(labels),
+                        _ => problems.push(format!(
+                            "{key}.names: {glob:?} is not a DNS name glob; write e.g. \"*.lab.example.internal\""
+                        )),
+                    }
+                }
+                if c.names.is_empty() {
+                    problems.push(format!(
+                        "{key}: names is empty; write e.g. names = [\"*.lab.example.internal\"]"
+                    ));
+                }
+                if c.timeout < Duration::from_millis(10) || c.timeout > Duration::from_secs(5) {
+                    problems.push(format!(
+                        "{key}.timeout must be between 10ms and 5s (a client waits for it); write e.g. timeout = \"1s\""
+                    ));
+                }
+                Check::ReverseDns(Box::new(ReverseDns {
+                    names,
+                    forward_confirmed: c.forward_confirmed,
+                    timeout: c.timeout,
+                    resolver: resolver.cloned(),
+                    cache: Mutex::new(HashMap::new()),
+                }))
             }
             CheckConfig::Identifiers(c) => {
                 let mut patterns = |list: &[String], field: &str| -> Vec<Pattern> {
@@ -210,6 +274,7 @@ impl Check {
     pub(super) fn kind(&self) -> &'static str {
         match self {
             Check::ClientIp(_) => "client_ip",
+            Check::ReverseDns(_) => "reverse_dns",
             Check::Identifiers(_) => "identifiers",
             Check::Eab { .. } => "eab",
             Check::Path(_) => "path",
@@ -220,7 +285,7 @@ impl Check {
     /// Whether what the check needs is known at `stage`.
     pub(super) fn runs_at(&self, stage: Stage) -> bool {
         match self {
-            Check::ClientIp(_) | Check::Path(_) | Check::Program(_) => true,
+            Check::ClientIp(_) | Check::ReverseDns(_) | Check::Path(_) | Check::Program(_) => true,
             Check::Identifiers(_) | Check::Eab { .. } => stage != Stage::Connection,
         }
     }
@@ -255,6 +320,13 @@ impl Check {
                         None,
                     )
                 }
+                None => (
+                    Truth::Undecided,
+                    Some("the client's address is not known".into()),
+                ),
+            },
+            Check::ReverseDns(r) => match s.client_ip {
+                Some(ip) => r.answer(ip.to_canonical()).await,
                 None => (
                     Truth::Undecided,
                     Some("the client's address is not known".into()),
@@ -455,6 +527,97 @@ impl Program {
                 ),
             },
             Err(e) => (Truth::Undecided, Some(format!("the program {e}"))),
+        }
+    }
+}
+
+impl ReverseDns {
+    /// The cached answer for `ip`, or the lookups within the deadline. An
+    /// undecided answer is not kept: the next request asks again.
+    async fn answer(&self, ip: IpAddr) -> (Truth, Option<String>) {
+        if let Some((truth, note, at)) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ip)
+            && at.elapsed() < REVERSE_CACHE_FOR
+        {
+            return (*truth, note.clone());
+        }
+        let (truth, note) = match tokio::time::timeout(self.timeout, self.look_up(ip)).await {
+            Ok(answer) => answer,
+            Err(_) => (
+                Truth::Undecided,
+                Some(format!("no DNS answer within {:?}", self.timeout)),
+            ),
+        };
+        if truth != Truth::Undecided {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() >= REVERSE_CACHE_MAX {
+                cache.clear();
+            }
+            cache.insert(ip, (truth, note.clone(), Instant::now()));
+        }
+        (truth, note)
+    }
+
+    /// The PTR names of `ip` that match, and (when asked) the first of
+    /// them whose A or AAAA records include `ip`.
+    async fn look_up(&self, ip: IpAddr) -> (Truth, Option<String>) {
+        let Some(resolver) = &self.resolver else {
+            return (Truth::Undecided, Some("no DNS resolver".into()));
+        };
+        let names: Vec<String> = match resolver.reverse_lookup(ip).await {
+            Ok(lookup) => lookup
+                .answers()
+                .iter()
+                .filter_map(|r| match &r.data {
+                    RData::PTR(ptr) => {
+                        Some(ptr.0.to_ascii().trim_end_matches('.').to_ascii_lowercase())
+                    }
+                    _ => None,
+                })
+                .collect(),
+            Err(e) if e.is_nx_domain() || e.is_no_records_found() => {
+                return (Truth::False, Some("no PTR record".into()));
+            }
+            Err(e) => {
+                return (
+                    Truth::Undecided,
+                    Some(format!("the PTR lookup failed: {e}")),
+                );
+            }
+        };
+        let matching: Vec<&String> = names
+            .iter()
+            .filter(|n| self.names.iter().any(|g| glob_labels(g, n, Flavour::Every)))
+            .collect();
+        let Some(first) = matching.first() else {
+            return (
+                Truth::False,
+                Some(format!("PTR {}", names.first().map_or("", String::as_str))),
+            );
+        };
+        if !self.forward_confirmed {
+            return (Truth::True, Some(format!("PTR {first}")));
+        }
+        let mut failed = None;
+        for name in &matching {
+            match resolver.lookup_ip(name.as_str()).await {
+                Ok(found) if found.iter().any(|a| a.to_canonical() == ip) => {
+                    return (Truth::True, Some(format!("PTR {name}, confirmed")));
+                }
+                Ok(_) => {}
+                Err(e) if e.is_nx_domain() || e.is_no_records_found() => {}
+                Err(e) => failed = Some(format!("resolving {name} failed: {e}")),
+            }
+        }
+        match failed {
+            Some(why) => (Truth::Undecided, Some(why)),
+            None => (
+                Truth::False,
+                Some(format!("PTR {first} does not resolve to {ip}")),
+            ),
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod expr;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use acme_proxy_protocol::types::Identifier;
 use serde::Serialize;
@@ -210,7 +211,11 @@ enum Outcome {
 impl Policy {
     /// Builds `config`'s policy, or every reason it cannot be, each saying
     /// what to write.
-    pub fn build(config: &Config) -> Result<Self, Vec<String>> {
+    /// `resolver` answers `reverse_dns` checks (the validators' own).
+    pub fn build(
+        config: &Config,
+        resolver: Option<&Arc<hickory_resolver::TokioResolver>>,
+    ) -> Result<Self, Vec<String>> {
         let mut problems = Vec::new();
         let mut checks = Vec::new();
         let mut index = BTreeMap::new();
@@ -221,7 +226,7 @@ impl Policy {
                 ));
                 continue;
             }
-            match Check::build(name, check, config) {
+            match Check::build(name, check, config, resolver) {
                 Ok(c) => {
                     index.insert(name.clone(), checks.len());
                     checks.push((name.clone(), c));

@@ -7,12 +7,12 @@ use super::*;
 
 fn policy(toml: &str) -> Policy {
     let config = Config::from_toml(toml).unwrap();
-    Policy::build(&config).unwrap()
+    Policy::build(&config, None).unwrap()
 }
 
 fn problems(toml: &str) -> String {
     let config = Config::from_toml(toml).unwrap();
-    Policy::build(&config).unwrap_err().join("\n")
+    Policy::build(&config, None).unwrap_err().join("\n")
 }
 
 fn dns(name: &str) -> Identifier {

@@ -688,6 +688,12 @@ impl Bind {
         Self::launch(zone, records, "", "", "")
     }
 
+    /// Serves `zone` with `records` and, beside it, each (zone, records)
+    /// of `more`: a reverse zone and the zone its PTR names point into.
+    pub fn start_zones(zone: &str, records: &str, more: &[(&str, &str)]) -> Option<Bind> {
+        Self::launch_zones(zone, records, "", "", "", more)
+    }
+
     /// Serves `zone` with `records` as [`Self::start`] does, and resolves
     /// names of `delegated` by asking `server` (a forward zone: how a
     /// resolver reaches a delegated zone, short of a real parent), so that
@@ -848,6 +854,19 @@ impl Bind {
         zone_extra: &str,
         forward: &str,
     ) -> Option<Bind> {
+        Self::launch_zones(zone, records, keys, zone_extra, forward, &[])
+    }
+
+    /// [`Self::launch`], serving the primary zones `more` (name, records)
+    /// beside `zone`.
+    fn launch_zones(
+        zone: &str,
+        records: &str,
+        keys: &str,
+        zone_extra: &str,
+        forward: &str,
+        more: &[(&str, &str)],
+    ) -> Option<Bind> {
         if !require_program("named") {
             return None;
         }
@@ -856,7 +875,7 @@ impl Bind {
         // with a fresh one.
         let mut lost = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
-            match Self::launch_on(free_port(), zone, records, keys, zone_extra, forward) {
+            match Self::launch_on(free_port(), zone, records, keys, zone_extra, forward, more) {
                 Ok(bind) => return Some(bind),
                 Err(log) => lost.push(log),
             }
@@ -875,14 +894,26 @@ impl Bind {
         keys: &str,
         zone_extra: &str,
         forward: &str,
+        more: &[(&str, &str)],
     ) -> Result<Bind, String> {
         let dir = tempdir();
         let d = dir.path().display().to_string();
+        let mut more_zones = String::new();
+        for (i, (name, records)) in more.iter().enumerate() {
+            std::fs::write(
+                dir.path().join(format!("db{i}")),
+                format!("$TTL 60\n@ IN SOA ns.{zone}. admin.{zone}. 1 60 60 600 60\n@ IN NS ns.{zone}.\n{records}\n"),
+            )
+            .expect("zone file");
+            more_zones.push_str(&format!(
+                "zone \"{name}\" {{ type primary; file \"{d}/db{i}\"; }};\n"
+            ));
+        }
         let recursion = if forward.is_empty() { "no" } else { "yes" };
         std::fs::write(
             dir.path().join("named.conf"),
             format!(
-                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion {recursion}; dnssec-validation no; }};\ncontrols {{ }};\n{keys}zone \"{zone}\" {{ type primary; file \"{d}/db\";{zone_extra} }};\n{forward}"
+                "options {{ directory \"{d}\"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};\n  pid-file \"{d}/named.pid\"; recursion {recursion}; dnssec-validation no; }};\ncontrols {{ }};\n{keys}zone \"{zone}\" {{ type primary; file \"{d}/db\";{zone_extra} }};\n{more_zones}{forward}"
             ),
         )
         .expect("named.conf");

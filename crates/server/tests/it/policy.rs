@@ -616,3 +616,123 @@ then = "deny"
     assert!(metrics.contains(line), "{line} in\n{metrics}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverse_name_counts_only_when_it_resolves_back_and_an_unreachable_dns_is_undecided() {
+    // Client addresses come through a trusted proxy's header (the
+    // resolver answers every 127.0.0.0/8 PTR question with localhost
+    // itself, RFC 6761 §6.3): 10.20.0.5 is host1.lab.test both ways in
+    // BIND; 10.20.0.6's PTR claims the same name, which does not resolve
+    // to it.
+    let Some(bind) = harness::Bind::start_zones(
+        "lab.test",
+        "host1 IN A 10.20.0.5\n",
+        &[(
+            "20.10.in-addr.arpa",
+            "5.0 IN PTR host1.lab.test.\n6.0 IN PTR host1.lab.test.\n",
+        )],
+    ) else {
+        return;
+    };
+    let dir = harness::tempdir();
+    let toml = TestServer::config_text(dir.path(), 1, None, "")
+        .replacen(
+            "[validation]\n",
+            &format!("[validation]\ndns_resolvers = [\"{}\"]\n", bind.addr),
+            1,
+        )
+        .replacen(
+            "listen = ",
+            "trusted_proxies = [\"127.0.0.1\"]\nlisten = ",
+            1,
+        )
+        + r#"
+[policy.checks.lab_host]
+type = "reverse_dns"
+names = ["*.lab.test"]
+timeout = "2s"
+
+[[policy.rules]]
+name = "lab-hosts-only"
+stages = ["connection"]
+when = "not lab_host"
+then = "deny"
+message = "only hosts named in lab.test"
+"#;
+    let (_etc, config) = harness::config_file(&toml);
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let url = server.directory("default");
+    let from = |client: &'static str| {
+        let url = url.clone();
+        async move {
+            let headers: &[(&str, &str)] = if client.is_empty() {
+                &[]
+            } else {
+                &[("x-forwarded-for", client)]
+            };
+            raw::request_with("GET", &url, headers, Vec::new()).await
+        }
+    };
+    let r = from("10.20.0.5").await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    for client in ["10.20.0.6", ""] {
+        let r = from(client).await;
+        assert_eq!(
+            r.status,
+            403,
+            "{client}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let store = server.running().authority.store().clone();
+    let rows = store
+        .audit_recent(Some("policy.refused"), 10)
+        .await
+        .expect("audit");
+    let details: Vec<(Option<&str>, Option<&str>)> = rows
+        .iter()
+        .map(|r| (r.client_ip.as_deref(), r.detail.as_deref()))
+        .collect();
+    assert_eq!(
+        details,
+        vec![
+            (
+                Some("127.0.0.1"),
+                Some(
+                    "policy deny at connection: rule lab-hosts-only; checks: lab_host=false (PTR localhost)"
+                )
+            ),
+            (
+                Some("10.20.0.6"),
+                Some(
+                    "policy deny at connection: rule lab-hosts-only; checks: lab_host=false (PTR host1.lab.test does not resolve to 10.20.0.6)"
+                )
+            ),
+        ]
+    );
+    // `policy explain` asks the same DNS.
+    let out = harness::run_cli(
+        &config,
+        &[
+            "policy",
+            "explain",
+            "--profile",
+            "default",
+            "--client-ip",
+            "10.20.0.5",
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .contains("check lab_host = true (PTR host1.lab.test, confirmed)"),
+        "{}",
+        out.stdout
+    );
+    // No DNS server: undecided, 503 (for an address not asked before).
+    drop(bind);
+    let r = from("10.20.0.7").await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    server.stop().await;
+}

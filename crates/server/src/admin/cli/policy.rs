@@ -97,7 +97,10 @@ pub async fn run(config: &Config, command: PolicyCommand) -> anyhow::Result<()> 
                 .join(", ")
         );
     }
-    let policy = Policy::build(config).map_err(|problems| {
+    // The server's resolver, for `reverse_dns` checks.
+    let validators = crate::validators::Validators::new(&config.validation)
+        .map_err(|e| crate::server::Refused(vec![format!("configuration: {e}")]))?;
+    let policy = Policy::build(config, Some(&validators.resolver)).map_err(|problems| {
         crate::server::Refused(
             problems
                 .into_iter()
