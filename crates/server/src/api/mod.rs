@@ -200,10 +200,16 @@ async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response
 /// The CRL and the CA certificate are for relying parties anywhere, not
 /// only the clients the policy lets in, and are not gated.
 async fn policy_gate(State(app): State<App>, req: Request, next: Next) -> Response {
-    let ungated = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .is_some_and(|m| m.as_str().ends_with("/crl") || m.as_str().ends_with("/ca.pem"));
+    // Without a connection rule (the profiles' defaults allow there),
+    // there is nothing to ask.
+    let ungated = !app
+        .authority
+        .policy
+        .asks_at(crate::config::Stage::Connection)
+        || req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .is_some_and(|m| m.as_str().ends_with("/crl") || m.as_str().ends_with("/ca.pem"));
     if ungated {
         return next.run(req).await;
     }

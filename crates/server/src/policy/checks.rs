@@ -484,7 +484,8 @@ impl Program {
                 "value": id.value,
             })),
         });
-        let input = input.to_string().into_bytes();
+        // One line, so that a shell script can `read` it.
+        let input = format!("{input}\n").into_bytes();
         // Waiting for a turn counts against the same deadline.
         let started = tokio::time::Instant::now();
         let Ok(Ok(_turn)) = tokio::time::timeout(self.timeout, PROGRAMS.acquire()).await else {

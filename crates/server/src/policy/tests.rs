@@ -647,3 +647,35 @@ then = "deny"
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(1));
 }
+
+#[tokio::test]
+async fn a_check_program_reads_the_request_it_decides_on_from_its_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("expect");
+    // True only for exactly this input: what the documentation promises.
+    let want = r#"{"account":"acct-1","client_ip":"10.20.0.5","eab_key_id":"kid-9","eab_label":"partner","identifier":{"type":"dns","value":"a.lab.test"},"profile":"default","stage":"new_order"}"#;
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\nread -r line\n[ \"$line\" = '{want}' ] && exit 0\necho \"got $line\"\nexit 1\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = policy(&format!(
+        "{CHECKS}\n[policy.checks.p]\ntype = \"program\"\ncommand = \"{}\"\n[[policy.rules]]\nname = \"ask\"\nwhen = \"not p\"\nthen = \"deny\"\n",
+        path.display()
+    ));
+    let id = dns("a.lab.test");
+    let e = p
+        .evaluate(
+            Stage::NewOrder,
+            &Subject {
+                profile: "default",
+                client_ip: Some("::ffff:10.20.0.5".parse().unwrap()),
+                account: Some("acct-1"),
+                eab: Some(("kid-9", Some("partner"))),
+                identifier: Some(&id),
+            },
+        )
+        .await;
+    assert_eq!(e.verdict, Verdict::Allow, "{}", e.summary());
+}
