@@ -252,24 +252,41 @@ then = "deny"
 message = "lab names go to lab hosts"
 "#
     ));
-    let id = dns("a.lab.test");
-    let e = p
-        .evaluate(
-            Stage::NewOrder,
-            &Subject {
-                profile: "default",
-                client_ip: Some("172.16.0.9".parse().unwrap()),
-                identifier: Some(&id),
-                ..Subject::default()
-            },
-        )
-        .await;
+    let e = name_at(
+        &p,
+        Stage::NewOrder,
+        "default",
+        Some("172.16.0.9"),
+        "a.lab.test",
+    )
+    .await;
     assert_eq!(e.verdict, Verdict::Deny);
     assert_eq!(e.message, "lab names go to lab hosts");
     assert_eq!(
         e.summary(),
         "policy deny at new_order: rule lab-names-from-lab; checks: lab_names=true, lab_net=false"
     );
+}
+
+/// `p`'s decision on the DNS name `name` at `stage`, from `client`.
+async fn name_at(
+    p: &Policy,
+    stage: Stage,
+    profile: &str,
+    client: Option<&str>,
+    name: &str,
+) -> Evaluation {
+    let id = dns(name);
+    p.evaluate(
+        stage,
+        &Subject {
+            profile,
+            client_ip: client.map(|c| c.parse().unwrap()),
+            identifier: Some(&id),
+            ..Subject::default()
+        },
+    )
+    .await
 }
 
 /// A program check: exits with the code in its first argument, or sleeps.
@@ -315,17 +332,7 @@ then = "deny"
         ("sleep", Verdict::Undecided, "needs-approval"),
     ] {
         let p = policy(&config(exit, deny_unless_approved));
-        let id = dns("a.example.test");
-        let e = p
-            .evaluate(
-                Stage::NewOrder,
-                &Subject {
-                    profile: "default",
-                    identifier: Some(&id),
-                    ..Subject::default()
-                },
-            )
-            .await;
+        let e = name_at(&p, Stage::NewOrder, "default", None, "a.example.test").await;
         assert_eq!(
             (e.verdict, e.rule_name()),
             (verdict, rule),
@@ -352,17 +359,7 @@ when = "not approver"
 then = "deny"
 "#,
     ));
-    let id = dns("a.example.test");
-    let e = p
-        .evaluate(
-            Stage::NewOrder,
-            &Subject {
-                profile: "strict",
-                identifier: Some(&id),
-                ..Subject::default()
-            },
-        )
-        .await;
+    let e = name_at(&p, Stage::NewOrder, "strict", None, "a.example.test").await;
     assert_eq!(
         (e.verdict, e.rule_name()),
         (Verdict::Deny, "default"),
@@ -380,17 +377,14 @@ then = "deny"
 "#,
     ));
     let started = std::time::Instant::now();
-    let e = p
-        .evaluate(
-            Stage::NewOrder,
-            &Subject {
-                profile: "default",
-                client_ip: Some("172.16.0.9".parse().unwrap()),
-                identifier: Some(&id),
-                ..Subject::default()
-            },
-        )
-        .await;
+    let e = name_at(
+        &p,
+        Stage::NewOrder,
+        "default",
+        Some("172.16.0.9"),
+        "a.example.test",
+    )
+    .await;
     assert_eq!(e.verdict, Verdict::Allow);
     assert!(
         e.checks.iter().all(|c| c.check != "approver"),
@@ -524,17 +518,7 @@ fn a_glob_star_is_exactly_one_label() {
 }
 
 async fn verdict(p: &Policy, profile: &str, name: &str) -> (Verdict, String) {
-    let id = dns(name);
-    let e = p
-        .evaluate(
-            Stage::NewOrder,
-            &Subject {
-                profile,
-                identifier: Some(&id),
-                ..Subject::default()
-            },
-        )
-        .await;
+    let e = name_at(p, Stage::NewOrder, profile, None, name).await;
     (e.verdict, e.rule_name().to_owned())
 }
 
@@ -628,19 +612,15 @@ when = "approver and lab_net"
 then = "deny"
 "#
     ));
-    let id = dns("a.example.test");
     let started = std::time::Instant::now();
-    let e = p
-        .evaluate(
-            Stage::NewOrder,
-            &Subject {
-                profile: "default",
-                client_ip: Some("172.16.0.9".parse().unwrap()),
-                identifier: Some(&id),
-                ..Subject::default()
-            },
-        )
-        .await;
+    let e = name_at(
+        &p,
+        Stage::NewOrder,
+        "default",
+        Some("172.16.0.9"),
+        "a.example.test",
+    )
+    .await;
     assert_eq!(
         e.summary(),
         "policy allow at new_order: rule default; checks: lab_net=false"

@@ -963,6 +963,52 @@ impl Bind {
     }
 }
 
+/// Debian's HAProxy on `front`, in HTTP mode, logging each request to
+/// `dir/haproxy.log` (as `BACKEND/SERVER` among its words), sending
+/// everything to the backend named `backend` whose lines (servers,
+/// balancing, health checks) are `lines`; once it listens.
+pub fn start_haproxy(dir: &Path, front: SocketAddr, backend: &str, lines: &str) -> ChildGuard {
+    assert!(
+        require_program("haproxy"),
+        "haproxy is not installed (scripts/test installs Debian's)"
+    );
+    let config = format!(
+        "global\n    log stdout format raw local0 info\n\n\
+         defaults\n    mode http\n    log global\n    option httplog\n    \
+         timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n\n\
+         frontend acme\n    bind {front}\n    default_backend {backend}\n\n\
+         backend {backend}\n{lines}"
+    );
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, config).expect("write haproxy.cfg");
+    let log = std::fs::File::create(dir.join("haproxy.log")).expect("log file");
+    let child = Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .spawn()
+        .expect("start haproxy");
+    let mut guard = ChildGuard(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&front, Duration::from_millis(200)).is_err() {
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            panic!(
+                "haproxy exited ({status}):\n{}",
+                std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "haproxy did not listen on {front}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    guard
+}
+
 /// A fresh TSIG secret: 32 random bytes in standard base64, the form
 /// `tsig-keygen -a hmac-sha256` prints and `nsupdate -y` takes.
 pub fn tsig_secret() -> String {

@@ -5,57 +5,12 @@
 //! problem documents, the reload that makes finalize refuse, warn mode,
 //! and a check program that cannot answer.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use serde_json::json;
 
 use crate::clients::{leaf, lego_http_run, run};
 use crate::concurrency::{csr_for, ready_order};
-use crate::harness::{self, ChildGuard, Dns, TestServer};
+use crate::harness::{self, Dns, TestServer};
 use crate::raw::{self, Acct, Key};
-
-/// HAProxy on `front`, forwarding everything to `server` over connections
-/// it makes from the address `source`.
-fn start_haproxy(dir: &Path, front: SocketAddr, server: SocketAddr, source: &str) -> ChildGuard {
-    let config = format!(
-        "global\n    log stdout format raw local0 info\n\n\
-         defaults\n    mode http\n    log global\n    option httplog\n    \
-         timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n\n\
-         frontend acme\n    bind {front}\n    default_backend server\n\n\
-         backend server\n    server s {server} source {source}\n"
-    );
-    let path = dir.join("haproxy.cfg");
-    std::fs::write(&path, config).expect("write haproxy.cfg");
-    let log = std::fs::File::create(dir.join("haproxy.log")).expect("log file");
-    let child = Command::new("haproxy")
-        .arg("-db")
-        .arg("-f")
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log file"))
-        .stderr(log)
-        .spawn()
-        .expect("start haproxy");
-    let mut guard = ChildGuard(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect_timeout(&front, Duration::from_millis(200)).is_err() {
-        if let Ok(Some(status)) = guard.0.try_wait() {
-            panic!(
-                "haproxy exited ({status}):\n{}",
-                std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "haproxy did not listen on {front}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    guard
-}
 
 /// The policy of the client tests: the lab network (this test's own
 /// loopback address, which HAProxy's connections come from) only, and no
@@ -116,7 +71,12 @@ async fn lego_is_served_from_a_permitted_address_and_refused_from_another_with_t
     std::fs::write(&config, &text).expect("write config");
     let config_arg = config.to_str().expect("utf-8").to_owned();
     let (_server, _) = harness::spawn_binary(dir.path(), &["serve", "--config", &config_arg], &[]);
-    let _haproxy = start_haproxy(dir.path(), front, listen, &lab);
+    let _haproxy = harness::start_haproxy(
+        dir.path(),
+        front,
+        "server",
+        &format!("    server s {listen} source {lab}\n"),
+    );
 
     // Through HAProxy, from the lab address: issued.
     let home = harness::tempdir();

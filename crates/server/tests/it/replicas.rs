@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use instant_acme::OrderStatus;
@@ -199,43 +198,16 @@ fn start_haproxy(dir: &Path, front: SocketAddr, replicas: &[SocketAddr]) -> Chil
         .enumerate()
         .map(|(i, addr)| format!("    server r{i} {addr} check\n"))
         .collect();
-    let config = format!(
-        "global\n    log stdout format raw local0 info\n\n\
-         defaults\n    mode http\n    log global\n    option httplog\n    \
-         timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n    \
-         retries 3\n    option redispatch\n\n\
-         frontend acme\n    bind {front}\n    default_backend replicas\n\n\
-         backend replicas\n    balance roundrobin\n    option httpchk GET /health\n    \
-         http-check expect status 200\n    default-server inter 200ms fall 2 rise 1\n{servers}"
-    );
-    let path = dir.join("haproxy.cfg");
-    std::fs::write(&path, config).expect("write haproxy.cfg");
-    let log = std::fs::File::create(dir.join("haproxy.log")).expect("log file");
-    let child = Command::new("haproxy")
-        .arg("-db")
-        .arg("-f")
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log file"))
-        .stderr(log)
-        .spawn()
-        .expect("start haproxy");
-    let mut guard = ChildGuard(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect_timeout(&front, Duration::from_millis(200)).is_err() {
-        if let Ok(Some(status)) = guard.0.try_wait() {
-            panic!(
-                "haproxy exited ({status}):\n{}",
-                std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "haproxy did not listen on {front}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    guard
+    harness::start_haproxy(
+        dir,
+        front,
+        "replicas",
+        &format!(
+            "    balance roundrobin\n    retries 3\n    option redispatch\n    \
+             option httpchk GET /health\n    http-check expect status 200\n    \
+             default-server inter 200ms fall 2 rise 1\n{servers}"
+        ),
+    )
 }
 
 /// A plain HTTP/1.0 GET of `path` at `addr` (blocking); the status, or
