@@ -94,6 +94,9 @@ enum Command {
     /// The [policy]: what it decides for a client, and why.
     #[command(subcommand)]
     Policy(cli::policy::PolicyCommand),
+    /// The [rate_limits]: what they hold back, and resetting a key.
+    #[command(subcommand)]
+    Ratelimit(cli::ratelimit::RatelimitCommand),
     /// Write the man pages or the shell completions into a directory (for
     /// packagers; reads no configuration).
     #[command(subcommand)]
@@ -277,6 +280,9 @@ fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Resul
         Command::Dns(command) => operator_runtime()?.block_on(cli::dns::run(&config, command)),
         Command::Policy(command) => {
             operator_runtime()?.block_on(cli::policy::run(&config, command))
+        }
+        Command::Ratelimit(command) => {
+            operator_runtime()?.block_on(cli::ratelimit::run(&config, command))
         }
         Command::Db(command) => operator_runtime()?.block_on(cli::db::run(&config, command)),
         Command::Job(job) => operator_runtime()?.block_on(cli::job::run(&config, job)),

@@ -73,6 +73,8 @@ pub struct Metrics {
     /// `[policy]` decisions by stage, rule (`default` for a profile's
     /// default) and decision (`allow`, `deny`, `warn`, `undecided`).
     pub policy_decisions: Family<Labels, Counter>,
+    /// Requests refused by `[rate_limits]`, by limit.
+    pub rate_limited: Family<Labels, Counter>,
     /// Refreshed at each scrape from the database.
     pub job_depth: Family<Labels, Gauge>,
     pub db_connections: Family<Labels, Gauge>,
@@ -103,6 +105,7 @@ impl Metrics {
             dns_queries: Family::default(),
             dns_api_requests: Family::default(),
             policy_decisions: Family::default(),
+            rate_limited: Family::default(),
             job_depth: Family::default(),
             db_connections: Family::default(),
             nonces: Gauge::default(),
@@ -138,6 +141,11 @@ impl Metrics {
             "revocations_refused",
             "Refused revocations by profile and reason, those not audited included",
             m.revocations_refused.clone(),
+        );
+        r.register(
+            "rate_limited",
+            "Requests refused by a rate limit, by limit",
+            m.rate_limited.clone(),
         );
         r.register(
             "policy_decisions",

@@ -33,6 +33,7 @@ acme_proxy_protocol::string_enum! {
         PolicyRefused = "policy.refused",
         PolicyUndecided = "policy.undecided",
         PolicyWarned = "policy.warned",
+        RateLimitReset = "ratelimit.reset",
     }
 }
 

@@ -46,6 +46,7 @@ const TABLES: &[&str] = &[
     "dns_records",
     "dns_zone_serials",
     "dns_api_accounts",
+    "rate_limits",
 ];
 
 /// Rows per batch sent from the reading thread and per `INSERT`.

@@ -25,6 +25,7 @@ mod jobs;
 mod nonces;
 mod orders;
 mod pg_pool;
+mod rate_limits;
 mod relay;
 mod slot;
 #[cfg(test)]
@@ -55,6 +56,7 @@ pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, ProcessingChallenge,
 };
+pub use rate_limits::RateLimitRow;
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 
 /// Errors from the store. A caller maps them to `serverInternal`, the detail

@@ -67,6 +67,20 @@ impl Authority {
                 return Err(e);
             }
         };
+        if let Err(e) = self.take_new_account_place().await {
+            let actor = format!("key:{thumbprint}");
+            self.audit(super::audit::Fact {
+                actor: Some(&actor),
+                error: Some(&e),
+                ..super::audit::Fact::new(
+                    AuditEvent::AccountRefused,
+                    super::audit::outcome_of(&e),
+                    &profile.name,
+                )
+            })
+            .await;
+            return Err(e);
+        }
         let eab_kid = binding.as_ref().map(|b| b.kid.as_str());
         let jwk_json = jwk.to_value().to_string();
         let id = crate::ids::object_id(self.clock.unix_ms());

@@ -21,6 +21,7 @@ mod nonces;
 mod operator;
 mod orders;
 mod policy;
+mod rate_limits;
 mod recheck;
 mod relay;
 mod reverse;
@@ -132,6 +133,8 @@ pub struct Authority {
     pub policy: Arc<crate::policy::Policy>,
     /// When connection-stage refusals were last audited, per address.
     audited_refusals: policy::AuditedRefusals,
+    /// `[rate_limits]`.
+    rate_limits: crate::config::RateLimitsConfig,
 }
 
 /// What every configuration generation shares (`generation.rs`): a reload
@@ -210,6 +213,7 @@ impl Authority {
             dns_api: lasting.dns_api.clone(),
             policy: Arc::new(policy),
             audited_refusals: policy::AuditedRefusals::default(),
+            rate_limits: config.rate_limits.clone(),
         }
     }
 

@@ -272,6 +272,8 @@ impl Authority {
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
         };
+        // Counted only for an order that would be made.
+        self.take_new_order_place(account).await?;
         let inserted = self
             .store
             .insert_order(&new, super::guard(account))

@@ -27,6 +27,7 @@ mod metrics;
 mod notify;
 mod policy;
 mod profile;
+mod rate_limits;
 pub mod reference;
 pub mod show;
 mod signer;
@@ -43,6 +44,7 @@ pub use metrics::*;
 pub use notify::*;
 pub use policy::*;
 pub use profile::*;
+pub use rate_limits::*;
 pub use signer::*;
 pub use tls::*;
 pub use validation::*;
@@ -121,6 +123,8 @@ pub struct Config {
     pub egress: EgressConfig,
     /// Who may ask for what: named checks and ordered rules over them.
     pub policy: PolicyConfig,
+    /// How much one account or one address may ask for.
+    pub rate_limits: RateLimitsConfig,
     pub profiles: BTreeMap<String, ProfileConfig>,
     /// The `ACME_PROXY_*` variables [`Config::load`] left aside as
     /// Kubernetes service links, for start-up to warn about.
@@ -190,6 +194,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             egress: EgressConfig::default(),
             policy: PolicyConfig::default(),
+            rate_limits: RateLimitsConfig::default(),
             profiles,
             ignored_environment: Vec::new(),
             data_dir_as_written: None,
@@ -483,6 +488,13 @@ impl Config {
             }
         }
         check_egress("egress", &self.egress).unwrap_or_else(|e| problems.push(reason(e)));
+        for (name, o) in &self.rate_limits.overrides {
+            if o.account.is_some() == o.eab_key_id.is_some() {
+                problems.push(format!(
+                    "rate_limits.overrides.{name}: name whom it is for, by account = \"ID\" or by eab_key_id = \"KID\" (one of them)"
+                ));
+            }
+        }
         // Every URL handed out starts with public_url, else with the listen
         // address, and no client can reach 0.0.0.0 or ::.
         // (A self-signed certificate's own check says more about this.)

@@ -21,6 +21,11 @@ pub fn duration(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "string", "format": "duration" })
 }
 
+/// A rate limit: "5/1h".
+pub fn opt_rate(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": ["string", "null"], "format": "rate" })
+}
+
 pub fn opt_duration(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": ["string", "null"], "format": "duration" })
 }
@@ -247,6 +252,7 @@ fn kind(v: &Value, defs: &Map<String, Value>) -> String {
     let format = v.get("format").and_then(Value::as_str);
     let mut text = match (base, format) {
         ("string", Some("duration")) => "duration (\"30s\", \"12h\", \"90d\")".to_owned(),
+        ("string", Some("rate")) => "rate (\"N/period\": \"5/1h\")".to_owned(),
         ("string", Some("network")) => "address or CIDR network".to_owned(),
         ("string", Some(f)) if f.starts_with("ip") => "address:port".to_owned(),
         ("string", _) => "string".to_owned(),
@@ -303,6 +309,8 @@ pub fn uncommented(text: &str) -> String {
                     "[dns_zone.api]",
                     "[policy.",
                     "[[policy.rules]]",
+                    "[rate_limits]",
+                    "[rate_limits.",
                     "[egress]",
                     "[tls]",
                     "[audit]",

@@ -139,9 +139,9 @@ pub(crate) async fn run_with_env(
 }
 
 /// The `acme-proxy` binary serving one default profile.
-struct Proxy {
+pub(crate) struct Proxy {
     _child: ChildGuard,
-    directory: String,
+    pub(crate) directory: String,
     base: String,
     data_dir: PathBuf,
     _dir: tempfile::TempDir,
@@ -151,7 +151,7 @@ impl Proxy {
     /// Writes a config whose http-01 validation goes to `http_port` and
     /// whose names resolve through `dns` (`extra` appended to it), then runs
     /// `acme-proxy serve`.
-    fn start(dns: &Dns, http_port: u16, extra: &str) -> Proxy {
+    pub(crate) fn start(dns: &Dns, http_port: u16, extra: &str) -> Proxy {
         let dir = crate::harness::tempdir();
         let data_dir = dir.path().join("data");
         // A client's standalone server may be slower to answer than the

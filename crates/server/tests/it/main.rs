@@ -37,6 +37,7 @@ mod policy;
 mod postgres;
 mod profiles;
 mod proxy;
+mod rate_limits;
 mod raw;
 mod recheck;
 mod recovery;

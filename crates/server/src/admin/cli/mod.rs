@@ -12,5 +12,6 @@ pub mod job;
 pub mod nonce;
 pub mod order;
 pub mod policy;
+pub mod ratelimit;
 pub mod status;
 pub mod upstream;

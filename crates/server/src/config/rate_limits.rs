@@ -1,0 +1,125 @@
+//! `[rate_limits]`: how much one account or one address may ask for.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Limits kept in the database, so that they hold across restarts (and
+/// replicas). Each is written `"N/period"`: N at once, one more every
+/// period / N (a smooth limit with bursts of N). Absent: no limit.
+#[derive(Clone, Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitsConfig {
+    /// New accounts per client address (an IPv6 client: per /64), e.g.
+    /// `"10/3h"`.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub new_accounts_per_address: Option<Rate>,
+    /// New orders per account, e.g. `"300/3h"`.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub new_orders_per_account: Option<Rate>,
+    /// Limits that replace the ones above for one account or for the
+    /// accounts of one External Account Binding credential.
+    pub overrides: BTreeMap<String, RateOverride>,
+}
+
+/// An override: whom it is for (`account` or `eab_key_id`) and its limits.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateOverride {
+    /// The account's id (the last part of its URL).
+    #[serde(default)]
+    pub account: Option<String>,
+    /// The key id of the credential its accounts registered with.
+    #[serde(default)]
+    pub eab_key_id: Option<String>,
+    /// Replaces `new_orders_per_account` for them.
+    #[serde(default)]
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub new_orders_per_account: Option<Rate>,
+}
+
+/// N per period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u32,
+    pub period: Duration,
+}
+
+impl Rate {
+    /// The time one place takes to free, in milliseconds.
+    pub fn interval_ms(&self) -> i64 {
+        i64::try_from(self.period.as_millis() / u128::from(self.count.max(1))).unwrap_or(i64::MAX)
+    }
+
+    pub fn period_ms(&self) -> i64 {
+        i64::try_from(self.period.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} per {}",
+            self.count,
+            humantime::format_duration(self.period)
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for Rate {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        let bad = || {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a rate; write N/period, e.g. \"5/1h\" or \"300/3h\""
+            ))
+        };
+        let (count, period) = text.split_once('/').ok_or_else(bad)?;
+        let count: u32 = count.trim().parse().map_err(|_| bad())?;
+        let period = humantime::parse_duration(period.trim()).map_err(|_| bad())?;
+        if count == 0 || period < Duration::from_secs(1) || period > Duration::from_secs(31 * 86400)
+        {
+            return Err(serde::de::Error::custom(format!(
+                "{text:?}: the count must be at least 1 and the period between 1s and 31d"
+            )));
+        }
+        Ok(Rate { count, period })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(text: &str) -> Result<Rate, String> {
+        Config::from_toml(&format!(
+            "[profiles.default]\n[rate_limits]\nnew_orders_per_account = \"{text}\"\n"
+        ))
+        .map(|c| c.rate_limits.new_orders_per_account.unwrap())
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_rate_is_a_count_per_period_and_anything_else_says_how_to_write_one() {
+        let r = rate("5/1h").unwrap();
+        assert_eq!((r.count, r.period), (5, Duration::from_secs(3600)));
+        assert_eq!((r.interval_ms(), r.period_ms()), (720_000, 3_600_000));
+        assert_eq!(r.to_string(), "5 per 1h");
+        for bad in ["5", "x/1h", "5/soon", "0/1h", "5/100d", "5/500ms"] {
+            let e = rate(bad).unwrap_err();
+            assert!(
+                e.contains("write N/period") || e.contains("between 1s and 31d"),
+                "{bad}: {e}"
+            );
+        }
+        let e = Config::from_toml(
+            "[profiles.default]\n[rate_limits.overrides.x]\nnew_orders_per_account = \"9/1h\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("by account = \"ID\" or by eab_key_id = \"KID\""),
+            "{e}"
+        );
+    }
+}
