@@ -1,77 +1,115 @@
 //! Rate limits: the generic cell rate algorithm's state per key, taken and
-//! advanced in one statement, so that two requests (of two replicas) can
+//! advanced in one transaction, so that two requests (of two replicas) can
 //! never both take the last place.
+//!
+//! A key's row holds its theoretical arrival time `tat` (ms): with one
+//! place freeing every `interval`, and at most `burst` worth of places
+//! taken, a request at `now` fits when `max(tat, now) + interval - burst
+//! <= now`, and then moves `tat` to `max(tat, now) + interval`. A row
+//! whose `tat` has passed holds nothing back, the same as no row.
 
+use crate::audit::insert_audit_in;
 use crate::db::args;
-use crate::{Result, Store};
+use crate::{NewAuditRow, Result, Store};
+
+/// The longest burst a limit may have (31 days, in ms): the configuration
+/// refuses longer periods.
+pub const MAX_BURST_MS: i64 = 31 * 86_400_000;
 
 /// One limited key as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitRow {
     pub key: String,
-    /// The theoretical arrival time (ms): the key is full until
-    /// `tat - period`, and empty from `tat` on.
+    /// The theoretical arrival time (ms): from then on nothing is taken.
     pub tat: i64,
 }
 
 impl Store {
-    /// Takes one place of `key` at `now_ms` under a limit of one place per
-    /// `interval_ms` with bursts of up to `period_ms` worth: `Ok(None)`
-    /// when taken, `Ok(Some(ms))` when full, with how long until a place
-    /// frees.
+    /// Takes one place of `key` at `now_ms`, one place freeing every
+    /// `interval_ms` and at most `burst_ms` worth taken (N places:
+    /// `N * interval_ms`): `Ok(None)` when taken, `Ok(Some(ms))` when
+    /// full, with how long until a place frees.
     pub async fn take_rate_limit(
         &self,
         key: &str,
         now_ms: i64,
         interval_ms: i64,
-        period_ms: i64,
+        burst_ms: i64,
     ) -> Result<Option<i64>> {
         let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        // The places still taken were counted at the row's interval; a
+        // limit changed since (a reload, an override) counts them again
+        // at its own (at most a whole burst), so that a raised limit has
+        // room at once and a refusal's wait is right. What is taken is
+        // counted as at most 31 days, so the product stays within 64 bits
+        // even after the clock stepped back.
+        tx.exec(
+            "UPDATE rate_limits
+             SET tat = CASE WHEN tat > ?2 THEN ?2 + (
+                     CASE WHEN (CASE WHEN tat - ?2 > ?5 THEN ?5 ELSE tat - ?2 END) * ?3 / interval_ms > ?4
+                          THEN ?4
+                          ELSE (CASE WHEN tat - ?2 > ?5 THEN ?5 ELSE tat - ?2 END) * ?3 / interval_ms
+                     END)
+                 ELSE tat END,
+                 interval_ms = ?3
+             WHERE key = ?1 AND interval_ms <> ?3",
+            args![key, now_ms, interval_ms, burst_ms, MAX_BURST_MS],
+        )
+        .await?;
         // A new key starts empty (its first place always fits: the
-        // interval is at most the period); an old one moves on by one
-        // interval from its arrival time or now, whichever is later, if
-        // that stays within the period. The places still taken were taken
-        // at the row's interval: counted again at this one, a raised
-        // limit has room at once. (Periods are at most 31 days, so the
-        // product stays within 64 bits.)
-        let taken = conn
+        // interval is at most the burst).
+        let taken = tx
             .one(
                 "INSERT INTO rate_limits (key, tat, interval_ms) VALUES (?1, ?2 + ?3, ?3)
                  ON CONFLICT (key) DO UPDATE
-                 SET tat = (CASE WHEN rate_limits.tat > ?2
-                                 THEN ?2 + (rate_limits.tat - ?2) * ?3 / rate_limits.interval_ms
-                                 ELSE ?2 END) + ?3,
-                     interval_ms = ?3
-                 WHERE (CASE WHEN rate_limits.tat > ?2
-                             THEN ?2 + (rate_limits.tat - ?2) * ?3 / rate_limits.interval_ms
-                             ELSE ?2 END) + ?3 - ?4 <= ?2
+                 SET tat = (CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END) + ?3
+                 WHERE (CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END)
+                       + ?3 - ?4 <= ?2
                  RETURNING tat",
-                args![key, now_ms, interval_ms, period_ms],
+                args![key, now_ms, interval_ms, burst_ms],
                 |row| row.get::<i64>(0),
             )
             .await?;
-        if taken.is_some() {
-            return Ok(None);
-        }
-        let (tat, old_interval) = conn
-            .one(
-                "SELECT tat, interval_ms FROM rate_limits WHERE key = ?1",
-                args![key],
-                |row| Ok((row.get::<i64>(0)?, row.get::<i64>(1)?)),
-            )
-            .await?
-            .unwrap_or((now_ms, interval_ms));
-        let base = if tat > now_ms {
-            now_ms + (tat - now_ms).saturating_mul(interval_ms) / old_interval.max(1)
-        } else {
-            now_ms
+        let wait = match taken {
+            Some(_) => None,
+            None => {
+                let tat = tx
+                    .one(
+                        "SELECT tat FROM rate_limits WHERE key = ?1",
+                        args![key],
+                        |row| row.get::<i64>(0),
+                    )
+                    .await?
+                    .unwrap_or(now_ms);
+                Some((tat.max(now_ms) + interval_ms - burst_ms - now_ms).max(1))
+            }
         };
-        Ok(Some((base + interval_ms - period_ms - now_ms).max(1)))
+        tx.commit().await?;
+        Ok(wait)
     }
 
-    /// The limited keys starting with `prefix`, in key order, at most
-    /// `limit` of them.
-    pub async fn rate_limits(&self, prefix: &str, limit: i64) -> Result<Vec<RateLimitRow>> {
+    /// Gives back a place taken at `now_ms` for something that was then
+    /// not done (an order the store refused to make).
+    pub async fn give_back_rate_limit(&self, key: &str, interval_ms: i64) -> Result<()> {
+        self.writer()
+            .await?
+            .exec(
+                "UPDATE rate_limits SET tat = tat - ?2 WHERE key = ?1 AND interval_ms = ?2",
+                args![key, interval_ms],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The keys starting with `prefix` that hold something back at
+    /// `now_ms`, in key order, at most `limit` of them.
+    pub async fn rate_limits(
+        &self,
+        prefix: &str,
+        now_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<RateLimitRow>> {
         let pattern = format!(
             "{}%",
             prefix
@@ -82,9 +120,9 @@ impl Store {
         self.reader()
             .await?
             .all(
-                "SELECT key, tat FROM rate_limits WHERE key LIKE ?1 ESCAPE '\\'
-                 ORDER BY key LIMIT ?2",
-                args![pattern, limit],
+                "SELECT key, tat FROM rate_limits WHERE key LIKE ?1 ESCAPE '\\' AND tat > ?2
+                 ORDER BY key LIMIT ?3",
+                args![pattern, now_ms, limit],
                 |row| {
                     Ok(RateLimitRow {
                         key: row.get(0)?,
@@ -95,23 +133,135 @@ impl Store {
             .await
     }
 
+    /// Forgets the keys that hold nothing back any more (the periodic
+    /// sweep: one row per client address and account would otherwise
+    /// stay for ever); returns how many.
+    pub async fn sweep_rate_limits(&self, now_ms: i64) -> Result<u64> {
+        self.writer()
+            .await?
+            .exec("DELETE FROM rate_limits WHERE tat <= ?1", args![now_ms])
+            .await
+    }
+
     /// Forgets `key` (it starts empty again), writing `audit` in the same
-    /// transaction; false when it was not limited.
+    /// transaction; false when it held nothing back at `now_ms`.
     pub async fn reset_rate_limit(
         &self,
         key: &str,
-        audit: &crate::NewAuditRow<'_>,
+        now_ms: i64,
+        audit: &NewAuditRow<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let removed = tx
-            .exec("DELETE FROM rate_limits WHERE key = ?1", args![key])
+            .exec(
+                "DELETE FROM rate_limits WHERE key = ?1 AND tat > ?2",
+                args![key, now_ms],
+            )
             .await?;
         if removed == 0 {
             return Ok(false);
         }
-        crate::audit::insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         tx.commit().await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_support::TestDb;
+
+    const MIN: i64 = 60_000;
+
+    #[tokio::test]
+    async fn five_an_hour_take_five_at_once_then_one_every_twelve_minutes_and_a_changed_limit_recounts()
+     {
+        let (_db, store) = TestDb::open().await;
+        let (t, burst) = (12 * MIN, 60 * MIN);
+        let now = 1_000_000_000_000;
+        for i in 0..5 {
+            assert_eq!(
+                store.take_rate_limit("k", now, t, burst).await.unwrap(),
+                None,
+                "place {i}"
+            );
+        }
+        // Full: the next place frees one interval on.
+        assert_eq!(
+            store.take_rate_limit("k", now, t, burst).await.unwrap(),
+            Some(t)
+        );
+        assert_eq!(
+            store
+                .take_rate_limit("k", now + t - 1, t, burst)
+                .await
+                .unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            store.take_rate_limit("k", now + t, t, burst).await.unwrap(),
+            None
+        );
+        // A refusal takes nothing: still one place every interval.
+        assert_eq!(
+            store.take_rate_limit("k", now + t, t, burst).await.unwrap(),
+            Some(t)
+        );
+        // Another key is its own.
+        assert_eq!(
+            store.take_rate_limit("other", now, t, burst).await.unwrap(),
+            None
+        );
+        // The same five places, counted at a hundred an hour (36 s each):
+        // room at once for 95 more.
+        let fast = 36_000;
+        for i in 0..95 {
+            assert_eq!(
+                store
+                    .take_rate_limit("k", now + t, fast, burst)
+                    .await
+                    .unwrap(),
+                None,
+                "{i}"
+            );
+        }
+        assert_eq!(
+            store
+                .take_rate_limit("k", now + t, fast, burst)
+                .await
+                .unwrap(),
+            Some(fast)
+        );
+        // Back at five an hour, those hundred places are five again: the
+        // wait is one interval of that limit.
+        assert_eq!(
+            store.take_rate_limit("k", now + t, t, burst).await.unwrap(),
+            Some(t)
+        );
+        // A place given back is free again.
+        store.give_back_rate_limit("k", t).await.unwrap();
+        assert_eq!(
+            store.take_rate_limit("k", now + t, t, burst).await.unwrap(),
+            None
+        );
+        // Listing shows what holds something back; the sweep forgets the rest.
+        let keys: Vec<String> = store
+            .rate_limits("", now, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        assert_eq!(keys, ["k", "other"]);
+        assert!(
+            store
+                .rate_limits("", now + 2 * burst, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(store.sweep_rate_limits(now).await.unwrap(), 0);
+        assert_eq!(store.sweep_rate_limits(now + 2 * burst).await.unwrap(), 2);
     }
 }

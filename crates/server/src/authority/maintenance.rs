@@ -1,5 +1,6 @@
 //! Periodic maintenance of the authority's data, as self-rescheduling jobs
-//! (see `jobs::periodic`): the expired-nonce sweep and CRL re-signing.
+//! (see `jobs::periodic`): the expired-nonce sweep (with the rate-limit
+//! keys that hold nothing back) and CRL re-signing.
 
 use std::time::Duration;
 
@@ -35,6 +36,11 @@ impl JobHandler for NonceSweep {
                 Err(e) => {
                     tracing::error!(event = "nonce.sweep", outcome = "failure", error = ?e.internal, "nonce sweep failed")
                 }
+            }
+            // One row per client address and account would otherwise
+            // stay for ever.
+            if let Err(e) = authority.sweep_rate_limits().await {
+                tracing::error!(event = "ratelimit.sweep", outcome = "failure", error = ?e.internal, "rate-limit sweep failed");
             }
             Outcome::Reschedule(clock.now() + self.every)
         })

@@ -272,13 +272,18 @@ impl Authority {
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
         };
-        // Counted only for an order that would be made.
-        self.take_new_order_place(account).await?;
+        // Counted only for an order that would be made, and given back
+        // when the store then does not make it.
+        let place = self.take_new_order_place(account).await?;
         let inserted = self
             .store
             .insert_order(&new, super::guard(account))
             .await
-            .map_err(|e| self.guarded_write_error(account, e))?;
+            .map_err(|e| self.guarded_write_error(account, e));
+        if !matches!(inserted, Ok(InsertOrder::Inserted(_))) {
+            self.give_back(place).await;
+        }
+        let inserted = inserted?;
         crash_point!("order.created");
         let row = match inserted {
             InsertOrder::Inserted(row) => *row,

@@ -30,34 +30,65 @@ impl Limit {
     }
 }
 
+/// A place taken, to give back if what it was taken for is not done.
+#[derive(Debug)]
+pub(super) struct Place {
+    key: String,
+    interval_ms: i64,
+}
+
 impl Authority {
-    /// Takes a new order's place for `account`, or refuses.
-    pub(super) async fn take_new_order_place(&self, account: &AccountRow) -> AcmeResult<()> {
+    /// Takes a new order's place for `account`, or refuses. An override
+    /// for the account itself comes before one for its EAB credential.
+    pub(super) async fn take_new_order_place(
+        &self,
+        account: &AccountRow,
+    ) -> AcmeResult<Option<Place>> {
         let limits = &self.rate_limits;
-        let rate = limits
+        let by_account = limits
             .overrides
             .values()
-            .find(|o| {
-                o.account.as_deref() == Some(account.id.as_str())
-                    || (o.eab_key_id.is_some() && o.eab_key_id == account.eab_kid)
-            })
+            .find(|o| o.account.as_deref() == Some(account.id.as_str()));
+        let by_credential = || {
+            limits
+                .overrides
+                .values()
+                .find(|o| o.eab_key_id.is_some() && o.eab_key_id == account.eab_kid)
+        };
+        let rate = by_account
+            .or_else(by_credential)
             .and_then(|o| o.new_orders_per_account)
             .or(limits.new_orders_per_account);
         match rate {
             Some(rate) => {
-                self.take(
-                    Limit::NewOrders,
-                    &format!("new_orders:account:{}", account.id),
-                    rate,
-                )
-                .await
+                let key = format!("new_orders:account:{}", account.id);
+                self.take(Limit::NewOrders, &key, rate).await?;
+                Ok(Some(Place {
+                    key,
+                    interval_ms: rate.interval_ms(),
+                }))
             }
-            None => Ok(()),
+            None => Ok(None),
+        }
+    }
+
+    /// Gives `place` back (best effort: a failure leaves one place taken
+    /// until it frees by itself).
+    pub(super) async fn give_back(&self, place: Option<Place>) {
+        let Some(place) = place else { return };
+        if let Err(e) = self
+            .store
+            .give_back_rate_limit(&place.key, place.interval_ms)
+            .await
+        {
+            tracing::warn!(event = "ratelimit.give_back", outcome = "failure", key = %place.key, error = %e, "could not give a rate-limit place back");
         }
     }
 
     /// Takes a new account's place for the request's client address (an
-    /// IPv6 client's /64: one host holds a whole /64), or refuses.
+    /// IPv6 client's /64: one host holds a whole /64), or refuses. A
+    /// request without a client address (none reaches the front end
+    /// without one) is not limited.
     pub(super) async fn take_new_account_place(&self) -> AcmeResult<()> {
         let Some(rate) = self.rate_limits.new_accounts_per_address else {
             return Ok(());
@@ -86,7 +117,7 @@ impl Authority {
         let now_ms = self.clock.unix_ms();
         let Some(wait_ms) = self
             .store
-            .take_rate_limit(key, now_ms, rate.interval_ms(), rate.period_ms())
+            .take_rate_limit(key, now_ms, rate.interval_ms(), rate.burst_ms())
             .await?
         else {
             return Ok(());
@@ -106,5 +137,10 @@ impl Authority {
         );
         e.retry_after = Some(seconds);
         Err(e)
+    }
+
+    /// Forgets rate-limit keys that hold nothing back (with the nonce sweep).
+    pub async fn sweep_rate_limits(&self) -> AcmeResult<u64> {
+        Ok(self.store.sweep_rate_limits(self.clock.unix_ms()).await?)
     }
 }

@@ -488,10 +488,20 @@ impl Config {
             }
         }
         check_egress("egress", &self.egress).unwrap_or_else(|e| problems.push(reason(e)));
+        let mut targets = std::collections::BTreeSet::new();
         for (name, o) in &self.rate_limits.overrides {
             if o.account.is_some() == o.eab_key_id.is_some() {
                 problems.push(format!(
                     "rate_limits.overrides.{name}: name whom it is for, by account = \"ID\" or by eab_key_id = \"KID\" (one of them)"
+                ));
+            } else if !targets.insert((o.account.clone(), o.eab_key_id.clone())) {
+                problems.push(format!(
+                    "rate_limits.overrides.{name}: another override is for the same account or credential; merge them"
+                ));
+            }
+            if o.new_orders_per_account.is_none() {
+                problems.push(format!(
+                    "rate_limits.overrides.{name} sets no limit; write e.g. new_orders_per_account = \"1000/3h\""
                 ));
             }
         }

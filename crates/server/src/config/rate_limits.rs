@@ -50,8 +50,9 @@ impl Rate {
         i64::try_from(self.period.as_millis() / u128::from(self.count.max(1))).unwrap_or(i64::MAX)
     }
 
-    pub fn period_ms(&self) -> i64 {
-        i64::try_from(self.period.as_millis()).unwrap_or(i64::MAX)
+    /// How much may be taken at once: all N places.
+    pub fn burst_ms(&self) -> i64 {
+        self.interval_ms().saturating_mul(i64::from(self.count))
     }
 }
 
@@ -77,10 +78,15 @@ impl<'de> Deserialize<'de> for Rate {
         let (count, period) = text.split_once('/').ok_or_else(bad)?;
         let count: u32 = count.trim().parse().map_err(|_| bad())?;
         let period = humantime::parse_duration(period.trim()).map_err(|_| bad())?;
-        if count == 0 || period < Duration::from_secs(1) || period > Duration::from_secs(31 * 86400)
+        // A place frees at least every millisecond (the state counts in
+        // them); the longest burst is what the state is sized for.
+        if count == 0
+            || period.as_millis() < u128::from(count)
+            || period < Duration::from_secs(1)
+            || period > Duration::from_secs(31 * 86400)
         {
             return Err(serde::de::Error::custom(format!(
-                "{text:?}: the count must be at least 1 and the period between 1s and 31d"
+                "{text:?}: the count must be at least 1 and at most the period in milliseconds, and the period between 1s and 31d"
             )));
         }
         Ok(Rate { count, period })
@@ -103,9 +109,14 @@ mod tests {
     fn a_rate_is_a_count_per_period_and_anything_else_says_how_to_write_one() {
         let r = rate("5/1h").unwrap();
         assert_eq!((r.count, r.period), (5, Duration::from_secs(3600)));
-        assert_eq!((r.interval_ms(), r.period_ms()), (720_000, 3_600_000));
+        assert_eq!((r.interval_ms(), r.burst_ms()), (720_000, 3_600_000));
         assert_eq!(r.to_string(), "5 per 1h");
-        for bad in ["5", "x/1h", "5/soon", "0/1h", "5/100d", "5/500ms"] {
+        // Rounded down, the burst is still N places, not more.
+        let r = rate("7/1s").unwrap();
+        assert_eq!((r.interval_ms(), r.burst_ms()), (142, 994));
+        for bad in [
+            "5", "x/1h", "5/soon", "0/1h", "5/100d", "5/500ms", "2000/1s",
+        ] {
             let e = rate(bad).unwrap_err();
             assert!(
                 e.contains("write N/period") || e.contains("between 1s and 31d"),

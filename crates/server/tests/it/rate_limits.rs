@@ -35,6 +35,9 @@ async fn the_sixth_order_in_a_window_of_five_waits_across_a_restart_until_an_ove
         acct.url = acct.url.replace(&base, server.base());
         base = server.base().to_owned();
     };
+    // An order refused for another reason takes no place.
+    let r = new_order(&dir, &acct, "not..a.name").await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
     for i in 0..5 {
         let r = new_order(&dir, &acct, &format!("n{i}.example.test")).await;
         assert_eq!(

@@ -37,11 +37,11 @@ pub enum RatelimitCommand {
 pub async fn run(config: &Config, command: RatelimitCommand) -> anyhow::Result<()> {
     match command {
         RatelimitCommand::Show { key, json } => {
+            let now_ms = SystemClock.unix_ms();
             let store = open_reader(config).await?;
-            let rows = store.rate_limits(&key, LIST_LIMIT).await;
+            let rows = store.rate_limits(&key, now_ms, LIST_LIMIT).await;
             store.close().await;
             let rows = rows?;
-            let now_ms = SystemClock.unix_ms();
             // The key is full until `tat - period`, free of all it took at
             // `tat`; what the table shows is when it is wholly free.
             let free_in = |tat: i64| ((tat - now_ms).max(0) + 999) / 1000;
@@ -82,7 +82,9 @@ pub async fn run(config: &Config, command: RatelimitCommand) -> anyhow::Result<(
                 )
             };
             let store = open_store(config).await?;
-            let reset = store.reset_rate_limit(&key, &audit).await;
+            let reset = store
+                .reset_rate_limit(&key, SystemClock.unix_ms(), &audit)
+                .await;
             store.close().await;
             if !reset? {
                 anyhow::bail!(
