@@ -28,25 +28,26 @@ const UNDECIDED_RETRY_AFTER: u64 = 10;
 /// holds its admission slot for a bounded time.
 const STAGE_BUDGET: Duration = Duration::from_secs(15);
 
-/// One `policy.refused` or `policy.undecided` row per client address and
-/// rule in this window at the connection stage: anyone can send requests
-/// there, and they must not grow the audit trail without bound (each is
-/// still logged and counted).
+/// One `policy.refused`, `policy.undecided` or `policy.warned` row per
+/// client address, event and rule in this window at the connection stage:
+/// anyone can send requests there, and they must not grow the audit trail
+/// without bound (each is still logged and counted).
 const CONNECTION_AUDIT_EVERY: i64 = 60;
 
 /// Addresses remembered for that; past it the memory starts again.
 const CONNECTION_AUDIT_REMEMBERED: usize = 10_000;
 
-/// When each (client address, rule) last got a connection-stage audit row.
+/// When each (client address, event and rule) last got a connection-stage
+/// audit row.
 #[derive(Debug, Default)]
 pub(super) struct AuditedRefusals(Mutex<HashMap<(String, String), i64>>);
 
 impl AuditedRefusals {
-    /// Whether a row is due for `client` refused by `rule` at `now`, and
-    /// if so, remembers it.
-    fn due(&self, client: &str, rule: &str, now: i64) -> bool {
+    /// Whether a row is due for `client` and `what` (an event and its
+    /// rule) at `now`, and if so, remembers it.
+    fn due(&self, client: &str, what: &str, now: i64) -> bool {
         let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (client.to_owned(), rule.to_owned());
+        let key = (client.to_owned(), what.to_owned());
         if seen
             .get(&key)
             .is_some_and(|at| now.saturating_sub(*at) < CONNECTION_AUDIT_EVERY)
@@ -109,12 +110,15 @@ impl Authority {
         };
         let summary = e.summary();
         log(&e, profile, &summary);
+        // A warn rule at the connection sees every request of a client
+        // it would refuse, polling included: warnings are held to the
+        // same one row a minute as refusals.
         let client = ctx.client_ip.as_deref().unwrap_or("");
-        if refusal.is_none()
-            || self
-                .audited_refusals
-                .due(client, e.rule_name(), self.clock.unix())
-        {
+        if self.audited_refusals.due(
+            client,
+            &format!("{event}:{}", e.rule_name()),
+            self.clock.unix(),
+        ) {
             self.audit(Fact {
                 detail: Some(&summary),
                 ..Fact::new(event, outcome, profile)

@@ -516,6 +516,17 @@ name = "ask-the-program"
 stages = ["connection"]
 when = "unsure_path and not unsure"
 then = "deny"
+
+[policy.checks.default_path]
+type = "path"
+profiles = ["default"]
+
+[[policy.rules]]
+name = "watch-default"
+stages = ["connection"]
+when = "default_path"
+then = "deny"
+mode = "warn"
 "#,
             program.display()
         ),
@@ -539,7 +550,11 @@ then = "deny"
         assert_eq!(r.json()["detail"], "this profile is closed");
         assert!(r.nonce().is_none(), "a refused client gets no nonce");
     }
-    assert_eq!(get("/profile/default/directory").await.status, 200);
+    // A warn rule sees every request of the clients it would refuse: one
+    // row a minute, each counted.
+    for _ in 0..2 {
+        assert_eq!(get("/profile/default/directory").await.status, 200);
+    }
     // Relying parties anywhere fetch the CRL and the CA certificate.
     assert_eq!(get("/profile/closed/crl").await.status, 200);
     assert_eq!(get("/profile/closed/ca.pem").await.status, 200);
@@ -560,9 +575,14 @@ then = "deny"
     assert_eq!(
         undecided[0].detail.as_deref(),
         Some(
-            "policy undecided at connection: rule ask-the-program; checks: closed=false, unsure_path=true, unsure=undecided (the program exited with 3)"
+            "policy undecided at connection: rule ask-the-program; checks: closed=false, unsure_path=true, unsure=undecided (the program exited with 3), default_path=false"
         )
     );
+    let warned = store
+        .audit_recent(Some("policy.warned"), 10)
+        .await
+        .expect("audit");
+    assert_eq!(warned.len(), 1, "{warned:?}");
     // Two refusals of one address by one rule within a minute: one row,
     // both counted.
     let refused = store
@@ -572,8 +592,12 @@ then = "deny"
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].client_ip.as_deref(), Some("127.0.0.1"));
     let metrics = server.running().authority.render_metrics().await;
-    let line = "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"closed-to-all\",decision=\"deny\"} 2";
-    assert!(metrics.contains(line), "{line} in\n{metrics}");
+    for line in [
+        "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"closed-to-all\",decision=\"deny\"} 2",
+        "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"watch-default\",decision=\"warn\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     server.stop().await;
 }
 
