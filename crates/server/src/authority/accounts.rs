@@ -50,36 +50,12 @@ impl Authority {
             .await
         {
             Ok(b) => b,
-            Err(e) => {
-                // A refused binding is someone trying to register without
-                // the operator's leave: worth a row.
-                let actor = format!("key:{thumbprint}");
-                self.audit(super::audit::Fact {
-                    actor: Some(&actor),
-                    error: Some(&e),
-                    ..super::audit::Fact::new(
-                        AuditEvent::AccountRefused,
-                        super::audit::outcome_of(&e),
-                        &profile.name,
-                    )
-                })
-                .await;
-                return Err(e);
-            }
+            // A refused binding is someone trying to register without
+            // the operator's leave: worth a row.
+            Err(e) => return Err(self.account_refused(profile, &thumbprint, e).await),
         };
         if let Err(e) = self.take_new_account_place().await {
-            let actor = format!("key:{thumbprint}");
-            self.audit(super::audit::Fact {
-                actor: Some(&actor),
-                error: Some(&e),
-                ..super::audit::Fact::new(
-                    AuditEvent::AccountRefused,
-                    super::audit::outcome_of(&e),
-                    &profile.name,
-                )
-            })
-            .await;
-            return Err(e);
+            return Err(self.account_refused(profile, &thumbprint, e).await);
         }
         let eab_kid = binding.as_ref().map(|b| b.kid.as_str());
         let jwk_json = jwk.to_value().to_string();
@@ -126,6 +102,28 @@ impl Authority {
             );
         }
         Ok((row, created))
+    }
+
+    /// Audits the refusal `e` of a new account for the key `thumbprint`
+    /// (there is no account to name yet), and returns it.
+    async fn account_refused(
+        &self,
+        profile: &Profile,
+        thumbprint: &str,
+        e: AcmeError,
+    ) -> AcmeError {
+        let actor = format!("key:{thumbprint}");
+        self.audit(super::audit::Fact {
+            actor: Some(&actor),
+            error: Some(&e),
+            ..super::audit::Fact::new(
+                AuditEvent::AccountRefused,
+                super::audit::outcome_of(&e),
+                &profile.name,
+            )
+        })
+        .await;
+        e
     }
 
     /// Account update (§7.3.2) or deactivation (§7.3.6). An empty update

@@ -220,6 +220,14 @@ async fn lego_is_served_from_a_permitted_address_and_refused_from_another_with_t
     );
 }
 
+/// Asserts that `authority`'s metrics have each of `lines`.
+async fn assert_counted(authority: &acme_proxy::authority::Authority, lines: &[&str]) {
+    let metrics = authority.render_metrics().await;
+    for line in lines {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}
+
 /// A bypass profile with `extra` policy, in process.
 async fn bypass_server(extra: &str) -> TestServer {
     TestServer::start(
@@ -284,13 +292,11 @@ async fn a_refused_identifier_among_permitted_ones_is_the_only_subproblem_and_is
         "{:?}",
         rows[0].detail
     );
-    let metrics = authority.render_metrics().await;
-    for line in [
+    assert_counted(authority, &[
         "acme_proxy_policy_decisions_total{stage=\"new_order\",rule=\"not-other-teams-names\",decision=\"deny\"} 1",
         "acme_proxy_policy_decisions_total{stage=\"new_order\",rule=\"default\",decision=\"allow\"} 2",
-    ] {
-        assert!(metrics.contains(line), "{line} in\n{metrics}");
-    }
+    ])
+    .await;
     server.stop().await;
 }
 
@@ -354,9 +360,7 @@ async fn after_a_reload_finalize_refuses_a_name_with_bad_csr_and_warn_mode_lets_
             "policy allow (rule not-other-teams-names in warn mode would deny) at finalize: rule not-other-teams-names; checks: other_team=true"
         )
     );
-    let metrics = server.running().authority.render_metrics().await;
-    let line = "acme_proxy_policy_decisions_total{stage=\"finalize\",rule=\"not-other-teams-names\",decision=\"warn\"} 1";
-    assert!(metrics.contains(line), "{line} in\n{metrics}");
+    assert_counted(&server.running().authority, &["acme_proxy_policy_decisions_total{stage=\"finalize\",rule=\"not-other-teams-names\",decision=\"warn\"} 1"]).await;
     server.stop().await;
 }
 
@@ -591,13 +595,11 @@ mode = "warn"
         .expect("audit");
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].client_ip.as_deref(), Some("127.0.0.1"));
-    let metrics = server.running().authority.render_metrics().await;
-    for line in [
+    assert_counted(&server.running().authority, &[
         "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"closed-to-all\",decision=\"deny\"} 2",
         "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"watch-default\",decision=\"warn\"} 2",
-    ] {
-        assert!(metrics.contains(line), "{line} in\n{metrics}");
-    }
+    ])
+    .await;
     server.stop().await;
 }
 
