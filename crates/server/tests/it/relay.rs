@@ -2123,11 +2123,25 @@ async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_serv
     }
     server.stop().await;
 
-    // Back up: the value is served (from the database, or published
-    // again by the resumed relay: the same value either way); then the
-    // upstream hears of it and issues.
+    // Back up: the value is served again. The stop cancelled the attempt,
+    // which retracts what it published (the relay's dns-01 contract: on
+    // every exit path), so it may be gone for a moment; the resumed relay
+    // publishes the same value (the same upstream challenge) soon after
+    // start-up. Then the upstream hears of it and issues.
     let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
-    assert_eq!(zone_txt(dns_at, target), published);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let served = zone_txt(dns_at, target);
+        if !served.is_empty() {
+            assert_eq!(served, published, "the resumed relay published another value");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the value was not served again within 20 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     proxy.set_always(Match::PathContains("chalZ"), None);
     let deadline = Instant::now() + Duration::from_secs(60);
     let chain = loop {
