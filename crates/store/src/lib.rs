@@ -56,7 +56,7 @@ pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, ProcessingChallenge,
 };
-pub use rate_limits::RateLimitRow;
+pub use rate_limits::{RateLimitKey, RateLimitRow, RateLimitTake};
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};
 
 /// Errors from the store. A caller maps them to `serverInternal`, the detail

@@ -24,11 +24,28 @@ pub struct RateLimitRow {
     pub tat: i64,
 }
 
+/// One key and its limit: one place freeing every `interval_ms`, at most
+/// `burst_ms` worth taken (N places: `N * interval_ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimitKey<'a> {
+    pub key: &'a str,
+    pub interval_ms: i64,
+    pub burst_ms: i64,
+}
+
+/// What [`Store::take_rate_limits`] does when every key has room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateLimitTake {
+    /// Takes a place of each.
+    Take,
+    /// Only looks: takes nothing (a refusal early, before the work that
+    /// will take the places later).
+    Check,
+}
+
 impl Store {
-    /// Takes one place of `key` at `now_ms`, one place freeing every
-    /// `interval_ms` and at most `burst_ms` worth taken (N places:
-    /// `N * interval_ms`): `Ok(None)` when taken, `Ok(Some(ms))` when
-    /// full, with how long until a place frees.
+    /// Takes one place of `key` at `now_ms`: `Ok(None)` when taken,
+    /// `Ok(Some(ms))` when full, with how long until a place frees.
     pub async fn take_rate_limit(
         &self,
         key: &str,
@@ -36,57 +53,99 @@ impl Store {
         interval_ms: i64,
         burst_ms: i64,
     ) -> Result<Option<i64>> {
+        let key = RateLimitKey {
+            key,
+            interval_ms,
+            burst_ms,
+        };
+        Ok(self
+            .take_rate_limits(&[key], now_ms, RateLimitTake::Take)
+            .await?
+            .map(|(_, wait)| wait))
+    }
+
+    /// Takes one place of every key at `now_ms`, all or none, in one
+    /// transaction: `Ok(None)` when each had room (and, with
+    /// [`RateLimitTake::Take`], a place of each is taken), else the first
+    /// full key's index and how long until a place of it frees (nothing
+    /// taken).
+    pub async fn take_rate_limits(
+        &self,
+        keys: &[RateLimitKey<'_>],
+        now_ms: i64,
+        take: RateLimitTake,
+    ) -> Result<Option<(usize, i64)>> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        // The places still taken were counted at the row's interval; a
-        // limit changed since (a reload, an override) counts them again
-        // at its own (at most a whole burst), so that a raised limit has
-        // room at once and a refusal's wait is right. What is taken is
-        // counted as at most 31 days, so the product stays within 64 bits
-        // even after the clock stepped back.
-        tx.exec(
-            "UPDATE rate_limits
-             SET tat = CASE WHEN tat > ?2 THEN ?2 + (
-                     CASE WHEN (CASE WHEN tat - ?2 > ?5 THEN ?5 ELSE tat - ?2 END) * ?3 / interval_ms > ?4
-                          THEN ?4
-                          ELSE (CASE WHEN tat - ?2 > ?5 THEN ?5 ELSE tat - ?2 END) * ?3 / interval_ms
-                     END)
-                 ELSE tat END,
-                 interval_ms = ?3
-             WHERE key = ?1 AND interval_ms <> ?3",
-            args![key, now_ms, interval_ms, burst_ms, MAX_BURST_MS],
-        )
-        .await?;
-        // A new key starts empty (its first place always fits: the
-        // interval is at most the burst).
-        let taken = tx
-            .one(
-                "INSERT INTO rate_limits (key, tat, interval_ms) VALUES (?1, ?2 + ?3, ?3)
-                 ON CONFLICT (key) DO UPDATE
-                 SET tat = (CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END) + ?3
-                 WHERE (CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END)
-                       + ?3 - ?4 <= ?2
-                 RETURNING tat",
-                args![key, now_ms, interval_ms, burst_ms],
-                |row| row.get::<i64>(0),
+        let mut full = None;
+        for (i, k) in keys.iter().enumerate() {
+            let (key, interval_ms, burst_ms) = (k.key, k.interval_ms, k.burst_ms);
+            // The places still taken were counted at the row's interval; a
+            // limit changed since (a reload, an override) counts them
+            // again at its own (at most a whole burst), so that a raised
+            // limit has room at once and a refusal's wait is right. Kept
+            // whatever follows, so that the wait told holds. What is taken
+            // is counted as at most 31 days, so the product stays within
+            // 64 bits even after the clock stepped back.
+            tx.exec(
+                "UPDATE rate_limits
+                 SET tat = CASE WHEN tat > ?2 THEN ?2 + (
+                         CASE WHEN (CASE WHEN tat - ?2 > ?5 THEN ?5 ELSE tat - ?2 END) * ?3 / interval_ms > ?4
+                              THEN ?4
+                              ELSE (CASE WHEN tat - ?2 > ?5 THEN ?5 ELSE tat - ?2 END) * ?3 / interval_ms
+                         END)
+                     ELSE tat END,
+                     interval_ms = ?3
+                 WHERE key = ?1 AND interval_ms <> ?3",
+                args![key, now_ms, interval_ms, burst_ms, MAX_BURST_MS],
             )
             .await?;
-        let wait = match taken {
-            Some(_) => None,
-            None => {
-                let tat = tx
+            let fits = match take {
+                // A new key starts empty (its first place always fits: the
+                // interval is at most the burst).
+                RateLimitTake::Take => tx
                     .one(
-                        "SELECT tat FROM rate_limits WHERE key = ?1",
-                        args![key],
+                        "INSERT INTO rate_limits (key, tat, interval_ms) VALUES (?1, ?2 + ?3, ?3)
+                         ON CONFLICT (key) DO UPDATE
+                         SET tat = (CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END) + ?3
+                         WHERE (CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END)
+                               + ?3 - ?4 <= ?2
+                         RETURNING tat",
+                        args![key, now_ms, interval_ms, burst_ms],
                         |row| row.get::<i64>(0),
                     )
                     .await?
-                    .unwrap_or(now_ms);
-                Some((tat.max(now_ms) + interval_ms - burst_ms - now_ms).max(1))
+                    .is_some(),
+                // The same condition as the take's, read: a check writes
+                // no row for a key it finds empty.
+                RateLimitTake::Check => match tat_of(&mut tx, key).await? {
+                    Some(tat) => tat.max(now_ms) + interval_ms - burst_ms <= now_ms,
+                    None => true,
+                },
+            };
+            if !fits {
+                let tat = tat_of(&mut tx, key).await?.unwrap_or(now_ms);
+                full = Some((
+                    i,
+                    (tat.max(now_ms) + interval_ms - burst_ms - now_ms).max(1),
+                ));
+                break;
             }
-        };
+        }
+        // All or none: the places taken before a full key are given back
+        // (a key left with its time at now holds nothing back, like no row).
+        if full.is_some() && take == RateLimitTake::Take {
+            let taken = full.map_or(0, |(i, _)| i);
+            for k in &keys[..taken] {
+                tx.exec(
+                    "UPDATE rate_limits SET tat = tat - ?2 WHERE key = ?1",
+                    args![k.key, k.interval_ms],
+                )
+                .await?;
+            }
+        }
         tx.commit().await?;
-        Ok(wait)
+        Ok(full)
     }
 
     /// Gives back a place taken at `now_ms` for something that was then
@@ -168,8 +227,19 @@ impl Store {
     }
 }
 
+/// The theoretical arrival time of `key`, if it has a row.
+async fn tat_of(tx: &mut crate::db::Conn<'_>, key: &str) -> Result<Option<i64>> {
+    tx.one(
+        "SELECT tat FROM rate_limits WHERE key = ?1",
+        args![key],
+        |row| row.get::<i64>(0),
+    )
+    .await
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{RateLimitKey, RateLimitTake};
     use crate::test_support::TestDb;
 
     const MIN: i64 = 60_000;
@@ -263,5 +333,64 @@ mod tests {
         );
         assert_eq!(store.sweep_rate_limits(now).await.unwrap(), 0);
         assert_eq!(store.sweep_rate_limits(now + 2 * burst).await.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn several_keys_are_taken_all_or_none_and_a_check_takes_nothing() {
+        let (_db, store) = TestDb::open().await;
+        let now = 1_000_000_000_000;
+        let two = |key| RateLimitKey {
+            key,
+            interval_ms: 30 * MIN,
+            burst_ms: 60 * MIN,
+        };
+        let (a, b) = (two("a"), two("b"));
+        // b is full; a has both places.
+        for _ in 0..2 {
+            assert_eq!(
+                store
+                    .take_rate_limits(&[b], now, RateLimitTake::Take)
+                    .await
+                    .unwrap(),
+                None
+            );
+        }
+        // The pair is refused on b, the second key, and a keeps its places.
+        for _ in 0..3 {
+            assert_eq!(
+                store
+                    .take_rate_limits(&[a, b], now, RateLimitTake::Take)
+                    .await
+                    .unwrap(),
+                Some((1, 30 * MIN))
+            );
+        }
+        // A check of a alone has room and takes nothing, however often.
+        for _ in 0..3 {
+            assert_eq!(
+                store
+                    .take_rate_limits(&[a], now, RateLimitTake::Check)
+                    .await
+                    .unwrap(),
+                None
+            );
+        }
+        assert!(store.rate_limits("a", now, 10).await.unwrap().is_empty());
+        for _ in 0..2 {
+            assert_eq!(
+                store
+                    .take_rate_limit("a", now, 30 * MIN, 60 * MIN)
+                    .await
+                    .unwrap(),
+                None
+            );
+        }
+        assert_eq!(
+            store
+                .take_rate_limits(&[a], now, RateLimitTake::Check)
+                .await
+                .unwrap(),
+            Some((0, 30 * MIN))
+        );
     }
 }

@@ -251,6 +251,11 @@ impl Authority {
             e.internal = Some(policy.reasons.join("; "));
             return Err(e);
         }
+        // `[rate_limits]` on certificates: taken now, given back when this
+        // request does not end with the order issued or on its way.
+        let places = self
+            .take_issuance_places(account, &order.identifiers)
+            .await?;
         let signing = Signing {
             profile,
             account,
@@ -261,14 +266,18 @@ impl Authority {
             usage,
         };
         // The signer's answer, asked once, picks the path.
-        match profile.signer.issuance() {
+        let result = match profile.signer.issuance() {
             Issuance::Deferred(deferred) => {
                 self.finalize_relay(profile, deferred, account, &signing.order, csr_der, ctx)
                     .await
             }
             Issuance::Inline => self.finalize_inline(&signing).await,
             Issuance::Guarded { within } => self.finalize_guarded(&signing, within).await,
+        };
+        if result.is_err() {
+            self.give_back(places).await;
         }
+        result
     }
 
     /// Who asked and from where, for the issuance's audit row: found

@@ -13,6 +13,7 @@ use acme_proxy_store::{
     NewChallenge, NewOrderRow, OrderRow,
 };
 
+use super::rate_limits::Limit;
 use super::{Authority, Profile};
 use crate::clock::parse_rfc3339;
 use crate::config::CertificateProfileConfig;
@@ -70,17 +71,21 @@ impl Authority {
         // One account cannot pile up work it never finishes: counted
         // before the order is made (two racing orders may pass it by one
         // order's worth, a bound all the same).
-        let cap = i64::try_from(profile.config.max_pending_authorizations).unwrap_or(i64::MAX);
+        let cap =
+            self.pending_authorizations_cap(account, profile.config.max_pending_authorizations);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         let pending = self
             .store
             .pending_authorizations(&profile.name, &account.id, self.clock.unix())
             .await?;
         let asked = i64::try_from(req.identifiers.len()).unwrap_or(i64::MAX);
         if pending.saturating_add(asked) > cap {
+            self.count_refusal(Limit::PendingAuthorizations);
             let mut e = AcmeError::new(
                 ProblemType::RateLimited,
                 format!(
-                    "this account has {pending} pending authorizations at this profile and may hold at most {cap}; validate or let expire some before ordering more"
+                    "over the limit {} ({cap} at this profile): this account has {pending} pending authorizations; validate or let expire some before ordering more",
+                    Limit::PendingAuthorizations.name()
                 ),
             );
             e.retry_after = Some(60);
@@ -272,6 +277,9 @@ impl Authority {
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
         };
+        // An order that could not be issued, or names what failed
+        // validation too often, is refused before anything is made.
+        self.check_order_limits(account, &new.identifiers).await?;
         // Counted only for an order that would be made, and given back
         // when the store then does not make it.
         let place = self.take_new_order_place(account).await?;

@@ -4,13 +4,15 @@
 //! `Retry-After` and a detail naming the limit and when it frees (RFC 8555
 //! §6.6).
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use acme_proxy_protocol::ProblemType;
-use acme_proxy_store::AccountRow;
+use acme_proxy_protocol::types::{Identifier, IdentifierType};
+use acme_proxy_store::{AccountRow, RateLimitKey, RateLimitTake};
 
 use super::{Authority, RequestContext};
-use crate::config::Rate;
+use crate::config::{Rate, RateOverride};
 use crate::error::{AcmeError, AcmeResult};
 
 /// The limits a request can run into, by their name in keys, details and
@@ -19,13 +21,21 @@ use crate::error::{AcmeError, AcmeResult};
 pub(super) enum Limit {
     NewAccounts,
     NewOrders,
+    PendingAuthorizations,
+    FailedValidations,
+    CertificatesPerDomain,
+    DuplicateCertificates,
 }
 
 impl Limit {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Limit::NewAccounts => "new_accounts_per_address",
             Limit::NewOrders => "new_orders_per_account",
+            Limit::PendingAuthorizations => "pending_authorizations_per_account",
+            Limit::FailedValidations => "failed_validations_per_account_and_name",
+            Limit::CertificatesPerDomain => "certificates_per_domain",
+            Limit::DuplicateCertificates => "duplicate_certificates",
         }
     }
 }
@@ -37,51 +47,230 @@ pub(super) struct Place {
     interval_ms: i64,
 }
 
+/// One place a request needs: of which limit, under which key, at which
+/// rate, and what for (in the refusal's detail).
+#[derive(Debug)]
+struct Want {
+    limit: Limit,
+    key: String,
+    rate: Rate,
+    about: Option<String>,
+}
+
+/// The longest identifier-set key kept readable; a longer set is keyed by
+/// its SHA-256 (what `ratelimit show` lists stays short).
+const READABLE_SET: usize = 400;
+
+/// The registered domain a certificate for `id` counts against: the name
+/// one label below its public suffix (the Public Suffix List; a name
+/// under a suffix the list does not know counts its last label as one),
+/// the name itself when it has none, an IP address itself.
+pub(super) fn registered_domain(id: &Identifier) -> String {
+    let name = id.value.strip_prefix("*.").unwrap_or(&id.value);
+    match id.kind {
+        IdentifierType::Ip => name.to_owned(),
+        IdentifierType::Dns => psl::domain_str(name).unwrap_or(name).to_owned(),
+    }
+}
+
 impl Authority {
-    /// Takes a new order's place for `account`, or refuses. An override
-    /// for the account itself comes before one for its EAB credential.
+    /// The limit `pick` reads for `account`: its own override's, else its
+    /// EAB credential's, else `default`.
+    fn limit_for<T>(
+        &self,
+        account: &AccountRow,
+        pick: impl Fn(&RateOverride) -> Option<T>,
+        default: Option<T>,
+    ) -> Option<T> {
+        self.overriding(account, &pick).or(default)
+    }
+
+    /// What `pick` reads in the override of `account` that sets it: the
+    /// account's own first, then its credential's.
+    fn overriding<T>(
+        &self,
+        account: &AccountRow,
+        pick: &impl Fn(&RateOverride) -> Option<T>,
+    ) -> Option<T> {
+        let overrides = &self.rate_limits.overrides;
+        overrides
+            .values()
+            .filter(|o| o.account.as_deref() == Some(account.id.as_str()))
+            .find_map(pick)
+            .or_else(|| {
+                overrides
+                    .values()
+                    .filter(|o| o.eab_key_id.is_some() && o.eab_key_id == account.eab_kid)
+                    .find_map(pick)
+            })
+    }
+
+    /// Takes a new order's place for `account`, or refuses.
     pub(super) async fn take_new_order_place(
         &self,
         account: &AccountRow,
-    ) -> AcmeResult<Option<Place>> {
-        let limits = &self.rate_limits;
-        let by_account = limits
-            .overrides
-            .values()
-            .find(|o| o.account.as_deref() == Some(account.id.as_str()));
-        let by_credential = || {
-            limits
-                .overrides
-                .values()
-                .find(|o| o.eab_key_id.is_some() && o.eab_key_id == account.eab_kid)
+    ) -> AcmeResult<Vec<Place>> {
+        let Some(rate) = self.limit_for(
+            account,
+            |o| o.new_orders_per_account,
+            self.rate_limits.new_orders_per_account,
+        ) else {
+            return Ok(Vec::new());
         };
-        let rate = by_account
-            .or_else(by_credential)
-            .and_then(|o| o.new_orders_per_account)
-            .or(limits.new_orders_per_account);
-        match rate {
-            Some(rate) => {
-                let key = format!("new_orders:account:{}", account.id);
-                self.take(Limit::NewOrders, &key, rate).await?;
-                Ok(Some(Place {
-                    key,
-                    interval_ms: rate.interval_ms(),
-                }))
+        let want = Want {
+            limit: Limit::NewOrders,
+            key: format!("new_orders:account:{}", account.id),
+            rate,
+            about: None,
+        };
+        self.take_all(vec![want], RateLimitTake::Take).await
+    }
+
+    /// How many pending authorizations `account` may hold at a profile
+    /// whose own bound is `profile_cap`.
+    pub(super) fn pending_authorizations_cap(
+        &self,
+        account: &AccountRow,
+        profile_cap: usize,
+    ) -> usize {
+        self.limit_for(
+            account,
+            |o| o.pending_authorizations_per_account,
+            Some(profile_cap),
+        )
+        .unwrap_or(profile_cap)
+    }
+
+    /// Counts a refusal by a count limit (not a rate) in the metrics.
+    pub(super) fn count_refusal(&self, limit: Limit) {
+        self.metrics
+            .rate_limited
+            .get_or_create(&vec![("limit", limit.name().to_owned())])
+            .inc();
+    }
+
+    /// The places an issuance for `identifiers` takes: one of each
+    /// registered domain it names, and one of its identifier set.
+    fn issuance_wants(&self, account: &AccountRow, identifiers: &[Identifier]) -> Vec<Want> {
+        let mut wants = Vec::new();
+        let limits = &self.rate_limits;
+        let own = |pick: &dyn Fn(&RateOverride) -> Option<Rate>| self.overriding(account, &pick);
+        // An override counts the account's certificates apart.
+        let (per_domain, scope) = match own(&|o| o.certificates_per_domain) {
+            Some(rate) => (Some(rate), format!("account:{}:", account.id)),
+            None => (limits.certificates_per_domain, String::new()),
+        };
+        if let Some(rate) = per_domain {
+            let domains: BTreeSet<String> = identifiers.iter().map(registered_domain).collect();
+            for domain in domains {
+                wants.push(Want {
+                    limit: Limit::CertificatesPerDomain,
+                    key: format!("certificates:{scope}domain:{domain}"),
+                    rate,
+                    about: Some(domain),
+                });
             }
-            None => Ok(None),
+        }
+        let (duplicates, scope) = match own(&|o| o.duplicate_certificates) {
+            Some(rate) => (Some(rate), format!("account:{}:", account.id)),
+            None => (limits.duplicate_certificates, String::new()),
+        };
+        if let Some(rate) = duplicates {
+            let set: BTreeSet<String> = identifiers
+                .iter()
+                .map(|i| format!("{}:{}", i.kind.as_str(), i.value))
+                .collect();
+            let joined = set.into_iter().collect::<Vec<_>>().join(",");
+            let names = if joined.len() <= READABLE_SET {
+                joined
+            } else {
+                let digest = ring::digest::digest(&ring::digest::SHA256, joined.as_bytes());
+                format!("sha256:{}", hex::encode(digest.as_ref()))
+            };
+            wants.push(Want {
+                limit: Limit::DuplicateCertificates,
+                key: format!("duplicate_certificates:{scope}set:{names}"),
+                rate,
+                about: Some("this set of identifiers".to_owned()),
+            });
+        }
+        wants
+    }
+
+    /// At newOrder: refuses an order that could not be issued, or whose
+    /// identifiers failed validation too often, before its authorizations
+    /// are made. Takes nothing.
+    pub(super) async fn check_order_limits(
+        &self,
+        account: &AccountRow,
+        identifiers: &[Identifier],
+    ) -> AcmeResult<()> {
+        let mut wants = self.issuance_wants(account, identifiers);
+        if let Some(rate) = self.limit_for(
+            account,
+            |o| o.failed_validations_per_account_and_name,
+            self.rate_limits.failed_validations_per_account_and_name,
+        ) {
+            for id in identifiers {
+                let name = id.value.strip_prefix("*.").unwrap_or(&id.value);
+                wants.push(Want {
+                    limit: Limit::FailedValidations,
+                    key: failed_validations_key(&account.id, name),
+                    rate,
+                    about: Some(name.to_owned()),
+                });
+            }
+        }
+        self.take_all(wants, RateLimitTake::Check).await.map(drop)
+    }
+
+    /// At finalize: takes the places of the certificate about to be
+    /// issued, or refuses (the order stays ready).
+    pub(super) async fn take_issuance_places(
+        &self,
+        account: &AccountRow,
+        identifiers: &[Identifier],
+    ) -> AcmeResult<Vec<Place>> {
+        let wants = self.issuance_wants(account, identifiers);
+        self.take_all(wants, RateLimitTake::Take).await
+    }
+
+    /// Counts a failed validation of `name` (the authorization's
+    /// identifier) for `account`; best effort, and a full key stays full.
+    pub(super) async fn count_failed_validation(&self, account: &AccountRow, name: &str) {
+        let Some(rate) = self.limit_for(
+            account,
+            |o| o.failed_validations_per_account_and_name,
+            self.rate_limits.failed_validations_per_account_and_name,
+        ) else {
+            return;
+        };
+        let key = failed_validations_key(&account.id, name);
+        if let Err(e) = self
+            .store
+            .take_rate_limit(
+                &key,
+                self.clock.unix_ms(),
+                rate.interval_ms(),
+                rate.burst_ms(),
+            )
+            .await
+        {
+            tracing::warn!(event = "ratelimit.take", outcome = "failure", %key, error = %e, "could not count a failed validation");
         }
     }
 
-    /// Gives `place` back (best effort: a failure leaves one place taken
+    /// Gives `places` back (best effort: a failure leaves a place taken
     /// until it frees by itself).
-    pub(super) async fn give_back(&self, place: Option<Place>) {
-        let Some(place) = place else { return };
-        if let Err(e) = self
-            .store
-            .give_back_rate_limit(&place.key, place.interval_ms)
-            .await
-        {
-            tracing::warn!(event = "ratelimit.give_back", outcome = "failure", key = %place.key, error = %e, "could not give a rate-limit place back");
+    pub(super) async fn give_back(&self, places: Vec<Place>) {
+        for place in places {
+            if let Err(e) = self
+                .store
+                .give_back_rate_limit(&place.key, place.interval_ms)
+                .await
+            {
+                tracing::warn!(event = "ratelimit.give_back", outcome = "failure", key = %place.key, error = %e, "could not give a rate-limit place back");
+            }
         }
     }
 
@@ -105,34 +294,60 @@ impl Authority {
                 .map(|n| n.trunc().to_string())
                 .unwrap_or_else(|_| v6.to_string()),
         };
-        self.take(
-            Limit::NewAccounts,
-            &format!("new_accounts:address:{who}"),
+        let want = Want {
+            limit: Limit::NewAccounts,
+            key: format!("new_accounts:address:{who}"),
             rate,
-        )
-        .await
+            about: None,
+        };
+        self.take_all(vec![want], RateLimitTake::Take)
+            .await
+            .map(drop)
     }
 
-    async fn take(&self, limit: Limit, key: &str, rate: Rate) -> AcmeResult<()> {
+    /// Takes a place of each of `wants`, all or none (or with
+    /// [`RateLimitTake::Check`] only looks), or refuses with the first
+    /// full one.
+    async fn take_all(&self, wants: Vec<Want>, take: RateLimitTake) -> AcmeResult<Vec<Place>> {
+        if wants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<RateLimitKey<'_>> = wants
+            .iter()
+            .map(|w| RateLimitKey {
+                key: &w.key,
+                interval_ms: w.rate.interval_ms(),
+                burst_ms: w.rate.burst_ms(),
+            })
+            .collect();
         let now_ms = self.clock.unix_ms();
-        let Some(wait_ms) = self
-            .store
-            .take_rate_limit(key, now_ms, rate.interval_ms(), rate.burst_ms())
-            .await?
-        else {
-            return Ok(());
+        let Some((full, wait_ms)) = self.store.take_rate_limits(&keys, now_ms, take).await? else {
+            return Ok(match take {
+                RateLimitTake::Take => wants
+                    .into_iter()
+                    .map(|w| Place {
+                        interval_ms: w.rate.interval_ms(),
+                        key: w.key,
+                    })
+                    .collect(),
+                RateLimitTake::Check => Vec::new(),
+            });
         };
-        self.metrics
-            .rate_limited
-            .get_or_create(&vec![("limit", limit.name().to_owned())])
-            .inc();
+        let want = &wants[full.min(wants.len() - 1)];
+        self.count_refusal(want.limit);
         let seconds = u64::try_from(wait_ms.saturating_add(999) / 1000).unwrap_or(1);
         let at = crate::clock::rfc3339(self.clock.unix() + i64::try_from(seconds).unwrap_or(0));
+        let about = want
+            .about
+            .as_deref()
+            .map(|a| format!(" for {a}"))
+            .unwrap_or_default();
         let mut e = AcmeError::new(
             ProblemType::RateLimited,
             format!(
-                "over the rate limit {} ({rate}): the next is allowed at {at}, in {seconds} seconds",
-                limit.name()
+                "over the rate limit {} ({}){about}: the next is allowed at {at}, in {seconds} seconds",
+                want.limit.name(),
+                want.rate,
             ),
         );
         e.retry_after = Some(seconds);
@@ -142,5 +357,35 @@ impl Authority {
     /// Forgets rate-limit keys that hold nothing back (with the nonce sweep).
     pub async fn sweep_rate_limits(&self) -> AcmeResult<u64> {
         Ok(self.store.sweep_rate_limits(self.clock.unix_ms()).await?)
+    }
+}
+
+/// The key of `account_id`'s failed validations of `name`.
+fn failed_validations_key(account_id: &str, name: &str) -> String {
+    format!("failed_validations:account:{account_id}:name:{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_counts_against_the_name_one_label_below_its_public_suffix() {
+        let cases = [
+            (Identifier::dns("www.example.com"), "example.com"),
+            (Identifier::dns("a.b.example.co.uk"), "example.co.uk"),
+            (Identifier::dns("*.example.co.uk"), "example.co.uk"),
+            // Suffixes the list does not know: the last label is one.
+            (Identifier::dns("host1.lab.test"), "lab.test"),
+            (Identifier::dns("*.db.corp.internal"), "corp.internal"),
+            // No label below a suffix: the name itself.
+            (Identifier::dns("localhost"), "localhost"),
+            (Identifier::dns("co.uk"), "co.uk"),
+            (Identifier::ip("192.0.2.7"), "192.0.2.7"),
+            (Identifier::ip("2001:db8::1"), "2001:db8::1"),
+        ];
+        for (id, domain) in cases {
+            assert_eq!(registered_domain(&id), domain, "{id:?}");
+        }
     }
 }

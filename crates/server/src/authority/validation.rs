@@ -150,9 +150,14 @@ impl JobHandler for ValidationJobs {
                 }
                 Ok(()) => crate::notify::Outbox::default(),
             };
+            let failed = result.is_err();
             match a.settle(&profile, &ch, result, &outbox.jobs()).await {
                 Ok(true) => {
                     crash_point!("challenge.settled");
+                    if failed {
+                        a.count_failed_validation(&account, &authz.identifier.value)
+                            .await;
+                    }
                     a.notifier.posted(&outbox);
                     Outcome::Done
                 }

@@ -499,7 +499,12 @@ impl Config {
                     "rate_limits.overrides.{name}: another override is for the same account or credential; merge them"
                 ));
             }
-            if o.new_orders_per_account.is_none() {
+            if o.pending_authorizations_per_account == Some(0) {
+                problems.push(format!(
+                    "rate_limits.overrides.{name}.pending_authorizations_per_account must be at least 1; write e.g. pending_authorizations_per_account = 1000"
+                ));
+            }
+            if !o.sets_any() {
                 problems.push(format!(
                     "rate_limits.overrides.{name} sets no limit; write e.g. new_orders_per_account = \"1000/3h\""
                 ));

@@ -16,6 +16,21 @@ pub struct RateLimitsConfig {
     /// New orders per account, e.g. `"300/3h"`.
     #[schemars(schema_with = "super::reference::opt_rate")]
     pub new_orders_per_account: Option<Rate>,
+    /// Failed validations per account and identifier, e.g. `"5/1h"`: a
+    /// place is taken when a challenge fails, and a new order naming an
+    /// identifier with no place left is refused until one frees.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub failed_validations_per_account_and_name: Option<Rate>,
+    /// Certificates per registered domain (the name one label below its
+    /// public suffix, from the Public Suffix List; an IP address is its
+    /// own), e.g. `"50/7d"`: taken at finalize, one place of each
+    /// registered domain the certificate names, and checked at newOrder.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub certificates_per_domain: Option<Rate>,
+    /// Certificates for exactly the same set of identifiers, e.g. `"5/7d"`:
+    /// taken at finalize and checked at newOrder.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub duplicate_certificates: Option<Rate>,
     /// Limits that replace the ones above for one account or for the
     /// accounts of one External Account Binding credential.
     pub overrides: BTreeMap<String, RateOverride>,
@@ -35,6 +50,34 @@ pub struct RateOverride {
     #[serde(default)]
     #[schemars(schema_with = "super::reference::opt_rate")]
     pub new_orders_per_account: Option<Rate>,
+    /// Replaces the profiles' `max_pending_authorizations` for them.
+    #[serde(default)]
+    pub pending_authorizations_per_account: Option<usize>,
+    /// Replaces `failed_validations_per_account_and_name` for them.
+    #[serde(default)]
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub failed_validations_per_account_and_name: Option<Rate>,
+    /// Their certificates per registered domain, counted apart from
+    /// everyone else's (theirs do not use up the others' places, nor the
+    /// others' theirs).
+    #[serde(default)]
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub certificates_per_domain: Option<Rate>,
+    /// Their duplicate certificates, counted apart from everyone else's.
+    #[serde(default)]
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub duplicate_certificates: Option<Rate>,
+}
+
+impl RateOverride {
+    /// Whether it sets any limit at all.
+    pub fn sets_any(&self) -> bool {
+        self.new_orders_per_account.is_some()
+            || self.pending_authorizations_per_account.is_some()
+            || self.failed_validations_per_account_and_name.is_some()
+            || self.certificates_per_domain.is_some()
+            || self.duplicate_certificates.is_some()
+    }
 }
 
 /// N per period.

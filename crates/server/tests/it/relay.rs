@@ -2133,7 +2133,10 @@ async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_serv
     loop {
         let served = zone_txt(dns_at, target);
         if !served.is_empty() {
-            assert_eq!(served, published, "the resumed relay published another value");
+            assert_eq!(
+                served, published,
+                "the resumed relay published another value"
+            );
             break;
         }
         assert!(
