@@ -14,6 +14,7 @@ use acme_proxy_store::{AccountRow, RateLimitKey, RateLimitTake};
 use super::{Authority, RequestContext};
 use crate::config::{Rate, RateOverride};
 use crate::error::{AcmeError, AcmeResult};
+use crate::jobs::Outcome;
 
 /// The limits a request can run into, by their name in keys, details and
 /// metrics.
@@ -25,6 +26,7 @@ pub(super) enum Limit {
     FailedValidations,
     CertificatesPerDomain,
     DuplicateCertificates,
+    UpstreamOrders,
 }
 
 impl Limit {
@@ -36,6 +38,7 @@ impl Limit {
             Limit::FailedValidations => "failed_validations_per_account_and_name",
             Limit::CertificatesPerDomain => "certificates_per_domain",
             Limit::DuplicateCertificates => "duplicate_certificates",
+            Limit::UpstreamOrders => "upstream_orders",
         }
     }
 }
@@ -352,6 +355,47 @@ impl Authority {
         );
         e.retry_after = Some(seconds);
         Err(e)
+    }
+
+    /// A relay's turn to send a new upstream order under its profile's
+    /// `upstream_orders` budget: now, or the job waits in the queue (its
+    /// attempts untouched) until the next place frees.
+    pub(super) async fn upstream_order_turn(
+        &self,
+        profile: &str,
+        budget: Option<Rate>,
+    ) -> Result<(), Outcome> {
+        let Some(rate) = budget else {
+            return Ok(());
+        };
+        let key = format!("upstream_orders:profile:{profile}");
+        // Smooth: a single place, freeing every period / N, so that no
+        // period ever holds more than N (an upstream's own limit may have
+        // no room for a burst on top of what it counted already).
+        let interval_ms = rate.interval_ms();
+        match self
+            .store
+            .take_rate_limit(&key, self.clock.unix_ms(), interval_ms, interval_ms)
+            .await
+        {
+            Ok(None) => Ok(()),
+            Ok(Some(wait_ms)) => {
+                self.count_refusal(Limit::UpstreamOrders);
+                let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
+                tracing::info!(
+                    event = "relay.budget",
+                    outcome = "deferred",
+                    profile,
+                    wait_ms,
+                    budget = %rate,
+                    "the upstream order budget is spent; this relay waits for its turn"
+                );
+                Err(Outcome::Reschedule(self.clock.now() + wait))
+            }
+            Err(e) => Err(Outcome::Retry(format!(
+                "taking a place of the upstream order budget: {e}"
+            ))),
+        }
     }
 
     /// Forgets rate-limit keys that hold nothing back (with the nonce sweep).

@@ -115,54 +115,69 @@ impl Authority {
         }
         self.queue.wake(RELAY_KIND);
         let mut retry_after = None;
-        // One bounded try: the client's request must not wait on a hung
-        // upstream for longer than one request timeout (the job's hold).
-        let created = match tokio::time::timeout(
-            relay.request_timeout(),
-            relay.create_order(&order.identifiers, order.certificate_profile.as_deref()),
-        )
-        .await
+        let mut turn_at = None;
+        match self
+            .upstream_order_turn(&profile.name, relay.upstream_orders())
+            .await
         {
-            Ok(r) => r,
-            Err(_) => Err(RelayError::retryable(format!(
-                "the upstream newOrder did not finish within {:?}",
-                relay.request_timeout()
-            ))),
-        };
-        match created {
-            Ok(url) => {
-                self.store
-                    .set_upstream_url(&order.id, &url, self.clock.unix())
-                    .await?;
-            }
-            Err(e) if e.is_permanent() => {
-                if self
-                    .store
-                    .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
-                    .await?
+            Ok(()) => {
+                // One bounded try: the client's request must not wait on a hung
+                // upstream for longer than one request timeout (the job's hold).
+                let created = match tokio::time::timeout(
+                    relay.request_timeout(),
+                    relay.create_order(&order.identifiers, order.certificate_profile.as_deref()),
+                )
+                .await
                 {
-                    return Err(Self::refused_upstream(profile, order, &e));
+                    Ok(r) => r,
+                    Err(_) => Err(RelayError::retryable(format!(
+                        "the upstream newOrder did not finish within {:?}",
+                        relay.request_timeout()
+                    ))),
+                };
+                match created {
+                    Ok(url) => {
+                        self.store
+                            .set_upstream_url(&order.id, &url, self.clock.unix())
+                            .await?;
+                    }
+                    Err(e) if e.is_permanent() => {
+                        if self
+                            .store
+                            .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
+                            .await?
+                        {
+                            return Err(Self::refused_upstream(profile, order, &e));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            event = "relay.new_order",
+                            outcome = "retry",
+                            profile = %profile.name,
+                            order = %order.id,
+                            error = %e,
+                            "the upstream newOrder failed transiently; the relay job will create it"
+                        );
+                        retry_after = e.retry_after;
+                    }
                 }
             }
-            Err(e) => {
-                tracing::warn!(
-                    event = "relay.new_order",
-                    outcome = "retry",
-                    profile = %profile.name,
-                    order = %order.id,
-                    error = %e,
-                    "the upstream newOrder failed transiently; the relay job will create it"
-                );
-                retry_after = e.retry_after;
-            }
+            // The profile's upstream order budget is spent: the job creates
+            // the upstream order at its turn.
+            Err(Outcome::Reschedule(at)) => turn_at = Some(crate::clock::unix_ms(at)),
+            Err(_) => {}
         }
-        // Due now, or when the upstream asked us to come back (at most a
-        // day on: its number is unbounded, our run times are not).
+        // Due now, at the budget's turn, or when the upstream asked us to
+        // come back (at most a day on: its number is unbounded, our run
+        // times are not).
         let now_ms = self.clock.unix_ms();
-        let due = backoff::later(
-            now_ms,
-            retry_after.map_or(Duration::ZERO, backoff::retry_after),
-        );
+        let due = turn_at.unwrap_or_else(|| {
+            backoff::later(
+                now_ms,
+                retry_after.map_or(Duration::ZERO, backoff::retry_after),
+            )
+        });
         self.store
             .schedule_queued_job(RELAY_KIND, &order.id, due, now_ms)
             .await?;
@@ -242,20 +257,28 @@ impl Authority {
         let deadline = tokio::time::Instant::now() + relay.attempt_budget();
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
-            None => match relay
-                .create_order(&order.identifiers, order.certificate_profile.as_deref())
+            None => match self
+                .upstream_order_turn(profile_name, relay.upstream_orders())
                 .await
             {
-                Ok(url) => match self
-                    .store
-                    .set_upstream_url(order_id, &url, self.clock.unix())
+                Err(outcome) => return outcome,
+                Ok(()) => match relay
+                    .create_order(&order.identifiers, order.certificate_profile.as_deref())
                     .await
                 {
-                    Ok(Some(in_force)) => in_force,
-                    Ok(None) => return Outcome::Done,
-                    Err(e) => return Outcome::Retry(format!("recording the upstream order: {e}")),
+                    Ok(url) => match self
+                        .store
+                        .set_upstream_url(order_id, &url, self.clock.unix())
+                        .await
+                    {
+                        Ok(Some(in_force)) => in_force,
+                        Ok(None) => return Outcome::Done,
+                        Err(e) => {
+                            return Outcome::Retry(format!("recording the upstream order: {e}"));
+                        }
+                    },
+                    Err(e) => return relay_outcome(e),
                 },
-                Err(e) => return relay_outcome(e),
             },
         };
         let collected = match relay.attempt(&url, &mapping.csr_der, deadline).await {

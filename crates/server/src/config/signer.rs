@@ -142,6 +142,12 @@ pub struct RelayConfig {
     /// How this profile reaches its upstream, replacing the global
     /// `[egress]` table as a whole.
     pub egress: Option<EgressConfig>,
+    /// At most this many new upstream orders per period, e.g. `"10/1m"`:
+    /// sent one every period / N, never in a burst, so that no period holds
+    /// more than N. Finalizes past it wait in the queue for their turn.
+    /// Counted in the database: every replica shares it. Absent: no budget.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub upstream_orders: Option<super::Rate>,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -208,6 +214,7 @@ impl Default for RelayConfig {
             propagation_wait: Duration::ZERO,
             dns01: None,
             egress: None,
+            upstream_orders: None,
         }
     }
 }

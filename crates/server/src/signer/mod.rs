@@ -352,6 +352,8 @@ pub trait Deferred: Send + Sync {
     fn max_attempts(&self) -> u32;
     /// How long one attempt may take.
     fn attempt_budget(&self) -> std::time::Duration;
+    /// How many new upstream orders may be sent per period, if bounded.
+    fn upstream_orders(&self) -> Option<crate::config::Rate>;
     /// Places the upstream order; returns its URL.
     fn create_order<'a>(
         &'a self,

@@ -2302,3 +2302,92 @@ async fn dns01_delegated_obtains_a_wildcard_through_a_cname_to_our_own_zone_with
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_of_ten_upstream_orders_a_minute_issues_thirty_finalizes_over_three_minutes_without_an_upstream_429()
+ {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    // The upstream's own limit, as Let's Encrypt's: ten new orders a
+    // minute, ten at once.
+    proxy.limit(Match::PathContains(NEW_ORDER), 10, Duration::from_secs(60));
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "upstream_orders = \"10/1m\"");
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let mut ready = Vec::new();
+    for i in 0..30 {
+        ready.push(ready_order(&account, &[&format!("budget{i}.example.test")]).await);
+    }
+    let mut finalizing = tokio::task::JoinSet::new();
+    for mut order in ready {
+        finalizing.spawn(async move {
+            order.finalize().await.expect("finalize");
+            order.url().to_owned()
+        });
+    }
+    let urls: Vec<String> = finalizing.join_all().await;
+
+    let deadline = Instant::now() + Duration::from_secs(280);
+    let mut pending = urls;
+    while !pending.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} orders not valid within 280 s",
+            pending.len()
+        );
+        let mut still = Vec::new();
+        for url in pending {
+            let mut order = account.order(url.clone()).await.expect("poll");
+            match order.state().status {
+                OrderStatus::Valid => {}
+                OrderStatus::Invalid => panic!("order {url} ended invalid"),
+                _ => still.push(url),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    // Not one refusal upstream; thirty orders, one every six seconds.
+    let refused: Vec<(String, String, u16)> = proxy
+        .requests()
+        .into_iter()
+        .filter(|(_, _, status)| *status == 429)
+        .collect();
+    assert!(refused.is_empty(), "upstream 429s: {refused:?}");
+    let sent = proxy.forwarded_at(NEW_ORDER);
+    assert_eq!(sent.len(), 30, "each order created upstream once");
+    let span = sent[sent.len() - 1].duration_since(sent[0]);
+    assert!(
+        span >= Duration::from_secs(170),
+        "thirty orders a minute apart by ten took {span:?}"
+    );
+    // Never more than ten in a minute (less two seconds: what one
+    // request's latency may shift an arrival by).
+    for (i, at) in sent.iter().enumerate() {
+        let within = sent[i..]
+            .iter()
+            .take_while(|later| later.duration_since(*at) < Duration::from_secs(58))
+            .count();
+        assert!(
+            within <= 10,
+            "{within} upstream orders within 58 s from the {i}th"
+        );
+    }
+    let metrics = server.running().authority.render_metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("acme_proxy_rate_limited_total{limit=\"upstream_orders\"} ")),
+        "{metrics}"
+    );
+    server.stop().await;
+}

@@ -485,6 +485,8 @@ pub enum Fault {
 
 /// What the proxy did with one request.
 struct Entry {
+    /// When it was handled.
+    at: Instant,
     method: String,
     path: String,
     /// The status sent to the client; 0 for a reset or a hang.
@@ -500,6 +502,31 @@ struct ProxyState {
     always: Mutex<Vec<(Match, Fault)>>,
     log: Mutex<Vec<Entry>>,
     applied: AtomicUsize,
+    limit: Mutex<Option<UpstreamLimit>>,
+}
+
+/// The stand-in for an upstream CA's own rate limit (Pebble has none): as
+/// Let's Encrypt's, the generic cell rate algorithm, `count` at once, then
+/// one more every `per / count`.
+struct UpstreamLimit {
+    when: Match,
+    interval: Duration,
+    burst: Duration,
+    /// The theoretical arrival time: from then on nothing is taken.
+    tat: Option<Instant>,
+}
+
+impl UpstreamLimit {
+    /// Takes a place now, or says how many seconds until one frees.
+    fn take(&mut self, now: Instant) -> Result<(), u64> {
+        let tat = self.tat.map_or(now, |t| t.max(now));
+        let allowed_at = (tat + self.interval).checked_sub(self.burst).unwrap_or(now);
+        if allowed_at > now {
+            return Err((allowed_at - now).as_secs() + 1);
+        }
+        self.tat = Some(tat + self.interval);
+        Ok(())
+    }
 }
 
 impl ProxyState {
@@ -512,16 +539,29 @@ impl ProxyState {
                 return queue.remove(i).map(|(_, f)| f);
             }
         }
-        self.always
+        let always = self
+            .always
             .lock()
             .expect("lock")
             .iter()
             .find(|(m, _)| m.matches(path))
-            .map(|(_, f)| f.clone())
+            .map(|(_, f)| f.clone());
+        if always.is_some() {
+            return always;
+        }
+        let mut limit = self.limit.lock().expect("lock");
+        match limit.as_mut() {
+            Some(l) if l.when.matches(path) => l
+                .take(Instant::now())
+                .err()
+                .map(|retry_after_secs| Fault::RateLimited429 { retry_after_secs }),
+            _ => None,
+        }
     }
 
     fn record(&self, method: &str, path: &str, status: u16, forwarded: bool) {
         self.log.lock().expect("lock").push(Entry {
+            at: Instant::now(),
             method: method.to_owned(),
             path: path.to_owned(),
             status,
@@ -628,6 +668,32 @@ impl FaultProxy {
             .iter()
             .filter(|e| e.forwarded && e.method == "POST" && e.path.contains(path_contains))
             .count()
+    }
+
+    /// From now on, answers requests matching `when` past `count` per
+    /// `per` with 429 `rateLimited` and `Retry-After`, as an upstream CA
+    /// past its own limit does (see [`UpstreamLimit`]).
+    pub fn limit(&self, when: Match, count: u32, per: Duration) {
+        let interval = per / count;
+        *self.state.limit.lock().expect("lock") = Some(UpstreamLimit {
+            when,
+            interval,
+            burst: interval * count,
+            tat: None,
+        });
+    }
+
+    /// When each POST whose path contains `path_contains` reached Pebble
+    /// and was answered by it, in completion order.
+    pub fn forwarded_at(&self, path_contains: &str) -> Vec<Instant> {
+        self.state
+            .log
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|e| e.forwarded && e.method == "POST" && e.path.contains(path_contains))
+            .map(|e| e.at)
+            .collect()
     }
 
     /// Faults applied so far (queued and persistent).

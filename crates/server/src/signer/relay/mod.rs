@@ -881,6 +881,10 @@ impl super::Deferred for Relay {
         self.config.attempt_budget
     }
 
+    fn upstream_orders(&self) -> Option<crate::config::Rate> {
+        self.config.upstream_orders
+    }
+
     fn create_order<'a>(
         &'a self,
         identifiers: &'a [Identifier],
