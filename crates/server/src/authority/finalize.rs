@@ -251,8 +251,8 @@ impl Authority {
             e.internal = Some(policy.reasons.join("; "));
             return Err(e);
         }
-        // `[rate_limits]` on certificates: taken now, given back when this
-        // request does not end with the order issued or on its way.
+        // `[rate_limits]` on certificates: taken now, given back when the
+        // signer here did not issue.
         let places = self
             .take_issuance_places(account, &order.identifiers)
             .await?;
@@ -267,9 +267,12 @@ impl Authority {
         };
         // The signer's answer, asked once, picks the path.
         let result = match profile.signer.issuance() {
+            // Kept whatever this request answers: once the relay is
+            // queued, its job may issue even if a later step here failed.
             Issuance::Deferred(deferred) => {
-                self.finalize_relay(profile, deferred, account, &signing.order, csr_der, ctx)
-                    .await
+                return self
+                    .finalize_relay(profile, deferred, account, &signing.order, csr_der, ctx)
+                    .await;
             }
             Issuance::Inline => self.finalize_inline(&signing).await,
             Issuance::Guarded { within } => self.finalize_guarded(&signing, within).await,

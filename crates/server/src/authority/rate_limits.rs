@@ -95,16 +95,30 @@ impl Authority {
         account: &AccountRow,
         pick: &impl Fn(&RateOverride) -> Option<T>,
     ) -> Option<T> {
+        self.overriding_for(account, pick).map(|(_, value)| value)
+    }
+
+    /// As [`Authority::overriding`], with whom the override is for: the
+    /// scope of the keys it counts apart (`account:ID` or `eab:KID`, so
+    /// that a credential's accounts share one allowance).
+    fn overriding_for<T>(
+        &self,
+        account: &AccountRow,
+        pick: &impl Fn(&RateOverride) -> Option<T>,
+    ) -> Option<(String, T)> {
         let overrides = &self.rate_limits.overrides;
         overrides
             .values()
             .filter(|o| o.account.as_deref() == Some(account.id.as_str()))
             .find_map(pick)
+            .map(|v| (format!("account:{}", account.id), v))
             .or_else(|| {
+                let kid = account.eab_kid.as_deref()?;
                 overrides
                     .values()
-                    .filter(|o| o.eab_key_id.is_some() && o.eab_key_id == account.eab_kid)
+                    .filter(|o| o.eab_key_id.as_deref() == Some(kid))
                     .find_map(pick)
+                    .map(|v| (format!("eab:{kid}"), v))
             })
     }
 
@@ -157,10 +171,12 @@ impl Authority {
     fn issuance_wants(&self, account: &AccountRow, identifiers: &[Identifier]) -> Vec<Want> {
         let mut wants = Vec::new();
         let limits = &self.rate_limits;
-        let own = |pick: &dyn Fn(&RateOverride) -> Option<Rate>| self.overriding(account, &pick);
-        // An override counts the account's certificates apart.
+        let own =
+            |pick: &dyn Fn(&RateOverride) -> Option<Rate>| self.overriding_for(account, &pick);
+        // An override counts the certificates of its account (or of its
+        // credential's accounts, together) apart.
         let (per_domain, scope) = match own(&|o| o.certificates_per_domain) {
-            Some(rate) => (Some(rate), format!("account:{}:", account.id)),
+            Some((scope, rate)) => (Some(rate), format!("{scope}:")),
             None => (limits.certificates_per_domain, String::new()),
         };
         if let Some(rate) = per_domain {
@@ -175,7 +191,7 @@ impl Authority {
             }
         }
         let (duplicates, scope) = match own(&|o| o.duplicate_certificates) {
-            Some(rate) => (Some(rate), format!("account:{}:", account.id)),
+            Some((scope, rate)) => (Some(rate), format!("{scope}:")),
             None => (limits.duplicate_certificates, String::new()),
         };
         if let Some(rate) = duplicates {
@@ -214,8 +230,13 @@ impl Authority {
             |o| o.failed_validations_per_account_and_name,
             self.rate_limits.failed_validations_per_account_and_name,
         ) {
-            for id in identifiers {
-                let name = id.value.strip_prefix("*.").unwrap_or(&id.value);
+            // Each name once, in one order (two requests lock the same
+            // rows in the same order).
+            let names: BTreeSet<&str> = identifiers
+                .iter()
+                .map(|id| id.value.strip_prefix("*.").unwrap_or(&id.value))
+                .collect();
+            for name in names {
                 wants.push(Want {
                     limit: Limit::FailedValidations,
                     key: failed_validations_key(&account.id, name),
@@ -358,8 +379,8 @@ impl Authority {
     }
 
     /// A relay's turn to send a new upstream order under its profile's
-    /// `upstream_orders` budget: now, or the job waits in the queue (its
-    /// attempts untouched) until the next place frees.
+    /// `upstream_orders` budget: now, or the job waits in the queue (the
+    /// wait is not an attempt) until the next place frees.
     pub(super) async fn upstream_order_turn(
         &self,
         profile: &str,

@@ -150,14 +150,15 @@ impl JobHandler for ValidationJobs {
                 }
                 Ok(()) => crate::notify::Outbox::default(),
             };
-            let failed = result.is_err();
+            // Counted before the failure is visible: a new order that
+            // follows it sees the count.
+            if result.is_err() {
+                a.count_failed_validation(&account, &authz.identifier.value)
+                    .await;
+            }
             match a.settle(&profile, &ch, result, &outbox.jobs()).await {
                 Ok(true) => {
                     crash_point!("challenge.settled");
-                    if failed {
-                        a.count_failed_validation(&account, &authz.identifier.value)
-                            .await;
-                    }
                     a.notifier.posted(&outbox);
                     Outcome::Done
                 }

@@ -2,7 +2,8 @@
 //! `acme-proxy eab create`, lego and certbot registering with them, every
 //! malformed or forged binding refused with its problem type, a revoked
 //! credential refused at registration and at newOrder, and a credential
-//! limited to name globs enforced at newOrder.
+//! limited to name globs enforced at newOrder; a rate-limit override for a
+//! credential shared by its accounts.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -321,5 +322,88 @@ async fn lego_and_certbot_register_with_an_eab_credential_and_obtain_certificate
         Some(i64::from(lego) + i64::from(certbot)),
         "{listed:#}"
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credentials_rate_limit_override_is_one_allowance_shared_by_its_accounts() {
+    let dir = crate::harness::tempdir();
+    let base = TestServer::config_text(
+        dir.path(),
+        free_port(),
+        None,
+        &format!("{REQUIRED}[rate_limits]\ncertificates_per_domain = \"1/7d\"\n"),
+    );
+    let (_etc, config) = harness::config_file(&base);
+    let server = TestServer::start_in(dir, &base).await;
+    let directory = raw::directory(&server.directory("default")).await;
+    let url = directory["newAccount"].as_str().expect("url").to_owned();
+    let (fleet, fleet_key) = mint(&config, &["--label", "fleet"]);
+    let (other, other_key) = mint(&config, &["--label", "other"]);
+    let register = |kid: String, hmac: String| {
+        let (directory, url) = (&directory, &url);
+        async move {
+            let key = Key::p256();
+            let hmac = URL_SAFE_NO_PAD.decode(&hmac).expect("base64url key");
+            let eab = binding(&kid, url, &key.jwk, &hmac);
+            let r = new_account(
+                directory,
+                &key,
+                &json!({"termsOfServiceAgreed": true, "externalAccountBinding": eab}),
+            )
+            .await;
+            assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+            raw::Acct {
+                url: r.location().expect("Location"),
+                key,
+            }
+        }
+    };
+    let a = register(fleet.clone(), fleet_key.clone()).await;
+    let b = register(fleet.clone(), fleet_key).await;
+    let c = register(other, other_key).await;
+    let raised = format!(
+        "{base}[rate_limits.overrides.fleet]\neab_key_id = \"{fleet}\"\ncertificates_per_domain = \"2/7d\"\n"
+    );
+    server
+        .running()
+        .reload(acme_proxy::config::Config::from_toml(&raised).expect("config"))
+        .await
+        .expect("reloaded");
+    async fn issue(directory: &Value, acct: &raw::Acct, name: &str) -> raw::Resp {
+        let (_, finalize) = crate::concurrency::ready_order(directory, acct, name).await;
+        let csr = crate::concurrency::csr_for(name);
+        acct.post(directory, &finalize, Some(&json!({"csr": csr})))
+            .await
+    }
+    async fn order(directory: &Value, acct: &raw::Acct, name: &str) -> raw::Resp {
+        let payload = json!({"identifiers": [{"type": "dns", "value": name}]});
+        acct.post(
+            directory,
+            directory["newOrder"].as_str().unwrap(),
+            Some(&payload),
+        )
+        .await
+    }
+    // The credential's two accounts share its two places, apart from the
+    // one everyone else shares.
+    assert_eq!(
+        issue(&directory, &a, "a.example.com").await.json()["status"],
+        "valid"
+    );
+    assert_eq!(
+        issue(&directory, &b, "b.example.com").await.json()["status"],
+        "valid"
+    );
+    order(&directory, &a, "a2.example.com")
+        .await
+        .assert_refused(429, "rateLimited", "the credential's third");
+    assert_eq!(
+        issue(&directory, &c, "c.example.com").await.json()["status"],
+        "valid"
+    );
+    order(&directory, &c, "c2.example.com")
+        .await
+        .assert_refused(429, "rateLimited", "everyone else's second");
     server.stop().await;
 }
