@@ -1144,29 +1144,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
         "the first kill found no relay in flight; the test proves nothing"
     );
 
-    let deadline = restarted + Duration::from_secs(90);
-    let mut pending: Vec<String> = urls.clone();
-    while !pending.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{} orders not valid 90 s after the last restart",
-            pending.len()
-        );
-        let mut still = Vec::new();
-        for url in pending {
-            let order = account.order(url.clone()).await.expect("poll");
-            let mut order = order;
-            match order.state().status {
-                OrderStatus::Valid => {}
-                OrderStatus::Invalid => panic!("order {url} ended invalid"),
-                _ => still.push(url),
-            }
-        }
-        pending = still;
-        if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    all_valid(&account, urls.clone(), restarted + Duration::from_secs(90)).await;
     let all_valid_after = restarted.elapsed();
     eprintln!(
         "in flight at each kill: {interrupted:?}; all 50 valid {all_valid_after:?} after the last restart"
@@ -2174,6 +2152,32 @@ async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_serv
     server.stop().await;
 }
 
+/// Polls the orders at `urls` until every one is valid; panics on one
+/// that ends invalid, or on any still not valid at `deadline`.
+async fn all_valid(account: &Account, urls: Vec<String>, deadline: Instant) {
+    let mut pending = urls;
+    while !pending.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} orders still not valid at the deadline",
+            pending.len()
+        );
+        let mut still = Vec::new();
+        for url in pending {
+            let mut order = account.order(url.clone()).await.expect("poll");
+            match order.state().status {
+                OrderStatus::Valid => {}
+                OrderStatus::Invalid => panic!("order {url} ended invalid"),
+                _ => still.push(url),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 /// The authoritative TXT values of `name` in the embedded zone at `at`.
 fn zone_txt(at: std::net::SocketAddr, name: &str) -> Vec<String> {
     let out = std::process::Command::new("dig")
@@ -2333,28 +2337,7 @@ async fn a_budget_of_ten_upstream_orders_a_minute_issues_thirty_finalizes_over_t
     }
     let urls: Vec<String> = finalizing.join_all().await;
 
-    let deadline = Instant::now() + Duration::from_secs(280);
-    let mut pending = urls;
-    while !pending.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{} orders not valid within 280 s",
-            pending.len()
-        );
-        let mut still = Vec::new();
-        for url in pending {
-            let mut order = account.order(url.clone()).await.expect("poll");
-            match order.state().status {
-                OrderStatus::Valid => {}
-                OrderStatus::Invalid => panic!("order {url} ended invalid"),
-                _ => still.push(url),
-            }
-        }
-        pending = still;
-        if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
+    all_valid(&account, urls, Instant::now() + Duration::from_secs(280)).await;
 
     // Not one refusal upstream; thirty orders, one every six seconds.
     let refused: Vec<(String, String, u16)> = proxy
