@@ -191,7 +191,10 @@ fn shared_database(toml: String) -> String {
 /// Starts HAProxy on `front` in front of `replicas`: round robin, each
 /// checked with `GET /health` every 200 ms, a request that cannot connect
 /// to one retried on another, one log line per request on stdout (into
-/// `dir/haproxy.log`).
+/// `dir/haproxy.log`). A check's answer may take 5 s: with the default
+/// (the 200 ms interval) a loaded machine's database ping can miss it
+/// twice, and with every replica marked down HAProxy answers 503; a killed
+/// replica still refuses the connection at once.
 fn start_haproxy(dir: &Path, front: SocketAddr, replicas: &[SocketAddr]) -> ChildGuard {
     let servers: String = replicas
         .iter()
@@ -205,7 +208,7 @@ fn start_haproxy(dir: &Path, front: SocketAddr, replicas: &[SocketAddr]) -> Chil
         &format!(
             "    balance roundrobin\n    retries 3\n    option redispatch\n    \
              option httpchk GET /health\n    http-check expect status 200\n    \
-             default-server inter 200ms fall 2 rise 1\n{servers}"
+             timeout check 5s\n    default-server inter 200ms fall 2 rise 1\n{servers}"
         ),
     )
 }
@@ -245,7 +248,15 @@ async fn a_nonce_from_one_replica_is_accepted_once_at_another_behind_the_balance
     let nonce = nonce_at(0).await;
     // The JWS names the URL clients know (the balancer's), wherever the
     // request lands.
-    let directory = raw::directory(&replicas.directory()).await;
+    let fetched = raw::request("GET", &replicas.directory(), None, Vec::new()).await;
+    assert_eq!(
+        fetched.status,
+        200,
+        "the directory through the balancer: {}\nHAProxy:\n{}",
+        String::from_utf8_lossy(&fetched.body),
+        replicas.haproxy_log()
+    );
+    let directory = fetched.json();
     let new_account = directory["newAccount"].as_str().expect("newAccount");
     let path = new_account
         .strip_prefix(&format!("http://{}", replicas.front))
