@@ -1066,6 +1066,7 @@ fn refuse_open_secrets(config: &Config) -> Result<(), String> {
         })
         .chain(config.database_password_file.clone())
         .chain(config.egress_credentials_files())
+        .chain(config.policy_token_files())
         .collect();
     crate::private::refuse_open(&config.data_dir, &config.database_url(), &secrets)
 }

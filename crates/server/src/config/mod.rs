@@ -280,6 +280,19 @@ impl Config {
         hook.egress.as_ref().unwrap_or(&self.egress)
     }
 
+    /// Every `ipam` check's `token_file` (secrets: start-up refuses them
+    /// open to others).
+    pub fn policy_token_files(&self) -> Vec<PathBuf> {
+        self.policy
+            .checks
+            .values()
+            .filter_map(|c| match c {
+                CheckConfig::Ipam(i) => Some(i.token_file.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Every `proxy_credentials_file` the configuration names (secrets:
     /// start-up refuses them open to others).
     pub fn egress_credentials_files(&self) -> Vec<PathBuf> {

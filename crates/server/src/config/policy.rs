@@ -132,6 +132,13 @@ pub enum CheckConfig {
     /// true, exit 1 false (its first line of output the reason); any
     /// other end, or the deadline, undecided.
     Program(ProgramCheck),
+    /// True when the IP address management system of record gives the
+    /// identifier to the client's address: for a DNS name, an address
+    /// whose `dns_name` it is equals the client's (an address object on
+    /// its own or on a device's or virtual machine's interface); for an IP
+    /// identifier, it is the client's own address and is recorded. A
+    /// lookup that fails or takes longer than `timeout` is undecided.
+    Ipam(IpamCheck),
 }
 
 #[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
@@ -234,4 +241,58 @@ pub struct ProgramCheck {
 
 fn default_program_check_timeout() -> Duration {
     Duration::from_secs(2)
+}
+
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IpamCheck {
+    /// The system of record: `netbox` (its REST API, version 4).
+    pub source: IpamSource,
+    /// Its base URL, e.g. `https://netbox.example.internal` (the API is
+    /// under `/api/`). Reached as `[egress]` says.
+    pub url: String,
+    /// A file holding the API token, readable by the server's user only
+    /// (start-up refuses one open to others). A NetBox v2 token
+    /// (`nbt_KEY.TOKEN`) is sent as `Bearer`, a 40-character v1 token as
+    /// `Token`. It needs only read access to IP addresses.
+    pub token_file: PathBuf,
+    /// PEM CA certificates trusted for an https:// `url`, besides the
+    /// system's.
+    #[serde(default)]
+    pub trust_anchors: Vec<PathBuf>,
+    /// The address statuses that make an address the client's (NetBox's
+    /// status values); a `reserved` or `deprecated` one gives nothing.
+    #[serde(default = "default_ipam_statuses")]
+    pub statuses: Vec<String>,
+    /// Deadline of one lookup (at most 10 s: a client waits for it); past
+    /// it the check is undecided.
+    #[serde(default = "default_ipam_timeout", deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub timeout: Duration,
+    /// How long a true or false answer is reused for the same client
+    /// address and identifier (at most 10 minutes; `"0s"` asks every
+    /// time). An undecided one never is.
+    #[serde(default = "default_ipam_cache_for", deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub cache_for: Duration,
+}
+
+/// The IP address management systems an `ipam` check can ask.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IpamSource {
+    /// NetBox's REST API (`/api/ipam/ip-addresses/`).
+    Netbox,
+}
+
+fn default_ipam_statuses() -> Vec<String> {
+    ["active", "dhcp", "slaac"].map(String::from).to_vec()
+}
+
+fn default_ipam_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn default_ipam_cache_for() -> Duration {
+    Duration::from_secs(60)
 }

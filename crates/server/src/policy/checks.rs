@@ -66,6 +66,7 @@ pub(super) enum Check {
     },
     Path(Vec<String>),
     Program(Program),
+    Ipam(Box<super::ipam::Ipam>),
 }
 
 #[derive(Debug)]
@@ -262,6 +263,9 @@ impl Check {
                     timeout: c.timeout,
                 })
             }
+            CheckConfig::Ipam(c) => {
+                Check::Ipam(Box::new(super::ipam::Ipam::build(&key, c, whole)?))
+            }
         };
         if problems.is_empty() {
             Ok(check)
@@ -279,6 +283,7 @@ impl Check {
             Check::Eab { .. } => "eab",
             Check::Path(_) => "path",
             Check::Program(_) => "program",
+            Check::Ipam(_) => "ipam",
         }
     }
 
@@ -286,14 +291,16 @@ impl Check {
     pub(super) fn runs_at(&self, stage: Stage) -> bool {
         match self {
             Check::ClientIp(_) | Check::ReverseDns(_) | Check::Path(_) | Check::Program(_) => true,
-            Check::Identifiers(_) | Check::Eab { .. } => stage != Stage::Connection,
+            Check::Identifiers(_) | Check::Eab { .. } | Check::Ipam(_) => {
+                stage != Stage::Connection
+            }
         }
     }
 
     /// Why not, for the start-up refusal.
     pub(super) fn why_not(&self, stage: Stage) -> &'static str {
         match (self, stage) {
-            (Check::Identifiers(_), Stage::Connection) => {
+            (Check::Identifiers(_) | Check::Ipam(_), Stage::Connection) => {
                 "no identifier is known before a newOrder is read"
             }
             (Check::Eab { .. }, Stage::Connection) => {
@@ -356,6 +363,14 @@ impl Check {
                 None,
             ),
             Check::Program(p) => p.ask(stage, s).await,
+            Check::Ipam(ipam) => match (s.client_ip, s.identifier) {
+                (Some(ip), Some(id)) => ipam.answer(ip.to_canonical(), id).await,
+                (None, _) => (
+                    Truth::Undecided,
+                    Some("the client's address is not known".into()),
+                ),
+                (_, None) => (Truth::Undecided, Some("no identifier was given".into())),
+            },
         }
     }
 }

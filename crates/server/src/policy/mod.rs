@@ -2,7 +2,8 @@
 //!
 //! Named *checks* answer a question about a request (its client address,
 //! an identifier, the account's External Account Binding credential, the
-//! profile, an operator's program) with true, false or undecided. Ordered
+//! profile, an operator's program, the IP address management system of
+//! record) with true, false or undecided. Ordered
 //! *rules* combine them (`when`, Kleene's logic, `expr.rs`) and the first
 //! rule true at a stage decides; when none is, the profile's
 //! `policy_default` does.
@@ -19,6 +20,7 @@
 
 mod checks;
 pub mod expr;
+mod ipam;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -659,3 +659,50 @@ async fn a_check_program_reads_the_request_it_decides_on_from_its_stdin() {
         .await;
     assert_eq!(e.verdict, Verdict::Allow, "{}", e.summary());
 }
+
+#[test]
+fn an_ipam_check_is_refused_at_the_connection_and_with_bad_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "nbt_abc.def\n").unwrap();
+    let check = |extra: &str| {
+        format!(
+            "[profiles.default]\n[policy.checks.netbox]\ntype = \"ipam\"\nsource = \"netbox\"\nurl = \"http://127.0.0.1:1\"\ntoken_file = \"{}\"\n{extra}",
+            token.display()
+        )
+    };
+    for (extra, says) in [
+        (
+            "[[policy.rules]]\nname = \"r\"\nstages = [\"connection\"]\nwhen = \"netbox\"\nthen = \"allow\"",
+            "the check \"netbox\" (ipam) cannot run at stage connection: no identifier is known before a newOrder is read",
+        ),
+        ("timeout = \"30s\"", "timeout must be between 10ms and 10s"),
+        ("cache_for = \"1h\"", "cache_for must be at most 10m"),
+        ("statuses = []", "statuses is empty"),
+    ] {
+        let text = problems(&check(extra));
+        assert!(text.contains(says), "{extra}\n→ {text}");
+    }
+    let text = problems(
+        &check("")
+            .replace(&token.display().to_string(), "/nonexistent/token")
+            .replace("http://127.0.0.1:1", "netbox.lab.test"),
+    );
+    assert!(
+        text.contains(
+            "policy.checks.netbox.url \"netbox.lab.test\" must be an http:// or https:// URL"
+        ),
+        "{text}"
+    );
+    // One problem at a time for the source: the URL is read first.
+    let text = problems(&check("").replace(&token.display().to_string(), "/nonexistent/token"));
+    assert!(
+        text.contains("policy.checks.netbox.token_file /nonexistent/token: cannot be read"),
+        "{text}"
+    );
+    // Built, it runs at new_order and finalize.
+    let built = policy(&check(
+        "[[policy.rules]]\nname = \"r\"\nwhen = \"not netbox\"\nthen = \"deny\"",
+    ));
+    assert!(built.asks_at(Stage::NewOrder) && built.asks_at(Stage::Finalize));
+}

@@ -26,6 +26,7 @@ mod flow;
 mod harness;
 #[cfg(feature = "pkcs11")]
 mod hsm;
+mod ipam;
 mod jobs;
 mod jws_table;
 mod lock;

@@ -722,3 +722,34 @@ message = "only hosts named in lab.test"
     assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
     server.stop().await;
 }
+
+#[test]
+fn an_ipam_token_file_readable_by_others_stops_start_up_saying_how_to_close_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let etc = harness::tempdir();
+    let token = etc.path().join("netbox-token");
+    std::fs::write(&token, "nbt_abc.def\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let data = harness::tempdir();
+    let (_dir, config) = harness::config_file(&TestServer::config_text(
+        data.path(),
+        1,
+        None,
+        &format!(
+            "[policy.checks.netbox]\ntype = \"ipam\"\nsource = \"netbox\"\nurl = \"http://127.0.0.1:1\"\ntoken_file = \"{}\"\n",
+            token.display()
+        ),
+    ));
+    let refused = std::process::Command::new(harness::binary())
+        .args(["serve", "--config", config.to_str().expect("utf-8")])
+        .env_remove("ACME_PROXY_CONFIG")
+        .output()
+        .expect("run acme-proxy");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("chmod 600 '{}'", token.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("nbt_abc.def"), "{stderr}");
+}
