@@ -148,6 +148,23 @@ impl Store {
         Ok(full)
     }
 
+    /// Holds `key` back until at least `until_ms` (a pause: nothing fits
+    /// before then when checked with an interval and burst of 1 ms); a
+    /// later hold already there stays.
+    pub async fn hold_rate_limit(&self, key: &str, until_ms: i64) -> Result<()> {
+        self.writer()
+            .await?
+            .exec(
+                "INSERT INTO rate_limits (key, tat, interval_ms) VALUES (?1, ?2, 1)
+                 ON CONFLICT (key) DO UPDATE
+                 SET tat = CASE WHEN rate_limits.tat > ?2 THEN rate_limits.tat ELSE ?2 END,
+                     interval_ms = 1",
+                args![key, until_ms],
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Gives back a place taken at `now_ms` for something that was then
     /// not done (an order the store refused to make).
     pub async fn give_back_rate_limit(&self, key: &str, interval_ms: i64) -> Result<()> {
@@ -243,6 +260,35 @@ mod tests {
     use crate::test_support::TestDb;
 
     const MIN: i64 = 60_000;
+
+    #[tokio::test]
+    async fn a_hold_pauses_a_key_until_its_time_and_an_earlier_hold_does_not_shorten_it() {
+        let (_db, store) = TestDb::open().await;
+        let now = 1_000_000_000_000;
+        let paused = |at: i64| {
+            let store = store.clone();
+            async move {
+                let key = RateLimitKey {
+                    key: "pause",
+                    interval_ms: 1,
+                    burst_ms: 1,
+                };
+                store
+                    .take_rate_limits(&[key], at, RateLimitTake::Check)
+                    .await
+                    .unwrap()
+                    .map(|(_, wait)| wait)
+            }
+        };
+        assert_eq!(paused(now).await, None);
+        store.hold_rate_limit("pause", now + 20_000).await.unwrap();
+        assert_eq!(paused(now).await, Some(20_000));
+        store.hold_rate_limit("pause", now + 5_000).await.unwrap();
+        assert_eq!(paused(now + 19_999).await, Some(1));
+        assert_eq!(paused(now + 20_000).await, None);
+        assert_eq!(store.rate_limits("pause", now, 10).await.unwrap().len(), 1);
+        assert_eq!(store.sweep_rate_limits(now + 20_000).await.unwrap(), 1);
+    }
 
     #[tokio::test]
     async fn five_an_hour_take_five_at_once_then_one_every_twelve_minutes_and_a_changed_limit_recounts()

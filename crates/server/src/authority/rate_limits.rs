@@ -27,6 +27,7 @@ pub(super) enum Limit {
     CertificatesPerDomain,
     DuplicateCertificates,
     UpstreamOrders,
+    UpstreamPause,
 }
 
 impl Limit {
@@ -39,6 +40,7 @@ impl Limit {
             Limit::CertificatesPerDomain => "certificates_per_domain",
             Limit::DuplicateCertificates => "duplicate_certificates",
             Limit::UpstreamOrders => "upstream_orders",
+            Limit::UpstreamPause => "upstream_pause",
         }
     }
 }
@@ -419,10 +421,80 @@ impl Authority {
         }
     }
 
+    /// Whether `profile`'s upstream may be sent a request now: not while
+    /// it is paused ([`Self::pause_upstream`]), when the job waits in the
+    /// queue until the pause ends (the wait is not an attempt).
+    pub(super) async fn upstream_open(&self, profile: &str) -> Result<(), Outcome> {
+        let key = upstream_pause_key(profile);
+        // A pause is a key held until a time: checked with an interval and
+        // burst of 1 ms, nothing fits before it.
+        let pause = RateLimitKey {
+            key: &key,
+            interval_ms: 1,
+            burst_ms: 1,
+        };
+        match self
+            .store
+            .take_rate_limits(&[pause], self.clock.unix_ms(), RateLimitTake::Check)
+            .await
+        {
+            Ok(None) => Ok(()),
+            Ok(Some((_, wait_ms))) => {
+                self.count_refusal(Limit::UpstreamPause);
+                tracing::info!(
+                    event = "relay.paused",
+                    outcome = "deferred",
+                    profile,
+                    wait_ms,
+                    "the upstream asked to be left alone for a while; this relay waits"
+                );
+                let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
+                Err(Outcome::Reschedule(self.clock.now() + wait))
+            }
+            Err(e) => Err(Outcome::Retry(format!("reading the upstream's pause: {e}"))),
+        }
+    }
+
+    /// Pauses `profile`'s upstream for `after` (its `Retry-After`, at most
+    /// a day): no job of any replica sends it a request until then. An
+    /// error is logged: the job that saw the answer waits all the same.
+    pub(super) async fn pause_upstream(&self, profile: &str, after: std::time::Duration) {
+        let after = crate::jobs::backoff::retry_after(after);
+        let until_ms = self
+            .clock
+            .unix_ms()
+            .saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+        match self
+            .store
+            .hold_rate_limit(&upstream_pause_key(profile), until_ms)
+            .await
+        {
+            Ok(()) => tracing::warn!(
+                event = "relay.paused",
+                outcome = "paused",
+                profile,
+                seconds = after.as_secs(),
+                "the upstream answered with Retry-After; every relay of this profile waits"
+            ),
+            Err(e) => tracing::error!(
+                event = "relay.paused",
+                outcome = "failure",
+                profile,
+                error = %e,
+                "could not record the upstream's pause"
+            ),
+        }
+    }
+
     /// Forgets rate-limit keys that hold nothing back (with the nonce sweep).
     pub async fn sweep_rate_limits(&self) -> AcmeResult<u64> {
         Ok(self.store.sweep_rate_limits(self.clock.unix_ms()).await?)
     }
+}
+
+/// The key of `profile`'s upstream pause.
+fn upstream_pause_key(profile: &str) -> String {
+    format!("upstream_pause:profile:{profile}")
 }
 
 /// The key of `account_id`'s failed validations of `name`.

@@ -116,10 +116,16 @@ impl Authority {
         self.queue.wake(RELAY_KIND);
         let mut retry_after = None;
         let mut turn_at = None;
-        match self
-            .upstream_order_turn(&profile.name, relay.upstream_orders())
-            .await
-        {
+        // A paused upstream is not asked (and no budget place is spent):
+        // the job creates the order when the pause ends.
+        let turn = match self.upstream_open(&profile.name).await {
+            Ok(()) => {
+                self.upstream_order_turn(&profile.name, relay.upstream_orders())
+                    .await
+            }
+            Err(paused) => Err(paused),
+        };
+        match turn {
             Ok(()) => {
                 // One bounded try: the client's request must not wait on a hung
                 // upstream for longer than one request timeout (the job's hold).
@@ -159,6 +165,9 @@ impl Authority {
                             error = %e,
                             "the upstream newOrder failed transiently; the relay job will create it"
                         );
+                        if let Some(after) = e.retry_after {
+                            self.pause_upstream(&profile.name, after).await;
+                        }
                         retry_after = e.retry_after;
                     }
                 }
@@ -254,6 +263,9 @@ impl Authority {
         let Some(relay) = profile.signer.issuance().deferred() else {
             return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
         };
+        if let Err(paused) = self.upstream_open(profile_name).await {
+            return paused;
+        }
         let deadline = tokio::time::Instant::now() + relay.attempt_budget();
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
@@ -277,13 +289,13 @@ impl Authority {
                             return Outcome::Retry(format!("recording the upstream order: {e}"));
                         }
                     },
-                    Err(e) => return relay_outcome(e),
+                    Err(e) => return self.relay_failed(profile_name, e).await,
                 },
             },
         };
         let collected = match relay.attempt(&url, &mapping.csr_der, deadline).await {
             Ok(c) => c,
-            Err(e) => return relay_outcome(e),
+            Err(e) => return self.relay_failed(profile_name, e).await,
         };
         match self
             .settle_relay(
@@ -298,6 +310,15 @@ impl Authority {
             Ok(()) => Outcome::Done,
             Err(e) => e,
         }
+    }
+
+    /// The job outcome for an attempt's error; an upstream that asked us to
+    /// come back later (`Retry-After`) is paused for every job first.
+    async fn relay_failed(&self, profile_name: &str, e: RelayError) -> Outcome {
+        if let (false, Some(after)) = (e.is_permanent(), e.retry_after) {
+            self.pause_upstream(profile_name, after).await;
+        }
+        relay_outcome(e)
     }
 
     /// Writes the certificate on the local order, the mapping and the audit

@@ -2374,3 +2374,86 @@ async fn a_budget_of_ten_upstream_orders_a_minute_issues_thirty_finalizes_over_t
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_until_then() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    proxy.inject(
+        Match::PathContains(NEW_ORDER),
+        Fault::RateLimited429 {
+            retry_after_secs: 20,
+        },
+    );
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(&proxy.directory_url(), &pki, "");
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let mut ready = Vec::new();
+    for i in 0..4 {
+        ready.push(ready_order(&account, &[&format!("pause{i}.example.test")]).await);
+    }
+    // The first finalize's upstream newOrder meets the 429; the client
+    // sees its order processing.
+    let mut first = ready.remove(0);
+    first.finalize().await.expect("finalize");
+    let refused_at = proxy
+        .requests_at()
+        .into_iter()
+        .find(|r| r.3 == 429)
+        .expect("the upstream's 429")
+        .0;
+    let store = server.running().authority.store().clone();
+    let now_ms = {
+        use acme_proxy::clock::Clock;
+        SystemClock.unix_ms()
+    };
+    let held = store
+        .rate_limits("upstream_pause:", now_ms, 10)
+        .await
+        .expect("rate limits");
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].key, "upstream_pause:profile:default");
+    assert!(held[0].tat >= now_ms + 18_000, "{held:?}");
+    // Three more finalizes inside the pause: answered, and not forwarded.
+    let mut finalizing = tokio::task::JoinSet::new();
+    for mut order in ready {
+        finalizing.spawn(async move {
+            order.finalize().await.expect("finalize");
+            order.url().to_owned()
+        });
+    }
+    let mut urls: Vec<String> = finalizing.join_all().await;
+    urls.push(first.url().to_owned());
+
+    all_valid(&account, urls, Instant::now() + Duration::from_secs(120)).await;
+
+    // Not one request to the upstream, from any job, until the pause
+    // ended (half a second less: the proxy logs the 429 before the relay
+    // reads it and counts from then).
+    let during: Vec<_> = proxy
+        .requests_at()
+        .into_iter()
+        .filter(|(at, ..)| *at > refused_at && *at < refused_at + Duration::from_millis(19_500))
+        .collect();
+    assert!(during.is_empty(), "requests during the pause: {during:?}");
+    assert_eq!(
+        proxy.forwarded_at(NEW_ORDER).len(),
+        4,
+        "each order created upstream once: {:?}",
+        proxy.requests()
+    );
+    let metrics = server.running().authority.render_metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("acme_proxy_rate_limited_total{limit=\"upstream_pause\"} ")),
+        "{metrics}"
+    );
+    server.stop().await;
+}

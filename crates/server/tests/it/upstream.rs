@@ -696,6 +696,18 @@ impl FaultProxy {
             .collect()
     }
 
+    /// Every request handled so far with when it was (method, path, status
+    /// sent, as [`Self::requests`]), in completion order.
+    pub fn requests_at(&self) -> Vec<(Instant, String, String, u16)> {
+        self.state
+            .log
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|e| (e.at, e.method.clone(), e.path.clone(), e.status))
+            .collect()
+    }
+
     /// Faults applied so far (queued and persistent).
     pub fn faults_applied(&self) -> usize {
         self.state.applied.load(Ordering::SeqCst)
