@@ -28,6 +28,7 @@ pub(super) enum Limit {
     DuplicateCertificates,
     UpstreamOrders,
     UpstreamPause,
+    UpstreamCertificatesPerDomain,
 }
 
 impl Limit {
@@ -41,6 +42,7 @@ impl Limit {
             Limit::DuplicateCertificates => "duplicate_certificates",
             Limit::UpstreamOrders => "upstream_orders",
             Limit::UpstreamPause => "upstream_pause",
+            Limit::UpstreamCertificatesPerDomain => "upstream_certificates_per_domain",
         }
     }
 }
@@ -380,43 +382,76 @@ impl Authority {
         Err(e)
     }
 
-    /// A relay's turn to send a new upstream order under its profile's
-    /// `upstream_orders` budget: now, or the job waits in the queue (the
-    /// wait is not an attempt) until the next place frees.
+    /// A relay's turn to send a new upstream order for `identifiers` under
+    /// its profile's budgets, all or none: `upstream_orders` (smooth: a
+    /// single place, freeing every period / N, so that no period ever holds
+    /// more than N; an upstream's own limit may have no room for a burst
+    /// on top of what it counted already) and
+    /// `upstream_certificates_per_domain` (a place of each registered
+    /// domain named, N at once as the upstream allows). Now, or the job
+    /// waits in the queue (the wait is not an attempt) until the places
+    /// free.
     pub(super) async fn upstream_order_turn(
         &self,
         profile: &str,
-        budget: Option<Rate>,
+        identifiers: &[Identifier],
+        relay: &dyn crate::signer::Deferred,
     ) -> Result<(), Outcome> {
-        let Some(rate) = budget else {
+        let mut budgets: Vec<(Limit, String, Rate, i64)> = Vec::new();
+        if let Some(rate) = relay.upstream_orders() {
+            budgets.push((
+                Limit::UpstreamOrders,
+                format!("upstream_orders:profile:{profile}"),
+                rate,
+                rate.interval_ms(),
+            ));
+        }
+        if let Some(rate) = relay.upstream_certificates_per_domain() {
+            let domains: BTreeSet<String> = identifiers.iter().map(registered_domain).collect();
+            for domain in domains {
+                budgets.push((
+                    Limit::UpstreamCertificatesPerDomain,
+                    format!("upstream_certificates:profile:{profile}:domain:{domain}"),
+                    rate,
+                    rate.burst_ms(),
+                ));
+            }
+        }
+        if budgets.is_empty() {
             return Ok(());
-        };
-        let key = format!("upstream_orders:profile:{profile}");
-        // Smooth: a single place, freeing every period / N, so that no
-        // period ever holds more than N (an upstream's own limit may have
-        // no room for a burst on top of what it counted already).
-        let interval_ms = rate.interval_ms();
+        }
+        let keys: Vec<RateLimitKey<'_>> = budgets
+            .iter()
+            .map(|(_, key, rate, burst_ms)| RateLimitKey {
+                key,
+                interval_ms: rate.interval_ms(),
+                burst_ms: *burst_ms,
+            })
+            .collect();
         match self
             .store
-            .take_rate_limit(&key, self.clock.unix_ms(), interval_ms, interval_ms)
+            .take_rate_limits(&keys, self.clock.unix_ms(), RateLimitTake::Take)
             .await
         {
             Ok(None) => Ok(()),
-            Ok(Some(wait_ms)) => {
-                self.count_refusal(Limit::UpstreamOrders);
+            Ok(Some((full, wait_ms))) => {
+                let (limit, key, rate, _) = &budgets[full.min(budgets.len() - 1)];
+                self.count_refusal(*limit);
                 let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
                 tracing::info!(
                     event = "relay.budget",
                     outcome = "deferred",
                     profile,
+                    limit = limit.name(),
+                    key = %key,
                     wait_ms,
                     budget = %rate,
-                    "the upstream order budget is spent; this relay waits for its turn"
+                    "an upstream budget is spent; this relay waits for its turn"
                 );
                 Err(Outcome::Reschedule(self.clock.now() + wait))
             }
             Err(e) => Err(Outcome::Retry(format!(
-                "taking a place of the upstream order budget: {e}"
+                "taking places of the upstream budgets: {e}"
             ))),
         }
     }

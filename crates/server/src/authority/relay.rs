@@ -120,7 +120,7 @@ impl Authority {
         // the job creates the order when the pause ends.
         let turn = match self.upstream_open(&profile.name).await {
             Ok(()) => {
-                self.upstream_order_turn(&profile.name, relay.upstream_orders())
+                self.upstream_order_turn(&profile.name, &order.identifiers, relay)
                     .await
             }
             Err(paused) => Err(paused),
@@ -270,7 +270,7 @@ impl Authority {
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
             None => match self
-                .upstream_order_turn(profile_name, relay.upstream_orders())
+                .upstream_order_turn(profile_name, &order.identifiers, relay)
                 .await
             {
                 Err(outcome) => return outcome,

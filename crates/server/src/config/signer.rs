@@ -148,6 +148,13 @@ pub struct RelayConfig {
     /// Counted in the database: every replica shares it. Absent: no budget.
     #[schemars(schema_with = "super::reference::opt_rate")]
     pub upstream_orders: Option<super::Rate>,
+    /// At most this many new upstream orders per registered domain (one
+    /// label below its public suffix, as the upstream counts certificates)
+    /// per period, e.g. `"50/1w"`: N at once, then one more every
+    /// period / N. An order takes a place of each domain it names when it
+    /// is sent; finalizes past it wait in the queue. Absent: no budget.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub upstream_certificates_per_domain: Option<super::Rate>,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -215,6 +222,7 @@ impl Default for RelayConfig {
             dns01: None,
             egress: None,
             upstream_orders: None,
+            upstream_certificates_per_domain: None,
         }
     }
 }

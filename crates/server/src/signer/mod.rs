@@ -354,6 +354,9 @@ pub trait Deferred: Send + Sync {
     fn attempt_budget(&self) -> std::time::Duration;
     /// How many new upstream orders may be sent per period, if bounded.
     fn upstream_orders(&self) -> Option<crate::config::Rate>;
+    /// How many new upstream orders may name one registered domain per
+    /// period, if bounded.
+    fn upstream_certificates_per_domain(&self) -> Option<crate::config::Rate>;
     /// Places the upstream order; returns its URL.
     fn create_order<'a>(
         &'a self,

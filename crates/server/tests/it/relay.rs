@@ -2154,6 +2154,18 @@ async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_serv
 
 /// Polls the orders at `urls` until every one is valid; panics on one
 /// that ends invalid, or on any still not valid at `deadline`.
+/// Finalizes every order at once; their URLs.
+async fn finalize_all(ready: Vec<instant_acme::Order>) -> Vec<String> {
+    let mut finalizing = tokio::task::JoinSet::new();
+    for mut order in ready {
+        finalizing.spawn(async move {
+            order.finalize().await.expect("finalize");
+            order.url().to_owned()
+        });
+    }
+    finalizing.join_all().await
+}
+
 async fn all_valid(account: &Account, urls: Vec<String>, deadline: Instant) {
     let mut pending = urls;
     while !pending.is_empty() {
@@ -2328,14 +2340,7 @@ async fn a_budget_of_ten_upstream_orders_a_minute_issues_thirty_finalizes_over_t
     for i in 0..30 {
         ready.push(ready_order(&account, &[&format!("budget{i}.example.test")]).await);
     }
-    let mut finalizing = tokio::task::JoinSet::new();
-    for mut order in ready {
-        finalizing.spawn(async move {
-            order.finalize().await.expect("finalize");
-            order.url().to_owned()
-        });
-    }
-    let urls: Vec<String> = finalizing.join_all().await;
+    let urls = finalize_all(ready).await;
 
     all_valid(&account, urls, Instant::now() + Duration::from_secs(280)).await;
 
@@ -2421,14 +2426,7 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
     assert_eq!(held[0].key, "upstream_pause:profile:default");
     assert!(held[0].tat >= now_ms + 18_000, "{held:?}");
     // Three more finalizes inside the pause: answered, and not forwarded.
-    let mut finalizing = tokio::task::JoinSet::new();
-    for mut order in ready {
-        finalizing.spawn(async move {
-            order.finalize().await.expect("finalize");
-            order.url().to_owned()
-        });
-    }
-    let mut urls: Vec<String> = finalizing.join_all().await;
+    let mut urls = finalize_all(ready).await;
     urls.push(first.url().to_owned());
 
     all_valid(&account, urls, Instant::now() + Duration::from_secs(120)).await;
@@ -2453,6 +2451,84 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
         metrics
             .lines()
             .any(|l| l.starts_with("acme_proxy_rate_limited_total{limit=\"upstream_pause\"} ")),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_upstream_certificates_a_minute_per_registered_domain_hold_back_a_third_of_that_domain_only()
+ {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &proxy.directory_url(),
+        &pki,
+        "upstream_certificates_per_domain = \"2/1m\"",
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    // Three orders under example.test (`.test` is not on the Public
+    // Suffix List: its last label stands for the suffix), one under
+    // other.test.
+    let names = [
+        "a.pc.example.test",
+        "b.pc.example.test",
+        "c.pc.example.test",
+        "a.pc.other.test",
+    ];
+    let mut ready = Vec::new();
+    for name in names {
+        ready.push(ready_order(&account, &[name]).await);
+    }
+    let started = Instant::now();
+    let urls = finalize_all(ready).await;
+    // Each domain's places, kept in the database.
+    let store = server.running().authority.store().clone();
+    let now_ms = {
+        use acme_proxy::clock::Clock;
+        SystemClock.unix_ms()
+    };
+    let keys: Vec<String> = store
+        .rate_limits("upstream_certificates:", now_ms, 10)
+        .await
+        .expect("rate limits")
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "upstream_certificates:profile:default:domain:example.test",
+            "upstream_certificates:profile:default:domain:other.test",
+        ]
+    );
+    all_valid(&account, urls, Instant::now() + Duration::from_secs(120)).await;
+
+    // Three sent at once (two of example.test, other.test's); the third of
+    // example.test half a minute later, when a place of its domain freed.
+    let sent = proxy.forwarded_at(NEW_ORDER);
+    assert_eq!(sent.len(), 4, "each order created upstream once");
+    let offsets: Vec<Duration> = sent.iter().map(|at| at.duration_since(started)).collect();
+    assert!(
+        offsets[..3].iter().all(|d| *d < Duration::from_secs(15)),
+        "{offsets:?}"
+    );
+    assert!(
+        offsets[3] >= Duration::from_secs(28),
+        "the third order of example.test went at {offsets:?}"
+    );
+    let metrics = server.running().authority.render_metrics().await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "acme_proxy_rate_limited_total{limit=\"upstream_certificates_per_domain\"} "
+        )),
         "{metrics}"
     );
     server.stop().await;

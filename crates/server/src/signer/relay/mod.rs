@@ -885,6 +885,10 @@ impl super::Deferred for Relay {
         self.config.upstream_orders
     }
 
+    fn upstream_certificates_per_domain(&self) -> Option<crate::config::Rate> {
+        self.config.upstream_certificates_per_domain
+    }
+
     fn create_order<'a>(
         &'a self,
         identifiers: &'a [Identifier],
