@@ -233,6 +233,18 @@ impl JobWakeups {
     }
 }
 
+/// What a requeued job's attempt count becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempts {
+    /// A failed attempt: it counts.
+    Keep,
+    /// A periodic job's new period, which is not a retry: back to zero.
+    Reset,
+    /// Held back before it did anything (a budget, a pause): the claim
+    /// that counted it is taken back.
+    Uncount,
+}
+
 impl Store {
     /// Queues a job unless an unfinished one with the same (kind, key)
     /// exists (then says so and changes nothing).
@@ -408,8 +420,7 @@ impl Store {
     }
 
     /// running → queued for another attempt at `run_at`, if `owner` still
-    /// holds the job. `reset_attempts` is for periodic jobs rescheduling
-    /// themselves (a new period is not a retry).
+    /// holds the job, its attempts as `attempts` says.
     pub async fn requeue_job(
         &self,
         id: i64,
@@ -417,17 +428,24 @@ impl Store {
         now: i64,
         run_at: i64,
         error: Option<&str>,
-        reset_attempts: bool,
+        attempts: Attempts,
     ) -> Result<bool> {
+        let attempts: i64 = match attempts {
+            Attempts::Keep => 0,
+            Attempts::Reset => 1,
+            Attempts::Uncount => 2,
+        };
         Ok(self
             .writer()
             .await?
             .exec(
                 "UPDATE jobs SET status = 'queued', run_at = ?1, last_error = ?2, updated_at = ?3,
                  lease_owner = NULL, lease_until = NULL,
-                 attempts = CASE WHEN ?4 THEN 0 ELSE attempts END
+                 attempts = CASE ?4 WHEN 1 THEN 0
+                                    WHEN 2 THEN (CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END)
+                                    ELSE attempts END
              WHERE id = ?5 AND lease_owner = ?6 AND status = 'running'",
-                args![run_at, error, now, reset_attempts, id, owner],
+                args![run_at, error, now, attempts, id, owner],
             )
             .await?
             == 1)

@@ -51,7 +51,7 @@ pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome,
 pub use copy::TableCopy;
 pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};
 pub use eab::{EabRow, NewEab};
-pub use jobs::{Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
+pub use jobs::{Attempts, Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, ProcessingChallenge,

@@ -165,6 +165,12 @@ impl Store {
         Ok(())
     }
 
+    /// When `key` holds nothing back any more (its `tat`), if it has a row:
+    /// a read, for a check that must not queue behind the writer.
+    pub async fn rate_limit_tat(&self, key: &str) -> Result<Option<i64>> {
+        tat_of(&mut self.reader().await?, key).await
+    }
+
     /// Gives back a place taken at `now_ms` for something that was then
     /// not done (an order the store refused to make).
     pub async fn give_back_rate_limit(&self, key: &str, interval_ms: i64) -> Result<()> {

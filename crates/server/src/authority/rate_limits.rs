@@ -396,7 +396,7 @@ impl Authority {
         profile: &str,
         identifiers: &[Identifier],
         relay: &dyn crate::signer::Deferred,
-    ) -> Result<(), Outcome> {
+    ) -> Result<Vec<Place>, Outcome> {
         let mut budgets: Vec<(Limit, String, Rate, i64)> = Vec::new();
         if let Some(rate) = relay.upstream_orders() {
             budgets.push((
@@ -418,7 +418,7 @@ impl Authority {
             }
         }
         if budgets.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let keys: Vec<RateLimitKey<'_>> = budgets
             .iter()
@@ -433,7 +433,13 @@ impl Authority {
             .take_rate_limits(&keys, self.clock.unix_ms(), RateLimitTake::Take)
             .await
         {
-            Ok(None) => Ok(()),
+            Ok(None) => Ok(budgets
+                .into_iter()
+                .map(|(_, key, rate, _)| Place {
+                    key,
+                    interval_ms: rate.interval_ms(),
+                })
+                .collect()),
             Ok(Some((full, wait_ms))) => {
                 let (limit, key, rate, _) = &budgets[full.min(budgets.len() - 1)];
                 self.count_refusal(*limit);
@@ -448,7 +454,7 @@ impl Authority {
                     budget = %rate,
                     "an upstream budget is spent; this relay waits for its turn"
                 );
-                Err(Outcome::Reschedule(self.clock.now() + wait))
+                Err(Outcome::Wait(self.clock.now() + wait))
             }
             Err(e) => Err(Outcome::Retry(format!(
                 "taking places of the upstream budgets: {e}"
@@ -460,21 +466,18 @@ impl Authority {
     /// it is paused ([`Self::pause_upstream`]), when the job waits in the
     /// queue until the pause ends (the wait is not an attempt).
     pub(super) async fn upstream_open(&self, profile: &str) -> Result<(), Outcome> {
-        let key = upstream_pause_key(profile);
-        // A pause is a key held until a time: checked with an interval and
-        // burst of 1 ms, nothing fits before it.
-        let pause = RateLimitKey {
-            key: &key,
-            interval_ms: 1,
-            burst_ms: 1,
-        };
+        // A pause is a key held until a time (a read: every relay attempt
+        // and finalize asks, and must not queue behind the writer).
+        let now_ms = self.clock.unix_ms();
         match self
             .store
-            .take_rate_limits(&[pause], self.clock.unix_ms(), RateLimitTake::Check)
+            .rate_limit_tat(&upstream_pause_key(profile))
             .await
         {
             Ok(None) => Ok(()),
-            Ok(Some((_, wait_ms))) => {
+            Ok(Some(until)) if until <= now_ms => Ok(()),
+            Ok(Some(until)) => {
+                let wait_ms = until - now_ms;
                 self.count_refusal(Limit::UpstreamPause);
                 tracing::info!(
                     event = "relay.paused",
@@ -484,7 +487,7 @@ impl Authority {
                     "the upstream asked to be left alone for a while; this relay waits"
                 );
                 let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
-                Err(Outcome::Reschedule(self.clock.now() + wait))
+                Err(Outcome::Wait(self.clock.now() + wait))
             }
             Err(e) => Err(Outcome::Retry(format!("reading the upstream's pause: {e}"))),
         }

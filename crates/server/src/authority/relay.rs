@@ -126,7 +126,7 @@ impl Authority {
             Err(paused) => Err(paused),
         };
         match turn {
-            Ok(()) => {
+            Ok(places) => {
                 // One bounded try: the client's request must not wait on a hung
                 // upstream for longer than one request timeout (the job's hold).
                 let created = match tokio::time::timeout(
@@ -148,6 +148,7 @@ impl Authority {
                             .await?;
                     }
                     Err(e) if e.is_permanent() => {
+                        self.give_back(places).await;
                         if self
                             .store
                             .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
@@ -168,25 +169,31 @@ impl Authority {
                         if let Some(after) = e.retry_after {
                             self.pause_upstream(&profile.name, after).await;
                         }
+                        if created_nothing(&e) {
+                            self.give_back(places).await;
+                        }
                         retry_after = e.retry_after;
                     }
                 }
             }
             // The profile's upstream order budget is spent: the job creates
             // the upstream order at its turn.
-            Err(Outcome::Reschedule(at)) => turn_at = Some(crate::clock::unix_ms(at)),
+            Err(Outcome::Wait(at)) => turn_at = Some(crate::clock::unix_ms(at)),
             Err(_) => {}
         }
         // Due now, at the budget's turn, or when the upstream asked us to
         // come back (at most a day on: its number is unbounded, our run
         // times are not).
         let now_ms = self.clock.unix_ms();
-        let due = turn_at.unwrap_or_else(|| {
-            backoff::later(
-                now_ms,
-                retry_after.map_or(Duration::ZERO, backoff::retry_after),
-            )
-        });
+        let due = turn_at
+            .unwrap_or_else(|| {
+                backoff::later(
+                    now_ms,
+                    retry_after.map_or(Duration::ZERO, backoff::retry_after),
+                )
+            })
+            // Past the order's expiry the job is retired: no later than that.
+            .min(order.expires_at.saturating_mul(1000));
         self.store
             .schedule_queued_job(RELAY_KIND, &order.id, due, now_ms)
             .await?;
@@ -274,7 +281,7 @@ impl Authority {
                 .await
             {
                 Err(outcome) => return outcome,
-                Ok(()) => match relay
+                Ok(places) => match relay
                     .create_order(&order.identifiers, order.certificate_profile.as_deref())
                     .await
                 {
@@ -289,7 +296,12 @@ impl Authority {
                             return Outcome::Retry(format!("recording the upstream order: {e}"));
                         }
                     },
-                    Err(e) => return self.relay_failed(profile_name, e).await,
+                    Err(e) => {
+                        if created_nothing(&e) {
+                            self.give_back(places).await;
+                        }
+                        return self.relay_failed(profile_name, e).await;
+                    }
                 },
             },
         };
@@ -498,6 +510,14 @@ impl Authority {
             ),
         }
     }
+}
+
+/// Whether a failed upstream newOrder surely made no order: the upstream
+/// answered, with a problem document or a `Retry-After`, or refused for
+/// good. A timeout or a lost connection may have made one, which the
+/// upstream then counted: its budget places are kept.
+fn created_nothing(e: &RelayError) -> bool {
+    e.is_permanent() || e.problem_type.is_some() || e.retry_after.is_some()
 }
 
 /// The job outcome for an attempt's error.

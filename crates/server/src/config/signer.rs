@@ -152,7 +152,8 @@ pub struct RelayConfig {
     /// label below its public suffix, as the upstream counts certificates)
     /// per period, e.g. `"50/1w"`: N at once, then one more every
     /// period / N. An order takes a place of each domain it names when it
-    /// is sent; finalizes past it wait in the queue. Absent: no budget.
+    /// is sent (given back if the upstream answers that it made nothing);
+    /// finalizes past it wait in the queue. Absent: no budget.
     #[schemars(schema_with = "super::reference::opt_rate")]
     pub upstream_certificates_per_domain: Option<super::Rate>,
 }

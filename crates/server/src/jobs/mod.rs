@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acme_proxy_store::{Enqueued, JobRow, JobStatus, NewJob, Store, StoreError};
+use acme_proxy_store::{Attempts, Enqueued, JobRow, JobStatus, NewJob, Store, StoreError};
 use time::OffsetDateTime;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -106,6 +106,10 @@ pub enum Outcome {
     Failed(String),
     /// Done for now; run again at this time (periodic work). Attempts reset.
     Reschedule(OffsetDateTime),
+    /// Held back before doing anything (a budget spent, a peer's pause):
+    /// run again at this time, or at the deadline if that is sooner. The
+    /// claim does not count as an attempt.
+    Wait(OffsetDateTime),
 }
 
 /// Why a job was retired for good.
@@ -735,7 +739,17 @@ impl Runner {
             Outcome::Reschedule(at) => {
                 let at = (at.unix_timestamp_nanos() / 1_000_000) as i64;
                 store
-                    .requeue_job(job.id, &self.owner, now, at, None, true)
+                    .requeue_job(job.id, &self.owner, now, at, None, Attempts::Reset)
+                    .await
+            }
+            Outcome::Wait(at) => {
+                let mut at = (at.unix_timestamp_nanos() / 1_000_000) as i64;
+                // Past the deadline the job is retired: wait no longer.
+                if let Some(deadline) = job.deadline {
+                    at = at.min(deadline);
+                }
+                store
+                    .requeue_job(job.id, &self.owner, now, at, None, Attempts::Uncount)
                     .await
             }
             Outcome::Failed(reason) => {
@@ -767,7 +781,7 @@ impl Runner {
                 self.queue.observer.retried(&job.kind);
                 tracing::info!(event = "job.retry", outcome = "retry", reason = %reason, delay_ms = delay.as_millis() as u64, "attempt failed; will retry");
                 store
-                    .requeue_job(job.id, &self.owner, now, next, Some(reason), false)
+                    .requeue_job(job.id, &self.owner, now, next, Some(reason), Attempts::Keep)
                     .await
             }
         };

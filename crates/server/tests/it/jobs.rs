@@ -907,7 +907,14 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
     assert!(!store.finish_job(id, "a", t + 2100).await.unwrap());
     assert!(
         !store
-            .requeue_job(id, "a", t + 2100, t + 5000, Some("late"), false)
+            .requeue_job(
+                id,
+                "a",
+                t + 2100,
+                t + 5000,
+                Some("late"),
+                acme_proxy_store::Attempts::Keep,
+            )
             .await
             .unwrap()
     );
@@ -930,11 +937,37 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
     );
     assert_eq!(row.last_error, None);
 
+    // Held back before it did anything (a budget, a pause): queued again,
+    // its claim not counted as an attempt.
+    assert!(
+        store
+            .requeue_job(
+                id,
+                "b",
+                t + 2200,
+                t + 2300,
+                None,
+                acme_proxy_store::Attempts::Uncount,
+            )
+            .await
+            .unwrap()
+    );
+    let row = store.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.attempts, row.run_at),
+        ("queued", 1, t + 2300)
+    );
+    let b = store
+        .claim_jobs("b", &[(KIND, 10)], t + 2300, 1000, 8)
+        .await
+        .unwrap();
+    assert_eq!(b[0].attempts, 2);
+
     // The holder settles.
-    assert!(store.finish_job(id, "b", t + 2200).await.unwrap());
+    assert!(store.finish_job(id, "b", t + 2400).await.unwrap());
     let row = store.job(id).await.unwrap().unwrap();
     assert_eq!(row.status.as_str(), "done");
-    assert!(!store.finish_job(id, "b", t + 2300).await.unwrap());
+    assert!(!store.finish_job(id, "b", t + 2500).await.unwrap());
 }
 
 #[tokio::test]

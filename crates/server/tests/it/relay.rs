@@ -2152,8 +2152,6 @@ async fn a_restart_in_the_middle_of_a_delegated_relay_order_keeps_its_value_serv
     server.stop().await;
 }
 
-/// Polls the orders at `urls` until every one is valid; panics on one
-/// that ends invalid, or on any still not valid at `deadline`.
 /// Finalizes every order at once; their URLs.
 async fn finalize_all(ready: Vec<instant_acme::Order>) -> Vec<String> {
     let mut finalizing = tokio::task::JoinSet::new();
@@ -2166,6 +2164,8 @@ async fn finalize_all(ready: Vec<instant_acme::Order>) -> Vec<String> {
     finalizing.join_all().await
 }
 
+/// Polls the orders at `urls` until every one is valid; panics on one
+/// that ends invalid, or on any still not valid at `deadline`.
 async fn all_valid(account: &Account, urls: Vec<String>, deadline: Instant) {
     let mut pending = urls;
     while !pending.is_empty() {
