@@ -159,10 +159,7 @@ impl Replicas {
     fn servers_in_log(&self) -> BTreeSet<String> {
         self.haproxy_log()
             .lines()
-            .filter_map(|line| {
-                line.split_whitespace()
-                    .find(|w| w.starts_with("replicas/r"))
-            })
+            .filter_map(served_by)
             .map(str::to_owned)
             .collect()
     }
@@ -173,6 +170,17 @@ impl Replicas {
             .expect("config")
             .database_url()
     }
+}
+
+/// The replica that served the request a line of HAProxy's log records
+/// (`ADDR [DATE] acme replicas/r1 …`); None for any other line, such as a
+/// health check's `Server replicas/r0 is DOWN`, which served nothing.
+fn served_by(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace().skip(2);
+    (words.next() == Some("acme"))
+        .then(|| words.next())
+        .flatten()
+        .filter(|server| server.starts_with("replicas/r"))
 }
 
 /// `toml` on a PostgreSQL database of its own: the suite's own on the
@@ -400,13 +408,7 @@ async fn certbot_and_lego_obtain_renew_and_revoke_through_three_replicas_behind_
     // The clients' requests were spread over every replica.
     let log = replicas.haproxy_log();
     let client_lines: Vec<&str> = log.lines().skip(served_before).collect();
-    let served: BTreeSet<&str> = client_lines
-        .iter()
-        .filter_map(|line| {
-            line.split_whitespace()
-                .find(|w| w.starts_with("replicas/r"))
-        })
-        .collect();
+    let served: BTreeSet<&str> = client_lines.iter().filter_map(|l| served_by(l)).collect();
     assert_eq!(
         served.len(),
         REPLICAS,
