@@ -56,6 +56,14 @@ pub struct Metrics {
     /// Relay requests to upstream CAs by profile and class (2xx, 4xx, 5xx,
     /// transport, timeout).
     pub upstream_requests: Family<Labels, Counter>,
+    /// Each upstream's circuit breaker: 1 for the state it is in
+    /// (`closed`, `open`, `probing`), 0 for the others, by profile and
+    /// upstream directory; read from the database, so every replica
+    /// shows the same.
+    pub upstream_breaker_state: Family<Labels, Gauge>,
+    /// Changes of an upstream's breaker this process made, by profile and
+    /// the state it went to.
+    pub upstream_breaker_transitions: Family<Labels, Counter>,
     /// Outbound connections an `[egress]` proxy refused (`407`, `refused`)
     /// or that could not reach it (`unreachable`), by profile and client
     /// (`relay`, `webhook`).
@@ -99,6 +107,8 @@ impl Metrics {
             validations: Family::default(),
             validation_seconds: Family::new_with_constructor(seconds_histogram),
             upstream_requests: Family::default(),
+            upstream_breaker_state: Family::default(),
+            upstream_breaker_transitions: Family::default(),
             egress_proxy_failures: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
@@ -176,6 +186,16 @@ impl Metrics {
             "upstream_requests",
             "Relay requests to upstream CAs by profile and class",
             m.upstream_requests.clone(),
+        );
+        r.register(
+            "upstream_breaker_state",
+            "Each upstream's circuit breaker: 1 for its state, by profile and upstream",
+            m.upstream_breaker_state.clone(),
+        );
+        r.register(
+            "upstream_breaker_transitions",
+            "Circuit breaker changes by profile and the state entered",
+            m.upstream_breaker_transitions.clone(),
         );
         r.register(
             "egress_proxy_failures",
@@ -339,6 +359,16 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a change of `profile`'s upstream breaker to `state`.
+    pub fn breaker_changed(&self, profile: &str, state: acme_proxy_store::BreakerState) {
+        self.upstream_breaker_transitions
+            .get_or_create(&vec![
+                ("profile", profile.to_owned()),
+                ("to", state.as_str().to_owned()),
+            ])
+            .inc();
+    }
+
     /// The OpenMetrics text of every family, gauges refreshed from `store`.
     /// `nonces`: outstanding replay nonces, wherever they are kept.
     pub async fn render(&self, store: &Store, nonces: Option<i64>) -> String {
@@ -349,6 +379,20 @@ impl Metrics {
                 self.job_depth
                     .get_or_create(&vec![("kind", kind), ("status", status)])
                     .set(n);
+            }
+        }
+        if let Ok(breakers) = store.breakers().await {
+            self.upstream_breaker_state.clear();
+            for b in breakers {
+                for &state in acme_proxy_store::BreakerState::ALL {
+                    self.upstream_breaker_state
+                        .get_or_create(&vec![
+                            ("profile", b.profile.clone()),
+                            ("upstream", b.directory.clone()),
+                            ("state", state.as_str().to_owned()),
+                        ])
+                        .set(i64::from(b.state == state));
+                }
             }
         }
         for (pool, size, idle) in store.pool_stats() {

@@ -47,6 +47,7 @@ const TABLES: &[&str] = &[
     "dns_zone_serials",
     "dns_api_accounts",
     "rate_limits",
+    "upstream_breakers",
 ];
 
 /// Rows per batch sent from the reading thread and per `INSERT`.

@@ -16,6 +16,7 @@
 mod accounts;
 mod admin;
 mod audit;
+mod breakers;
 mod certificates;
 mod copy;
 mod db;
@@ -47,6 +48,7 @@ use slot::Slot;
 pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::{Blocker, DeleteOutcome};
 pub use audit::{AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, NewAuditRow};
+pub use breakers::{BreakerFailure, BreakerRow, BreakerState};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use copy::TableCopy;
 pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};

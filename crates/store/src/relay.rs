@@ -284,6 +284,19 @@ impl Store {
             .await
     }
 
+    /// How many of `profile`'s relayed orders are still processing.
+    pub async fn relays_in_flight(&self, profile: &str) -> Result<i64> {
+        Ok(self
+            .reader()
+            .await?
+            .scalar(
+                "SELECT COUNT(*) FROM upstream_orders WHERE profile = ?1 AND status = 'processing'",
+                args![profile],
+            )
+            .await?
+            .unwrap_or(0))
+    }
+
     /// Settles a relayed order in one transaction: the certificate and
     /// processing → valid, the mapping valid with the certificate URL, and
     /// the audit row. False when the order was no longer processing.

@@ -249,6 +249,81 @@ pub async fn upstream_accounts(
     Ok(views)
 }
 
+/// A relay profile's upstream as operators see it: its circuit breaker,
+/// its pause, and the relays waiting on it.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamStatusView {
+    pub profile: String,
+    pub directory: String,
+    /// `closed`, `open` or `probing`.
+    pub breaker: String,
+    /// When the breaker entered that state (an open one: when it opened);
+    /// None before the upstream ever failed.
+    pub since: Option<String>,
+    /// Requests in a row that found the upstream down.
+    pub failures: i64,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<String>,
+    /// An open breaker's next probe (a probing one's: when its claim lapses).
+    pub next_probe: Option<String>,
+    /// Until when the upstream asked to be left alone (`Retry-After`).
+    pub paused_until: Option<String>,
+    /// Relayed orders still processing.
+    pub in_flight: i64,
+}
+
+/// The upstream of each relay profile (one, or all): breaker, pause,
+/// relays in flight.
+pub async fn upstream_status(
+    store: &Store,
+    clock: &dyn Clock,
+    config: &Config,
+    profile: Option<&str>,
+) -> Result<Vec<UpstreamStatusView>, OpsError> {
+    let now_ms = clock.unix_ms();
+    let mut views = Vec::new();
+    for (name, p) in &config.profiles {
+        let SignerConfig::Relay(relay) = &p.signer else {
+            continue;
+        };
+        if profile.is_some_and(|want| want != name) {
+            continue;
+        }
+        let breaker = store.breaker(name, &relay.directory).await?;
+        let paused = store
+            .rate_limit_tat(&crate::authority::upstream_pause_key(name))
+            .await?
+            .filter(|until| *until > now_ms);
+        let at = |ms: i64| rfc3339(ms.div_euclid(1000));
+        views.push(UpstreamStatusView {
+            profile: name.clone(),
+            directory: relay.directory.clone(),
+            breaker: breaker
+                .as_ref()
+                .map_or("closed", |b| b.state.as_str())
+                .to_owned(),
+            since: breaker.as_ref().map(|b| at(b.since)),
+            failures: breaker.as_ref().map_or(0, |b| b.failures),
+            last_error: breaker.as_ref().and_then(|b| b.last_error.clone()),
+            last_error_at: breaker.as_ref().and_then(|b| b.last_error_at).map(at),
+            next_probe: breaker
+                .as_ref()
+                .filter(|b| b.state != acme_proxy_store::BreakerState::Closed)
+                .map(|b| at(b.retry_at)),
+            paused_until: paused.map(at),
+            in_flight: store.relays_in_flight(name).await?,
+        });
+    }
+    if let Some(want) = profile
+        && views.is_empty()
+    {
+        return Err(OpsError::Refused(format!(
+            "profile {want:?} is not a relay profile of this configuration"
+        )));
+    }
+    Ok(views)
+}
+
 /// A relayed order as operators see it: local order ↔ upstream order.
 #[derive(Debug, Clone, Serialize)]
 pub struct UpstreamOrderView {

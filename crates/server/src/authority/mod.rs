@@ -11,6 +11,7 @@
 mod accounts;
 mod ari;
 mod audit;
+mod breaker;
 mod certificates;
 pub mod csr;
 mod eab;
@@ -50,6 +51,7 @@ use crate::validators::Validators;
 pub use ari::Window;
 pub use finalize::{FINALIZE_WATCH_KIND, FinalizeWatch};
 pub use maintenance::{CrlRefresh, NonceSweep};
+pub(crate) use rate_limits::upstream_pause_key;
 pub use relay::{RELAY_KIND, RelayJobs};
 pub use revocation::{RevocationSigner, crl_needs_refresh};
 pub use validation::{VALIDATION_KIND, ValidationJobs};

@@ -531,7 +531,7 @@ impl Authority {
 }
 
 /// The key of `profile`'s upstream pause.
-fn upstream_pause_key(profile: &str) -> String {
+pub(crate) fn upstream_pause_key(profile: &str) -> String {
     format!("upstream_pause:profile:{profile}")
 }
 

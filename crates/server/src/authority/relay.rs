@@ -118,7 +118,7 @@ impl Authority {
         let mut turn_at = None;
         // A paused upstream is not asked (and no budget place is spent):
         // the job creates the order when the pause ends.
-        let turn = match self.upstream_open(&profile.name).await {
+        let turn = match self.upstream_gate(&profile.name, relay, false).await {
             Ok(()) => {
                 self.upstream_order_turn(&profile.name, &order.identifiers, relay)
                     .await
@@ -136,11 +136,13 @@ impl Authority {
                 .await
                 {
                     Ok(r) => r,
-                    Err(_) => Err(RelayError::retryable(format!(
+                    Err(_) => Err(RelayError::down(format!(
                         "the upstream newOrder did not finish within {:?}",
                         relay.request_timeout()
                     ))),
                 };
+                self.upstream_heard(&profile.name, relay, created.as_ref().err())
+                    .await;
                 match created {
                     Ok(url) => {
                         self.store
@@ -270,8 +272,8 @@ impl Authority {
         let Some(relay) = profile.signer.issuance().deferred() else {
             return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
         };
-        if let Err(paused) = self.upstream_open(profile_name).await {
-            return paused;
+        if let Err(wait) = self.upstream_gate(profile_name, relay, true).await {
+            return wait;
         }
         let deadline = tokio::time::Instant::now() + relay.attempt_budget();
         let url = match mapping.upstream_url.clone() {
@@ -281,8 +283,14 @@ impl Authority {
                 .await
             {
                 Err(outcome) => return outcome,
-                Ok(places) => match relay
-                    .create_order(&order.identifiers, order.certificate_profile.as_deref())
+                Ok(places) => match self
+                    .heard(
+                        profile_name,
+                        relay,
+                        relay
+                            .create_order(&order.identifiers, order.certificate_profile.as_deref())
+                            .await,
+                    )
                     .await
                 {
                     Ok(url) => match self
@@ -305,7 +313,14 @@ impl Authority {
                 },
             },
         };
-        let collected = match relay.attempt(&url, &mapping.csr_der, deadline).await {
+        let collected = match self
+            .heard(
+                profile_name,
+                relay,
+                relay.attempt(&url, &mapping.csr_der, deadline).await,
+            )
+            .await
+        {
             Ok(c) => c,
             Err(e) => return self.relay_failed(profile_name, e).await,
         };
@@ -322,6 +337,18 @@ impl Authority {
             Ok(()) => Outcome::Done,
             Err(e) => e,
         }
+    }
+
+    /// `result`, after counting it for the upstream's breaker.
+    async fn heard<T>(
+        &self,
+        profile_name: &str,
+        relay: &dyn Deferred,
+        result: Result<T, RelayError>,
+    ) -> Result<T, RelayError> {
+        self.upstream_heard(profile_name, relay, result.as_ref().err())
+            .await;
+        result
     }
 
     /// The job outcome for an attempt's error; an upstream that asked us to

@@ -727,6 +727,18 @@ impl Config {
                         "1s",
                     )
                     .unwrap_or_else(|e| problems.push(reason(e)));
+                    if r.breaker_failures == 0 {
+                        problems.push(format!(
+                            "profiles.{name}.signer.breaker_failures must be at least 1 (failures in a row that open the upstream's breaker); write e.g. breaker_failures = 5"
+                        ));
+                    }
+                    if r.breaker_open_for < Duration::from_secs(1)
+                        || r.breaker_open_for > Duration::from_secs(3600)
+                    {
+                        problems.push(format!(
+                            "profiles.{name}.signer.breaker_open_for must be between 1s and 1h (how long an open breaker waits before probing the upstream); write e.g. breaker_open_for = \"30s\""
+                        ));
+                    }
                 }
             }
         }
@@ -1198,6 +1210,14 @@ mod tests {
             "directory = \"https://ca.example/dir\"\nrequest_timeout = \"10s\"\nattempt_budget = \"15s\"",
         );
         assert!(err.contains("attempt_budget"), "{err}");
+        let err = relay("directory = \"https://ca.example/dir\"\nbreaker_failures = 0");
+        assert!(err.contains("breaker_failures = 5"), "{err}");
+        for open_for in ["500ms", "2h"] {
+            let err = relay(&format!(
+                "directory = \"https://ca.example/dir\"\nbreaker_open_for = \"{open_for}\""
+            ));
+            assert!(err.contains("breaker_open_for = \"30s\""), "{err}");
+        }
         let ok = Config::from_toml(
             "[profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://ca.example/dir\"\nstrategy = \"http01\"",
         )

@@ -156,6 +156,18 @@ pub struct RelayConfig {
     /// finalizes past it wait in the queue. Absent: no budget.
     #[schemars(schema_with = "super::reference::opt_rate")]
     pub upstream_certificates_per_domain: Option<super::Rate>,
+    /// Requests in a row that find the upstream down (no answer within
+    /// `request_timeout`, a 5xx, a page that is not ACME) before its
+    /// circuit breaker opens: relays then wait in the queue instead of
+    /// asking, and one probe (a GET of the directory) every
+    /// `breaker_open_for` asks whether it is back. Kept in the database:
+    /// every job and replica shares it. A 429 or `Retry-After` is not a
+    /// failure (it pauses the upstream instead).
+    pub breaker_failures: u32,
+    /// How long an open breaker holds requests back before the next probe.
+    #[serde(deserialize_with = "duration")]
+    #[schemars(schema_with = "super::reference::duration")]
+    pub breaker_open_for: Duration,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -224,6 +236,8 @@ impl Default for RelayConfig {
             egress: None,
             upstream_orders: None,
             upstream_certificates_per_domain: None,
+            breaker_failures: 5,
+            breaker_open_for: Duration::from_secs(30),
         }
     }
 }

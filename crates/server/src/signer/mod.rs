@@ -357,6 +357,14 @@ pub trait Deferred: Send + Sync {
     /// How many new upstream orders may name one registered domain per
     /// period, if bounded.
     fn upstream_certificates_per_domain(&self) -> Option<crate::config::Rate>;
+    /// The upstream's directory URL: what names it (its breaker's key).
+    fn directory(&self) -> &str;
+    /// Failures in a row that open the upstream's breaker, and how long
+    /// it then stays open before a probe.
+    fn breaker(&self) -> (u32, std::time::Duration);
+    /// One request asking whether the upstream is up (a GET of its
+    /// directory): Ok when it answered as an ACME CA.
+    fn probe(&self) -> BoxFuture<'_, Result<(), relay::RelayError>>;
     /// Places the upstream order; returns its URL.
     fn create_order<'a>(
         &'a self,

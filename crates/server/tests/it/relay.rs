@@ -38,8 +38,15 @@ fn relay_profile(
     extra_profile: &str,
     extra_signer: &str,
 ) -> String {
+    // An outage a test stages opens the breaker for a second, not the
+    // default half minute (unless the test sets its own).
+    let breaker = if extra_signer.contains("breaker_open_for") {
+        ""
+    } else {
+        "breaker_open_for = \"1s\"\n"
+    };
     format!(
-        "[profiles.{name}]\nchallenges = [\"http-01\", \"dns-01\"]\n{extra_profile}\n\n[profiles.{name}.signer]\ntype = \"relay\"\ndirectory = \"{directory}\"\ntrust_anchors = [\"{ca}\"]\nstrategy = \"{strategy}\"\npoll_interval = \"100ms\"\nrequest_timeout = \"2s\"\nattempt_budget = \"60s\"\n{extra_signer}\n",
+        "[profiles.{name}]\nchallenges = [\"http-01\", \"dns-01\"]\n{extra_profile}\n\n[profiles.{name}.signer]\ntype = \"relay\"\ndirectory = \"{directory}\"\ntrust_anchors = [\"{ca}\"]\nstrategy = \"{strategy}\"\npoll_interval = \"100ms\"\nrequest_timeout = \"2s\"\nattempt_budget = \"60s\"\n{breaker}{extra_signer}\n",
         ca = pki.ca_pem_path().display()
     )
 }
@@ -2451,6 +2458,171 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
         metrics
             .lines()
             .any(|l| l.starts_with("acme_proxy_rate_limited_total{limit=\"upstream_pause\"} ")),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+/// `upstream status --json` for the "default" relay profile.
+fn upstream_status(config: &Path) -> serde_json::Value {
+    let out = harness::run_cli(config, &["upstream", "status", "--json"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let shown: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    shown
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["profile"] == "default"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no default profile in {shown}"))
+}
+
+/// The value of the metric line that starts with `prefix` (name and
+/// labels), if there is one.
+fn metric(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_at_a_time_asks_until_it_closes()
+ {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &proxy.directory_url(),
+        &pki,
+        "breaker_failures = 3\nbreaker_open_for = \"4s\"",
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let (_etc, config) = harness::config_file(&toml);
+    let account = client::account(&server.directory("default")).await;
+    let mut ready = Vec::new();
+    for i in 0..3 {
+        ready.push(ready_order(&account, &[&format!("breaker{i}.example.test")]).await);
+    }
+    assert_eq!(upstream_status(&config)["breaker"], "closed");
+
+    // The upstream goes down behind its load balancer: every request gets
+    // the balancer's 502 page. Three finalizes meet it.
+    proxy.set_always(Match::Any, Some(Fault::Html502));
+    let urls = finalize_all(ready).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let opened = loop {
+        let status = upstream_status(&config);
+        if status["breaker"] == "open" {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the breaker never opened: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let seen_open = Instant::now();
+    assert!(opened["failures"].as_i64() >= Some(3), "{opened}");
+    assert!(
+        opened["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("502")),
+        "{opened}"
+    );
+    assert!(opened["next_probe"].is_string(), "{opened}");
+    assert_eq!(opened["in_flight"], 3, "{opened}");
+
+    // Two probes fail while it is down.
+    let probes_since = |from: Instant| -> Vec<(Instant, String, String, u16)> {
+        proxy
+            .requests_at()
+            .into_iter()
+            .filter(|(at, ..)| *at > from)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while probes_since(seen_open).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no two probes in 20 s: {:?}",
+            proxy.requests()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let during = upstream_status(&config);
+    assert_ne!(during["breaker"], "closed", "{during}");
+    // The upstream comes back; the next probe closes the breaker.
+    proxy.set_always(Match::Any, None);
+    let healed = Instant::now();
+    all_valid(&account, urls, Instant::now() + Duration::from_secs(60)).await;
+
+    // While it was open, the upstream saw only the probes: GETs of the
+    // directory, one at a time, each the breaker's 4 s after the last
+    // (less a little: the proxy logs a request before the relay hears).
+    let asked: Vec<_> = proxy
+        .requests_at()
+        .into_iter()
+        .filter(|(at, ..)| *at > seen_open && *at < healed)
+        .collect();
+    assert!(asked.len() >= 2, "{asked:?}");
+    for (_, method, path, _) in &asked {
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            ("GET", "/dir"),
+            "{asked:?}"
+        );
+    }
+    for pair in asked.windows(2) {
+        assert!(
+            pair[1].0 - pair[0].0 >= Duration::from_millis(3_800),
+            "two probes {:?} apart: {asked:?}",
+            pair[1].0 - pair[0].0
+        );
+    }
+    assert_eq!(
+        proxy.forwarded_at(NEW_ORDER).len(),
+        3,
+        "each order created upstream once: {:?}",
+        proxy.requests()
+    );
+    let closed = upstream_status(&config);
+    assert_eq!(closed["breaker"], "closed", "{closed}");
+    assert_eq!(closed["failures"], 0, "{closed}");
+    assert_eq!(closed["in_flight"], 0, "{closed}");
+    assert!(closed["next_probe"].is_null(), "{closed}");
+
+    // Each transition counted; the state read from the database.
+    let metrics = server.running().authority.render_metrics().await;
+    let transitions = |to: &str| {
+        metric(
+            &metrics,
+            &format!(
+                "acme_proxy_upstream_breaker_transitions_total{{profile=\"default\",to=\"{to}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        transitions("open") >= 3.0,
+        "opened, then after each failed probe:\n{metrics}"
+    );
+    assert!(transitions("probing") >= 3.0, "{metrics}");
+    assert_eq!(transitions("closed"), 1.0, "{metrics}");
+    let state = |s: &str| {
+        metric(
+            &metrics,
+            &format!(
+                "acme_proxy_upstream_breaker_state{{profile=\"default\",upstream=\"{}\",state=\"{s}\"}}",
+                proxy.directory_url()
+            ),
+        )
+    };
+    assert_eq!(
+        (state("closed"), state("open")),
+        (Some(1.0), Some(0.0)),
         "{metrics}"
     );
     server.stop().await;

@@ -41,6 +41,17 @@ pub enum UpstreamCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show each relay profile's upstream: its circuit breaker (closed,
+    /// open or probing, since when, failures in a row, the last error,
+    /// the next probe), its pause, and the relays in flight.
+    Status {
+        /// Only this relay profile.
+        #[arg(long)]
+        profile: Option<String>,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List relayed orders (local order ↔ upstream order), newest first.
     Orders {
         /// Only relayed orders in this state (processing, valid or invalid).
@@ -81,7 +92,9 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
             }
             return show(&views?, *json);
         }
-        UpstreamCommand::Orders { .. } => open_reader(config).await?,
+        UpstreamCommand::Orders { .. } | UpstreamCommand::Status { .. } => {
+            open_reader(config).await?
+        }
     };
     let mut out = std::io::stdout().lock();
     match command {
@@ -118,6 +131,38 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
             )?;
         }
         UpstreamCommand::Show { .. } => {}
+        UpstreamCommand::Status { profile, json } => {
+            let views =
+                ops::upstream_status(&store, &SystemClock, config, profile.as_deref()).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&views)?)?;
+            } else {
+                let mut table = Table::new(&[
+                    "PROFILE",
+                    "BREAKER",
+                    "SINCE",
+                    "FAILURES",
+                    "NEXT PROBE",
+                    "PAUSED UNTIL",
+                    "IN FLIGHT",
+                    "LAST ERROR",
+                ]);
+                for v in views {
+                    let dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
+                    table.row(vec![
+                        v.profile,
+                        v.breaker,
+                        dash(v.since),
+                        v.failures.to_string(),
+                        dash(v.next_probe),
+                        dash(v.paused_until),
+                        v.in_flight.to_string(),
+                        dash(v.last_error),
+                    ]);
+                }
+                table.print()?;
+            }
+        }
         UpstreamCommand::Orders { status, list } => {
             let orders = ops::upstream_orders(&store, status, list.limit).await?;
             if list.json {

@@ -22,6 +22,11 @@ pub struct RelayError {
     pub problem_type: Option<String>,
     /// When the upstream asked us to come back (429/503 `Retry-After`).
     pub retry_after: Option<std::time::Duration>,
+    /// The upstream did not answer as a working CA: no connection, no
+    /// answer in time, a 5xx without `Retry-After`, a page that is not
+    /// ACME. What the circuit breaker counts; anything else it said shows
+    /// that it is up.
+    pub unreachable: bool,
 }
 
 impl RelayError {
@@ -31,6 +36,16 @@ impl RelayError {
             detail: detail.into(),
             problem_type: None,
             retry_after: None,
+            unreachable: false,
+        }
+    }
+
+    /// The upstream did not answer as a working CA (no answer in time, a
+    /// page that is not ACME): the breaker counts it.
+    pub fn down(detail: impl Into<String>) -> Self {
+        Self {
+            unreachable: true,
+            ..Self::retryable(detail)
         }
     }
 
@@ -40,6 +55,7 @@ impl RelayError {
             detail: detail.into(),
             problem_type: None,
             retry_after: None,
+            unreachable: false,
         }
     }
 
@@ -129,6 +145,24 @@ pub fn classify(e: &instant_acme::Error) -> RelayError {
         detail: e.to_string(),
         problem_type,
         retry_after,
+        unreachable: unreachable(e),
+    }
+}
+
+/// Whether `e` shows the upstream down rather than answering: see
+/// [`RelayError::unreachable`]. A 429, or anything with `Retry-After`, is
+/// an upstream at work asking for a pause (which the relay honours for
+/// everyone); a problem document below 500 is its stated answer.
+fn unreachable(e: &instant_acme::Error) -> bool {
+    use instant_acme::Error as E;
+    match e {
+        E::Api(p) => p.status.is_some_and(|s| s >= 500),
+        E::Json(_) | E::Http(_) | E::Hyper(_) => true,
+        E::Other(inner) => match inner.downcast_ref::<super::http::UpstreamUnavailable>() {
+            Some(u) => u.retry_after.is_none() && u.status != 429,
+            None => true,
+        },
+        _ => false,
     }
 }
 
@@ -226,6 +260,46 @@ mod tests {
             class(problem(None, "urn:ietf:params:acme:error:malformed")),
             Class::Permanent
         );
+    }
+
+    #[test]
+    fn the_breaker_counts_no_answer_a_5xx_and_a_page_that_is_not_acme_but_not_a_429_or_a_refusal() {
+        let unavailable = |status, retry_after| {
+            let u = super::super::http::UpstreamUnavailable {
+                status,
+                retry_after,
+                body: String::new(),
+            };
+            classify(&instant_acme::Error::Other(Box::new(u))).unreachable
+        };
+        assert!(unavailable(502, None));
+        assert!(unavailable(504, None));
+        assert!(!unavailable(429, None), "a 429 is a CA at work");
+        assert!(
+            !unavailable(503, Some(std::time::Duration::from_secs(20))),
+            "Retry-After pauses instead"
+        );
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        assert!(classify(&instant_acme::Error::Other(Box::new(reset))).unreachable);
+        let html =
+            serde_json::from_str::<serde_json::Value>("<html>502 Bad Gateway</html>").unwrap_err();
+        assert!(classify(&instant_acme::Error::Json(html)).unreachable);
+        assert!(
+            classify(&problem(
+                Some(500),
+                "urn:ietf:params:acme:error:serverInternal"
+            ))
+            .unreachable
+        );
+        for e in [
+            problem(Some(403), "urn:ietf:params:acme:error:unauthorized"),
+            problem(Some(400), "urn:ietf:params:acme:error:badNonce"),
+            instant_acme::Error::Str("invalid order state"),
+        ] {
+            assert!(!classify(&e).unreachable, "{e}");
+        }
+        assert!(RelayError::down("no answer").unreachable);
+        assert!(!RelayError::retryable("not settled yet").unreachable);
     }
 
     #[test]

@@ -193,6 +193,48 @@ impl Relay {
         Some(account.profiles().any(|p| p.name == name))
     }
 
+    /// Asks whether the upstream is up, for its circuit breaker: one GET
+    /// of the directory (RFC 8555 §7.1.1), fresh (not the account's
+    /// copy), bounded by `request_timeout`. An error is `unreachable` when
+    /// the upstream did not answer as an ACME CA.
+    pub async fn probe(&self) -> Result<(), RelayError> {
+        use instant_acme::{BodyWrapper, HttpClient};
+        const DOING: &str = "probing the upstream's directory";
+        let request = ::http::Request::get(self.config.directory.as_str())
+            .body(BodyWrapper::default())
+            .map_err(|e| RelayError::permanent(format!("the directory URL: {e}")))?;
+        let mut response = self
+            .http
+            .request(request)
+            .await
+            .map_err(|e| classify(&e).context(DOING))?;
+        if !response.parts.status.is_success() {
+            // An answer all the same: the upstream is up, and the attempt
+            // that follows meets what is wrong.
+            return Err(RelayError::retryable(format!(
+                "{DOING}: it answered {}",
+                response.parts.status
+            )));
+        }
+        let body = response
+            .body
+            .into_bytes()
+            .await
+            .map_err(|e| RelayError::down(format!("{DOING}: reading the answer: {e}")))?;
+        let directory: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| classify(&instant_acme::Error::Json(e)).context(DOING))?;
+        if directory
+            .get("newNonce")
+            .and_then(serde_json::Value::as_str)
+            .is_none()
+        {
+            return Err(RelayError::down(format!(
+                "{DOING}: the answer is not an ACME directory (no newNonce)"
+            )));
+        }
+        Ok(())
+    }
+
     /// The upstream's renewal window (RFC 9773) for the leaf `leaf_der` it
     /// issued, as Unix seconds; None when the upstream offers no renewal
     /// information. One request, bounded by `request_timeout`.
@@ -887,6 +929,18 @@ impl super::Deferred for Relay {
 
     fn upstream_certificates_per_domain(&self) -> Option<crate::config::Rate> {
         self.config.upstream_certificates_per_domain
+    }
+
+    fn directory(&self) -> &str {
+        &self.config.directory
+    }
+
+    fn breaker(&self) -> (u32, Duration) {
+        (self.config.breaker_failures, self.config.breaker_open_for)
+    }
+
+    fn probe(&self) -> super::BoxFuture<'_, Result<(), RelayError>> {
+        Box::pin(Relay::probe(self))
     }
 
     fn create_order<'a>(

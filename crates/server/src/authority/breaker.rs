@@ -1,0 +1,186 @@
+//! The relay's circuit breaker per upstream: requests that find the
+//! upstream down (no answer, a 5xx, a page that is not ACME) are counted
+//! in the database, shared by every job and replica; at the profile's
+//! `breaker_failures` in a row the breaker opens and relays wait in the
+//! queue (the wait is not an attempt) instead of asking. Every
+//! `breaker_open_for`, one job claims the probe (a GET of the directory):
+//! an answer closes the breaker and that job carries on, no answer opens
+//! it again. Any answer at any time closes it: the upstream is up.
+
+use std::time::Duration;
+
+use acme_proxy_store::{BreakerFailure, BreakerRow, BreakerState};
+
+use super::Authority;
+use crate::jobs::Outcome;
+use crate::signer::Deferred;
+use crate::signer::relay::RelayError;
+
+impl Authority {
+    /// Whether `profile`'s upstream may be sent a request now: not while
+    /// it is paused (its `Retry-After`) or its breaker is open, when the
+    /// job waits. An open breaker whose time has come is probed here when
+    /// `may_probe` (a job; a client's finalize leaves it to the job).
+    pub(super) async fn upstream_gate(
+        &self,
+        profile: &str,
+        relay: &dyn Deferred,
+        may_probe: bool,
+    ) -> Result<(), Outcome> {
+        self.upstream_open(profile).await?;
+        let directory = relay.directory();
+        let row = match self.store.breaker(profile, directory).await {
+            Ok(row) => row,
+            Err(e) => {
+                return Err(Outcome::Retry(format!(
+                    "reading the upstream's breaker: {e}"
+                )));
+            }
+        };
+        let Some(row) = row.filter(|r| r.state != BreakerState::Closed) else {
+            return Ok(());
+        };
+        let now_ms = self.clock.unix_ms();
+        if row.retry_at > now_ms || !may_probe {
+            return Err(self.breaker_wait(profile, &row, now_ms));
+        }
+        // The claim lapses after one request timeout and a second, so
+        // that a probe whose process died is taken up by another.
+        let lease_ms = i64::try_from(relay.request_timeout().as_millis())
+            .unwrap_or(i64::MAX)
+            .saturating_add(1000);
+        match self
+            .store
+            .claim_breaker_probe(profile, directory, now_ms, now_ms.saturating_add(lease_ms))
+            .await
+        {
+            Ok(true) => {}
+            // Another job probes: wait for its answer.
+            Ok(false) => {
+                let probing = BreakerRow {
+                    retry_at: now_ms.saturating_add(lease_ms),
+                    ..row
+                };
+                return Err(self.breaker_wait(profile, &probing, now_ms));
+            }
+            Err(e) => return Err(Outcome::Retry(format!("claiming the breaker's probe: {e}"))),
+        }
+        self.metrics.breaker_changed(profile, BreakerState::Probing);
+        tracing::info!(
+            event = "relay.breaker",
+            outcome = "probing",
+            profile,
+            upstream = directory,
+            "asking whether the upstream is back"
+        );
+        let probed = relay.probe().await;
+        let after = self
+            .upstream_heard(profile, relay, probed.as_ref().err())
+            .await;
+        match (probed, after) {
+            (Err(e), Some(row)) if e.unreachable => {
+                Err(self.breaker_wait(profile, &row, self.clock.unix_ms()))
+            }
+            (Err(e), _) if e.unreachable => Err(Outcome::Retry(e.detail)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts what a request to `profile`'s upstream met: `failed` when it
+    /// failed, None when it was answered. A failure that shows the
+    /// upstream down counts towards opening the breaker; any other
+    /// outcome shows it up, and closes it. Returns the breaker after a
+    /// failure. A database error is logged: the breaker is advice.
+    pub(super) async fn upstream_heard(
+        &self,
+        profile: &str,
+        relay: &dyn Deferred,
+        failed: Option<&RelayError>,
+    ) -> Option<BreakerRow> {
+        let directory = relay.directory();
+        let now_ms = self.clock.unix_ms();
+        match failed {
+            Some(e) if e.unreachable => {
+                let (threshold, open_for) = relay.breaker();
+                let failure = BreakerFailure {
+                    profile,
+                    directory,
+                    now_ms,
+                    error: &e.detail,
+                    threshold: i64::from(threshold),
+                    open_until_ms: now_ms
+                        .saturating_add(i64::try_from(open_for.as_millis()).unwrap_or(i64::MAX)),
+                };
+                match self.store.breaker_failed(&failure).await {
+                    Ok((was, row)) => {
+                        if row.state == BreakerState::Open && was != BreakerState::Open {
+                            self.metrics.breaker_changed(profile, BreakerState::Open);
+                            tracing::warn!(
+                                event = "relay.breaker",
+                                outcome = "opened",
+                                profile,
+                                upstream = directory,
+                                failures = row.failures,
+                                probe_in_ms = row.retry_at - now_ms,
+                                error = %e,
+                                "the upstream is down; relays wait and one probe asks whether it is back"
+                            );
+                        }
+                        Some(row)
+                    }
+                    Err(err) => {
+                        tracing::error!(event = "relay.breaker", outcome = "failure", profile, error = %err, "could not count the upstream's failure");
+                        None
+                    }
+                }
+            }
+            _ => {
+                // A read first: the breaker is closed with no failures
+                // nearly always, and then nothing is written.
+                match self.store.breaker(profile, directory).await {
+                    Ok(Some(row)) if row.state != BreakerState::Closed || row.failures > 0 => {}
+                    Ok(_) => return None,
+                    Err(err) => {
+                        tracing::error!(event = "relay.breaker", outcome = "failure", profile, error = %err, "could not read the upstream's breaker");
+                        return None;
+                    }
+                }
+                match self
+                    .store
+                    .breaker_answered(profile, directory, now_ms)
+                    .await
+                {
+                    Ok(Some(was)) if was != BreakerState::Closed => {
+                        self.metrics.breaker_changed(profile, BreakerState::Closed);
+                        tracing::info!(
+                            event = "relay.breaker",
+                            outcome = "closed",
+                            profile,
+                            upstream = directory,
+                            "the upstream answers again; relays go on"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::error!(event = "relay.breaker", outcome = "failure", profile, error = %err, "could not record the upstream's answer");
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The job's wait for an open (or probing) breaker: until its time.
+    fn breaker_wait(&self, profile: &str, row: &BreakerRow, now_ms: i64) -> Outcome {
+        let wait_ms = (row.retry_at - now_ms).max(1);
+        tracing::debug!(
+            event = "relay.breaker",
+            outcome = "deferred",
+            profile,
+            state = row.state.as_str(),
+            wait_ms,
+            "the upstream's breaker is open; this relay waits"
+        );
+        Outcome::Wait(self.clock.now() + Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1)))
+    }
+}

@@ -1,0 +1,17 @@
+-- The circuit breaker of each relay profile's upstream CA (named by its
+-- directory URL), shared by every job and every replica: how many
+-- requests in a row found the upstream down (no answer, a 5xx, a page
+-- that is not ACME), and whether requests wait: 'open' holds them back
+-- until retry_at (ms), then one job claims the probe ('probing', its
+-- claim lapsing at retry_at) and its answer closes or opens the breaker.
+CREATE TABLE upstream_breakers (
+    profile       TEXT NOT NULL,
+    directory     TEXT NOT NULL,
+    state         TEXT NOT NULL CHECK (state = 'closed' OR state = 'open' OR state = 'probing'),
+    failures      BIGINT NOT NULL,
+    since         BIGINT NOT NULL,
+    retry_at      BIGINT NOT NULL,
+    last_error    TEXT,
+    last_error_at BIGINT,
+    PRIMARY KEY (profile, directory)
+);
