@@ -284,6 +284,59 @@ impl Store {
             .await
     }
 
+    /// Reserves `count` upstream authorizations for the relayed order
+    /// `order_id` of `profile` before it is sent upstream: true when the
+    /// profile's orders in flight hold no more than `max` with them (the
+    /// order's own earlier reservation not counted twice), false (nothing
+    /// reserved) when they would hold more. Serialised per profile, so
+    /// that two jobs (of two replicas) cannot both take the last room.
+    pub async fn reserve_upstream_authorizations(
+        &self,
+        order_id: &str,
+        profile: &str,
+        count: i64,
+        max: i64,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        if tx.is_postgres() {
+            let lock = format!("acme_proxy.upstream_authorizations.{profile}");
+            tx.exec("SELECT pg_advisory_xact_lock(hashtext(?1))", args![lock])
+                .await?;
+        }
+        let held: i64 = tx
+            .scalar(
+                "SELECT COALESCE(SUM(authorizations), 0) FROM upstream_orders
+                 WHERE profile = ?1 AND status = 'processing' AND order_id <> ?2",
+                args![profile, order_id],
+            )
+            .await?
+            .unwrap_or(0);
+        if held.saturating_add(count) > max {
+            return Ok(false);
+        }
+        tx.exec(
+            "UPDATE upstream_orders SET authorizations = ?2 WHERE order_id = ?1",
+            args![order_id, count],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Gives back what [`Self::reserve_upstream_authorizations`] reserved
+    /// for an order the upstream then did not make.
+    pub async fn release_upstream_authorizations(&self, order_id: &str) -> Result<()> {
+        self.writer()
+            .await?
+            .exec(
+                "UPDATE upstream_orders SET authorizations = 0 WHERE order_id = ?1",
+                args![order_id],
+            )
+            .await?;
+        Ok(())
+    }
+
     /// How many of `profile`'s relayed orders are still processing.
     pub async fn relays_in_flight(&self, profile: &str) -> Result<i64> {
         Ok(self

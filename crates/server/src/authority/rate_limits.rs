@@ -29,6 +29,8 @@ pub(super) enum Limit {
     UpstreamOrders,
     UpstreamPause,
     UpstreamCertificatesPerDomain,
+    UpstreamFailedValidations,
+    UpstreamPendingAuthorizations,
 }
 
 impl Limit {
@@ -43,6 +45,8 @@ impl Limit {
             Limit::UpstreamOrders => "upstream_orders",
             Limit::UpstreamPause => "upstream_pause",
             Limit::UpstreamCertificatesPerDomain => "upstream_certificates_per_domain",
+            Limit::UpstreamFailedValidations => "upstream_failed_validations",
+            Limit::UpstreamPendingAuthorizations => "upstream_pending_authorizations",
         }
     }
 }
@@ -53,6 +57,20 @@ pub(super) struct Place {
     key: String,
     interval_ms: i64,
 }
+
+/// What a relay took for one new upstream order: budget places, and the
+/// order's reserved upstream authorizations; given back when the upstream
+/// made nothing.
+#[derive(Debug, Default)]
+pub(super) struct UpstreamTurn {
+    places: Vec<Place>,
+    reserved: Option<String>,
+}
+
+/// How long a relay waits when its profile's upstream authorizations in
+/// flight leave no room: until some of them settle, which nothing
+/// announces, so it looks again then.
+const PENDING_AUTHORIZATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One place a request needs: of which limit, under which key, at which
 /// rate, and what for (in the refusal's detail).
@@ -391,12 +409,81 @@ impl Authority {
     /// domain named, N at once as the upstream allows). Now, or the job
     /// waits in the queue (the wait is not an attempt) until the places
     /// free.
+    ///
+    /// Before them: no identifier whose upstream validations failed
+    /// `upstream_failed_validations` times within its period (each waits
+    /// until its window frees, instead of failing at the upstream again),
+    /// and room for the order's authorizations under
+    /// `upstream_pending_authorizations` (reserved on the order's mapping
+    /// row; it waits and looks again while there is none).
     pub(super) async fn upstream_order_turn(
         &self,
         profile: &str,
+        order_id: &str,
         identifiers: &[Identifier],
         relay: &dyn crate::signer::Deferred,
-    ) -> Result<Vec<Place>, Outcome> {
+    ) -> Result<UpstreamTurn, Outcome> {
+        if let Some(rate) = relay.upstream_failed_validations() {
+            let names: BTreeSet<String> = identifiers.iter().map(|i| i.value.clone()).collect();
+            let keys: Vec<String> = names
+                .iter()
+                .map(|name| upstream_failed_validations_key(profile, name))
+                .collect();
+            let checked: Vec<RateLimitKey<'_>> = keys
+                .iter()
+                .map(|key| RateLimitKey {
+                    key,
+                    interval_ms: rate.interval_ms(),
+                    burst_ms: rate.burst_ms(),
+                })
+                .collect();
+            match self
+                .store
+                .take_rate_limits(&checked, self.clock.unix_ms(), RateLimitTake::Check)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some((full, wait_ms))) => {
+                    return Err(self.budget_wait(
+                        profile,
+                        Limit::UpstreamFailedValidations,
+                        &keys[full.min(keys.len() - 1)],
+                        wait_ms,
+                        &rate.to_string(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(Outcome::Retry(format!(
+                        "checking the upstream's failed validations: {e}"
+                    )));
+                }
+            }
+        }
+        let mut turn = UpstreamTurn::default();
+        if let Some(max) = relay.upstream_pending_authorizations() {
+            let count = i64::try_from(identifiers.len()).unwrap_or(i64::MAX);
+            match self
+                .store
+                .reserve_upstream_authorizations(order_id, profile, count, i64::from(max))
+                .await
+            {
+                Ok(true) => turn.reserved = Some(order_id.to_owned()),
+                Ok(false) => {
+                    return Err(self.budget_wait(
+                        profile,
+                        Limit::UpstreamPendingAuthorizations,
+                        &format!("profile:{profile}"),
+                        i64::try_from(PENDING_AUTHORIZATIONS_WAIT.as_millis()).unwrap_or(5000),
+                        &max.to_string(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(Outcome::Retry(format!(
+                        "reserving upstream authorizations: {e}"
+                    )));
+                }
+            }
+        }
         let mut budgets: Vec<(Limit, String, Rate, i64)> = Vec::new();
         if let Some(rate) = relay.upstream_orders() {
             budgets.push((
@@ -418,7 +505,7 @@ impl Authority {
             }
         }
         if budgets.is_empty() {
-            return Ok(Vec::new());
+            return Ok(turn);
         }
         let keys: Vec<RateLimitKey<'_>> = budgets
             .iter()
@@ -433,32 +520,91 @@ impl Authority {
             .take_rate_limits(&keys, self.clock.unix_ms(), RateLimitTake::Take)
             .await
         {
-            Ok(None) => Ok(budgets
-                .into_iter()
-                .map(|(_, key, rate, _)| Place {
-                    key,
-                    interval_ms: rate.interval_ms(),
-                })
-                .collect()),
-            Ok(Some((full, wait_ms))) => {
-                let (limit, key, rate, _) = &budgets[full.min(budgets.len() - 1)];
-                self.count_refusal(*limit);
-                let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
-                tracing::info!(
-                    event = "relay.budget",
-                    outcome = "deferred",
-                    profile,
-                    limit = limit.name(),
-                    key = %key,
-                    wait_ms,
-                    budget = %rate,
-                    "an upstream budget is spent; this relay waits for its turn"
-                );
-                Err(Outcome::Wait(self.clock.now() + wait))
+            Ok(None) => {
+                turn.places = budgets
+                    .into_iter()
+                    .map(|(_, key, rate, _)| Place {
+                        key,
+                        interval_ms: rate.interval_ms(),
+                    })
+                    .collect();
+                Ok(turn)
             }
-            Err(e) => Err(Outcome::Retry(format!(
-                "taking places of the upstream budgets: {e}"
-            ))),
+            Ok(Some((full, wait_ms))) => {
+                self.give_back_turn(turn).await;
+                let (limit, key, rate, _) = &budgets[full.min(budgets.len() - 1)];
+                Err(self.budget_wait(profile, *limit, key, wait_ms, &rate.to_string()))
+            }
+            Err(e) => {
+                self.give_back_turn(turn).await;
+                Err(Outcome::Retry(format!(
+                    "taking places of the upstream budgets: {e}"
+                )))
+            }
+        }
+    }
+
+    /// The job's wait for an upstream budget with no room: counted,
+    /// logged, and requeued for when it frees.
+    fn budget_wait(
+        &self,
+        profile: &str,
+        limit: Limit,
+        key: &str,
+        wait_ms: i64,
+        budget: &str,
+    ) -> Outcome {
+        self.count_refusal(limit);
+        tracing::info!(
+            event = "relay.budget",
+            outcome = "deferred",
+            profile,
+            limit = limit.name(),
+            key = %key,
+            wait_ms,
+            budget,
+            "an upstream budget is spent; this relay waits for its turn"
+        );
+        let wait = std::time::Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
+        Outcome::Wait(self.clock.now() + wait)
+    }
+
+    /// Gives back what a relay took for an upstream order the upstream did
+    /// not make (best effort, as [`Self::give_back`]).
+    pub(super) async fn give_back_turn(&self, turn: UpstreamTurn) {
+        self.give_back(turn.places).await;
+        if let Some(order_id) = turn.reserved
+            && let Err(e) = self.store.release_upstream_authorizations(&order_id).await
+        {
+            tracing::warn!(event = "ratelimit.give_back", outcome = "failure", order = %order_id, error = %e, "could not release reserved upstream authorizations");
+        }
+    }
+
+    /// Counts an upstream validation of `name` that failed against the
+    /// profile's `upstream_failed_validations`, so that new orders for it
+    /// wait while the upstream would refuse them.
+    pub(super) async fn count_upstream_failed_validation(
+        &self,
+        profile: &str,
+        name: &str,
+        relay: &dyn crate::signer::Deferred,
+    ) {
+        let Some(rate) = relay.upstream_failed_validations() else {
+            return;
+        };
+        let key = upstream_failed_validations_key(profile, name);
+        // Counted even past the budget: a full key stays full.
+        let taken = RateLimitKey {
+            key: &key,
+            interval_ms: rate.interval_ms(),
+            burst_ms: rate.burst_ms(),
+        };
+        if let Err(e) = self
+            .store
+            .take_rate_limits(&[taken], self.clock.unix_ms(), RateLimitTake::Take)
+            .await
+        {
+            tracing::warn!(event = "relay.budget", outcome = "failure", profile, key = %key, error = %e, "could not count an upstream validation that failed");
         }
     }
 
@@ -533,6 +679,11 @@ impl Authority {
 /// The key of `profile`'s upstream pause.
 pub(crate) fn upstream_pause_key(profile: &str) -> String {
     format!("upstream_pause:profile:{profile}")
+}
+
+/// The key of `profile`'s failed upstream validations of `name`.
+fn upstream_failed_validations_key(profile: &str, name: &str) -> String {
+    format!("upstream_failed_validations:profile:{profile}:name:{name}")
 }
 
 /// The key of `account_id`'s failed validations of `name`.

@@ -120,7 +120,7 @@ impl Authority {
         // the job creates the order when the pause ends.
         let turn = match self.upstream_gate(&profile.name, relay, false).await {
             Ok(()) => {
-                self.upstream_order_turn(&profile.name, &order.identifiers, relay)
+                self.upstream_order_turn(&profile.name, &order.id, &order.identifiers, relay)
                     .await
             }
             Err(paused) => Err(paused),
@@ -150,7 +150,7 @@ impl Authority {
                             .await?;
                     }
                     Err(e) if e.is_permanent() => {
-                        self.give_back(places).await;
+                        self.give_back_turn(places).await;
                         if self
                             .store
                             .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
@@ -172,7 +172,7 @@ impl Authority {
                             self.pause_upstream(&profile.name, after).await;
                         }
                         if created_nothing(&e) {
-                            self.give_back(places).await;
+                            self.give_back_turn(places).await;
                         }
                         retry_after = e.retry_after;
                     }
@@ -279,7 +279,7 @@ impl Authority {
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
             None => match self
-                .upstream_order_turn(profile_name, &order.identifiers, relay)
+                .upstream_order_turn(profile_name, order_id, &order.identifiers, relay)
                 .await
             {
                 Err(outcome) => return outcome,
@@ -306,9 +306,9 @@ impl Authority {
                     },
                     Err(e) => {
                         if created_nothing(&e) {
-                            self.give_back(places).await;
+                            self.give_back_turn(places).await;
                         }
-                        return self.relay_failed(profile_name, e).await;
+                        return self.relay_failed(profile_name, relay, e).await;
                     }
                 },
             },
@@ -322,7 +322,7 @@ impl Authority {
             .await
         {
             Ok(c) => c,
-            Err(e) => return self.relay_failed(profile_name, e).await,
+            Err(e) => return self.relay_failed(profile_name, relay, e).await,
         };
         match self
             .settle_relay(
@@ -353,9 +353,18 @@ impl Authority {
 
     /// The job outcome for an attempt's error; an upstream that asked us to
     /// come back later (`Retry-After`) is paused for every job first.
-    async fn relay_failed(&self, profile_name: &str, e: RelayError) -> Outcome {
+    async fn relay_failed(
+        &self,
+        profile_name: &str,
+        relay: &dyn Deferred,
+        e: RelayError,
+    ) -> Outcome {
         if let (false, Some(after)) = (e.is_permanent(), e.retry_after) {
             self.pause_upstream(profile_name, after).await;
+        }
+        if let Some(name) = &e.failed_validation {
+            self.count_upstream_failed_validation(profile_name, name, relay)
+                .await;
         }
         relay_outcome(e)
     }

@@ -727,6 +727,11 @@ impl Config {
                         "1s",
                     )
                     .unwrap_or_else(|e| problems.push(reason(e)));
+                    if r.upstream_pending_authorizations == Some(0) {
+                        problems.push(format!(
+                            "profiles.{name}.signer.upstream_pending_authorizations must be at least 1 (or absent: no budget); write e.g. upstream_pending_authorizations = 300"
+                        ));
+                    }
                     if r.breaker_failures == 0 {
                         problems.push(format!(
                             "profiles.{name}.signer.breaker_failures must be at least 1 (failures in a row that open the upstream's breaker); write e.g. breaker_failures = 5"
@@ -1210,6 +1215,12 @@ mod tests {
             "directory = \"https://ca.example/dir\"\nrequest_timeout = \"10s\"\nattempt_budget = \"15s\"",
         );
         assert!(err.contains("attempt_budget"), "{err}");
+        let err =
+            relay("directory = \"https://ca.example/dir\"\nupstream_pending_authorizations = 0");
+        assert!(
+            err.contains("upstream_pending_authorizations = 300"),
+            "{err}"
+        );
         let err = relay("directory = \"https://ca.example/dir\"\nbreaker_failures = 0");
         assert!(err.contains("breaker_failures = 5"), "{err}");
         for open_for in ["500ms", "2h"] {

@@ -156,6 +156,19 @@ pub struct RelayConfig {
     /// finalizes past it wait in the queue. Absent: no budget.
     #[schemars(schema_with = "super::reference::opt_rate")]
     pub upstream_certificates_per_domain: Option<super::Rate>,
+    /// At most this many failed upstream validations of one identifier per
+    /// period, e.g. `"5/1h"` (Let's Encrypt's authorization failures per
+    /// identifier per account): past it, new orders naming it wait in the
+    /// queue until the window frees instead of failing upstream again.
+    /// Absent: no budget.
+    #[schemars(schema_with = "super::reference::opt_rate")]
+    pub upstream_failed_validations: Option<super::Rate>,
+    /// At most this many upstream authorizations held by the profile's
+    /// relays in flight (one per identifier, from when an order is sent
+    /// upstream until it settles), e.g. `300` (Let's Encrypt's pending
+    /// authorizations per account): past it, new orders wait in the queue
+    /// and look again every 5 s. Absent: no budget.
+    pub upstream_pending_authorizations: Option<u32>,
     /// Requests in a row that find the upstream down (no answer within
     /// `request_timeout`, a 5xx, a page that is not ACME) before its
     /// circuit breaker opens: relays then wait in the queue instead of
@@ -236,6 +249,8 @@ impl Default for RelayConfig {
             egress: None,
             upstream_orders: None,
             upstream_certificates_per_domain: None,
+            upstream_failed_validations: None,
+            upstream_pending_authorizations: None,
             breaker_failures: 5,
             breaker_open_for: Duration::from_secs(30),
         }

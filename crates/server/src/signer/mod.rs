@@ -357,6 +357,12 @@ pub trait Deferred: Send + Sync {
     /// How many new upstream orders may name one registered domain per
     /// period, if bounded.
     fn upstream_certificates_per_domain(&self) -> Option<crate::config::Rate>;
+    /// How many upstream validations of one identifier may fail per
+    /// period before new orders for it wait, if bounded.
+    fn upstream_failed_validations(&self) -> Option<crate::config::Rate>;
+    /// How many upstream authorizations the profile's relays in flight
+    /// may hold at once, if bounded.
+    fn upstream_pending_authorizations(&self) -> Option<u32>;
     /// The upstream's directory URL: what names it (its breaker's key).
     fn directory(&self) -> &str;
     /// Failures in a row that open the upstream's breaker, and how long

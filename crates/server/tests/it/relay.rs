@@ -2463,6 +2463,180 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
     server.stop().await;
 }
 
+/// Waits until the order at `url` is invalid (panics on valid, or at
+/// `deadline`).
+async fn ends_invalid(account: &Account, url: &str, deadline: Instant) {
+    loop {
+        let mut order = account.order(url.to_owned()).await.expect("poll");
+        match order.state().status {
+            OrderStatus::Invalid => return,
+            OrderStatus::Valid => panic!("order {url} ended valid"),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "order {url} not invalid at the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_while_other_names_go()
+{
+    let pki = TestPki::new();
+    // Pebble validates for real and fetches http-01 from a port where
+    // nothing listens: every upstream authorization turns invalid.
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: false,
+            http_port: harness::free_port(),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = crate::harness::tempdir();
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "http01",
+        LOCAL_BYPASS,
+        "upstream_failed_validations = \"2/20s\"",
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(data, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let within = Duration::from_secs(30);
+    // Two failed validations of one name: its budget is spent.
+    for _ in 0..2 {
+        let relayed = relay_issue(&account, &["fails.example.test"], within).await;
+        assert!(relayed.result.is_err(), "the upstream validation must fail");
+    }
+    assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 2);
+    let store = server.running().authority.store().clone();
+    let now_ms = {
+        use acme_proxy::clock::Clock;
+        SystemClock.unix_ms()
+    };
+    let held = store
+        .rate_limits("upstream_failed_validations:", now_ms, 10)
+        .await
+        .expect("rate limits");
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        held[0].key,
+        "upstream_failed_validations:profile:default:name:fails.example.test"
+    );
+    // A third order for it waits in the queue; another name goes upstream
+    // (and fails there) meanwhile.
+    let mut third = ready_order(&account, &["fails.example.test"]).await;
+    third.finalize().await.expect("finalize");
+    let started = Instant::now();
+    let other = relay_issue(&account, &["other.example.test"], within).await;
+    assert!(other.result.is_err());
+    assert_eq!(
+        proxy.forwarded_at(NEW_ORDER).len(),
+        3,
+        "only the other name's order went upstream: {:?}",
+        proxy.requests()
+    );
+    assert_eq!(
+        account
+            .order(third.url().to_owned())
+            .await
+            .expect("poll")
+            .state()
+            .status,
+        OrderStatus::Processing
+    );
+    // Its window frees (one failure every 10 s), and it goes.
+    ends_invalid(&account, third.url(), Instant::now() + within).await;
+    assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 4);
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "the held order went after {:?}",
+        started.elapsed()
+    );
+    let metrics = server.running().authority.render_metrics().await;
+    assert!(
+        metric(
+            &metrics,
+            "acme_proxy_rate_limited_total{limit=\"upstream_failed_validations\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_upstream_authorizations_in_flight_hold_a_third_order_until_one_settles() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &proxy.directory_url(),
+        &pki,
+        "upstream_pending_authorizations = 2",
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    // The upstream's finalize hangs: two orders sent upstream stay in
+    // flight with their authorizations.
+    proxy.set_always(Match::PathContains(FINALIZE), Some(Fault::Hang));
+    let mut ready = Vec::new();
+    for i in 0..2 {
+        ready.push(ready_order(&account, &[&format!("held{i}.example.test")]).await);
+    }
+    let mut urls = finalize_all(ready).await;
+    assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 2);
+    let mut third = ready_order(&account, &["held2.example.test"]).await;
+    third.finalize().await.expect("finalize");
+    urls.push(third.url().to_owned());
+    // Two hung finalizes later (each a 2 s request timeout), the third
+    // order is still not sent upstream.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy
+        .requests()
+        .iter()
+        .filter(|r| r.1.contains(FINALIZE))
+        .count()
+        < 3
+    {
+        assert!(Instant::now() < deadline, "{:?}", proxy.requests());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        proxy.forwarded_at(NEW_ORDER).len(),
+        2,
+        "the third order went upstream: {:?}",
+        proxy.requests()
+    );
+    // The upstream finalizes again: the two settle, then the third goes.
+    proxy.set_always(Match::PathContains(FINALIZE), None);
+    all_valid(&account, urls, Instant::now() + Duration::from_secs(60)).await;
+    assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 3);
+    let metrics = server.running().authority.render_metrics().await;
+    assert!(
+        metric(
+            &metrics,
+            "acme_proxy_rate_limited_total{limit=\"upstream_pending_authorizations\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
 /// `upstream status --json` for the "default" relay profile.
 fn upstream_status(config: &Path) -> serde_json::Value {
     let out = harness::run_cli(config, &["upstream", "status", "--json"], &[]);

@@ -15,3 +15,9 @@ CREATE TABLE upstream_breakers (
     last_error_at BIGINT,
     PRIMARY KEY (profile, directory)
 );
+
+-- The upstream authorizations a relayed order holds while it is in flight
+-- (one per identifier, counted from when it is sent upstream until it
+-- settles; 0 before, or when the upstream made nothing), for a profile's
+-- `upstream_pending_authorizations` budget.
+ALTER TABLE upstream_orders ADD COLUMN authorizations BIGINT NOT NULL DEFAULT 0;

@@ -27,6 +27,9 @@ pub struct RelayError {
     /// ACME. What the circuit breaker counts; anything else it said shows
     /// that it is up.
     pub unreachable: bool,
+    /// The identifier whose upstream authorization turned invalid: a
+    /// failed validation, which the upstream counts against the account.
+    pub failed_validation: Option<String>,
 }
 
 impl RelayError {
@@ -37,6 +40,7 @@ impl RelayError {
             problem_type: None,
             retry_after: None,
             unreachable: false,
+            failed_validation: None,
         }
     }
 
@@ -56,6 +60,7 @@ impl RelayError {
             problem_type: None,
             retry_after: None,
             unreachable: false,
+            failed_validation: None,
         }
     }
 
@@ -146,6 +151,7 @@ pub fn classify(e: &instant_acme::Error) -> RelayError {
         problem_type,
         retry_after,
         unreachable: unreachable(e),
+        failed_validation: None,
     }
 }
 

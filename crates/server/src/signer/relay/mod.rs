@@ -368,10 +368,14 @@ impl Relay {
                 AuthorizationStatus::Valid => continue,
                 AuthorizationStatus::Pending => {}
                 other => {
-                    return Err(RelayError::permanent(format!(
+                    let mut e = RelayError::permanent(format!(
                         "the upstream authorization for {} is {other:?}",
                         a.identifier()
-                    )));
+                    ));
+                    if other == AuthorizationStatus::Invalid {
+                        e.failed_validation = Some(a.identifier().to_string());
+                    }
+                    return Err(e);
                 }
             }
             let identifier = a.identifier().to_string();
@@ -494,10 +498,14 @@ impl Relay {
                             .find_map(|c| c.error.as_ref())
                             .map(|p| p.to_string())
                             .unwrap_or_default();
-                        return Err(RelayError::permanent(format!(
+                        let mut e = RelayError::permanent(format!(
                             "the upstream authorization for {} turned {other:?}: {why}",
                             a.identifier()
-                        )));
+                        ));
+                        if other == AuthorizationStatus::Invalid {
+                            e.failed_validation = Some(a.identifier().to_string());
+                        }
+                        return Err(e);
                     }
                 }
             }
@@ -929,6 +937,14 @@ impl super::Deferred for Relay {
 
     fn upstream_certificates_per_domain(&self) -> Option<crate::config::Rate> {
         self.config.upstream_certificates_per_domain
+    }
+
+    fn upstream_failed_validations(&self) -> Option<crate::config::Rate> {
+        self.config.upstream_failed_validations
+    }
+
+    fn upstream_pending_authorizations(&self) -> Option<u32> {
+        self.config.upstream_pending_authorizations
     }
 
     fn directory(&self) -> &str {
