@@ -371,7 +371,14 @@ impl Metrics {
 
     /// The OpenMetrics text of every family, gauges refreshed from `store`.
     /// `nonces`: outstanding replay nonces, wherever they are kept.
-    pub async fn render(&self, store: &Store, nonces: Option<i64>) -> String {
+    /// `upstreams`: the (profile, directory) of each relay upstream
+    /// mounted, whose breakers are shown.
+    pub async fn render(
+        &self,
+        store: &Store,
+        nonces: Option<i64>,
+        upstreams: &std::collections::BTreeSet<(String, String)>,
+    ) -> String {
         self.count_cli_audit(store).await;
         if let Ok(counts) = store.job_counts().await {
             self.job_depth.clear();
@@ -384,6 +391,9 @@ impl Metrics {
         if let Ok(breakers) = store.breakers().await {
             self.upstream_breaker_state.clear();
             for b in breakers {
+                if !upstreams.contains(&(b.profile.clone(), b.directory.clone())) {
+                    continue;
+                }
                 for &state in acme_proxy_store::BreakerState::ALL {
                     self.upstream_breaker_state
                         .get_or_create(&vec![

@@ -5,7 +5,7 @@
 //! them claims a probe. Times are Unix milliseconds.
 
 use crate::db::{Row, args};
-use crate::{Result, Store, parse_text};
+use crate::{Result, Store, StoreError, parse_text};
 
 acme_proxy_protocol::string_enum! {
     /// Where an upstream's breaker is: `closed` (requests go), `open`
@@ -111,28 +111,37 @@ impl Store {
     ) -> Result<(BreakerState, BreakerRow)> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        let before = lock_breaker(&mut tx, f.profile, f.directory).await?;
-        let failures = before.as_ref().map_or(0, |b| b.failures).saturating_add(1);
-        let was = before.as_ref().map_or(BreakerState::Closed, |b| b.state);
-        let (state, since, retry_at) = match (&before, was) {
-            (Some(b), BreakerState::Closed) if failures < f.threshold => {
-                (BreakerState::Closed, b.since, b.retry_at)
+        // The row is made first, so that there is one to lock: two first
+        // failures (on PostgreSQL, where a lock on no row waits for
+        // nothing) are then counted one after the other.
+        tx.exec(
+            "INSERT INTO upstream_breakers (profile, directory, state, failures, since, retry_at)
+             VALUES (?1, ?2, 'closed', 0, ?3, ?3) ON CONFLICT (profile, directory) DO NOTHING",
+            args![f.profile, f.directory, f.now_ms],
+        )
+        .await?;
+        let Some(before) = lock_breaker(&mut tx, f.profile, f.directory).await? else {
+            return Err(StoreError::Corrupt(
+                "the upstream breaker's row vanished inside its transaction".into(),
+            ));
+        };
+        let failures = before.failures.saturating_add(1);
+        let was = before.state;
+        let (state, since, retry_at) = match was {
+            BreakerState::Closed if failures < f.threshold => {
+                (BreakerState::Closed, before.since, before.retry_at)
             }
-            (None, _) if failures < f.threshold => (BreakerState::Closed, f.now_ms, f.now_ms),
-            (_, BreakerState::Closed) => (BreakerState::Open, f.now_ms, f.open_until_ms),
+            BreakerState::Closed => (BreakerState::Open, f.now_ms, f.open_until_ms),
             // A request sent before it opened: the outage goes on.
-            (Some(b), BreakerState::Open) => (BreakerState::Open, b.since, b.retry_at),
+            BreakerState::Open => (BreakerState::Open, before.since, before.retry_at),
             // The probe (or a request beside it) found it still down.
-            (Some(b), BreakerState::Probing) => (BreakerState::Open, b.since, f.open_until_ms),
-            (None, _) => (BreakerState::Open, f.now_ms, f.open_until_ms),
+            BreakerState::Probing => (BreakerState::Open, before.since, f.open_until_ms),
         };
         tx.exec(
-            "INSERT INTO upstream_breakers
-                 (profile, directory, state, failures, since, retry_at, last_error, last_error_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             ON CONFLICT (profile, directory) DO UPDATE
+            "UPDATE upstream_breakers
              SET state = ?3, failures = ?4, since = ?5, retry_at = ?6, last_error = ?7,
-                 last_error_at = ?8",
+                 last_error_at = ?8
+             WHERE profile = ?1 AND directory = ?2",
             args![
                 f.profile,
                 f.directory,

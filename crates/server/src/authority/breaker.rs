@@ -44,10 +44,11 @@ impl Authority {
         if row.retry_at > now_ms || !may_probe {
             return Err(self.breaker_wait(profile, &row, now_ms));
         }
-        // The claim lapses after one request timeout and a second, so
+        // The claim lapses after the probe's two requests and a second, so
         // that a probe whose process died is taken up by another.
         let lease_ms = i64::try_from(relay.request_timeout().as_millis())
             .unwrap_or(i64::MAX)
+            .saturating_mul(2)
             .saturating_add(1000);
         match self
             .store
@@ -55,13 +56,18 @@ impl Authority {
             .await
         {
             Ok(true) => {}
-            // Another job probes: wait for its answer.
+            // Another job got there first: its probe may have closed the
+            // breaker already, or be under way.
             Ok(false) => {
-                let probing = BreakerRow {
-                    retry_at: now_ms.saturating_add(lease_ms),
-                    ..row
+                return match self.store.breaker(profile, directory).await {
+                    Ok(Some(row)) if row.state != BreakerState::Closed => {
+                        Err(self.breaker_wait(profile, &row, self.clock.unix_ms()))
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(Outcome::Retry(format!(
+                        "reading the upstream's breaker: {e}"
+                    ))),
                 };
-                return Err(self.breaker_wait(profile, &probing, now_ms));
             }
             Err(e) => return Err(Outcome::Retry(format!("claiming the breaker's probe: {e}"))),
         }
@@ -77,12 +83,20 @@ impl Authority {
         let after = self
             .upstream_heard(profile, relay, probed.as_ref().err())
             .await;
-        match (probed, after) {
-            (Err(e), Some(row)) if e.unreachable => {
-                Err(self.breaker_wait(profile, &row, self.clock.unix_ms()))
+        match probed {
+            Ok(()) => Ok(()),
+            // Up, and asking for a pause: everyone waits for it.
+            Err(RelayError {
+                retry_after: Some(after),
+                ..
+            }) => {
+                self.pause_upstream(profile, after).await;
+                Err(Outcome::Wait(self.clock.now() + after))
             }
-            (Err(e), _) if e.unreachable => Err(Outcome::Retry(e.detail)),
-            _ => Ok(()),
+            Err(e) => match after {
+                Some(row) => Err(self.breaker_wait(profile, &row, self.clock.unix_ms())),
+                None => Err(Outcome::Retry(e.detail)),
+            },
         }
     }
 
@@ -170,9 +184,16 @@ impl Authority {
         }
     }
 
-    /// The job's wait for an open (or probing) breaker: until its time.
+    /// The job's wait for an open breaker: until its probe may go. While
+    /// another job probes, it looks again within a second, so that a probe
+    /// that closed the breaker lets everyone on at once.
     fn breaker_wait(&self, profile: &str, row: &BreakerRow, now_ms: i64) -> Outcome {
-        let wait_ms = (row.retry_at - now_ms).max(1);
+        let until = match row.state {
+            BreakerState::Probing => row.retry_at.min(now_ms.saturating_add(1000)),
+            _ => row.retry_at,
+        };
+        // At most a day: the wait is added to the clock's time.
+        let wait_ms = (until - now_ms).clamp(1, 86_400_000);
         tracing::debug!(
             event = "relay.breaker",
             outcome = "deferred",

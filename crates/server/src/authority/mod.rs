@@ -289,7 +289,16 @@ impl Authority {
     /// The OpenMetrics text, with the outstanding nonces wherever they live.
     pub async fn render_metrics(&self) -> String {
         let nonces = self.nonces.count(&self.store).await.ok();
-        self.metrics.render(&self.store, nonces).await
+        // Breakers of the relay upstreams mounted now: a row of a profile
+        // since removed, or of a directory since changed, says nothing.
+        let upstreams: std::collections::BTreeSet<(String, String)> = self
+            .profiles()
+            .filter_map(|p| {
+                let relay = p.signer.issuance().deferred()?;
+                Some((p.name.clone(), relay.directory().to_owned()))
+            })
+            .collect();
+        self.metrics.render(&self.store, nonces, &upstreams).await
     }
 
     /// The account a `kid` names, which must be of this profile, and its

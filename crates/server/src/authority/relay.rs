@@ -272,10 +272,11 @@ impl Authority {
         let Some(relay) = profile.signer.issuance().deferred() else {
             return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
         };
+        // Taken before the gate: a probe's time is the attempt's too.
+        let deadline = tokio::time::Instant::now() + relay.attempt_budget();
         if let Err(wait) = self.upstream_gate(profile_name, relay, true).await {
             return wait;
         }
-        let deadline = tokio::time::Instant::now() + relay.attempt_budget();
         let url = match mapping.upstream_url.clone() {
             Some(url) => url,
             None => match self

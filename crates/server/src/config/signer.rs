@@ -131,7 +131,8 @@ pub struct RelayConfig {
     /// Attempts of one relay before it is abandoned (the order's expiry
     /// bounds it too). Higher than `[jobs] max_attempts` by default: with
     /// the backoff cap, 200 attempts ride out more than a day of upstream
-    /// outage instead of half an hour.
+    /// outage instead of half an hour. Waits for an open breaker, a pause
+    /// or a budget are not attempts.
     pub max_attempts: u32,
     /// dns01: wait this long after publishing before telling the upstream.
     #[serde(deserialize_with = "duration")]

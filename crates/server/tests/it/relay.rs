@@ -2676,6 +2676,12 @@ async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_a
     let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
     let (_etc, config) = harness::config_file(&toml);
     let account = client::account(&server.directory("default")).await;
+    // One relay while the upstream is up: the relay's account (and the
+    // directory) is known, so that anything but a probe would be a nonce
+    // or a POST.
+    relay_issue(&account, &["before.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
     let mut ready = Vec::new();
     for i in 0..3 {
         ready.push(ready_order(&account, &[&format!("breaker{i}.example.test")]).await);
@@ -2734,8 +2740,9 @@ async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_a
     all_valid(&account, urls, Instant::now() + Duration::from_secs(60)).await;
 
     // While it was open, the upstream saw only the probes: GETs of the
-    // directory, one at a time, each the breaker's 4 s after the last
-    // (less a little: the proxy logs a request before the relay hears).
+    // directory (relays would send a nonce request and POSTs), one at a
+    // time, each the breaker's 4 s after the last (less a little: the
+    // proxy logs a request before the relay hears).
     let asked: Vec<_> = proxy
         .requests_at()
         .into_iter()
@@ -2758,7 +2765,7 @@ async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_a
     }
     assert_eq!(
         proxy.forwarded_at(NEW_ORDER).len(),
-        3,
+        4,
         "each order created upstream once: {:?}",
         proxy.requests()
     );

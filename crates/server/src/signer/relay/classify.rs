@@ -155,6 +155,13 @@ pub fn classify(e: &instant_acme::Error) -> RelayError {
     }
 }
 
+/// instant-acme's `Error::Str` messages of a newNonce that did not answer
+/// as ACME does.
+const NONCE_STRINGS: [&str; 2] = [
+    "error response from newNonce resource",
+    "no nonce found in newNonce response",
+];
+
 /// Whether `e` shows the upstream down rather than answering: see
 /// [`RelayError::unreachable`]. A 429, or anything with `Retry-After`, is
 /// an upstream at work asking for a pause (which the relay honours for
@@ -164,6 +171,9 @@ fn unreachable(e: &instant_acme::Error) -> bool {
     match e {
         E::Api(p) => p.status.is_some_and(|s| s >= 500),
         E::Json(_) | E::Http(_) | E::Hyper(_) => true,
+        // A newNonce that answered without a nonce: a page in front of the
+        // CA, not the CA.
+        E::Str(s) => NONCE_STRINGS.contains(s),
         E::Other(inner) => match inner.downcast_ref::<super::http::UpstreamUnavailable>() {
             Some(u) => u.retry_after.is_none() && u.status != 429,
             None => true,
@@ -294,6 +304,12 @@ mod tests {
             classify(&problem(
                 Some(500),
                 "urn:ietf:params:acme:error:serverInternal"
+            ))
+            .unreachable
+        );
+        assert!(
+            classify(&instant_acme::Error::Str(
+                "no nonce found in newNonce response"
             ))
             .unreachable
         );

@@ -193,46 +193,66 @@ impl Relay {
         Some(account.profiles().any(|p| p.name == name))
     }
 
-    /// Asks whether the upstream is up, for its circuit breaker: one GET
-    /// of the directory (RFC 8555 §7.1.1), fresh (not the account's
-    /// copy), bounded by `request_timeout`. An error is `unreachable` when
-    /// the upstream did not answer as an ACME CA.
+    /// Asks whether the upstream is up, for its circuit breaker: a GET of
+    /// the directory (RFC 8555 §7.1.1), fresh (not the account's copy),
+    /// then a HEAD of its newNonce (§7.2), which a cache in front of the
+    /// CA cannot answer for it. Up only when both answer as ACME does (an
+    /// error is `unreachable` otherwise); a 429 or `Retry-After` is an
+    /// upstream at work asking for a pause. Each request is bounded by
+    /// `request_timeout`.
     pub async fn probe(&self) -> Result<(), RelayError> {
+        const DOING: &str = "probing the upstream";
+        let (parts, body) = self
+            .probe_request(::http::Method::GET, &self.config.directory)
+            .await?;
+        let down = |what: String| RelayError::down(format!("{DOING}: {what}"));
+        if !parts.status.is_success() {
+            return Err(down(format!("the directory answered {}", parts.status)));
+        }
+        let directory: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| down(format!("the directory is not JSON: {e}")))?;
+        let Some(new_nonce) = directory
+            .get("newNonce")
+            .and_then(serde_json::Value::as_str)
+        else {
+            return Err(down("the directory names no newNonce".into()));
+        };
+        let (parts, _) = self.probe_request(::http::Method::HEAD, new_nonce).await?;
+        if !parts.status.is_success() || !parts.headers.contains_key("replay-nonce") {
+            return Err(down(format!(
+                "newNonce answered {} without a Replay-Nonce",
+                parts.status
+            )));
+        }
+        Ok(())
+    }
+
+    /// One request of the probe: the answer's head and body.
+    async fn probe_request(
+        &self,
+        method: ::http::Method,
+        url: &str,
+    ) -> Result<(::http::response::Parts, bytes::Bytes), RelayError> {
         use instant_acme::{BodyWrapper, HttpClient};
-        const DOING: &str = "probing the upstream's directory";
-        let request = ::http::Request::get(self.config.directory.as_str())
+        let request = ::http::Request::builder()
+            .method(method)
+            .uri(url)
+            .header(
+                ::http::header::USER_AGENT,
+                concat!("acme-proxy/", env!("CARGO_PKG_VERSION")),
+            )
             .body(BodyWrapper::default())
-            .map_err(|e| RelayError::permanent(format!("the directory URL: {e}")))?;
+            .map_err(|e| RelayError::permanent(format!("the probe's URL {url}: {e}")))?;
         let mut response = self
             .http
             .request(request)
             .await
-            .map_err(|e| classify(&e).context(DOING))?;
-        if !response.parts.status.is_success() {
-            // An answer all the same: the upstream is up, and the attempt
-            // that follows meets what is wrong.
-            return Err(RelayError::retryable(format!(
-                "{DOING}: it answered {}",
-                response.parts.status
-            )));
-        }
-        let body = response
-            .body
-            .into_bytes()
-            .await
-            .map_err(|e| RelayError::down(format!("{DOING}: reading the answer: {e}")))?;
-        let directory: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| classify(&instant_acme::Error::Json(e)).context(DOING))?;
-        if directory
-            .get("newNonce")
-            .and_then(serde_json::Value::as_str)
-            .is_none()
-        {
-            return Err(RelayError::down(format!(
-                "{DOING}: the answer is not an ACME directory (no newNonce)"
-            )));
-        }
-        Ok(())
+            .map_err(|e| classify(&e).context("probing the upstream"))?;
+        let body =
+            response.body.into_bytes().await.map_err(|e| {
+                RelayError::down(format!("probing the upstream: reading {url}: {e}"))
+            })?;
+        Ok((response.parts, body))
     }
 
     /// The upstream's renewal window (RFC 9773) for the leaf `leaf_der` it
