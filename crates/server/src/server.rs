@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Urls};
 use crate::authority::{
-    Authority, CrlRefresh, FinalizeWatch, Lasting, NonceSweep, Profile, RelayJobs, ValidationJobs,
+    Authority, CrlRefresh, FinalizeWatch, Lasting, NonceSweep, Profile, RelayJobs, UpstreamProbes,
+    ValidationJobs,
 };
 use crate::clock::SharedClock;
 use crate::config::{Config, SignerConfig};
@@ -746,6 +747,11 @@ pub async fn start_with(
         .map_err(anyhow::Error::msg)?;
     registry
         .register(Arc::new(RelayJobs {
+            generations: generations.clone(),
+        }))
+        .map_err(anyhow::Error::msg)?;
+    registry
+        .register(Arc::new(UpstreamProbes {
             generations: generations.clone(),
         }))
         .map_err(anyhow::Error::msg)?;

@@ -73,7 +73,12 @@ impl Authority {
             chain_pem: &cert.chain_pem,
             leaf_der: leaf.as_deref(),
         };
+        // An upstream known to be down is not asked: the default window
+        // now beats one request timeout's wait for nothing.
         let outside = match profile.signer.renewal_window(&issued) {
+            Some(_) if self.upstream_down(profile).await.is_some() => {
+                Some(Err("the upstream's circuit breaker is open".to_owned()))
+            }
             Some(asked) => Some(asked.await),
             None => None,
         };

@@ -5,16 +5,27 @@
 //! queue (the wait is not an attempt) instead of asking. Every
 //! `breaker_open_for`, one job claims the probe (a GET of the directory):
 //! an answer closes the breaker and that job carries on, no answer opens
-//! it again. Any answer at any time closes it: the upstream is up.
+//! it again. Any answer at any time closes it: the upstream is up. A job
+//! of its own (`upstream_probe`) probes while no relay waits, so that an
+//! idle profile's breaker closes when the upstream is back too.
 
 use std::time::Duration;
 
-use acme_proxy_store::{BreakerFailure, BreakerRow, BreakerState};
+use acme_proxy_store::{BreakerFailure, BreakerRow, BreakerState, JobRow};
 
-use super::Authority;
-use crate::jobs::Outcome;
+use super::{Authority, Profile};
+use crate::generation::Generations;
+use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
 use crate::signer::Deferred;
 use crate::signer::relay::RelayError;
+
+/// The job kind that probes an open breaker while no relay waits on it;
+/// the key is the profile.
+pub const UPSTREAM_PROBE_KIND: &str = crate::jobs::JobKind::UpstreamProbe.as_str();
+
+/// Attempts of a probe job: it ends when the breaker closes, however long
+/// the outage.
+const PROBE_ATTEMPTS: u32 = 1_000_000;
 
 impl Authority {
     /// Whether `profile`'s upstream may be sent a request now: not while
@@ -128,6 +139,7 @@ impl Authority {
                 match self.store.breaker_failed(&failure).await {
                     Ok((was, row)) => {
                         if row.state == BreakerState::Open && was != BreakerState::Open {
+                            self.queue_probe(profile, row.retry_at).await;
                             self.metrics.breaker_changed(profile, BreakerState::Open);
                             tracing::warn!(
                                 event = "relay.breaker",
@@ -184,6 +196,51 @@ impl Authority {
         }
     }
 
+    /// Queues the probe job of `profile`'s upstream for `at_ms` (a no-op
+    /// while one is queued: the job looks at the breaker when it runs).
+    async fn queue_probe(&self, profile: &str, at_ms: i64) {
+        let mut spec = JobSpec::new(
+            UPSTREAM_PROBE_KIND,
+            profile.to_owned(),
+            serde_json::json!({ "profile": profile }),
+        );
+        spec.run_at =
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at_ms) * 1_000_000).ok();
+        spec.max_attempts = Some(PROBE_ATTEMPTS);
+        if let Err(e) = self.queue.enqueue(spec).await {
+            tracing::error!(event = "relay.breaker", outcome = "failure", profile, error = %e, "could not queue the upstream's probe");
+        }
+    }
+
+    /// The probe job's run: probes `profile`'s upstream when its breaker's
+    /// time has come. Done once the breaker is closed (or the profile
+    /// gone); otherwise again at the breaker's next time.
+    async fn probe_upstream(&self, profile_name: &str) -> Outcome {
+        let Some(profile) = self.profile(profile_name).cloned() else {
+            return Outcome::Done;
+        };
+        let Some(relay) = profile.signer.issuance().deferred() else {
+            return Outcome::Done;
+        };
+        match self.upstream_gate(profile_name, relay, true).await {
+            Ok(()) => Outcome::Done,
+            Err(Outcome::Wait(at)) => Outcome::Reschedule(at),
+            Err(other) => other,
+        }
+    }
+
+    /// The open (or probing) breaker of `profile`'s upstream, if it is a
+    /// relay profile whose upstream was found down: what a client's
+    /// request (a profile check at newOrder, renewal information, a
+    /// revocation) does not wait on.
+    pub(super) async fn upstream_down(&self, profile: &Profile) -> Option<BreakerRow> {
+        let relay = profile.signer.issuance().deferred()?;
+        match self.store.breaker(&profile.name, relay.directory()).await {
+            Ok(Some(row)) if row.state != BreakerState::Closed => Some(row),
+            _ => None,
+        }
+    }
+
     /// The job's wait for an open breaker: until its probe may go. While
     /// another job probes, it looks again within a second, so that a probe
     /// that closed the breaker lets everyone on at once.
@@ -203,5 +260,52 @@ impl Authority {
             "the upstream's breaker is open; this relay waits"
         );
         Outcome::Wait(self.clock.now() + Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1)))
+    }
+}
+
+/// The handler of [`UPSTREAM_PROBE_KIND`] jobs.
+#[derive(Debug)]
+pub struct UpstreamProbes {
+    pub generations: Generations,
+}
+
+impl JobHandler for UpstreamProbes {
+    fn kind(&self) -> &'static str {
+        UPSTREAM_PROBE_KIND
+    }
+
+    fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let authority = self.generations.authority();
+            authority.probe_upstream(&job.key).await
+        })
+    }
+
+    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        tracing::warn!(event = "relay.breaker", outcome = "failure", reason = %reason, "an upstream's probe job was retired; relays still probe when they run");
+        Box::pin(async {})
+    }
+
+    /// Queues the probe of every mounted upstream whose breaker is not
+    /// closed (the identity key makes this safe on every start).
+    fn recover<'a>(&'a self, _queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let authority = self.generations.authority();
+            let rows = authority
+                .store
+                .breakers()
+                .await
+                .map_err(|e| e.to_string())?;
+            for row in rows.into_iter().filter(|r| r.state != BreakerState::Closed) {
+                let mounted = authority
+                    .profile(&row.profile)
+                    .and_then(|p| p.signer.issuance().deferred())
+                    .is_some_and(|relay| relay.directory() == row.directory);
+                if mounted {
+                    authority.queue_probe(&row.profile, row.retry_at).await;
+                }
+            }
+            Ok(())
+        })
     }
 }

@@ -11,7 +11,7 @@
 mod accounts;
 mod ari;
 mod audit;
-mod breaker;
+pub mod breaker;
 mod certificates;
 pub mod csr;
 mod eab;
@@ -49,6 +49,7 @@ use crate::signer::Signer;
 use crate::validators::Validators;
 
 pub use ari::Window;
+pub use breaker::{UPSTREAM_PROBE_KIND, UpstreamProbes};
 pub use finalize::{FINALIZE_WATCH_KIND, FinalizeWatch};
 pub use maintenance::{CrlRefresh, NonceSweep};
 pub(crate) use rate_limits::upstream_pause_key;

@@ -117,7 +117,10 @@ impl Authority {
             })?;
         // A signer that issues elsewhere (a relay's upstream) may not offer
         // the certificate profile: it would silently become its default.
+        // Not asked while the upstream is known to be down: the answer
+        // would be one request timeout later and unknown.
         if let Some((name, _)) = certificate_profile
+            && self.upstream_down(profile).await.is_none()
             && profile.signer.offers_profile(name).await == Some(false)
         {
             return Err(AcmeError::new(

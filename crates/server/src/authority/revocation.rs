@@ -192,6 +192,22 @@ impl Authority {
             chain_pem: &cert.chain_pem,
             leaf_der: Some(cert_der),
         };
+        // An upstream known to be down is not asked: the client hears at
+        // once when to try again (its next probe).
+        if let Some(down) = self.upstream_down(profile).await {
+            let mut e = AcmeError::new(
+                ProblemType::ServerInternal,
+                "the upstream CA that issued this certificate cannot be reached; try again later",
+            )
+            .with_status(503);
+            e.retry_after = Some(
+                u64::try_from((down.retry_at - self.clock.unix_ms()) / 1000)
+                    .unwrap_or(1)
+                    .max(1),
+            );
+            e.internal = down.last_error;
+            return Err(e);
+        }
         if let Err(e) = profile.signer.revoke(&issued, reason).await {
             tracing::warn!(
                 event = "certificate.revoke",

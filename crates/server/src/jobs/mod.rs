@@ -54,6 +54,7 @@ acme_proxy_protocol::string_enum! {
         NotifyDelivery = "notify_delivery",
         NonceSweep = "nonce_sweep",
         CrlRefresh = "crl_refresh",
+        UpstreamProbe = "upstream_probe",
         JobRetention = "job_retention",
         AuditRetention = "audit_retention",
     }

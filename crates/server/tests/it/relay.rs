@@ -2637,6 +2637,103 @@ async fn two_upstream_authorizations_in_flight_hold_a_third_order_until_one_sett
     server.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_answers_a_revocation_503_at_once_and_its_own_probe_closes_it_with_no_relay_waiting()
+ {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &proxy.directory_url(),
+        &pki,
+        "breaker_failures = 2\nbreaker_open_for = \"2s\"",
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let (_etc, config) = harness::config_file(&toml);
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(&account, &["kept.example.test"], Duration::from_secs(30)).await;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(relayed.chain().as_bytes()).expect("PEM");
+    let der = rustls::pki_types::CertificateDer::from(pem.contents.clone());
+
+    // The upstream goes down; one order meets it (its finalize, then its
+    // job): the breaker opens.
+    proxy.set_always(Match::Any, Some(Fault::Html502));
+    let mut order = ready_order(&account, &["outage.example.test"]).await;
+    order.finalize().await.expect("finalize");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while upstream_status(&config)["breaker"] != "open" {
+        assert!(Instant::now() < deadline, "the breaker never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The order is given up: no relay waits on the upstream any more.
+    let store = server.running().authority.store().clone();
+    let order_id = order.url().rsplit('/').next().expect("id").to_owned();
+    let job = acme_proxy::admin::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
+        .await
+        .expect("jobs")
+        .into_iter()
+        .find(|j| j.key == order_id)
+        .expect("the relay job");
+    acme_proxy::admin::ops::cancel_job(&store, &SystemClock, job.id, "operator:test")
+        .await
+        .expect("cancelled");
+    ends_invalid(
+        &account,
+        order.url(),
+        Instant::now() + Duration::from_secs(20),
+    )
+    .await;
+
+    // A revocation meanwhile is answered at once, 503, and not sent
+    // upstream.
+    let started = Instant::now();
+    let refused = account
+        .revoke(&instant_acme::RevocationRequest {
+            certificate: &der,
+            reason: None,
+        })
+        .await
+        .expect_err("the upstream is down");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    match &refused {
+        instant_acme::Error::Api(p) => assert_eq!(p.status, Some(503), "{p:?}"),
+        other => panic!("not a problem document: {other}"),
+    }
+    assert_eq!(proxy.count("revoke-cert"), 0);
+
+    // The upstream comes back: the breaker's own probe job closes it, with
+    // no relay waiting to probe.
+    proxy.set_always(Match::Any, None);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = upstream_status(&config);
+        if status["breaker"] == "closed" {
+            assert_eq!(status["in_flight"], 0, "{status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still not closed: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    account
+        .revoke(&instant_acme::RevocationRequest {
+            certificate: &der,
+            reason: None,
+        })
+        .await
+        .expect("revoked once the upstream is back");
+    assert_eq!(proxy.count("revoke-cert"), 1);
+    server.stop().await;
+}
+
 /// `upstream status --json` for the "default" relay profile.
 fn upstream_status(config: &Path) -> serde_json::Value {
     let out = harness::run_cli(config, &["upstream", "status", "--json"], &[]);
