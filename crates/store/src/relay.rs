@@ -287,9 +287,11 @@ impl Store {
     /// Reserves `count` upstream authorizations for the relayed order
     /// `order_id` of `profile` before it is sent upstream: true when the
     /// profile's orders in flight hold no more than `max` with them (the
-    /// order's own earlier reservation not counted twice), false (nothing
-    /// reserved) when they would hold more. Serialised per profile, so
-    /// that two jobs (of two replicas) cannot both take the last room.
+    /// order's own earlier reservation not counted twice) or hold none at
+    /// all (an order bigger than the budget goes alone rather than never),
+    /// false (nothing reserved) when they would hold more. Serialised per
+    /// profile, so that two jobs (of two replicas) cannot both take the
+    /// last room.
     pub async fn reserve_upstream_authorizations(
         &self,
         order_id: &str,
@@ -306,13 +308,13 @@ impl Store {
         }
         let held: i64 = tx
             .scalar(
-                "SELECT COALESCE(SUM(authorizations), 0) FROM upstream_orders
+                "SELECT CAST(COALESCE(SUM(authorizations), 0) AS BIGINT) FROM upstream_orders
                  WHERE profile = ?1 AND status = 'processing' AND order_id <> ?2",
                 args![profile, order_id],
             )
             .await?
             .unwrap_or(0);
-        if held.saturating_add(count) > max {
+        if held > 0 && held.saturating_add(count) > max {
             return Ok(false);
         }
         tx.exec(
@@ -325,12 +327,14 @@ impl Store {
     }
 
     /// Gives back what [`Self::reserve_upstream_authorizations`] reserved
-    /// for an order the upstream then did not make.
+    /// for an order the upstream then did not make (one it made keeps its
+    /// reservation while it is processing).
     pub async fn release_upstream_authorizations(&self, order_id: &str) -> Result<()> {
         self.writer()
             .await?
             .exec(
-                "UPDATE upstream_orders SET authorizations = 0 WHERE order_id = ?1",
+                "UPDATE upstream_orders SET authorizations = 0
+                 WHERE order_id = ?1 AND upstream_url IS NULL",
                 args![order_id],
             )
             .await?;
@@ -407,5 +411,74 @@ impl Store {
         insert_jobs_in(&mut tx, notices).await?;
         tx.commit().await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use crate::test_support::{ACCOUNT, TestDb};
+
+    #[tokio::test]
+    async fn upstream_authorizations_are_reserved_within_the_budget_and_kept_once_sent() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        for id in ["a", "b", "c"] {
+            db.exec(&format!(
+                "INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                     VALUES ('{id}', 'default', 'acct', 'processing', '[]', 100, 1);
+                 INSERT INTO upstream_orders (order_id, profile, account_id, csr_der, status, created_at, updated_at)
+                     VALUES ('{id}', 'default', 'acct', '\\x00', 'processing', 1, 1);"
+            ))
+            .await;
+        }
+        // An order bigger than the budget goes alone, when nothing is held.
+        assert!(
+            store
+                .reserve_upstream_authorizations("a", "default", 3, 2)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .reserve_upstream_authorizations("b", "default", 1, 2)
+                .await
+                .unwrap()
+        );
+        // Given back by an order the upstream did not make…
+        store.release_upstream_authorizations("a").await.unwrap();
+        assert!(
+            store
+                .reserve_upstream_authorizations("b", "default", 1, 2)
+                .await
+                .unwrap()
+        );
+        // …but kept by one it made, until it settles.
+        store
+            .set_upstream_url("b", "https://ca/order/b", 2)
+            .await
+            .unwrap();
+        store.release_upstream_authorizations("b").await.unwrap();
+        assert!(
+            !store
+                .reserve_upstream_authorizations("c", "default", 2, 2)
+                .await
+                .unwrap()
+        );
+        // Its own earlier reservation is not counted twice.
+        assert!(
+            store
+                .reserve_upstream_authorizations("b", "default", 1, 2)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .reserve_upstream_authorizations("c", "default", 1, 2)
+                .await
+                .unwrap()
+        );
+        store.close().await;
     }
 }

@@ -3,7 +3,7 @@
 //! in the database, shared by every job and replica; at the profile's
 //! `breaker_failures` in a row the breaker opens and relays wait in the
 //! queue (the wait is not an attempt) instead of asking. Every
-//! `breaker_open_for`, one job claims the probe (a GET of the directory):
+//! `breaker_open_for`, one job claims the probe (the directory, then a fresh nonce):
 //! an answer closes the breaker and that job carries on, no answer opens
 //! it again. Any answer at any time closes it: the upstream is up. A job
 //! of its own (`upstream_probe`) probes while no relay waits, so that an
@@ -223,7 +223,18 @@ impl Authority {
             return Outcome::Done;
         };
         match self.upstream_gate(profile_name, relay, true).await {
-            Ok(()) => Outcome::Done,
+            // A relay may have opened the breaker again meanwhile, and its
+            // queueing of a probe found this job still live: look once
+            // more before ending, so that an idle profile keeps its probe.
+            Ok(()) => match self.upstream_down(&profile).await {
+                Some(row) => Outcome::Reschedule(
+                    self.clock.now()
+                        + Duration::from_millis(
+                            u64::try_from(row.retry_at - self.clock.unix_ms()).unwrap_or(0),
+                        ),
+                ),
+                None => Outcome::Done,
+            },
             Err(Outcome::Wait(at)) => Outcome::Reschedule(at),
             Err(other) => other,
         }

@@ -117,11 +117,15 @@ impl Authority {
             })?;
         // A signer that issues elsewhere (a relay's upstream) may not offer
         // the certificate profile: it would silently become its default.
-        // Not asked while the upstream is known to be down: the answer
-        // would be one request timeout later and unknown.
+        // While the upstream is known to be down it answers from the
+        // directory it read before, if any: asking would be one request
+        // timeout later and unknown.
         if let Some((name, _)) = certificate_profile
-            && self.upstream_down(profile).await.is_none()
-            && profile.signer.offers_profile(name).await == Some(false)
+            && profile
+                .signer
+                .offers_profile(name, self.upstream_down(profile).await.is_none())
+                .await
+                == Some(false)
         {
             return Err(AcmeError::new(
                 ProblemType::InvalidProfile,

@@ -593,7 +593,8 @@ impl Authority {
             return;
         };
         let key = upstream_failed_validations_key(profile, name);
-        // Counted even past the budget: a full key stays full.
+        // A full key is left as it is (a take writes nothing then): it
+        // holds new orders for the name until its window frees already.
         let taken = RateLimitKey {
             key: &key,
             interval_ms: rate.interval_ms(),
@@ -682,7 +683,10 @@ pub(crate) fn upstream_pause_key(profile: &str) -> String {
 }
 
 /// The key of `profile`'s failed upstream validations of `name`.
+/// A wildcard counts against its base name: the upstream validates
+/// `*.example.com` as `example.com` (RFC 8555 section 7.1.3).
 fn upstream_failed_validations_key(profile: &str, name: &str) -> String {
+    let name = name.strip_prefix("*.").unwrap_or(name);
     format!("upstream_failed_validations:profile:{profile}:name:{name}")
 }
 
@@ -694,6 +698,18 @@ fn failed_validations_key(account_id: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wildcards_failed_upstream_validations_count_against_its_base_name() {
+        assert_eq!(
+            upstream_failed_validations_key("p", "*.example.com"),
+            upstream_failed_validations_key("p", "example.com")
+        );
+        assert_ne!(
+            upstream_failed_validations_key("p", "www.example.com"),
+            upstream_failed_validations_key("p", "example.com")
+        );
+    }
 
     #[test]
     fn a_certificate_counts_against_the_name_one_label_below_its_public_suffix() {

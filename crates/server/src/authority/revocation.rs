@@ -195,13 +195,21 @@ impl Authority {
         // An upstream known to be down is not asked: the client hears at
         // once when to try again (its next probe).
         if let Some(down) = self.upstream_down(profile).await {
+            tracing::warn!(
+                event = "certificate.revoke",
+                outcome = "failure",
+                profile = %profile.name,
+                serial = %serial,
+                error = down.last_error.as_deref().unwrap_or(""),
+                "the upstream's circuit breaker is open; the revocation is refused until it closes"
+            );
             let mut e = AcmeError::new(
                 ProblemType::ServerInternal,
                 "the upstream CA that issued this certificate cannot be reached; try again later",
             )
             .with_status(503);
             e.retry_after = Some(
-                u64::try_from((down.retry_at - self.clock.unix_ms()) / 1000)
+                u64::try_from((down.retry_at - self.clock.unix_ms() + 999) / 1000)
                     .unwrap_or(1)
                     .max(1),
             );

@@ -168,12 +168,13 @@ pub struct RelayConfig {
     /// relays in flight (one per identifier, from when an order is sent
     /// upstream until it settles), e.g. `300` (Let's Encrypt's pending
     /// authorizations per account): past it, new orders wait in the queue
-    /// and look again every 5 s. Absent: no budget.
+    /// and look again every 5 s (an order bigger than the budget goes
+    /// alone, when none is in flight). Absent: no budget.
     pub upstream_pending_authorizations: Option<u32>,
     /// Requests in a row that find the upstream down (no answer within
     /// `request_timeout`, a 5xx, a page that is not ACME) before its
     /// circuit breaker opens: relays then wait in the queue instead of
-    /// asking, and one probe (a GET of the directory) every
+    /// asking, and one probe (the directory and a fresh nonce) every
     /// `breaker_open_for` asks whether it is back. Kept in the database:
     /// every job and replica shares it. A 429 or `Retry-After` is not a
     /// failure (it pauses the upstream instead).

@@ -281,7 +281,9 @@ pub trait SignerBackend: std::fmt::Debug + Send + Sync {
 
     /// Whether a certificate profile (draft-ietf-acme-profiles) is
     /// offered where it issues; None: it has no say, or cannot tell now.
-    fn offers_profile<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Option<bool>> {
+    /// With `ask` false it answers only from what it knows already (its
+    /// upstream is known to be down: asking would only wait).
+    fn offers_profile<'a>(&'a self, _name: &'a str, _ask: bool) -> BoxFuture<'a, Option<bool>> {
         Box::pin(std::future::ready(None))
     }
 

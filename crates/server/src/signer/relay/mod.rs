@@ -184,8 +184,13 @@ impl Relay {
 
     /// Whether the upstream's directory advertises the certificate profile
     /// `name` (draft-ietf-acme-profiles); None when the upstream cannot be
-    /// reached within one request timeout (the directory is fetched once).
-    pub async fn offers_profile(&self, name: &str) -> Option<bool> {
+    /// reached within one request timeout (the directory is fetched once),
+    /// or, with `ask` false, has not been fetched yet.
+    pub async fn offers_profile(&self, name: &str, ask: bool) -> Option<bool> {
+        if !ask {
+            let known = self.account.lock().await.clone()?;
+            return Some(known.profiles().any(|p| p.name == name));
+        }
         let account = tokio::time::timeout(self.config.request_timeout, self.account())
             .await
             .ok()?
@@ -887,8 +892,12 @@ impl super::SignerBackend for Relay {
 
     /// A profile the upstream does not offer would silently become its
     /// default.
-    fn offers_profile<'a>(&'a self, name: &'a str) -> super::BoxFuture<'a, Option<bool>> {
-        Box::pin(Relay::offers_profile(self, name))
+    fn offers_profile<'a>(
+        &'a self,
+        name: &'a str,
+        ask: bool,
+    ) -> super::BoxFuture<'a, Option<bool>> {
+        Box::pin(Relay::offers_profile(self, name, ask))
     }
 
     fn renewal_window<'a>(
