@@ -194,7 +194,7 @@ impl Metrics {
         );
         r.register(
             "upstream_breaker_transitions",
-            "Circuit breaker changes by profile and the state entered",
+            "Circuit breaker changes by profile, upstream and the state entered",
             m.upstream_breaker_transitions.clone(),
         );
         r.register(
@@ -359,11 +359,18 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a change of `profile`'s upstream breaker to `state`.
-    pub fn breaker_changed(&self, profile: &str, state: acme_proxy_store::BreakerState) {
+    /// Counts a change of the breaker of `profile`'s upstream `upstream`
+    /// to `state`.
+    pub fn breaker_changed(
+        &self,
+        profile: &str,
+        upstream: &str,
+        state: acme_proxy_store::BreakerState,
+    ) {
         self.upstream_breaker_transitions
             .get_or_create(&vec![
                 ("profile", profile.to_owned()),
+                ("upstream", upstream.to_owned()),
                 ("to", state.as_str().to_owned()),
             ])
             .inc();
@@ -371,13 +378,13 @@ impl Metrics {
 
     /// The OpenMetrics text of every family, gauges refreshed from `store`.
     /// `nonces`: outstanding replay nonces, wherever they are kept.
-    /// `upstreams`: the (profile, directory) of each relay upstream
-    /// mounted, whose breakers are shown.
+    /// `upstreams`: the name of each relay upstream mounted, by (profile,
+    /// directory), whose breakers are shown.
     pub async fn render(
         &self,
         store: &Store,
         nonces: Option<i64>,
-        upstreams: &std::collections::BTreeSet<(String, String)>,
+        upstreams: &std::collections::BTreeMap<(String, String), String>,
     ) -> String {
         self.count_cli_audit(store).await;
         if let Ok(counts) = store.job_counts().await {
@@ -391,14 +398,14 @@ impl Metrics {
         if let Ok(breakers) = store.breakers().await {
             self.upstream_breaker_state.clear();
             for b in breakers {
-                if !upstreams.contains(&(b.profile.clone(), b.directory.clone())) {
+                let Some(name) = upstreams.get(&(b.profile.clone(), b.directory.clone())) else {
                     continue;
-                }
+                };
                 for &state in acme_proxy_store::BreakerState::ALL {
                     self.upstream_breaker_state
                         .get_or_create(&vec![
                             ("profile", b.profile.clone()),
-                            ("upstream", b.directory.clone()),
+                            ("upstream", name.clone()),
                             ("state", state.as_str().to_owned()),
                         ])
                         .set(i64::from(b.state == state));

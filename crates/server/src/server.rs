@@ -24,7 +24,8 @@ use crate::jobs::{Queue, Registry, Runner};
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, NotifyJobs};
 use crate::signer::relay::ChallengeBoard;
-use crate::signer::{LocalCa, Relay, Signer};
+use crate::signer::relay::{Relay, RelayPool};
+use crate::signer::{LocalCa, Signer};
 use crate::validators::Validators;
 
 /// How often expired nonces are deleted.
@@ -247,8 +248,9 @@ async fn prepare(
     }
 }
 
-/// The relay signer of profile `name`, with the upstream account the
-/// operator registered (`store` is None when there is no database yet).
+/// The relay signer of profile `name`: each of its upstreams with the
+/// account the operator registered there (`store` is None when there is
+/// no database yet).
 async fn relay_signer(
     name: &str,
     relay: &crate::config::RelayConfig,
@@ -258,28 +260,53 @@ async fn relay_signer(
     board: &Arc<ChallengeBoard>,
     metrics: &Arc<Metrics>,
 ) -> Result<Signer, String> {
+    let mut upstreams = Vec::new();
+    for (i, upstream) in relay.upstreams().enumerate() {
+        upstreams.push(
+            relay_upstream(name, upstream, i == 0, config, clock, store, board, metrics).await?,
+        );
+    }
+    let pool = RelayPool::new(upstreams, relay.max_attempts)
+        .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
+    Ok(Arc::new(pool))
+}
+
+/// One upstream of relay profile `name` (the `preferred` one: the signer
+/// table's).
+#[allow(clippy::too_many_arguments)]
+async fn relay_upstream(
+    name: &str,
+    relay: &crate::config::RelayConfig,
+    preferred: bool,
+    config: &Config,
+    clock: &SharedClock,
+    store: Option<&Store>,
+    board: &Arc<ChallengeBoard>,
+    metrics: &Arc<Metrics>,
+) -> Result<Relay, String> {
+    let upstream = &relay.name;
     let account = match store {
-        Some(store) => store
-            .upstream_account(name)
-            .await
-            .map_err(|e| format!("reading the upstream account of profile {name}: {e}"))?,
+        Some(store) => store.upstream_account(name, upstream).await.map_err(|e| {
+            format!("reading the account of profile {name} at its upstream {upstream}: {e}")
+        })?,
         None => None,
     };
     // Registration is an operator's act: start-up never re-registers, and
     // a missing account says what to run.
     let account = account.ok_or_else(|| {
         format!(
-            "profile {name} relays to {} but has no upstream account yet; run `acme-proxy upstream register --profile {name}` first",
+            "profile {name} relays to {} (upstream {upstream}) but has no account there yet; run `acme-proxy upstream register --profile {name} --upstream {upstream}` first",
             relay.directory
         )
     })?;
     if account.directory != relay.directory {
         return Err(format!(
-            "profile {name}'s upstream account was registered at {} but the configuration now says {}; run `acme-proxy upstream register --profile {name}` again",
+            "profile {name}'s account at its upstream {upstream} was registered at {} but the configuration now says {}; run `acme-proxy upstream register --profile {name} --upstream {upstream}` again",
             account.directory, relay.directory
         ));
     }
-    let setting_up = |e: String| format!("setting up the relay of profile {name}: {e}");
+    let setting_up =
+        |e: String| format!("setting up the relay of profile {name} (upstream {upstream}): {e}");
     let egress =
         crate::egress::Egress::from_config(config.relay_egress(relay)).map_err(setting_up)?;
     let http = crate::signer::relay::http::UpstreamHttp::new(
@@ -298,17 +325,16 @@ async fn relay_signer(
     };
     let dns = crate::signer::relay::publish::Publisher::for_relay(relay, Arc::clone(clock), zone)
         .map_err(setting_up)?;
-    let relay = Relay::new(
+    Relay::new(
         name,
         relay,
         http,
-        &config.data_dir,
+        relay.account_key_path(&config.data_dir, name, preferred),
         &account,
         Arc::clone(board),
         dns,
     )
-    .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
-    Ok(Arc::new(relay))
+    .map_err(setting_up)
 }
 
 /// `config check`: start-up as a dry run. The database is read if it
@@ -1066,9 +1092,13 @@ fn refuse_open_secrets(config: &Config) -> Result<(), String> {
     let secrets: Vec<std::path::PathBuf> = config
         .profiles
         .iter()
-        .filter_map(|(name, p)| match &p.signer {
-            SignerConfig::Relay(r) => Some(r.account_key_path(&config.data_dir, name)),
-            _ => None,
+        .flat_map(|(name, p)| match &p.signer {
+            SignerConfig::Relay(r) => r
+                .upstreams()
+                .enumerate()
+                .map(|(i, u)| u.account_key_path(&config.data_dir, name, i == 0))
+                .collect(),
+            _ => Vec::new(),
         })
         .chain(config.database_password_file.clone())
         .chain(config.egress_credentials_files())

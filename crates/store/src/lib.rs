@@ -939,6 +939,7 @@ mod tests {
         let (_, store) = open_in(dir.path()).await;
         let row = UpstreamAccountRow {
             profile: "edge".into(),
+            upstream: "primary".into(),
             directory: "https://ca.example/dir".into(),
             account_url: "https://ca.example/acct/1".into(),
             key_thumbprint: "thumb".into(),
@@ -951,7 +952,11 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        let read = ro.upstream_account("edge").await.unwrap().unwrap();
+        let read = ro
+            .upstream_account("edge", "primary")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.key_thumbprint, "thumb");
         let refused = ro
             .save_upstream_account(&UpstreamAccountRow {

@@ -13,6 +13,8 @@ use crate::{NewJob, Result, Store, parse_text, to_json};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamAccountRow {
     pub profile: String,
+    /// The upstream's name in the profile's configuration.
+    pub upstream: String,
     pub directory: String,
     pub account_url: String,
     pub key_thumbprint: String,
@@ -27,6 +29,10 @@ pub struct UpstreamOrderRow {
     pub account_id: String,
     pub csr_der: Vec<u8>,
     pub upstream_url: Option<String>,
+    /// The upstream that accepted it (or holds its reservation); None:
+    /// none yet, or the profile's preferred one (recorded before there
+    /// could be more than one).
+    pub upstream: Option<String>,
     /// `processing`, then `valid` or `invalid`: the order's own statuses
     /// from finalize on (RFC 8555 §7.1.6).
     pub status: OrderStatus,
@@ -57,7 +63,7 @@ pub struct NewUpstreamOrder<'a> {
 macro_rules! upstream_order_columns {
     () => {
         "order_id, profile, account_id, csr_der, upstream_url, status, certificate_url, error, \
-         client_ip, reverse_name, user_agent, request_id, created_at, updated_at"
+         client_ip, reverse_name, user_agent, request_id, created_at, updated_at, upstream"
     };
 }
 
@@ -68,6 +74,7 @@ fn upstream_order_from_row(row: Row<'_>) -> Result<UpstreamOrderRow> {
         account_id: row.get("account_id")?,
         csr_der: row.get("csr_der")?,
         upstream_url: row.get("upstream_url")?,
+        upstream: row.get("upstream")?,
         status: parse_text(&row.get::<String>("status")?, "upstream_orders.status")?,
         certificate_url: row.get("certificate_url")?,
         error: row.get("error")?,
@@ -81,16 +88,22 @@ fn upstream_order_from_row(row: Row<'_>) -> Result<UpstreamOrderRow> {
 }
 
 impl Store {
-    pub async fn upstream_account(&self, profile: &str) -> Result<Option<UpstreamAccountRow>> {
+    /// The account of `profile` at its upstream `upstream`.
+    pub async fn upstream_account(
+        &self,
+        profile: &str,
+        upstream: &str,
+    ) -> Result<Option<UpstreamAccountRow>> {
         self.reader()
             .await?
             .one(
-                "SELECT profile, directory, account_url, key_thumbprint, created_at
-             FROM upstream_accounts WHERE profile = ?1",
-                args![profile],
+                "SELECT profile, upstream, directory, account_url, key_thumbprint, created_at
+             FROM upstream_accounts WHERE profile = ?1 AND upstream = ?2",
+                args![profile, upstream],
                 |r| {
                     Ok(UpstreamAccountRow {
                         profile: r.get("profile")?,
+                        upstream: r.get("upstream")?,
                         directory: r.get("directory")?,
                         account_url: r.get("account_url")?,
                         key_thumbprint: r.get("key_thumbprint")?,
@@ -104,9 +117,9 @@ impl Store {
     /// Records (or replaces, after a re-registration) a profile's upstream account.
     pub async fn save_upstream_account(&self, row: &UpstreamAccountRow) -> Result<()> {
         self.writer().await?.exec(
-            "INSERT INTO upstream_accounts (profile, directory, account_url, key_thumbprint, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (profile) DO UPDATE SET directory = excluded.directory,
+            "INSERT INTO upstream_accounts (profile, directory, account_url, key_thumbprint, created_at, upstream)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (profile, upstream) DO UPDATE SET directory = excluded.directory,
                  account_url = excluded.account_url, key_thumbprint = excluded.key_thumbprint,
                  created_at = excluded.created_at",
             args![
@@ -115,6 +128,7 @@ impl Store {
                 row.account_url,
                 row.key_thumbprint,
                 row.created_at,
+                row.upstream,
             ],
         ).await?;
         Ok(())
@@ -156,7 +170,7 @@ impl Store {
             concat!(
                 "INSERT INTO upstream_orders (",
                 upstream_order_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, NULL, 'processing', NULL, NULL, ?5, ?6, ?7, ?8, ?9, ?9)"
+                ") VALUES (?1, ?2, ?3, ?4, NULL, 'processing', NULL, NULL, ?5, ?6, ?7, ?8, ?9, ?9, NULL)"
             ),
             args![
                 row.order_id,
@@ -209,25 +223,48 @@ impl Store {
         Ok(true)
     }
 
-    /// Records the upstream order URL unless one is already recorded (the
-    /// job and the finalize request may both have created one; the first
-    /// recorded wins). Returns the URL in force.
+    /// Records the upstream order URL, made at `upstream`, unless one is
+    /// already recorded (the job and the finalize request may both have
+    /// created one; the first recorded wins). Returns the URL in force and
+    /// the upstream it was made at.
     pub async fn set_upstream_url(
         &self,
         order_id: &str,
+        upstream: &str,
         url: &str,
         now: i64,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<(String, Option<String>)>> {
         let mut conn = self.writer().await?;
         conn.exec(
-            "UPDATE upstream_orders SET upstream_url = ?1, updated_at = ?2
+            "UPDATE upstream_orders SET upstream_url = ?1, upstream = ?4, updated_at = ?2
              WHERE order_id = ?3 AND upstream_url IS NULL",
-            args![url, now, order_id],
+            args![url, now, order_id, upstream],
         )
         .await?;
-        Ok(conn
+        let found = conn
+            .one(
+                "SELECT upstream_url, upstream FROM upstream_orders WHERE order_id = ?1",
+                args![order_id],
+                |r| {
+                    Ok((
+                        r.get::<Option<String>>("upstream_url")?,
+                        r.get::<Option<String>>("upstream")?,
+                    ))
+                },
+            )
+            .await?;
+        Ok(found.and_then(|(url, upstream)| Some((url?, upstream))))
+    }
+
+    /// The upstream that accepted the relayed order `order_id`, if it is
+    /// one and it was recorded (a read, for renewal information and
+    /// revocation of its certificate).
+    pub async fn relayed_by(&self, order_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .reader()
+            .await?
             .scalar::<Option<String>>(
-                "SELECT upstream_url FROM upstream_orders WHERE order_id = ?1",
+                "SELECT upstream FROM upstream_orders WHERE order_id = ?1",
                 args![order_id],
             )
             .await?
@@ -284,33 +321,34 @@ impl Store {
             .await
     }
 
-    /// Reserves `count` upstream authorizations for the relayed order
-    /// `order_id` of `profile` before it is sent upstream: true when the
-    /// profile's orders in flight hold no more than `max` with them (the
+    /// Reserves `count` authorizations at `profile`'s upstream `upstream`
+    /// for the relayed order `order_id` before it is sent there: true when
+    /// the orders in flight there hold no more than `max` with them (the
     /// order's own earlier reservation not counted twice) or hold none at
     /// all (an order bigger than the budget goes alone rather than never),
     /// false (nothing reserved) when they would hold more. Serialised per
-    /// profile, so that two jobs (of two replicas) cannot both take the
+    /// upstream, so that two jobs (of two replicas) cannot both take the
     /// last room.
     pub async fn reserve_upstream_authorizations(
         &self,
         order_id: &str,
         profile: &str,
+        upstream: &str,
         count: i64,
         max: i64,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         if tx.is_postgres() {
-            let lock = format!("acme_proxy.upstream_authorizations.{profile}");
+            let lock = format!("acme_proxy.upstream_authorizations.{profile}.{upstream}");
             tx.exec("SELECT pg_advisory_xact_lock(hashtext(?1))", args![lock])
                 .await?;
         }
         let held: i64 = tx
             .scalar(
                 "SELECT CAST(COALESCE(SUM(authorizations), 0) AS BIGINT) FROM upstream_orders
-                 WHERE profile = ?1 AND status = 'processing' AND order_id <> ?2",
-                args![profile, order_id],
+                 WHERE profile = ?1 AND upstream = ?3 AND status = 'processing' AND order_id <> ?2",
+                args![profile, order_id, upstream],
             )
             .await?
             .unwrap_or(0);
@@ -318,8 +356,9 @@ impl Store {
             return Ok(false);
         }
         tx.exec(
-            "UPDATE upstream_orders SET authorizations = ?2 WHERE order_id = ?1",
-            args![order_id, count],
+            "UPDATE upstream_orders SET authorizations = ?2, upstream = ?3
+             WHERE order_id = ?1 AND upstream_url IS NULL",
+            args![order_id, count, upstream],
         )
         .await?;
         tx.commit().await?;
@@ -341,17 +380,19 @@ impl Store {
         Ok(())
     }
 
-    /// How many of `profile`'s relayed orders are still processing.
-    pub async fn relays_in_flight(&self, profile: &str) -> Result<i64> {
-        Ok(self
-            .reader()
+    /// How many of `profile`'s relayed orders are still processing, per
+    /// upstream that accepted them (None: not sent anywhere yet, or sent
+    /// to the preferred upstream before upstreams had names).
+    pub async fn relays_in_flight(&self, profile: &str) -> Result<Vec<(Option<String>, i64)>> {
+        self.reader()
             .await?
-            .scalar(
-                "SELECT COUNT(*) FROM upstream_orders WHERE profile = ?1 AND status = 'processing'",
+            .all(
+                "SELECT upstream, COUNT(*) AS n FROM upstream_orders
+                 WHERE profile = ?1 AND status = 'processing' GROUP BY upstream ORDER BY upstream",
                 args![profile],
+                |r| Ok((r.get::<Option<String>>("upstream")?, r.get::<i64>("n")?)),
             )
-            .await?
-            .unwrap_or(0))
+            .await
     }
 
     /// Settles a relayed order in one transaction: the certificate and
@@ -436,13 +477,13 @@ mod tests {
         // An order bigger than the budget goes alone, when nothing is held.
         assert!(
             store
-                .reserve_upstream_authorizations("a", "default", 3, 2)
+                .reserve_upstream_authorizations("a", "default", "A", 3, 2)
                 .await
                 .unwrap()
         );
         assert!(
             !store
-                .reserve_upstream_authorizations("b", "default", 1, 2)
+                .reserve_upstream_authorizations("b", "default", "A", 1, 2)
                 .await
                 .unwrap()
         );
@@ -450,32 +491,40 @@ mod tests {
         store.release_upstream_authorizations("a").await.unwrap();
         assert!(
             store
-                .reserve_upstream_authorizations("b", "default", 1, 2)
+                .reserve_upstream_authorizations("b", "default", "A", 1, 2)
                 .await
                 .unwrap()
         );
         // …but kept by one it made, until it settles.
         store
-            .set_upstream_url("b", "https://ca/order/b", 2)
+            .set_upstream_url("b", "A", "https://ca/order/b", 2)
             .await
             .unwrap();
         store.release_upstream_authorizations("b").await.unwrap();
         assert!(
             !store
-                .reserve_upstream_authorizations("c", "default", 2, 2)
+                .reserve_upstream_authorizations("c", "default", "A", 2, 2)
                 .await
                 .unwrap()
         );
+        // Another upstream's reservations are its own.
+        assert!(
+            store
+                .reserve_upstream_authorizations("c", "default", "B", 2, 2)
+                .await
+                .unwrap()
+        );
+        store.release_upstream_authorizations("c").await.unwrap();
         // Its own earlier reservation is not counted twice.
         assert!(
             store
-                .reserve_upstream_authorizations("b", "default", 1, 2)
+                .reserve_upstream_authorizations("b", "default", "A", 1, 2)
                 .await
                 .unwrap()
         );
         assert!(
             store
-                .reserve_upstream_authorizations("c", "default", 1, 2)
+                .reserve_upstream_authorizations("c", "default", "A", 1, 2)
                 .await
                 .unwrap()
         );

@@ -128,6 +128,8 @@ pub async fn cancel_job(
 #[derive(Debug, Clone, Serialize)]
 pub struct UpstreamAccountView {
     pub profile: String,
+    /// The upstream's name in the profile (`primary` unless named).
+    pub upstream: String,
     pub directory: String,
     /// None until `acme-proxy upstream register` has run.
     pub account_url: Option<String>,
@@ -169,23 +171,52 @@ pub fn relay_profile<'a>(
     }
 }
 
-/// Registers the upstream account of a relay profile and records its URL
-/// (the key stays in its 0600 file).
+/// The upstream of relay profile `name` a command is about: the one
+/// named, or the preferred one; and whether it is the preferred one.
+pub fn relay_upstream<'a>(
+    name: &str,
+    relay: &'a RelayConfig,
+    upstream: Option<&str>,
+) -> Result<(&'a RelayConfig, bool), OpsError> {
+    match upstream {
+        None => Ok((relay, true)),
+        Some(want) => relay
+            .upstreams()
+            .enumerate()
+            .find(|(_, u)| u.name == want)
+            .map(|(i, u)| (u, i == 0))
+            .ok_or_else(|| {
+                OpsError::Refused(format!(
+                    "profile {name:?} has no upstream {want:?}; it has {}",
+                    relay
+                        .upstreams()
+                        .map(|u| u.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }),
+    }
+}
+
+/// Registers the account of a relay profile at one of its upstreams (the
+/// preferred one unless named) and records its URL (the key stays in its
+/// 0600 file).
 pub async fn register_upstream(
     store: &Store,
     clock: &dyn Clock,
     config: &Config,
     profile: Option<&str>,
+    upstream: Option<&str>,
     eab: Option<&Eab>,
 ) -> Result<(UpstreamAccountView, Registered), OpsError> {
     let (name, relay) = relay_profile(config, profile)?;
-    let egress = crate::egress::Egress::from_config(config.relay_egress(relay))
+    let (upstream, preferred) = relay_upstream(name, relay, upstream)?;
+    let egress = crate::egress::Egress::from_config(config.relay_egress(upstream))
         .map_err(OpsError::Refused)?;
     let registered = crate::signer::relay::register(
-        name,
-        relay,
+        upstream,
+        upstream.account_key_path(&config.data_dir, name, preferred),
         std::sync::Arc::new(egress),
-        &config.data_dir,
         eab,
     )
     .await
@@ -193,17 +224,18 @@ pub async fn register_upstream(
     store
         .save_upstream_account(&UpstreamAccountRow {
             profile: name.to_owned(),
-            directory: relay.directory.clone(),
+            upstream: upstream.name.clone(),
+            directory: upstream.directory.clone(),
             account_url: registered.account_url.clone(),
             key_thumbprint: registered.key_thumbprint.clone(),
             created_at: clock.unix(),
         })
         .await?;
-    tracing::info!(event = "upstream.registered", outcome = "success", profile = %name, account = %registered.account_url, "upstream account registered");
+    tracing::info!(event = "upstream.registered", outcome = "success", profile = %name, upstream = %upstream.name, account = %registered.account_url, "upstream account registered");
     let view = upstream_accounts(Some(store), config, Some(name))
         .await?
         .into_iter()
-        .next()
+        .find(|v| v.upstream == upstream.name)
         .ok_or_else(|| OpsError::Refused("the account vanished after registration".into()))?;
     Ok((view, registered))
 }
@@ -223,21 +255,24 @@ pub async fn upstream_accounts(
         if profile.is_some_and(|want| want != name) {
             continue;
         }
-        let row = match store {
-            Some(store) => store.upstream_account(name).await?,
-            None => None,
-        };
-        views.push(UpstreamAccountView {
-            profile: name.clone(),
-            directory: relay.directory.clone(),
-            account_url: row.as_ref().map(|r| r.account_url.clone()),
-            key_thumbprint: row.as_ref().map(|r| r.key_thumbprint.clone()),
-            key_file: relay
-                .account_key_path(&config.data_dir, name)
-                .display()
-                .to_string(),
-            registered_at: row.map(|r| rfc3339(r.created_at)),
-        });
+        for (i, upstream) in relay.upstreams().enumerate() {
+            let row = match store {
+                Some(store) => store.upstream_account(name, &upstream.name).await?,
+                None => None,
+            };
+            views.push(UpstreamAccountView {
+                profile: name.clone(),
+                upstream: upstream.name.clone(),
+                directory: upstream.directory.clone(),
+                account_url: row.as_ref().map(|r| r.account_url.clone()),
+                key_thumbprint: row.as_ref().map(|r| r.key_thumbprint.clone()),
+                key_file: upstream
+                    .account_key_path(&config.data_dir, name, i == 0)
+                    .display()
+                    .to_string(),
+                registered_at: row.map(|r| rfc3339(r.created_at)),
+            });
+        }
     }
     if let Some(want) = profile
         && views.is_empty()
@@ -254,6 +289,8 @@ pub async fn upstream_accounts(
 #[derive(Debug, Clone, Serialize)]
 pub struct UpstreamStatusView {
     pub profile: String,
+    /// The upstream's name in the profile, in priority order.
+    pub upstream: String,
     pub directory: String,
     /// `closed`, `open` or `probing`.
     pub breaker: String,
@@ -268,7 +305,8 @@ pub struct UpstreamStatusView {
     pub next_probe: Option<String>,
     /// Until when the upstream asked to be left alone (`Retry-After`).
     pub paused_until: Option<String>,
-    /// Relayed orders still processing.
+    /// Relayed orders still processing that it accepted (the preferred
+    /// upstream's count includes those not sent anywhere yet).
     pub in_flight: i64,
 }
 
@@ -289,30 +327,41 @@ pub async fn upstream_status(
         if profile.is_some_and(|want| want != name) {
             continue;
         }
-        let breaker = store.breaker(name, &relay.directory).await?;
-        let paused = store
-            .rate_limit_tat(&crate::authority::upstream_pause_key(name))
-            .await?
-            .filter(|until| *until > now_ms);
-        let at = |ms: i64| rfc3339(ms.div_euclid(1000));
-        views.push(UpstreamStatusView {
-            profile: name.clone(),
-            directory: relay.directory.clone(),
-            breaker: breaker
-                .as_ref()
-                .map_or("closed", |b| b.state.as_str())
-                .to_owned(),
-            since: breaker.as_ref().map(|b| at(b.since)),
-            failures: breaker.as_ref().map_or(0, |b| b.failures),
-            last_error: breaker.as_ref().and_then(|b| b.last_error.clone()),
-            last_error_at: breaker.as_ref().and_then(|b| b.last_error_at).map(at),
-            next_probe: breaker
-                .as_ref()
-                .filter(|b| b.state != acme_proxy_store::BreakerState::Closed)
-                .map(|b| at(b.retry_at)),
-            paused_until: paused.map(at),
-            in_flight: store.relays_in_flight(name).await?,
-        });
+        let in_flight = store.relays_in_flight(name).await?;
+        for (i, upstream) in relay.upstreams().enumerate() {
+            let breaker = store.breaker(name, &upstream.directory).await?;
+            let paused = store
+                .rate_limit_tat(&crate::authority::upstream_pause_key(name, &upstream.name))
+                .await?
+                .filter(|until| *until > now_ms);
+            let at = |ms: i64| rfc3339(ms.div_euclid(1000));
+            views.push(UpstreamStatusView {
+                profile: name.clone(),
+                upstream: upstream.name.clone(),
+                directory: upstream.directory.clone(),
+                breaker: breaker
+                    .as_ref()
+                    .map_or("closed", |b| b.state.as_str())
+                    .to_owned(),
+                since: breaker.as_ref().map(|b| at(b.since)),
+                failures: breaker.as_ref().map_or(0, |b| b.failures),
+                last_error: breaker.as_ref().and_then(|b| b.last_error.clone()),
+                last_error_at: breaker.as_ref().and_then(|b| b.last_error_at).map(at),
+                next_probe: breaker
+                    .as_ref()
+                    .filter(|b| b.state != acme_proxy_store::BreakerState::Closed)
+                    .map(|b| at(b.retry_at)),
+                paused_until: paused.map(at),
+                in_flight: in_flight
+                    .iter()
+                    .filter(|(u, _)| match u {
+                        Some(u) => *u == upstream.name,
+                        None => i == 0,
+                    })
+                    .map(|(_, n)| n)
+                    .sum(),
+            });
+        }
     }
     if let Some(want) = profile
         && views.is_empty()
@@ -331,6 +380,9 @@ pub struct UpstreamOrderView {
     pub profile: String,
     pub account: String,
     pub status: OrderStatus,
+    /// The upstream that accepted it (None: none yet, or the profile's
+    /// preferred one before upstreams had names).
+    pub upstream: Option<String>,
     pub upstream_order: Option<String>,
     pub certificate_url: Option<String>,
     pub error: Option<String>,
@@ -354,6 +406,7 @@ pub async fn upstream_orders(
             profile: m.profile,
             account: m.account_id,
             status: m.status,
+            upstream: m.upstream,
             upstream_order: m.upstream_url,
             certificate_url: m.certificate_url,
             error: m.error,
@@ -763,12 +816,25 @@ pub fn describe_profiles(config: &Config) -> Vec<String> {
                     Some(cert) => format!("embedded CA {}", cert.display()),
                     None => "embedded CA (self-generated)".to_owned(),
                 },
-                SignerConfig::Relay(r) => format!(
-                    "relay to {} ({} strategy, {})",
-                    r.directory,
-                    format!("{:?}", r.strategy).to_lowercase(),
-                    route(config.relay_egress(r), &r.directory)
-                ),
+                SignerConfig::Relay(r) => r
+                    .upstreams()
+                    .enumerate()
+                    .map(|(i, u)| {
+                        format!(
+                            "{} {}{} ({} strategy, {})",
+                            if i == 0 { "relay to" } else { "then" },
+                            u.directory,
+                            if r.fallback.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" [{}]", u.name)
+                            },
+                            format!("{:?}", u.strategy).to_lowercase(),
+                            route(config.relay_egress(u), &u.directory)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 SignerConfig::Custom(c) => format!("custom signer {}", c.command.display()),
             };
             let mut line = format!(

@@ -95,11 +95,16 @@ pub async fn status(
                 local_ca(name, directory, &path, now)
             }
             SignerConfig::Relay(relay) => {
-                let account = store
-                    .upstream_account(name)
-                    .await?
-                    .map(|row| row.account_url);
-                relay_view(config, name, directory, relay, account).await
+                let mut accounts = Vec::new();
+                for upstream in relay.upstreams() {
+                    accounts.push(
+                        store
+                            .upstream_account(name, &upstream.name)
+                            .await?
+                            .map(|row| row.account_url),
+                    );
+                }
+                relay_view(config, name, directory, relay, accounts).await
             }
             SignerConfig::Custom(custom) => {
                 let (healthy, note) = program(&custom.command);
@@ -247,43 +252,48 @@ fn local_ca(name: &str, directory: String, path: &std::path::Path, now: i64) -> 
     view
 }
 
+/// A relay profile: each upstream reached as the relay would, and its
+/// account (`accounts`, one per upstream in order). Healthy when every
+/// upstream has an account and one at least answers.
 async fn relay_view(
     config: &Config,
     name: &str,
     directory: String,
     relay: &RelayConfig,
-    account: Option<String>,
+    accounts: Vec<Option<String>>,
 ) -> ProfileView {
     let mut notes = Vec::new();
-    let reachable = match probe(config, relay).await {
-        Ok(status) => {
-            notes.push(format!(
-                "upstream {} answers HTTP {status} ({})",
-                relay.directory,
-                super::ops::route(config.relay_egress(relay), &relay.directory)
-            ));
-            status.is_success()
+    let mut reachable = false;
+    for (upstream, account) in relay.upstreams().zip(&accounts) {
+        let label = &upstream.name;
+        match probe(config, upstream).await {
+            Ok(status) => {
+                notes.push(format!(
+                    "upstream {label} at {} answers HTTP {status} ({})",
+                    upstream.directory,
+                    super::ops::route(config.relay_egress(upstream), &upstream.directory)
+                ));
+                reachable |= status.is_success();
+            }
+            Err(e) => notes.push(format!("upstream {label} at {}: {e}", upstream.directory)),
         }
-        Err(e) => {
-            notes.push(format!("upstream {}: {e}", relay.directory));
-            false
+        match account {
+            Some(url) => notes.push(format!("upstream {label} account {url}")),
+            None => notes.push(format!(
+                "no account at upstream {label}: run `acme-proxy upstream register --profile {name} --upstream {label}`"
+            )),
         }
-    };
-    match &account {
-        Some(url) => notes.push(format!("upstream account {url}")),
-        None => notes.push(format!(
-            "no upstream account: run `acme-proxy upstream register --profile {name}`"
-        )),
     }
+    let registered = accounts.iter().all(Option::is_some);
     ProfileView {
         name: name.to_owned(),
         signer: "relay",
         directory,
-        healthy: reachable && account.is_some(),
+        healthy: reachable && registered,
         notes,
         ca_not_after: None,
         upstream_reachable: Some(reachable),
-        upstream_account: account,
+        upstream_account: accounts.into_iter().next().flatten(),
     }
 }
 

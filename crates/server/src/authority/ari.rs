@@ -68,15 +68,23 @@ impl Authority {
         // An outside party's window when the signer asks one: the
         // upstream's for a certificate it issued, the operator's program's.
         let leaf = leaf_der(&cert.chain_pem);
+        // A relay's certificate: the upstream that issued it is asked.
+        let upstream = self.issuing_upstream(profile, &cert.order_id).await;
         let issued = IssuedCertificate {
             serial: &cert.serial,
+            upstream: upstream.as_deref(),
             chain_pem: &cert.chain_pem,
             leaf_der: leaf.as_deref(),
         };
         // An upstream known to be down is not asked: the default window
         // now beats one request timeout's wait for nothing.
         let outside = match profile.signer.renewal_window(&issued) {
-            Some(_) if self.upstream_down(profile).await.is_some() => {
+            Some(_)
+                if self
+                    .upstream_down(profile, upstream.as_deref())
+                    .await
+                    .is_some() =>
+            {
                 Some(Err("the upstream's circuit breaker is open".to_owned()))
             }
             Some(asked) => Some(asked.await),

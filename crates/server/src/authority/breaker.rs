@@ -16,29 +16,34 @@ use acme_proxy_store::{BreakerFailure, BreakerRow, BreakerState, JobRow};
 use super::{Authority, Profile};
 use crate::generation::Generations;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason};
-use crate::signer::Deferred;
+use crate::signer::Upstream;
 use crate::signer::relay::RelayError;
 
 /// The job kind that probes an open breaker while no relay waits on it;
-/// the key is the profile.
+/// the key is the profile and the upstream, `PROFILE/UPSTREAM`.
 pub const UPSTREAM_PROBE_KIND: &str = crate::jobs::JobKind::UpstreamProbe.as_str();
+
+/// The probe job's key: one per upstream of a profile.
+fn probe_key(profile: &str, upstream: &str) -> String {
+    format!("{profile}/{upstream}")
+}
 
 /// Attempts of a probe job: it ends when the breaker closes, however long
 /// the outage.
 const PROBE_ATTEMPTS: u32 = 1_000_000;
 
 impl Authority {
-    /// Whether `profile`'s upstream may be sent a request now: not while
-    /// it is paused (its `Retry-After`) or its breaker is open, when the
-    /// job waits. An open breaker whose time has come is probed here when
-    /// `may_probe` (a job; a client's finalize leaves it to the job).
+    /// Whether `profile`'s upstream `relay` may be sent a request now: not
+    /// while it is paused (its `Retry-After`) or its breaker is open, when
+    /// the job waits. An open breaker whose time has come is probed here
+    /// when `may_probe` (a job; a client's finalize leaves it to the job).
     pub(super) async fn upstream_gate(
         &self,
         profile: &str,
-        relay: &dyn Deferred,
+        relay: &dyn Upstream,
         may_probe: bool,
     ) -> Result<(), Outcome> {
-        self.upstream_open(profile).await?;
+        self.upstream_open(profile, relay.name()).await?;
         let directory = relay.directory();
         let row = match self.store.breaker(profile, directory).await {
             Ok(row) => row,
@@ -82,12 +87,14 @@ impl Authority {
             }
             Err(e) => return Err(Outcome::Retry(format!("claiming the breaker's probe: {e}"))),
         }
-        self.metrics.breaker_changed(profile, BreakerState::Probing);
+        self.metrics
+            .breaker_changed(profile, relay.name(), BreakerState::Probing);
         tracing::info!(
             event = "relay.breaker",
             outcome = "probing",
             profile,
-            upstream = directory,
+            upstream = relay.name(),
+            directory,
             "asking whether the upstream is back"
         );
         let probed = relay.probe().await;
@@ -101,7 +108,7 @@ impl Authority {
                 retry_after: Some(after),
                 ..
             }) => {
-                self.pause_upstream(profile, after).await;
+                self.pause_upstream(profile, relay.name(), after).await;
                 Err(Outcome::Wait(self.clock.now() + after))
             }
             Err(e) => match after {
@@ -111,7 +118,7 @@ impl Authority {
         }
     }
 
-    /// Counts what a request to `profile`'s upstream met: `failed` when it
+    /// Counts what a request to `profile`'s upstream `relay` met: `failed` when it
     /// failed, None when it was answered. A failure that shows the
     /// upstream down counts towards opening the breaker; any other
     /// outcome shows it up, and closes it. Returns the breaker after a
@@ -119,7 +126,7 @@ impl Authority {
     pub(super) async fn upstream_heard(
         &self,
         profile: &str,
-        relay: &dyn Deferred,
+        relay: &dyn Upstream,
         failed: Option<&RelayError>,
     ) -> Option<BreakerRow> {
         let directory = relay.directory();
@@ -139,13 +146,15 @@ impl Authority {
                 match self.store.breaker_failed(&failure).await {
                     Ok((was, row)) => {
                         if row.state == BreakerState::Open && was != BreakerState::Open {
-                            self.queue_probe(profile, row.retry_at).await;
-                            self.metrics.breaker_changed(profile, BreakerState::Open);
+                            self.queue_probe(profile, relay.name(), row.retry_at).await;
+                            self.metrics
+                                .breaker_changed(profile, relay.name(), BreakerState::Open);
                             tracing::warn!(
                                 event = "relay.breaker",
                                 outcome = "opened",
                                 profile,
-                                upstream = directory,
+                                upstream = relay.name(),
+                                directory,
                                 failures = row.failures,
                                 probe_in_ms = row.retry_at - now_ms,
                                 error = %e,
@@ -177,12 +186,14 @@ impl Authority {
                     .await
                 {
                     Ok(Some(was)) if was != BreakerState::Closed => {
-                        self.metrics.breaker_changed(profile, BreakerState::Closed);
+                        self.metrics
+                            .breaker_changed(profile, relay.name(), BreakerState::Closed);
                         tracing::info!(
                             event = "relay.breaker",
                             outcome = "closed",
                             profile,
-                            upstream = directory,
+                            upstream = relay.name(),
+                            directory,
                             "the upstream answers again; relays go on"
                         );
                     }
@@ -196,13 +207,14 @@ impl Authority {
         }
     }
 
-    /// Queues the probe job of `profile`'s upstream for `at_ms` (a no-op
-    /// while one is queued: the job looks at the breaker when it runs).
-    async fn queue_probe(&self, profile: &str, at_ms: i64) {
+    /// Queues the probe job of `profile`'s upstream `upstream` for `at_ms`
+    /// (a no-op while one is queued: the job looks at the breaker when it
+    /// runs).
+    async fn queue_probe(&self, profile: &str, upstream: &str, at_ms: i64) {
         let mut spec = JobSpec::new(
             UPSTREAM_PROBE_KIND,
-            profile.to_owned(),
-            serde_json::json!({ "profile": profile }),
+            probe_key(profile, upstream),
+            serde_json::json!({ "profile": profile, "upstream": upstream }),
         );
         spec.run_at =
             time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at_ms) * 1_000_000).ok();
@@ -212,21 +224,26 @@ impl Authority {
         }
     }
 
-    /// The probe job's run: probes `profile`'s upstream when its breaker's
-    /// time has come. Done once the breaker is closed (or the profile
-    /// gone); otherwise again at the breaker's next time.
-    async fn probe_upstream(&self, profile_name: &str) -> Outcome {
+    /// The probe job's run: probes `profile`'s upstream `upstream` when
+    /// its breaker's time has come. Done once the breaker is closed (or
+    /// the upstream gone); otherwise again at the breaker's next time.
+    async fn probe_upstream(&self, profile_name: &str, upstream: &str) -> Outcome {
         let Some(profile) = self.profile(profile_name).cloned() else {
             return Outcome::Done;
         };
-        let Some(relay) = profile.signer.issuance().deferred() else {
+        let Some(relay) = profile
+            .signer
+            .issuance()
+            .deferred()
+            .and_then(|d| d.upstream(Some(upstream)))
+        else {
             return Outcome::Done;
         };
         match self.upstream_gate(profile_name, relay, true).await {
             // A relay may have opened the breaker again meanwhile, and its
             // queueing of a probe found this job still live: look once
             // more before ending, so that an idle profile keeps its probe.
-            Ok(()) => match self.upstream_down(&profile).await {
+            Ok(()) => match self.upstream_down(&profile, Some(upstream)).await {
                 Some(row) => Outcome::Reschedule(
                     self.clock.now()
                         + Duration::from_millis(
@@ -240,15 +257,36 @@ impl Authority {
         }
     }
 
-    /// The open (or probing) breaker of `profile`'s upstream, if it is a
-    /// relay profile whose upstream was found down: what a client's
-    /// request (a profile check at newOrder, renewal information, a
-    /// revocation) does not wait on.
-    pub(super) async fn upstream_down(&self, profile: &Profile) -> Option<BreakerRow> {
-        let relay = profile.signer.issuance().deferred()?;
+    /// The open (or probing) breaker of `profile`'s upstream `upstream`
+    /// (None: the preferred one), if it is a relay profile whose upstream
+    /// was found down: what a client's request (a profile check at
+    /// newOrder, renewal information, a revocation) does not wait on.
+    pub(super) async fn upstream_down(
+        &self,
+        profile: &Profile,
+        upstream: Option<&str>,
+    ) -> Option<BreakerRow> {
+        let relay = profile.signer.issuance().deferred()?.upstream(upstream)?;
         match self.store.breaker(&profile.name, relay.directory()).await {
             Ok(Some(row)) if row.state != BreakerState::Closed => Some(row),
             _ => None,
+        }
+    }
+
+    /// The upstream of relay profile `profile` that issued the certificate
+    /// of `order_id` (None: the preferred one, or not a relay profile).
+    pub(super) async fn issuing_upstream(
+        &self,
+        profile: &Profile,
+        order_id: &str,
+    ) -> Option<String> {
+        profile.signer.issuance().deferred()?;
+        match self.store.relayed_by(order_id).await {
+            Ok(upstream) => upstream,
+            Err(e) => {
+                tracing::warn!(event = "relay.upstream", outcome = "failure", profile = %profile.name, order = %order_id, error = %e, "could not read which upstream issued the certificate; asking the preferred one");
+                None
+            }
         }
     }
 
@@ -288,7 +326,24 @@ impl JobHandler for UpstreamProbes {
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let authority = self.generations.authority();
-            authority.probe_upstream(&job.key).await
+            let payload: serde_json::Value = serde_json::from_str(&job.payload).unwrap_or_default();
+            let field = |name: &str| payload.get(name).and_then(serde_json::Value::as_str);
+            // A probe queued before upstreams had names: the preferred one.
+            let Some(profile) = field("profile") else {
+                return Outcome::Failed(format!("payload {:?} names no profile", job.payload));
+            };
+            let upstream = match field("upstream") {
+                Some(u) => u.to_owned(),
+                None => match authority
+                    .profile(profile)
+                    .and_then(|p| p.signer.issuance().deferred())
+                    .and_then(|d| d.upstream(None))
+                {
+                    Some(u) => u.name().to_owned(),
+                    None => return Outcome::Done,
+                },
+            };
+            authority.probe_upstream(profile, &upstream).await
         })
     }
 
@@ -311,9 +366,17 @@ impl JobHandler for UpstreamProbes {
                 let mounted = authority
                     .profile(&row.profile)
                     .and_then(|p| p.signer.issuance().deferred())
-                    .is_some_and(|relay| relay.directory() == row.directory);
-                if mounted {
-                    authority.queue_probe(&row.profile, row.retry_at).await;
+                    .and_then(|relay| {
+                        relay
+                            .upstreams()
+                            .into_iter()
+                            .find(|u| u.directory() == row.directory)
+                            .map(|u| u.name().to_owned())
+                    });
+                if let Some(upstream) = mounted {
+                    authority
+                        .queue_probe(&row.profile, &upstream, row.retry_at)
+                        .await;
                 }
             }
             Ok(())

@@ -292,11 +292,16 @@ impl Authority {
         let nonces = self.nonces.count(&self.store).await.ok();
         // Breakers of the relay upstreams mounted now: a row of a profile
         // since removed, or of a directory since changed, says nothing.
-        let upstreams: std::collections::BTreeSet<(String, String)> = self
+        let upstreams: std::collections::BTreeMap<(String, String), String> = self
             .profiles()
-            .filter_map(|p| {
-                let relay = p.signer.issuance().deferred()?;
-                Some((p.name.clone(), relay.directory().to_owned()))
+            .filter_map(|p| Some((p, p.signer.issuance().deferred()?)))
+            .flat_map(|(p, relay)| {
+                relay.upstreams().into_iter().map(|u| {
+                    (
+                        (p.name.clone(), u.directory().to_owned()),
+                        u.name().to_owned(),
+                    )
+                })
             })
             .collect();
         self.metrics.render(&self.store, nonces, &upstreams).await

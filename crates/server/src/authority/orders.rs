@@ -123,7 +123,7 @@ impl Authority {
         if let Some((name, _)) = certificate_profile
             && profile
                 .signer
-                .offers_profile(name, self.upstream_down(profile).await.is_none())
+                .offers_profile(name, self.upstream_down(profile, None).await.is_none())
                 .await
                 == Some(false)
         {

@@ -400,8 +400,9 @@ impl Authority {
         Err(e)
     }
 
-    /// A relay's turn to send a new upstream order for `identifiers` under
-    /// its profile's budgets, all or none: `upstream_orders` (smooth: a
+    /// A relay's turn to send a new upstream order for `identifiers` to
+    /// `relay`, one of its profile's upstreams, under that upstream's
+    /// budgets, all or none: `upstream_orders` (smooth: a
     /// single place, freeing every period / N, so that no period ever holds
     /// more than N; an upstream's own limit may have no room for a burst
     /// on top of what it counted already) and
@@ -421,13 +422,13 @@ impl Authority {
         profile: &str,
         order_id: &str,
         identifiers: &[Identifier],
-        relay: &dyn crate::signer::Deferred,
+        relay: &dyn crate::signer::Upstream,
     ) -> Result<UpstreamTurn, Outcome> {
         if let Some(rate) = relay.upstream_failed_validations() {
             let names: BTreeSet<String> = identifiers.iter().map(|i| i.value.clone()).collect();
             let keys: Vec<String> = names
                 .iter()
-                .map(|name| upstream_failed_validations_key(profile, name))
+                .map(|name| upstream_failed_validations_key(profile, relay.name(), name))
                 .collect();
             let checked: Vec<RateLimitKey<'_>> = keys
                 .iter()
@@ -464,7 +465,13 @@ impl Authority {
             let count = i64::try_from(identifiers.len()).unwrap_or(i64::MAX);
             match self
                 .store
-                .reserve_upstream_authorizations(order_id, profile, count, i64::from(max))
+                .reserve_upstream_authorizations(
+                    order_id,
+                    profile,
+                    relay.name(),
+                    count,
+                    i64::from(max),
+                )
                 .await
             {
                 Ok(true) => turn.reserved = Some(order_id.to_owned()),
@@ -472,7 +479,7 @@ impl Authority {
                     return Err(self.budget_wait(
                         profile,
                         Limit::UpstreamPendingAuthorizations,
-                        &format!("profile:{profile}"),
+                        &format!("profile:{profile}:upstream:{}", relay.name()),
                         i64::try_from(PENDING_AUTHORIZATIONS_WAIT.as_millis()).unwrap_or(5000),
                         &max.to_string(),
                     ));
@@ -488,7 +495,10 @@ impl Authority {
         if let Some(rate) = relay.upstream_orders() {
             budgets.push((
                 Limit::UpstreamOrders,
-                format!("upstream_orders:profile:{profile}"),
+                format!(
+                    "upstream_orders:profile:{profile}:upstream:{}",
+                    relay.name()
+                ),
                 rate,
                 rate.interval_ms(),
             ));
@@ -498,7 +508,10 @@ impl Authority {
             for domain in domains {
                 budgets.push((
                     Limit::UpstreamCertificatesPerDomain,
-                    format!("upstream_certificates:profile:{profile}:domain:{domain}"),
+                    format!(
+                        "upstream_certificates:profile:{profile}:upstream:{}:domain:{domain}",
+                        relay.name()
+                    ),
                     rate,
                     rate.burst_ms(),
                 ));
@@ -587,12 +600,12 @@ impl Authority {
         &self,
         profile: &str,
         name: &str,
-        relay: &dyn crate::signer::Deferred,
+        relay: &dyn crate::signer::Upstream,
     ) {
         let Some(rate) = relay.upstream_failed_validations() else {
             return;
         };
-        let key = upstream_failed_validations_key(profile, name);
+        let key = upstream_failed_validations_key(profile, relay.name(), name);
         // A full key is left as it is (a take writes nothing then): it
         // holds new orders for the name until its window frees already.
         let taken = RateLimitKey {
@@ -609,16 +622,17 @@ impl Authority {
         }
     }
 
-    /// Whether `profile`'s upstream may be sent a request now: not while
-    /// it is paused ([`Self::pause_upstream`]), when the job waits in the
-    /// queue until the pause ends (the wait is not an attempt).
-    pub(super) async fn upstream_open(&self, profile: &str) -> Result<(), Outcome> {
+    /// Whether `profile`'s upstream `upstream` may be sent a request now:
+    /// not while it is paused ([`Self::pause_upstream`]), when the job
+    /// waits in the queue until the pause ends (the wait is not an
+    /// attempt).
+    pub(super) async fn upstream_open(&self, profile: &str, upstream: &str) -> Result<(), Outcome> {
         // A pause is a key held until a time (a read: every relay attempt
         // and finalize asks, and must not queue behind the writer).
         let now_ms = self.clock.unix_ms();
         match self
             .store
-            .rate_limit_tat(&upstream_pause_key(profile))
+            .rate_limit_tat(&upstream_pause_key(profile, upstream))
             .await
         {
             Ok(None) => Ok(()),
@@ -630,6 +644,7 @@ impl Authority {
                     event = "relay.paused",
                     outcome = "deferred",
                     profile,
+                    upstream,
                     wait_ms,
                     "the upstream asked to be left alone for a while; this relay waits"
                 );
@@ -640,10 +655,16 @@ impl Authority {
         }
     }
 
-    /// Pauses `profile`'s upstream for `after` (its `Retry-After`, at most
-    /// a day): no job of any replica sends it a request until then. An
+    /// Pauses `profile`'s upstream `upstream` for `after` (its
+    /// `Retry-After`, at most a day): no job of any replica sends it a
+    /// request until then (new orders go to the next upstream, if any). An
     /// error is logged: the job that saw the answer waits all the same.
-    pub(super) async fn pause_upstream(&self, profile: &str, after: std::time::Duration) {
+    pub(super) async fn pause_upstream(
+        &self,
+        profile: &str,
+        upstream: &str,
+        after: std::time::Duration,
+    ) {
         let after = crate::jobs::backoff::retry_after(after);
         let until_ms = self
             .clock
@@ -651,20 +672,22 @@ impl Authority {
             .saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
         match self
             .store
-            .hold_rate_limit(&upstream_pause_key(profile), until_ms)
+            .hold_rate_limit(&upstream_pause_key(profile, upstream), until_ms)
             .await
         {
             Ok(()) => tracing::warn!(
                 event = "relay.paused",
                 outcome = "paused",
                 profile,
+                upstream,
                 seconds = after.as_secs(),
-                "the upstream answered with Retry-After; every relay of this profile waits"
+                "the upstream answered with Retry-After; no relay asks it until then"
             ),
             Err(e) => tracing::error!(
                 event = "relay.paused",
                 outcome = "failure",
                 profile,
+                upstream,
                 error = %e,
                 "could not record the upstream's pause"
             ),
@@ -677,17 +700,17 @@ impl Authority {
     }
 }
 
-/// The key of `profile`'s upstream pause.
-pub(crate) fn upstream_pause_key(profile: &str) -> String {
-    format!("upstream_pause:profile:{profile}")
+/// The key of the pause of `profile`'s upstream `upstream`.
+pub(crate) fn upstream_pause_key(profile: &str, upstream: &str) -> String {
+    format!("upstream_pause:profile:{profile}:upstream:{upstream}")
 }
 
-/// The key of `profile`'s failed upstream validations of `name`.
-/// A wildcard counts against its base name: the upstream validates
-/// `*.example.com` as `example.com` (RFC 8555 section 7.1.3).
-fn upstream_failed_validations_key(profile: &str, name: &str) -> String {
+/// The key of the failed validations of `name` at `profile`'s upstream
+/// `upstream`. A wildcard counts against its base name: the upstream
+/// validates `*.example.com` as `example.com` (RFC 8555 section 7.1.3).
+fn upstream_failed_validations_key(profile: &str, upstream: &str, name: &str) -> String {
     let name = name.strip_prefix("*.").unwrap_or(name);
-    format!("upstream_failed_validations:profile:{profile}:name:{name}")
+    format!("upstream_failed_validations:profile:{profile}:upstream:{upstream}:name:{name}")
 }
 
 /// The key of `account_id`'s failed validations of `name`.
@@ -702,12 +725,16 @@ mod tests {
     #[test]
     fn a_wildcards_failed_upstream_validations_count_against_its_base_name() {
         assert_eq!(
-            upstream_failed_validations_key("p", "*.example.com"),
-            upstream_failed_validations_key("p", "example.com")
+            upstream_failed_validations_key("p", "a", "*.example.com"),
+            upstream_failed_validations_key("p", "a", "example.com")
         );
         assert_ne!(
-            upstream_failed_validations_key("p", "www.example.com"),
-            upstream_failed_validations_key("p", "example.com")
+            upstream_failed_validations_key("p", "a", "www.example.com"),
+            upstream_failed_validations_key("p", "a", "example.com")
+        );
+        assert_ne!(
+            upstream_failed_validations_key("p", "a", "example.com"),
+            upstream_failed_validations_key("p", "b", "example.com")
         );
     }
 

@@ -19,8 +19,8 @@ use crate::events::Event;
 use crate::generation::Generations;
 use crate::jobs::{BoxFuture, JobHandler, JobSpec, Outcome, Queue, RetireReason, backoff};
 use crate::notify::Notice;
-use crate::signer::Deferred;
 use crate::signer::relay::{RelayError, SETTLE_MARGIN};
+use crate::signer::{Deferred, Upstream};
 
 /// Upstream refusals at finalize that concern the order, passed to the
 /// client as they are.
@@ -74,7 +74,13 @@ impl Authority {
         // The job waits for this request's own newOrder (one request
         // timeout) so that the two do not both create an upstream order;
         // it is woken as soon as the request is done.
-        let hold = relay.request_timeout() + Duration::from_secs(1);
+        let hold = relay
+            .upstreams()
+            .iter()
+            .map(|u| u.request_timeout())
+            .max()
+            .unwrap_or_default()
+            + Duration::from_secs(1);
         let payload = payload(&order.id, &profile.name);
         let job = NewJob {
             kind: RELAY_KIND,
@@ -116,17 +122,18 @@ impl Authority {
         self.queue.wake(RELAY_KIND);
         let mut retry_after = None;
         let mut turn_at = None;
-        // A paused upstream is not asked (and no budget place is spent):
-        // the job creates the order when the pause ends.
-        let turn = match self.upstream_gate(&profile.name, relay, false).await {
-            Ok(()) => {
-                self.upstream_order_turn(&profile.name, &order.id, &order.identifiers, relay)
-                    .await
-            }
-            Err(paused) => Err(paused),
+        // An upstream paused or down is not asked (and no budget place is
+        // spent): the order goes to the next, or the job creates it when
+        // one is back.
+        let turn = match self.pick_upstream(&profile.name, relay, false).await {
+            Ok(relay) => self
+                .upstream_order_turn(&profile.name, &order.id, &order.identifiers, relay)
+                .await
+                .map(|places| (relay, places)),
+            Err(waiting) => Err(waiting),
         };
         match turn {
-            Ok(places) => {
+            Ok((relay, places)) => {
                 // One bounded try: the client's request must not wait on a hung
                 // upstream for longer than one request timeout (the job's hold).
                 let created = match tokio::time::timeout(
@@ -146,7 +153,7 @@ impl Authority {
                 match created {
                     Ok(url) => {
                         self.store
-                            .set_upstream_url(&order.id, &url, self.clock.unix())
+                            .set_upstream_url(&order.id, relay.name(), &url, self.clock.unix())
                             .await?;
                     }
                     Err(e) if e.is_permanent() => {
@@ -169,7 +176,8 @@ impl Authority {
                             "the upstream newOrder failed transiently; the relay job will create it"
                         );
                         if let Some(after) = e.retry_after {
-                            self.pause_upstream(&profile.name, after).await;
+                            self.pause_upstream(&profile.name, relay.name(), after)
+                                .await;
                         }
                         if created_nothing(&e) {
                             self.give_back_turn(places).await;
@@ -269,22 +277,38 @@ impl Authority {
         let Some(profile) = self.profile(profile_name).cloned() else {
             return Outcome::Retry(format!("profile {profile_name} is not mounted"));
         };
-        let Some(relay) = profile.signer.issuance().deferred() else {
+        let Some(pool) = profile.signer.issuance().deferred() else {
             return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
         };
         // Taken before the gate: a probe's time is the attempt's too.
-        let deadline = tokio::time::Instant::now() + relay.attempt_budget();
-        if let Err(wait) = self.upstream_gate(profile_name, relay, true).await {
-            return wait;
-        }
-        let url = match mapping.upstream_url.clone() {
-            Some(url) => url,
-            None => match self
-                .upstream_order_turn(profile_name, order_id, &order.identifiers, relay)
-                .await
-            {
-                Err(outcome) => return outcome,
-                Ok(places) => match self
+        let started = tokio::time::Instant::now();
+        let (relay, url) = match mapping.upstream_url.clone() {
+            // Sticky: an order stays on the upstream that accepted it.
+            Some(url) => {
+                let Some(relay) = pool.upstream(mapping.upstream.as_deref()) else {
+                    return Outcome::Retry(format!(
+                        "profile {profile_name} has no upstream {:?} (the order's) mounted",
+                        mapping.upstream
+                    ));
+                };
+                if let Err(wait) = self.upstream_gate(profile_name, relay, true).await {
+                    return wait;
+                }
+                (relay, url)
+            }
+            None => {
+                let relay = match self.pick_upstream(profile_name, pool, true).await {
+                    Ok(relay) => relay,
+                    Err(wait) => return wait,
+                };
+                let places = match self
+                    .upstream_order_turn(profile_name, order_id, &order.identifiers, relay)
+                    .await
+                {
+                    Ok(places) => places,
+                    Err(outcome) => return outcome,
+                };
+                let created = self
                     .heard(
                         profile_name,
                         relay,
@@ -292,14 +316,22 @@ impl Authority {
                             .create_order(&order.identifiers, order.certificate_profile.as_deref())
                             .await,
                     )
-                    .await
-                {
+                    .await;
+                match created {
                     Ok(url) => match self
                         .store
-                        .set_upstream_url(order_id, &url, self.clock.unix())
+                        .set_upstream_url(order_id, relay.name(), &url, self.clock.unix())
                         .await
                     {
-                        Ok(Some(in_force)) => in_force,
+                        // The finalize request may have made one first.
+                        Ok(Some((in_force, at))) => match pool.upstream(at.as_deref()) {
+                            Some(relay) => (relay, in_force),
+                            None => {
+                                return Outcome::Retry(format!(
+                                    "profile {profile_name} has no upstream {at:?} (the order's) mounted"
+                                ));
+                            }
+                        },
                         Ok(None) => return Outcome::Done,
                         Err(e) => {
                             return Outcome::Retry(format!("recording the upstream order: {e}"));
@@ -311,9 +343,10 @@ impl Authority {
                         }
                         return self.relay_failed(profile_name, relay, e).await;
                     }
-                },
-            },
+                }
+            }
         };
+        let deadline = started + relay.attempt_budget();
         let collected = match self
             .heard(
                 profile_name,
@@ -340,11 +373,56 @@ impl Authority {
         }
     }
 
+    /// The upstream a new upstream order of `profile` goes to: the first
+    /// in priority order that is neither paused nor down (its breaker
+    /// open). With `may_probe` (a job), an upstream whose probe is due is
+    /// probed, and taken when it answers: so orders go back to a
+    /// preferred upstream once it is up. When every one waits, the job
+    /// waits for the first to be back.
+    pub(super) async fn pick_upstream<'r>(
+        &self,
+        profile: &str,
+        pool: &'r dyn Deferred,
+        may_probe: bool,
+    ) -> Result<&'r dyn Upstream, Outcome> {
+        let mut first_back: Option<time::OffsetDateTime> = None;
+        let mut failed: Option<Outcome> = None;
+        for (i, relay) in pool.upstreams().into_iter().enumerate() {
+            match self.upstream_gate(profile, relay, may_probe).await {
+                Ok(()) => {
+                    if i > 0 {
+                        tracing::info!(
+                            event = "relay.failover",
+                            outcome = "success",
+                            profile,
+                            upstream = relay.name(),
+                            "the upstreams before this one are down or paused; the new order goes here"
+                        );
+                    }
+                    return Ok(relay);
+                }
+                Err(Outcome::Wait(at)) => {
+                    first_back = Some(first_back.map_or(at, |t| t.min(at)));
+                }
+                // Its probe failed, or its state could not be read: the
+                // next one may take the order.
+                Err(other) => {
+                    failed.get_or_insert(other);
+                }
+            }
+        }
+        Err(match (first_back, failed) {
+            (Some(at), _) => Outcome::Wait(at),
+            (None, Some(other)) => other,
+            (None, None) => Outcome::Wait(self.clock.now() + Duration::from_secs(1)),
+        })
+    }
+
     /// `result`, after counting it for the upstream's breaker.
     async fn heard<T>(
         &self,
         profile_name: &str,
-        relay: &dyn Deferred,
+        relay: &dyn Upstream,
         result: Result<T, RelayError>,
     ) -> Result<T, RelayError> {
         self.upstream_heard(profile_name, relay, result.as_ref().err())
@@ -357,11 +435,11 @@ impl Authority {
     async fn relay_failed(
         &self,
         profile_name: &str,
-        relay: &dyn Deferred,
+        relay: &dyn Upstream,
         e: RelayError,
     ) -> Outcome {
         if let (false, Some(after)) = (e.is_permanent(), e.retry_after) {
-            self.pause_upstream(profile_name, after).await;
+            self.pause_upstream(profile_name, relay.name(), after).await;
         }
         if let Some(name) = &e.failed_validation {
             self.count_upstream_failed_validation(profile_name, name, relay)
@@ -609,7 +687,9 @@ impl JobHandler for RelayJobs {
         let (_, profile) = order_of(job)?;
         let authority = self.generations.authority();
         let relay = authority.profile(&profile)?.signer.issuance().deferred()?;
-        Some(relay.attempt_budget() + SETTLE_MARGIN)
+        // Whichever upstream the attempt goes to.
+        let budget = relay.upstreams().iter().map(|u| u.attempt_budget()).max()?;
+        Some(budget + SETTLE_MARGIN)
     }
 
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome> {

@@ -187,14 +187,16 @@ impl Authority {
         // operator's revocation program); only then is it recorded here, so
         // a failure leaves nothing half-done and the client can simply
         // retry.
+        let upstream = self.issuing_upstream(profile, &cert.order_id).await;
         let issued = IssuedCertificate {
             serial: &serial,
+            upstream: upstream.as_deref(),
             chain_pem: &cert.chain_pem,
             leaf_der: Some(cert_der),
         };
         // An upstream known to be down is not asked: the client hears at
         // once when to try again (its next probe).
-        if let Some(down) = self.upstream_down(profile).await {
+        if let Some(down) = self.upstream_down(profile, upstream.as_deref()).await {
             tracing::warn!(
                 event = "certificate.revoke",
                 outcome = "failure",

@@ -268,7 +268,7 @@ fn is_service_link(key: &str) -> bool {
 }
 
 impl Config {
-    /// The outbound policy of a relay signer: its own `egress` table, else
+    /// The outbound policy of one upstream of a relay signer: its own `egress` table, else
     /// the global one.
     pub fn relay_egress<'a>(&'a self, relay: &'a RelayConfig) -> &'a EgressConfig {
         relay.egress.as_ref().unwrap_or(&self.egress)
@@ -298,10 +298,8 @@ impl Config {
     pub fn egress_credentials_files(&self) -> Vec<PathBuf> {
         let mut tables = vec![&self.egress];
         for p in self.profiles.values() {
-            if let SignerConfig::Relay(r) = &p.signer
-                && let Some(e) = &r.egress
-            {
-                tables.push(e);
+            if let SignerConfig::Relay(r) = &p.signer {
+                tables.extend(r.upstreams().filter_map(|u| u.egress.as_ref()));
             }
             tables.extend(p.notify.webhooks.values().filter_map(|w| w.egress.as_ref()));
         }
@@ -435,9 +433,11 @@ impl Config {
                 SignerConfig::LocalCa(ca) => ca,
                 SignerConfig::Relay(relay) => {
                     check_relay(name, relay).unwrap_or_else(|e| problems.push(reason(e)));
-                    if let Some(egress) = &relay.egress {
-                        check_egress(&format!("profiles.{name}.signer.egress"), egress)
-                            .unwrap_or_else(|e| problems.push(reason(e)));
+                    for (i, upstream) in relay.upstreams().enumerate() {
+                        if let Some(egress) = &upstream.egress {
+                            check_egress(&format!("{}.egress", upstream_key(name, i)), egress)
+                                .unwrap_or_else(|e| problems.push(reason(e)));
+                        }
                     }
                     continue;
                 }
@@ -600,12 +600,16 @@ impl Config {
             problems.extend(zone.problems());
         }
         for (name, profile) in &self.profiles {
-            if let SignerConfig::Relay(relay) = &profile.signer
-                && relay.strategy == RelayStrategy::Dns01Delegated
-                && self.dns_zone.is_none()
-            {
+            let SignerConfig::Relay(relay) = &profile.signer else {
+                continue;
+            };
+            for (i, upstream) in relay.upstreams().enumerate() {
+                if upstream.strategy != RelayStrategy::Dns01Delegated || self.dns_zone.is_some() {
+                    continue;
+                }
                 problems.push(format!(
-                    "profiles.{name}.signer.strategy is \"dns01_delegated\" but there is no [dns_zone] to publish in: add one, e.g. [dns_zone] zones = [\"acme.example.org\"], listen = [\"192.0.2.53:53\"], nameservers = [\"ns1.example.org\"]"
+                    "{}.strategy is \"dns01_delegated\" but there is no [dns_zone] to publish in: add one, e.g. [dns_zone] zones = [\"acme.example.org\"], listen = [\"192.0.2.53:53\"], nameservers = [\"ns1.example.org\"]",
+                    upstream_key(name, i)
                 ));
             }
         }
@@ -705,44 +709,47 @@ impl Config {
                 )
                 .unwrap_or_else(|e| problems.push(reason(e))),
                 SignerConfig::Custom(_) => {}
-                SignerConfig::Relay(r) => {
-                    at_least(
-                        &format!("profiles.{name}.signer.request_timeout"),
-                        r.request_timeout,
-                        Duration::from_millis(100),
-                        "10s",
-                    )
-                    .unwrap_or_else(|e| problems.push(reason(e)));
-                    at_least(
-                        &format!("profiles.{name}.signer.attempt_budget"),
-                        r.attempt_budget,
-                        r.request_timeout * 2,
-                        "5m",
-                    )
-                    .unwrap_or_else(|e| problems.push(reason(e)));
-                    at_least(
-                        &format!("profiles.{name}.signer.poll_interval"),
-                        r.poll_interval,
-                        Duration::from_millis(10),
-                        "1s",
-                    )
-                    .unwrap_or_else(|e| problems.push(reason(e)));
-                    if r.upstream_pending_authorizations == Some(0) {
-                        problems.push(format!(
-                            "profiles.{name}.signer.upstream_pending_authorizations must be at least 1 (or absent: no budget); write e.g. upstream_pending_authorizations = 300"
+                SignerConfig::Relay(relay) => {
+                    for (i, r) in relay.upstreams().enumerate() {
+                        let key = upstream_key(name, i);
+                        at_least(
+                            &format!("{key}.request_timeout"),
+                            r.request_timeout,
+                            Duration::from_millis(100),
+                            "10s",
+                        )
+                        .unwrap_or_else(|e| problems.push(reason(e)));
+                        at_least(
+                            &format!("{key}.attempt_budget"),
+                            r.attempt_budget,
+                            r.request_timeout * 2,
+                            "5m",
+                        )
+                        .unwrap_or_else(|e| problems.push(reason(e)));
+                        at_least(
+                            &format!("{key}.poll_interval"),
+                            r.poll_interval,
+                            Duration::from_millis(10),
+                            "1s",
+                        )
+                        .unwrap_or_else(|e| problems.push(reason(e)));
+                        if r.upstream_pending_authorizations == Some(0) {
+                            problems.push(format!(
+                            "{key}.upstream_pending_authorizations must be at least 1 (or absent: no budget); write e.g. upstream_pending_authorizations = 300"
                         ));
-                    }
-                    if r.breaker_failures == 0 {
-                        problems.push(format!(
-                            "profiles.{name}.signer.breaker_failures must be at least 1 (failures in a row that open the upstream's breaker); write e.g. breaker_failures = 5"
+                        }
+                        if r.breaker_failures == 0 {
+                            problems.push(format!(
+                            "{key}.breaker_failures must be at least 1 (failures in a row that open the upstream's breaker); write e.g. breaker_failures = 5"
                         ));
-                    }
-                    if r.breaker_open_for < Duration::from_secs(1)
-                        || r.breaker_open_for > Duration::from_secs(3600)
-                    {
-                        problems.push(format!(
-                            "profiles.{name}.signer.breaker_open_for must be between 1s and 1h (how long an open breaker waits before probing the upstream); write e.g. breaker_open_for = \"30s\""
+                        }
+                        if r.breaker_open_for < Duration::from_secs(1)
+                            || r.breaker_open_for > Duration::from_secs(3600)
+                        {
+                            problems.push(format!(
+                            "{key}.breaker_open_for must be between 1s and 1h (how long an open breaker waits before probing the upstream); write e.g. breaker_open_for = \"30s\""
                         ));
+                        }
                     }
                 }
             }
@@ -904,6 +911,15 @@ pub fn redact_password(url: &str) -> String {
         out = format!("{base}{}", query.join("&"));
     }
     out
+}
+
+/// Where upstream `index` of relay profile `name` is configured: the
+/// signer table, then its `[[fallback]]` tables.
+pub(crate) fn upstream_key(name: &str, index: usize) -> String {
+    match index {
+        0 => format!("profiles.{name}.signer"),
+        i => format!("profiles.{name}.signer.fallback[{}]", i - 1),
+    }
 }
 
 #[cfg(test)]
@@ -1238,9 +1254,63 @@ mod tests {
         };
         assert_eq!(r.strategy, RelayStrategy::Http01);
         assert_eq!(
-            r.account_key_path(Path::new("/d"), "edge"),
+            r.account_key_path(Path::new("/d"), "edge", true),
             PathBuf::from("/d/upstream/edge.key")
         );
+    }
+
+    #[test]
+    fn a_relay_with_fallbacks_names_each_upstream_once_and_keeps_the_profiles_keys_on_the_signer_table()
+     {
+        let relay = |fallbacks: &str| {
+            Config::from_toml(&format!(
+                "[profiles.edge.signer]\ntype = \"relay\"\ndirectory = \"https://a.example/dir\"\nmax_attempts = 7\n{fallbacks}"
+            ))
+        };
+        let ok = relay(
+            "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\nrequest_timeout = \"3s\"",
+        )
+        .unwrap();
+        let SignerConfig::Relay(r) = &ok.profiles["edge"].signer else {
+            panic!("not a relay")
+        };
+        let names: Vec<&str> = r.upstreams().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["primary", "b"]);
+        assert_eq!(r.fallback[0].request_timeout, Duration::from_secs(3));
+        assert_eq!(r.max_attempts, 7);
+        assert_eq!(
+            r.fallback[0].account_key_path(Path::new("/d"), "edge", false),
+            PathBuf::from("/d/upstream/edge.b.key")
+        );
+        for (fallback, says) in [
+            (
+                "[[profiles.edge.signer.fallback]]\ndirectory = \"https://b.example/dir\"",
+                "fallback[0].name is missing",
+            ),
+            (
+                "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\n[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://c.example/dir\"",
+                "names another upstream",
+            ),
+            (
+                "[[profiles.edge.signer.fallback]]\nname = \"b c\"\ndirectory = \"https://b.example/dir\"",
+                "must be letters, digits",
+            ),
+            (
+                "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\nmax_attempts = 3",
+                "set it on [profiles.edge.signer]",
+            ),
+            (
+                "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"http://b.example/dir\"",
+                "fallback[0].directory",
+            ),
+            (
+                "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\nbreaker_failures = 0",
+                "fallback[0].breaker_failures",
+            ),
+        ] {
+            let err = relay(fallback).unwrap_err().to_string();
+            assert!(err.contains(says), "{fallback}: {err}");
+        }
     }
 
     #[test]

@@ -26,6 +26,12 @@ pub fn opt_rate(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": ["string", "null"], "format": "rate" })
 }
 
+/// `[[fallback]]` tables of a relay signer: the signer's own keys again
+/// (documented once, there).
+pub fn fallbacks(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "array", "items": { "type": "object" } })
+}
+
 pub fn opt_duration(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": ["string", "null"], "format": "duration" })
 }
@@ -299,6 +305,7 @@ pub fn uncommented(text: &str) -> String {
             let is_table = |rest: &str| {
                 [
                     "[profiles.edge",
+                    "[[profiles.edge",
                     "[profiles.legacy",
                     "[profiles.default.certificate_profiles",
                     "[profiles.default.signer.pkcs11",

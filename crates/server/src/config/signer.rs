@@ -98,14 +98,20 @@ pub(crate) fn check_custom(name: &str, c: &CustomConfig) -> Result<(), ConfigErr
 }
 
 /// The relay signer: certificates come from an upstream ACME CA, with one
-/// upstream account per profile.
+/// upstream account per profile and upstream. The table describes the
+/// preferred upstream; `[[fallback]]` tables name more, in priority order.
 #[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
+    /// The upstream's name, as `upstream register --upstream` and
+    /// `upstream status` call it; `primary` unless set. A fallback must
+    /// have one.
+    pub name: String,
     /// The upstream's directory URL (https).
     pub directory: String,
     /// The upstream account key (PKCS#8 PEM), created 0600 by `acme-proxy
-    /// upstream register`; defaults to `{data_dir}/upstream/{profile}.key`.
+    /// upstream register`; defaults to `{data_dir}/upstream/{profile}.key`
+    /// (a fallback's: `{data_dir}/upstream/{profile}.{name}.key`).
     pub account_key: Option<PathBuf>,
     /// Contact URLs given at registration (`mailto:ops@example.org`).
     pub contact: Vec<String>,
@@ -183,6 +189,13 @@ pub struct RelayConfig {
     #[serde(deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub breaker_open_for: Duration,
+    /// Further upstreams, tried in this order for a new order while the
+    /// ones before are down (their breaker open) or paused: each a table
+    /// of the keys above with its own `name`, `directory` and account.
+    /// An order stays on the upstream that accepted it. `max_attempts`
+    /// and `fallback` are the profile's, set here only.
+    #[schemars(schema_with = "super::reference::fallbacks")]
+    pub fallback: Vec<RelayConfig>,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -237,6 +250,7 @@ pub const TSIG_ALGORITHMS: [&str; 3] = ["hmac-sha256", "hmac-sha384", "hmac-sha5
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
+            name: PRIMARY_UPSTREAM.to_owned(),
             directory: String::new(),
             account_key: None,
             contact: Vec::new(),
@@ -255,16 +269,37 @@ impl Default for RelayConfig {
             upstream_pending_authorizations: None,
             breaker_failures: 5,
             breaker_open_for: Duration::from_secs(30),
+            fallback: Vec::new(),
         }
     }
 }
 
+/// The preferred upstream's name when the signer table gives none.
+pub const PRIMARY_UPSTREAM: &str = "primary";
+
 impl RelayConfig {
-    /// Where the upstream account key of `profile` lives.
-    pub fn account_key_path(&self, data_dir: &Path, profile: &str) -> PathBuf {
-        self.account_key
-            .clone()
-            .unwrap_or_else(|| data_dir.join("upstream").join(format!("{profile}.key")))
+    /// The upstreams in priority order: this table, then its fallbacks.
+    pub fn upstreams(&self) -> impl Iterator<Item = &RelayConfig> {
+        std::iter::once(self).chain(&self.fallback)
+    }
+
+    /// The upstream named `name`, if any.
+    pub fn upstream(&self, name: &str) -> Option<&RelayConfig> {
+        self.upstreams().find(|u| u.name == name)
+    }
+
+    /// Where the account key of this upstream of `profile` lives (absent
+    /// `account_key`): the `preferred` upstream's is the file a profile of
+    /// one upstream always had, a fallback's is named after it too.
+    pub fn account_key_path(&self, data_dir: &Path, profile: &str, preferred: bool) -> PathBuf {
+        self.account_key.clone().unwrap_or_else(|| {
+            let file = if preferred {
+                format!("{profile}.key")
+            } else {
+                format!("{profile}.{}.key", self.name)
+            };
+            data_dir.join("upstream").join(file)
+        })
     }
 }
 
@@ -354,24 +389,77 @@ impl Default for LocalCaConfig {
     }
 }
 
-/// The relay settings that must agree with each other.
+/// The relay settings that must agree with each other, of every upstream:
+/// names unique, a fallback's own, and the profile's keys only on the
+/// signer table.
 pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, u) in r.upstreams().enumerate() {
+        let key = if i == 0 {
+            format!("profiles.{name}.signer")
+        } else {
+            format!("profiles.{name}.signer.fallback[{}]", i - 1)
+        };
+        if u.name.is_empty()
+            || !u
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return invalid(format!(
+                "{key}.name {:?} must be letters, digits, - or _ (it names the upstream's account and key file); write e.g. name = \"zerossl\"",
+                u.name
+            ));
+        }
+        if i > 0 && u.name == PRIMARY_UPSTREAM {
+            return invalid(format!(
+                "{key}.name is missing (or \"{PRIMARY_UPSTREAM}\", the signer table's default): a fallback needs a name of its own, e.g. name = \"zerossl\""
+            ));
+        }
+        if seen.contains(&u.name.as_str()) {
+            return invalid(format!(
+                "{key}.name {:?} names another upstream of the profile already; give each its own",
+                u.name
+            ));
+        }
+        seen.push(&u.name);
+        if i > 0 {
+            if !u.fallback.is_empty() {
+                return invalid(format!(
+                    "{key}.fallback: fallbacks are listed on the signer table only, as [[profiles.{name}.signer.fallback]]"
+                ));
+            }
+            if u.max_attempts != RelayConfig::default().max_attempts {
+                return invalid(format!(
+                    "{key}.max_attempts is the profile's (a relay's attempts, whichever upstream): set it on [profiles.{name}.signer]"
+                ));
+            }
+        }
+        check_upstream(&key, u)?;
+    }
+    Ok(())
+}
+
+/// The settings of one upstream (the signer table or a `[[fallback]]`,
+/// at `key`) that must agree with each other.
+fn check_upstream(key: &str, r: &RelayConfig) -> Result<(), ConfigError> {
     let invalid = |m: String| Err(ConfigError::Invalid(m));
     if r.directory.is_empty() {
         return invalid(format!(
-            "profiles.{name}.signer.directory is missing: write the upstream CA's directory URL, e.g. directory = \"https://acme-v02.api.letsencrypt.org/directory\""
+            "{key}.directory is missing: write the upstream CA's directory URL, e.g. directory = \"https://acme-v02.api.letsencrypt.org/directory\""
         ));
     }
     if !r.directory.starts_with("https://") {
         return invalid(format!(
-            "profiles.{name}.signer.directory {:?} must be an https:// URL (RFC 8555 §6.1)",
+            "{key}.directory {:?} must be an https:// URL (RFC 8555 §6.1)",
             r.directory
         ));
     }
     match (r.strategy, &r.dns01) {
         (RelayStrategy::Dns01, None) => {
             return invalid(format!(
-                "profiles.{name}.signer.strategy is \"dns01\" but [profiles.{name}.signer.dns01] is missing: write server, zones, tsig_key_name and tsig_secret_file there"
+                "{key}.strategy is \"dns01\" but [{key}.dns01] is missing: write server, zones, tsig_key_name and tsig_secret_file there"
             ));
         }
         (
@@ -379,26 +467,26 @@ pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError
             Some(_),
         ) => {
             return invalid(format!(
-                "profiles.{name}.signer.dns01 is set but strategy is not \"dns01\": remove the section or write strategy = \"dns01\""
+                "{key}.dns01 is set but strategy is not \"dns01\": remove the section or write strategy = \"dns01\""
             ));
         }
         _ => {}
     }
     if r.max_attempts == 0 {
         return invalid(format!(
-            "profiles.{name}.signer.max_attempts must be at least 1; write e.g. max_attempts = 200"
+            "{key}.max_attempts must be at least 1; write e.g. max_attempts = 200"
         ));
     }
     if let Some(d) = &r.dns01 {
         if !TSIG_ALGORITHMS.contains(&d.tsig_algorithm.as_str()) {
             return invalid(format!(
-                "profiles.{name}.signer.dns01.tsig_algorithm {:?} is not supported; write one of {TSIG_ALGORITHMS:?}",
+                "{key}.dns01.tsig_algorithm {:?} is not supported; write one of {TSIG_ALGORITHMS:?}",
                 d.tsig_algorithm
             ));
         }
         if d.zones.is_empty() {
             return invalid(format!(
-                "profiles.{name}.signer.dns01.zones is empty: write the zones the server is primary for, e.g. zones = [\"example.org\"]"
+                "{key}.dns01.zones is empty: write the zones the server is primary for, e.g. zones = [\"example.org\"]"
             ));
         }
     }

@@ -208,6 +208,9 @@ pub enum RequestedWindow {
 pub struct IssuedCertificate<'a> {
     /// Lowercase hex.
     pub serial: &'a str,
+    /// The upstream that issued it, for a relay of several (None: its
+    /// preferred one, or a signer that has no upstreams).
+    pub upstream: Option<&'a str>,
     pub chain_pem: &'a str,
     /// The leaf's DER, when the chain parses.
     pub leaf_der: Option<&'a [u8]>,
@@ -345,13 +348,30 @@ pub trait SignerBackend: std::fmt::Debug + Send + Sync {
 /// certificate profile says.
 pub const DEFAULT_VALIDITY: std::time::Duration = std::time::Duration::from_secs(90 * 86400);
 
-/// A signer that issues through a durable job (the relay), as the
-/// authority's relay path drives it (`authority::relay`).
+/// A signer that issues through a durable job (the relay) at one of its
+/// upstreams, as the authority's relay path drives it (`authority::relay`).
 pub trait Deferred: Send + Sync {
+    /// Attempts before the job is abandoned, whichever upstream.
+    fn max_attempts(&self) -> u32;
+    /// Its upstreams in priority order: a new order goes to the first
+    /// that takes it.
+    fn upstreams(&self) -> Vec<&dyn Upstream>;
+    /// The upstream named `name` (None: the preferred one, the first).
+    fn upstream(&self, name: Option<&str>) -> Option<&dyn Upstream> {
+        let all = self.upstreams();
+        match name {
+            None => all.first().copied(),
+            Some(name) => all.into_iter().find(|u| u.name() == name),
+        }
+    }
+}
+
+/// One upstream CA of a [`Deferred`] signer.
+pub trait Upstream: Send + Sync {
+    /// Its name in the profile (`primary` unless the configuration names it).
+    fn name(&self) -> &str;
     /// How long one upstream request may take.
     fn request_timeout(&self) -> std::time::Duration;
-    /// Attempts before the job is abandoned.
-    fn max_attempts(&self) -> u32;
     /// How long one attempt may take.
     fn attempt_budget(&self) -> std::time::Duration;
     /// How many new upstream orders may be sent per period, if bounded.

@@ -594,6 +594,7 @@ async fn a_proxy_that_denies_the_upstream_is_reported_with_its_403_and_the_order
         &config,
         Some("default"),
         None,
+        None,
     )
     .await
     .expect_err("registration through a proxy that denies the upstream");

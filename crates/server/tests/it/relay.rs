@@ -114,8 +114,8 @@ pub(crate) fn server_toml(
     )
 }
 
-/// Registers the upstream account of every relay profile, as an operator
-/// does once with `acme-proxy upstream register`.
+/// Registers the account of every relay profile at each of its upstreams,
+/// as an operator does once with `acme-proxy upstream register`.
 pub(crate) async fn register_upstream_accounts(toml: &str) {
     let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
     acme_proxy::private::create_dir(&config.data_dir).expect("data dir");
@@ -123,16 +123,20 @@ pub(crate) async fn register_upstream_accounts(toml: &str) {
         .await
         .expect("open the database");
     for (name, p) in &config.profiles {
-        if matches!(p.signer, SignerConfig::Relay(_)) {
+        let SignerConfig::Relay(relay) = &p.signer else {
+            continue;
+        };
+        for upstream in relay.upstreams() {
             acme_proxy::admin::ops::register_upstream(
                 &store,
                 &SystemClock,
                 &config,
                 Some(name),
+                Some(&upstream.name),
                 None,
             )
             .await
-            .unwrap_or_else(|e| panic!("registering {name} upstream: {e}"));
+            .unwrap_or_else(|e| panic!("registering {name} at {}: {e}", upstream.name));
         }
     }
     store.close().await;
@@ -789,6 +793,7 @@ async fn upstream_register_creates_an_owner_only_key_once_and_show_and_orders_re
         "{row}"
     );
     assert!(row["certificate_url"].is_string(), "{row}");
+    assert_eq!(row["upstream"], "primary", "{row}");
     server.stop().await;
 }
 
@@ -2430,7 +2435,10 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
         .await
         .expect("rate limits");
     assert_eq!(held.len(), 1, "{held:?}");
-    assert_eq!(held[0].key, "upstream_pause:profile:default");
+    assert_eq!(
+        held[0].key,
+        "upstream_pause:profile:default:upstream:primary"
+    );
     assert!(held[0].tat >= now_ms + 18_000, "{held:?}");
     // Three more finalizes inside the pause: answered, and not forwarded.
     let mut urls = finalize_all(ready).await;
@@ -2529,7 +2537,7 @@ async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_whi
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(
         held[0].key,
-        "upstream_failed_validations:profile:default:name:fails.example.test"
+        "upstream_failed_validations:profile:default:upstream:primary:name:fails.example.test"
     );
     // A third order for it waits in the queue; another name goes upstream
     // (and fails there) meanwhile.
@@ -2740,16 +2748,26 @@ async fn an_open_breaker_answers_a_revocation_503_at_once_and_its_own_probe_clos
     server.stop().await;
 }
 
-/// `upstream status --json` for the "default" relay profile.
+/// `upstream status --json` for the "default" relay profile's preferred
+/// upstream.
 fn upstream_status(config: &Path) -> serde_json::Value {
+    upstream_status_of(config, "primary")
+}
+
+/// `upstream status --json` for the "default" relay profile's upstream
+/// `upstream`.
+fn upstream_status_of(config: &Path, upstream: &str) -> serde_json::Value {
     let out = harness::run_cli(config, &["upstream", "status", "--json"], &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let shown: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
     shown
         .as_array()
-        .and_then(|all| all.iter().find(|p| p["profile"] == "default"))
+        .and_then(|all| {
+            all.iter()
+                .find(|p| p["profile"] == "default" && p["upstream"] == upstream)
+        })
         .cloned()
-        .unwrap_or_else(|| panic!("no default profile in {shown}"))
+        .unwrap_or_else(|| panic!("no default profile's {upstream} in {shown}"))
 }
 
 /// The value of the metric line that starts with `prefix` (name and
@@ -2884,7 +2902,7 @@ async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_a
         metric(
             &metrics,
             &format!(
-                "acme_proxy_upstream_breaker_transitions_total{{profile=\"default\",to=\"{to}\"}}"
+                "acme_proxy_upstream_breaker_transitions_total{{profile=\"default\",upstream=\"primary\",to=\"{to}\"}}"
             ),
         )
         .unwrap_or(0.0)
@@ -2899,8 +2917,7 @@ async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_a
         metric(
             &metrics,
             &format!(
-                "acme_proxy_upstream_breaker_state{{profile=\"default\",upstream=\"{}\",state=\"{s}\"}}",
-                proxy.directory_url()
+                "acme_proxy_upstream_breaker_state{{profile=\"default\",upstream=\"primary\",state=\"{s}\"}}"
             ),
         )
     };
@@ -2961,8 +2978,8 @@ async fn two_upstream_certificates_a_minute_per_registered_domain_hold_back_a_th
     assert_eq!(
         keys,
         [
-            "upstream_certificates:profile:default:domain:example.test",
-            "upstream_certificates:profile:default:domain:other.test",
+            "upstream_certificates:profile:default:upstream:primary:domain:example.test",
+            "upstream_certificates:profile:default:upstream:primary:domain:other.test",
         ]
     );
     all_valid(&account, urls, Instant::now() + Duration::from_secs(120)).await;
@@ -2986,6 +3003,152 @@ async fn two_upstream_certificates_a_minute_per_registered_domain_hold_back_a_th
             "acme_proxy_rate_limited_total{limit=\"upstream_certificates_per_domain\"} "
         )),
         "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_orders_go_to_the_fallback_while_the_preferred_upstream_is_down_and_back_once_it_answers()
+ {
+    let pki = TestPki::new();
+    let (Some(pebble_a), Some(pebble_b)) = (
+        Pebble::start(&pki, always_valid()),
+        Pebble::start(&pki, always_valid()),
+    ) else {
+        return;
+    };
+    let (a, b) = (
+        FaultProxy::start(&pki, pebble_a.addr),
+        FaultProxy::start(&pki, pebble_b.addr),
+    );
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &a.directory_url(),
+        &pki,
+        &format!(
+            "name = \"a\"\nbreaker_failures = 2\nbreaker_open_for = \"3s\"\n\n\
+             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
+             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
+             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
+            b.directory_url(),
+            pki.ca_pem_path().display()
+        ),
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let (_etc, config) = harness::config_file(&toml);
+    let account = client::account(&server.directory("default")).await;
+    let within = Duration::from_secs(30);
+
+    // Both up: the preferred upstream takes every order.
+    for name in ["first.example.test", "second.example.test"] {
+        relay_issue(&account, &[name], within).await.chain();
+    }
+    assert_eq!((a.count(NEW_ORDER), b.count(NEW_ORDER)), (2, 0));
+
+    // A goes down behind its balancer. Three finalizes meet it; once its
+    // breaker opens, their orders are made at B, and no client sees an
+    // error.
+    let mut ready = Vec::new();
+    for i in 0..3 {
+        ready.push(ready_order(&account, &[&format!("during{i}.example.test")]).await);
+    }
+    a.set_always(Match::Any, Some(Fault::Html502));
+    let urls = finalize_all(ready).await;
+    all_valid(
+        &account,
+        urls.clone(),
+        Instant::now() + Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        (a.count(NEW_ORDER), b.count(NEW_ORDER)),
+        (2, 3),
+        "each order made once, the three at B: A {:?}, B {:?}",
+        a.requests(),
+        b.requests()
+    );
+    assert_eq!(b.count(FINALIZE), 3);
+    let down = upstream_status_of(&config, "a");
+    assert_ne!(down["breaker"], "closed", "{down}");
+    assert!(
+        down["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("502")),
+        "{down}"
+    );
+    assert_eq!(upstream_status_of(&config, "b")["breaker"], "closed");
+    // The mapping says where each went.
+    let out = harness::run_cli(&config, &["upstream", "orders", "--json"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let orders: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let at = |upstream: &str| {
+        orders
+            .as_array()
+            .map(|all| all.iter().filter(|o| o["upstream"] == upstream).count())
+            .unwrap_or(0)
+    };
+    assert_eq!((at("a"), at("b")), (2, 3), "{orders}");
+
+    // A certificate B issued is revoked at B.
+    let b_order = account
+        .order(urls[0].clone())
+        .await
+        .expect("poll")
+        .certificate()
+        .await
+        .expect("certificate")
+        .expect("a chain");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(b_order.as_bytes()).expect("PEM");
+    let der = rustls::pki_types::CertificateDer::from(pem.contents.clone());
+    account
+        .revoke(&instant_acme::RevocationRequest {
+            certificate: &der,
+            reason: None,
+        })
+        .await
+        .expect("revoked at B while A is down");
+    assert_eq!((a.count("revoke-cert"), b.count("revoke-cert")), (0, 1));
+
+    // A answers again: its probe closes its breaker, and new orders go
+    // back to it.
+    a.set_always(Match::Any, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = upstream_status_of(&config, "a");
+        if status["breaker"] == "closed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A's breaker never closed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay_issue(&account, &["after.example.test"], within)
+        .await
+        .chain();
+    assert_eq!((a.count(NEW_ORDER), b.count(NEW_ORDER)), (3, 3));
+
+    // Each of A's transitions is counted under its name.
+    let metrics = server.running().authority.render_metrics().await;
+    let transitions = |to: &str| {
+        metric(
+            &metrics,
+            &format!(
+                "acme_proxy_upstream_breaker_transitions_total{{profile=\"default\",upstream=\"a\",to=\"{to}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(transitions("open") >= 1.0, "{metrics}");
+    assert_eq!(transitions("closed"), 1.0, "{metrics}");
+    assert!(
+        !metrics.contains(
+            "acme_proxy_upstream_breaker_transitions_total{profile=\"default\",upstream=\"b\""
+        ),
+        "B's breaker never moved: {metrics}"
     );
     server.stop().await;
 }

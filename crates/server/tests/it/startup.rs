@@ -154,6 +154,7 @@ async fn registered(data: &Path, directory: &str, thumbprint: &str) {
     store
         .save_upstream_account(&UpstreamAccountRow {
             profile: "edge".into(),
+            upstream: "primary".into(),
             directory: directory.into(),
             account_url: "https://ca.example/acct/1".into(),
             key_thumbprint: thumbprint.into(),

@@ -18,12 +18,17 @@ use crate::signer::relay::Eab;
 
 #[derive(Debug, Subcommand)]
 pub enum UpstreamCommand {
-    /// Register the upstream account of a relay profile (creating its key
-    /// file, 0600, if missing) and record it. Run once per relay profile.
+    /// Register the account of a relay profile at one of its upstreams
+    /// (creating its key file, 0600, if missing) and record it. Run once
+    /// per relay profile and upstream.
     Register {
         /// The relay profile (optional when there is only one).
         #[arg(long)]
         profile: Option<String>,
+        /// The upstream, by its name in the profile (default: the
+        /// preferred one, the signer table's).
+        #[arg(long)]
+        upstream: Option<String>,
         /// External account binding key id given by the upstream CA.
         #[arg(long, requires = "eab_hmac_key_file")]
         eab_kid: Option<String>,
@@ -41,7 +46,8 @@ pub enum UpstreamCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show each relay profile's upstream: its circuit breaker (closed,
+    /// Show each relay profile's upstreams, in priority order: each one's
+    /// circuit breaker (closed,
     /// open or probing, since when, failures in a row, the last error,
     /// the next probe), its pause, and the relays in flight.
     Status {
@@ -100,6 +106,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
     match command {
         UpstreamCommand::Register {
             profile,
+            upstream,
             eab_kid,
             eab_hmac_key_file,
         } => {
@@ -112,6 +119,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
                 &SystemClock,
                 config,
                 profile.as_deref(),
+                upstream.as_deref(),
                 eab.as_ref(),
             )
             .await?;
@@ -124,8 +132,9 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
             }
             writeln!(
                 out,
-                "profile {} is registered at {} as {}",
+                "profile {} is registered at its upstream {} ({}) as {}",
                 view.profile,
+                view.upstream,
                 view.directory,
                 view.account_url.as_deref().unwrap_or("-")
             )?;
@@ -139,6 +148,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
             } else {
                 let mut table = Table::new(&[
                     "PROFILE",
+                    "UPSTREAM",
                     "BREAKER",
                     "SINCE",
                     "FAILURES",
@@ -151,6 +161,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
                     let dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
                     table.row(vec![
                         v.profile,
+                        v.upstream,
                         v.breaker,
                         dash(v.since),
                         v.failures.to_string(),
@@ -172,6 +183,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
                     "ORDER",
                     "PROFILE",
                     "STATUS",
+                    "UPSTREAM",
                     "CREATED",
                     "UPSTREAM ORDER / ERROR",
                 ])
@@ -182,6 +194,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
                         o.order,
                         o.profile,
                         o.status.to_string(),
+                        o.upstream.unwrap_or_else(|| "-".into()),
                         o.created_at,
                         what,
                     ]);
@@ -202,13 +215,14 @@ fn show(views: &[ops::UpstreamAccountView], json: bool) -> anyhow::Result<()> {
     } else {
         for v in views {
             writeln!(out, "{}", v.profile)?;
+            writeln!(out, "  upstream:    {}", v.upstream)?;
             writeln!(out, "  directory:   {}", v.directory)?;
             match &v.account_url {
                 Some(url) => writeln!(out, "  account:     {url}")?,
                 None => writeln!(
                     out,
-                    "  account:     not registered; run `acme-proxy upstream register --profile {}`",
-                    v.profile
+                    "  account:     not registered; run `acme-proxy upstream register --profile {} --upstream {}`",
+                    v.profile, v.upstream
                 )?,
             }
             writeln!(

@@ -39,7 +39,8 @@ use board::Published;
 use http::UpstreamHttp;
 use publish::Publisher;
 
-/// The relay backend of one profile.
+/// One upstream of a relay profile: its account, its client, how it
+/// answers challenges.
 pub struct Relay {
     pub profile: String,
     pub config: RelayConfig,
@@ -59,6 +60,7 @@ impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
             .field("profile", &self.profile)
+            .field("upstream", &self.config.name)
             .field("directory", &self.config.directory)
             .field("strategy", &self.config.strategy)
             .field("account_url", &self.account_url)
@@ -85,23 +87,24 @@ pub struct Collected {
 }
 
 impl Relay {
-    /// A relay for `profile` whose upstream account is `account_url` (from
-    /// the database; registration is an operator's act, never start-up's),
-    /// reaching the upstream through `http` ([`UpstreamHttp::new`]).
+    /// `profile`'s upstream `config` whose account is `account` (from the
+    /// database; registration is an operator's act, never start-up's)
+    /// with the key at `key_path`, reaching the upstream through `http`
+    /// ([`UpstreamHttp::new`]).
     pub fn new(
         profile: &str,
         config: &RelayConfig,
         http: UpstreamHttp,
-        data_dir: &Path,
+        key_path: PathBuf,
         account: &acme_proxy_store::UpstreamAccountRow,
         board: Arc<ChallengeBoard>,
         dns: Option<Publisher>,
     ) -> Result<Self, String> {
         let key_thumbprint = account.key_thumbprint.as_str();
-        let key_path = config.account_key_path(data_dir, profile);
+        let upstream = &config.name;
         if !key_path.exists() {
             return Err(format!(
-                "the upstream account key {} is missing; run `acme-proxy upstream register --profile {profile}` (or restore the file)",
+                "the upstream account key {} is missing; run `acme-proxy upstream register --profile {profile} --upstream {upstream}` (or restore the file)",
                 key_path.display()
             ));
         }
@@ -110,7 +113,7 @@ impl Relay {
         let found = key_thumbprint_of(&read_key(&key_path)?)?;
         if found != key_thumbprint {
             return Err(format!(
-                "the upstream account key {} is not the key registered for profile {profile} (thumbprint {found}, registered {key_thumbprint}); restore the right file or run `acme-proxy upstream register --profile {profile}` again",
+                "the upstream account key {} is not the key registered for profile {profile} at its upstream {upstream} (thumbprint {found}, registered {key_thumbprint}); restore the right file or run `acme-proxy upstream register --profile {profile} --upstream {upstream}` again",
                 key_path.display()
             ));
         }
@@ -775,18 +778,16 @@ pub struct Registered {
     pub key_created: bool,
 }
 
-/// Registers (or finds, for an existing key) the upstream account of a
-/// relay profile. With no key file, a P-256 key is made and written 0600;
-/// with one, the same key is registered again (the upstream answers with
-/// the existing account).
+/// Registers (or finds, for an existing key) the account of a relay
+/// profile at its upstream `config`, with the key at `key_path`. With no
+/// key file, a P-256 key is made and written 0600; with one, the same key
+/// is registered again (the upstream answers with the existing account).
 pub async fn register(
-    profile: &str,
     config: &RelayConfig,
+    key_path: PathBuf,
     egress: Arc<crate::egress::Egress>,
-    data_dir: &Path,
     eab: Option<&Eab>,
 ) -> Result<Registered, String> {
-    let key_path = config.account_key_path(data_dir, profile);
     let http = UpstreamHttp::new(&config.trust_anchors, config.request_timeout, egress, None)?;
     let builder = Account::builder_with_http(Box::new(http));
     let contact: Vec<&str> = config.contact.iter().map(String::as_str).collect();
@@ -845,11 +846,53 @@ pub async fn register(
 /// How long an attempt may take beyond its own budget to record the outcome.
 pub const SETTLE_MARGIN: Duration = Duration::from_secs(15);
 
+/// A relay profile's upstreams, in priority order (at least one).
+#[derive(Debug)]
+pub struct RelayPool {
+    upstreams: Vec<Relay>,
+    max_attempts: u32,
+}
+
+impl RelayPool {
+    /// The pool of `upstreams` (the preferred first; at least one).
+    pub fn new(upstreams: Vec<Relay>, max_attempts: u32) -> Result<Self, String> {
+        if upstreams.is_empty() {
+            return Err("a relay needs at least one upstream".into());
+        }
+        Ok(Self {
+            upstreams,
+            max_attempts,
+        })
+    }
+
+    fn preferred(&self) -> &Relay {
+        // Never empty: `new` refuses that.
+        &self.upstreams[0]
+    }
+
+    /// The upstream that issued `cert` (its preferred one when it does not
+    /// say), or why there is none.
+    fn issuer(&self, cert: &super::IssuedCertificate<'_>) -> Result<&Relay, String> {
+        match cert.upstream {
+            None => Ok(self.preferred()),
+            Some(name) => self
+                .upstreams
+                .iter()
+                .find(|u| u.config.name == name)
+                .ok_or_else(|| {
+                    format!(
+                        "the certificate was issued by upstream {name:?}, which the profile no longer has"
+                    )
+                }),
+        }
+    }
+}
+
 /// The relay issues through a durable job (`authority::relay`), revokes
 /// upstream first, takes the upstream's renewal window, and publishes no
 /// CRL (its upstream does) nor a CA certificate (the upstream's chain
 /// comes with each certificate).
-impl super::SignerBackend for Relay {
+impl super::SignerBackend for RelayPool {
     fn issuance(&self) -> super::Issuance<'_> {
         super::Issuance::Deferred(self)
     }
@@ -878,26 +921,29 @@ impl super::SignerBackend for Relay {
 
     /// The upstream can only be shown a wildcard over dns-01.
     fn delegated_dns01_zone(&self) -> Option<&str> {
-        match self.dns.as_deref() {
-            Some(Publisher::Zone { zone, .. }) => Some(zone),
+        self.upstreams.iter().find_map(|u| match u.dns.as_deref() {
+            Some(Publisher::Zone { zone, .. }) => Some(zone.as_str()),
             _ => None,
-        }
+        })
     }
 
+    /// Any upstream may have to take the order: one that cannot prove a
+    /// wildcard refuses it for all.
     fn refuses_wildcards(&self) -> Option<&'static str> {
-        (self.config.strategy == RelayStrategy::Http01).then_some(
+        self.upstreams.iter().any(|u| u.config.strategy == RelayStrategy::Http01).then_some(
             "this profile obtains certificates upstream over http-01, which cannot prove a wildcard; a relay profile with strategy = \"dns01\" can",
         )
     }
 
     /// A profile the upstream does not offer would silently become its
-    /// default.
+    /// default. The preferred upstream is asked: the order goes there
+    /// while it is up.
     fn offers_profile<'a>(
         &'a self,
         name: &'a str,
         ask: bool,
     ) -> super::BoxFuture<'a, Option<bool>> {
-        Box::pin(Relay::offers_profile(self, name, ask))
+        Box::pin(Relay::offers_profile(self.preferred(), name, ask))
     }
 
     fn renewal_window<'a>(
@@ -905,8 +951,9 @@ impl super::SignerBackend for Relay {
         cert: &'a super::IssuedCertificate<'a>,
     ) -> Option<super::AskedWindow<'a>> {
         let der = cert.leaf_der?;
+        let issuer = self.issuer(cert);
         Some(Box::pin(async move {
-            Relay::renewal_window(self, der)
+            Relay::renewal_window(issuer?, der)
                 .await
                 .map_err(|e| format!("the upstream's renewal information: {e}"))
         }))
@@ -922,7 +969,12 @@ impl super::SignerBackend for Relay {
     ) -> super::BoxFuture<'a, Result<(), super::RevokeFailure>> {
         Box::pin(async move {
             let der = cert.leaf_der.unwrap_or_default();
-            Relay::revoke(self, der, reason).await.map_err(|e| {
+            let issuer = self.issuer(cert).map_err(|e| super::RevokeFailure {
+                message: "the upstream did not revoke the certificate",
+                error: e,
+                problem: None,
+            })?;
+            Relay::revoke(issuer, der, reason).await.map_err(|e| {
                 let kind = e
                     .problem_type
                     .as_deref()
@@ -942,18 +994,32 @@ impl super::SignerBackend for Relay {
         })
     }
 
+    /// The upstreams share one board.
     fn key_authorization(&self, token: &str) -> Option<String> {
-        Relay::key_authorization(self, token)
+        Relay::key_authorization(self.preferred(), token)
     }
 }
 
-impl super::Deferred for Relay {
-    fn request_timeout(&self) -> std::time::Duration {
-        self.config.request_timeout
+impl super::Deferred for RelayPool {
+    fn max_attempts(&self) -> u32 {
+        self.max_attempts
     }
 
-    fn max_attempts(&self) -> u32 {
-        self.config.max_attempts
+    fn upstreams(&self) -> Vec<&dyn super::Upstream> {
+        self.upstreams
+            .iter()
+            .map(|u| u as &dyn super::Upstream)
+            .collect()
+    }
+}
+
+impl super::Upstream for Relay {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn request_timeout(&self) -> std::time::Duration {
+        self.config.request_timeout
     }
 
     fn attempt_budget(&self) -> std::time::Duration {
