@@ -62,6 +62,7 @@ pub const CRASH_POINTS: &[&str] = &[
     "notify.delivered",
     "relay.settled",
     "relay.abandoned",
+    "relay.moved",
 ];
 
 /// Arms the crash point `CRASH_AT` names: the process aborts

@@ -266,7 +266,7 @@ async fn relay_signer(
             relay_upstream(name, upstream, i == 0, config, clock, store, board, metrics).await?,
         );
     }
-    let pool = RelayPool::new(upstreams, relay.max_attempts)
+    let pool = RelayPool::new(upstreams, relay)
         .map_err(|e| format!("setting up the relay of profile {name}: {e}"))?;
     Ok(Arc::new(pool))
 }

@@ -34,6 +34,7 @@ acme_proxy_protocol::string_enum! {
         PolicyUndecided = "policy.undecided",
         PolicyWarned = "policy.warned",
         RateLimitReset = "ratelimit.reset",
+        OrderUpstreamMoved = "order.upstream_moved",
     }
 }
 

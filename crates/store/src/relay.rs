@@ -33,6 +33,11 @@ pub struct UpstreamOrderRow {
     /// none yet, or the profile's preferred one (recorded before there
     /// could be more than one).
     pub upstream: Option<String>,
+    /// When the upstream finalize was about to be sent (ms): the order
+    /// never moves to another upstream after that.
+    pub finalize_sent_at: Option<i64>,
+    /// The upstream it moved away from, if it did.
+    pub moved_from: Option<String>,
     /// `processing`, then `valid` or `invalid`: the order's own statuses
     /// from finalize on (RFC 8555 §7.1.6).
     pub status: OrderStatus,
@@ -63,7 +68,8 @@ pub struct NewUpstreamOrder<'a> {
 macro_rules! upstream_order_columns {
     () => {
         "order_id, profile, account_id, csr_der, upstream_url, status, certificate_url, error, \
-         client_ip, reverse_name, user_agent, request_id, created_at, updated_at, upstream"
+         client_ip, reverse_name, user_agent, request_id, created_at, updated_at, upstream, \
+         finalize_sent_at, moved_from"
     };
 }
 
@@ -75,6 +81,8 @@ fn upstream_order_from_row(row: Row<'_>) -> Result<UpstreamOrderRow> {
         csr_der: row.get("csr_der")?,
         upstream_url: row.get("upstream_url")?,
         upstream: row.get("upstream")?,
+        finalize_sent_at: row.get("finalize_sent_at")?,
+        moved_from: row.get("moved_from")?,
         status: parse_text(&row.get::<String>("status")?, "upstream_orders.status")?,
         certificate_url: row.get("certificate_url")?,
         error: row.get("error")?,
@@ -170,7 +178,7 @@ impl Store {
             concat!(
                 "INSERT INTO upstream_orders (",
                 upstream_order_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, NULL, 'processing', NULL, NULL, ?5, ?6, ?7, ?8, ?9, ?9, NULL)"
+                ") VALUES (?1, ?2, ?3, ?4, NULL, 'processing', NULL, NULL, ?5, ?6, ?7, ?8, ?9, ?9, NULL, NULL, NULL)"
             ),
             args![
                 row.order_id,
@@ -254,6 +262,56 @@ impl Store {
             )
             .await?;
         Ok(found.and_then(|(url, upstream)| Some((url?, upstream))))
+    }
+
+    /// Records that the upstream finalize of `order_id` is about to be
+    /// sent (before it is: a crash between the two leaves an order that
+    /// does not move, which is safe). From then on it stays where it is.
+    pub async fn mark_upstream_finalize(&self, order_id: &str, now_ms: i64) -> Result<()> {
+        self.writer()
+            .await?
+            .exec(
+                "UPDATE upstream_orders SET finalize_sent_at = ?2
+                 WHERE order_id = ?1 AND finalize_sent_at IS NULL",
+                args![order_id, now_ms],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Moves the relayed order `order_id` away from its upstream `from`
+    /// (as recorded on the mapping: None for one recorded before upstreams
+    /// had names), named `from_name`, in one transaction with `audit`: its
+    /// upstream order forgotten, its reservation given back, `moved_from`
+    /// set, so that the job places it anew. Only while it is processing
+    /// there and its finalize was never sent; false (nothing changed)
+    /// otherwise.
+    pub async fn move_relay(
+        &self,
+        order_id: &str,
+        from: Option<&str>,
+        from_name: &str,
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let moved = tx
+            .exec(
+                "UPDATE upstream_orders SET upstream_url = NULL, upstream = NULL, authorizations = 0,
+                     moved_from = ?2, updated_at = ?3
+                 WHERE order_id = ?1 AND status = 'processing' AND finalize_sent_at IS NULL
+                   AND upstream_url IS NOT NULL AND COALESCE(upstream, '') = ?4",
+                args![order_id, from_name, now, from.unwrap_or("")],
+            )
+            .await?
+            == 1;
+        if !moved {
+            return Ok(false);
+        }
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// The upstream that accepted the relayed order `order_id`, if it is

@@ -292,7 +292,12 @@ impl Authority {
                     ));
                 };
                 if let Err(wait) = self.upstream_gate(profile_name, relay, true).await {
-                    return wait;
+                    // Down for longer than the profile lets an order wait
+                    // on it, before its finalize: the order moves on.
+                    return match self.fail_over(&profile, pool, relay, &mapping).await {
+                        Some(moved) => moved,
+                        None => wait,
+                    };
                 }
                 (relay, url)
             }
@@ -347,11 +352,25 @@ impl Authority {
             }
         };
         let deadline = started + relay.attempt_budget();
+        let store = self.store.clone();
+        let clock = std::sync::Arc::clone(&self.clock);
+        let id = order_id.to_owned();
+        let before_finalize = move || -> crate::jobs::BoxFuture<'static, Result<(), String>> {
+            let (store, clock, id) = (store.clone(), std::sync::Arc::clone(&clock), id.clone());
+            Box::pin(async move {
+                store
+                    .mark_upstream_finalize(&id, clock.unix_ms())
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        };
         let collected = match self
             .heard(
                 profile_name,
                 relay,
-                relay.attempt(&url, &mapping.csr_der, deadline).await,
+                relay
+                    .attempt(&url, &mapping.csr_der, deadline, &before_finalize)
+                    .await,
             )
             .await
         {
@@ -370,6 +389,87 @@ impl Authority {
         {
             Ok(()) => Outcome::Done,
             Err(e) => e,
+        }
+    }
+
+    /// Moves a relayed order off its upstream `relay` when that upstream
+    /// has been down (its breaker open) for the profile's `failover_after`
+    /// and the order's finalize was never sent there: one transaction
+    /// forgets the upstream order and writes the audit row, and the job
+    /// places the order anew at once (at the next upstream that is up).
+    /// None: it stays and waits.
+    async fn fail_over(
+        &self,
+        profile: &Profile,
+        pool: &dyn Deferred,
+        relay: &dyn Upstream,
+        mapping: &UpstreamOrderRow,
+    ) -> Option<Outcome> {
+        let after = pool.failover_after()?;
+        if mapping.finalize_sent_at.is_some() || pool.upstreams().len() < 2 {
+            return None;
+        }
+        let down = self
+            .upstream_down(profile, Some(relay.name()))
+            .await
+            .filter(|row| row.state != acme_proxy_store::BreakerState::Closed)?;
+        let now_ms = self.clock.unix_ms();
+        let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
+        if now_ms.saturating_sub(down.since) < after_ms {
+            return None;
+        }
+        let detail = format!(
+            "moved off upstream {} (down since {}, past failover_after {}; its finalize was never sent): {}",
+            relay.name(),
+            crate::clock::rfc3339(down.since.div_euclid(1000)),
+            humantime::format_duration(after),
+            down.last_error.as_deref().unwrap_or("no error recorded")
+        );
+        let actor = format!("account:{}", mapping.account_id);
+        let audit = NewAuditRow {
+            profile: Some(&profile.name),
+            account_id: Some(&mapping.account_id),
+            order_id: Some(&mapping.order_id),
+            client_ip: mapping.client_ip.as_deref(),
+            reverse_name: mapping.reverse_name.as_deref(),
+            user_agent: mapping.user_agent.as_deref(),
+            request_id: mapping.request_id.as_deref(),
+            detail: Some(&detail),
+            ..NewAuditRow::new(
+                self.clock.unix(),
+                AuditEvent::OrderUpstreamMoved,
+                AuditOutcome::Success,
+                &actor,
+            )
+        };
+        match self
+            .store
+            .move_relay(
+                &mapping.order_id,
+                mapping.upstream.as_deref(),
+                relay.name(),
+                self.clock.unix(),
+                &audit,
+            )
+            .await
+        {
+            Ok(true) => {
+                crash_point!("relay.moved");
+                self.metrics.audited(&audit);
+                tracing::warn!(
+                    event = "relay.failover",
+                    outcome = "moved",
+                    profile = %profile.name,
+                    order = %mapping.order_id,
+                    upstream = relay.name(),
+                    "the order's upstream is down past failover_after; it moves to the next upstream"
+                );
+                Some(Outcome::Wait(self.clock.now()))
+            }
+            Ok(false) => None,
+            Err(e) => Some(Outcome::Retry(format!(
+                "moving the order off its upstream: {e}"
+            ))),
         }
     }
 

@@ -1307,6 +1307,18 @@ mod tests {
                 "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\nbreaker_failures = 0",
                 "fallback[0].breaker_failures",
             ),
+            (
+                "failover_after = \"1h\"",
+                "no [[profiles.edge.signer.fallback]] to move orders to",
+            ),
+            (
+                "failover_after = \"0s\"\n[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"",
+                "failover_after must be at least 1s",
+            ),
+            (
+                "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\nfailover_after = \"1h\"",
+                "fallback[0].failover_after is the profile's",
+            ),
         ] {
             let err = relay(fallback).unwrap_err().to_string();
             assert!(err.contains(says), "{fallback}: {err}");

@@ -4,6 +4,9 @@
 use super::*;
 
 /// How certificates are produced.
+// One value per profile, read once per (re)load: a relay's upstreams make
+// its variant the largest, and boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SignerConfig {
@@ -196,6 +199,14 @@ pub struct RelayConfig {
     /// and `fallback` are the profile's, set here only.
     #[schemars(schema_with = "super::reference::fallbacks")]
     pub fallback: Vec<RelayConfig>,
+    /// How long an upstream that accepted an order may be down (its
+    /// breaker open) before the order moves to the next upstream that is
+    /// up, e.g. `"1h"`: only an order whose finalize was never sent
+    /// there, so that no certificate is issued twice. Absent: an order
+    /// waits for its upstream however long it is down (until it expires).
+    #[serde(deserialize_with = "opt_duration")]
+    #[schemars(schema_with = "super::reference::opt_duration")]
+    pub failover_after: Option<Duration>,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -270,6 +281,7 @@ impl Default for RelayConfig {
             breaker_failures: 5,
             breaker_open_for: Duration::from_secs(30),
             fallback: Vec::new(),
+            failover_after: None,
         }
     }
 }
@@ -435,8 +447,23 @@ pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError
                     "{key}.max_attempts is the profile's (a relay's attempts, whichever upstream): set it on [profiles.{name}.signer]"
                 ));
             }
+            if u.failover_after.is_some() {
+                return invalid(format!(
+                    "{key}.failover_after is the profile's (when an order leaves any upstream): set it on [profiles.{name}.signer]"
+                ));
+            }
         }
         check_upstream(&key, u)?;
+    }
+    if r.failover_after.is_some() && r.fallback.is_empty() {
+        return invalid(format!(
+            "profiles.{name}.signer.failover_after is set but the profile has no [[profiles.{name}.signer.fallback]] to move orders to: add one, or remove failover_after"
+        ));
+    }
+    if r.failover_after.is_some_and(|d| d < Duration::from_secs(1)) {
+        return invalid(format!(
+            "profiles.{name}.signer.failover_after must be at least 1s (how long an order's upstream is down before the order moves); write e.g. failover_after = \"1h\""
+        ));
     }
     Ok(())
 }

@@ -356,6 +356,9 @@ pub trait Deferred: Send + Sync {
     /// Its upstreams in priority order: a new order goes to the first
     /// that takes it.
     fn upstreams(&self) -> Vec<&dyn Upstream>;
+    /// How long an order's upstream may be down before the order moves
+    /// (only before its finalize was sent); None: it never moves.
+    fn failover_after(&self) -> Option<std::time::Duration>;
     /// The upstream named `name` (None: the preferred one, the first).
     fn upstream(&self, name: Option<&str>) -> Option<&dyn Upstream> {
         let all = self.upstreams();
@@ -400,13 +403,21 @@ pub trait Upstream: Send + Sync {
         certificate_profile: Option<&'a str>,
     ) -> BoxFuture<'a, Result<String, relay::RelayError>>;
     /// One attempt, from the upstream order at `url` to the chain.
+    /// `before_finalize` runs when the upstream finalize is about to be
+    /// sent; it is sent only if that returns Ok.
     fn attempt<'a>(
         &'a self,
         url: &'a str,
         csr_der: &'a [u8],
         deadline: tokio::time::Instant,
+        before_finalize: BeforeFinalize<'a>,
     ) -> BoxFuture<'a, Result<relay::Collected, relay::RelayError>>;
 }
+
+/// What an attempt runs before it sends the upstream finalize (the
+/// authority records that it is sent: the order never moves after that).
+pub type BeforeFinalize<'a> =
+    &'a (dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync);
 
 /// Whether a profile with `signer` publishes a CRL, by its configuration:
 /// the embedded CA signs one (RFC 5280 §5); a custom signer serves its

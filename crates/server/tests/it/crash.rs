@@ -28,6 +28,7 @@
 //! | `notify.delivered`    | a webhook answered 2xx, before the job is settled      |
 //! | `relay.settled`       | the upstream's certificate stored on the local order   |
 //! | `relay.abandoned`     | a relay retired (the upstream refused): order invalid  |
+//! | `relay.moved`         | a relayed order moved off its upstream (failover)      |
 //!
 //! The relay's rows sign through Pebble (and, to be refused, a proxy
 //! answering its finalize 403); the `finalize.*` rows both with the
@@ -742,8 +743,101 @@ fn every_crash_point_has_its_test_below() {
             "notify.delivered",
             "relay.settled",
             "relay.abandoned",
+            "relay.moved",
         ]
     );
+}
+
+/// The `relay.moved` row: two upstreams, A down after it took an order
+/// and before its finalize; the server dies right after moving the order
+/// off A. Restarted, it places the order at B: one upstream finalize in
+/// all, the move audited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_an_order_moves_upstream_leaves_one_upstream_finalize() {
+    use crate::relay::{NEW_ORDER, all_valid, ready_order, relay_issue};
+    let pki = TestPki::new();
+    let (Some(pebble_a), Some(pebble_b)) = (
+        Pebble::start(&pki, always_valid()),
+        Pebble::start(&pki, always_valid()),
+    ) else {
+        return;
+    };
+    let (a, b) = (
+        FaultProxy::start(&pki, pebble_a.addr),
+        FaultProxy::start(&pki, pebble_b.addr),
+    );
+    let profile = bypass_profile(
+        &a.directory_url(),
+        &pki,
+        &format!(
+            "name = \"a\"\nbreaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"\n\n\
+             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
+             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
+             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
+            b.directory_url(),
+            pki.ca_pem_path().display()
+        ),
+    );
+    let receiver = Receiver::start().await;
+    let mut server = Server::new(&receiver, &profile).await;
+    let url = server.start(Some("relay.moved"));
+    let account = crate::client::account(&url).await;
+    // A up: the relay reads its directory once.
+    relay_issue(&account, &["first.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
+    // A takes the next order, then is down before its finalize.
+    a.set_always(Match::PathContains("/dir"), Some(Fault::Html502));
+    a.set_always(Match::PathContains("my-order"), Some(Fault::Html502));
+    let mut order = ready_order(&account, &["moved.example.test"]).await;
+    order.finalize().await.expect("finalize");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.reap_crash() {
+        assert!(
+            Instant::now() < deadline,
+            "no crash at the move; logs in {}",
+            server.work().display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.crashes, 1);
+    server.start(None);
+    all_valid(
+        &account,
+        vec![order.url().to_owned()],
+        Instant::now() + Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        (a.count(NEW_ORDER), a.count(FINALIZE)),
+        (2, 1),
+        "made at A, never finalized there: {:?}",
+        a.requests()
+    );
+    assert_eq!(
+        (b.count(NEW_ORDER), b.count(FINALIZE)),
+        (1, 1),
+        "{:?}",
+        b.requests()
+    );
+    let db = stop_and_open(&mut server);
+    let id = order.url().rsplit('/').next().unwrap().to_owned();
+    let (upstream, moved_from): (String, String) = db
+        .query_row(
+            "SELECT upstream, moved_from FROM upstream_orders WHERE order_id = ?1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((upstream.as_str(), moved_from.as_str()), ("b", "a"));
+    let moves: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM audit_log WHERE event = 'order.upstream_moved' AND order_id = ?1",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(moves, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@ use crate::harness::{self, Bind, Dns, TestServer};
 use crate::upstream::{Fault, FaultProxy, Match, Pebble, PebbleOptions, TestPki};
 
 /// Pebble's newOrder path.
-const NEW_ORDER: &str = "order-plz";
+pub(crate) const NEW_ORDER: &str = "order-plz";
 /// Pebble's finalize path.
 pub(crate) const FINALIZE: &str = "finalize-order";
 
@@ -149,7 +149,7 @@ async fn start_relay(dir: tempfile::TempDir, toml: &str) -> TestServer {
 }
 
 /// One relayed issuance as the client saw it.
-struct Relayed {
+pub(crate) struct Relayed {
     order_url: String,
     /// Every order status the client saw after finalize, in order.
     seen: Vec<OrderStatus>,
@@ -159,7 +159,7 @@ struct Relayed {
 }
 
 impl Relayed {
-    fn chain(&self) -> &str {
+    pub(crate) fn chain(&self) -> &str {
         match &self.result {
             Ok(chain) => chain,
             Err(e) => panic!(
@@ -217,7 +217,7 @@ async fn ready_order_in(
 /// Orders `names`, answers the local challenges (the profile bypasses
 /// validation, or the names' first offered challenge is enough), finalizes
 /// and polls until the order is valid or invalid, recording what it saw.
-async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Relayed {
+pub(crate) async fn relay_issue(account: &Account, names: &[&str], within: Duration) -> Relayed {
     relay_issue_in(account, names, None, within).await
 }
 
@@ -2178,7 +2178,7 @@ async fn finalize_all(ready: Vec<instant_acme::Order>) -> Vec<String> {
 
 /// Polls the orders at `urls` until every one is valid; panics on one
 /// that ends invalid, or on any still not valid at `deadline`.
-async fn all_valid(account: &Account, urls: Vec<String>, deadline: Instant) {
+pub(crate) async fn all_valid(account: &Account, urls: Vec<String>, deadline: Instant) {
     let mut pending = urls;
     while !pending.is_empty() {
         assert!(
@@ -2469,6 +2469,12 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
         "{metrics}"
     );
     server.stop().await;
+}
+
+/// Waits until the order at `url` is valid (panics on invalid, or at
+/// `deadline`).
+async fn ends_valid(account: &Account, url: &str, deadline: Instant) {
+    all_valid(account, vec![url.to_owned()], deadline).await;
 }
 
 /// Waits until the order at `url` is invalid (panics on valid, or at
@@ -3149,6 +3155,112 @@ async fn new_orders_go_to_the_fallback_while_the_preferred_upstream_is_down_and_
             "acme_proxy_upstream_breaker_transitions_total{profile=\"default\",upstream=\"b\""
         ),
         "B's breaker never moved: {metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_moves_to_the_fallback_past_failover_after_only_if_its_finalize_was_never_sent() {
+    let pki = TestPki::new();
+    let (Some(pebble_a), Some(pebble_b)) = (
+        Pebble::start(&pki, always_valid()),
+        Pebble::start(&pki, always_valid()),
+    ) else {
+        return;
+    };
+    let (a, b) = (
+        FaultProxy::start(&pki, pebble_a.addr),
+        FaultProxy::start(&pki, pebble_b.addr),
+    );
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &a.directory_url(),
+        &pki,
+        &format!(
+            "name = \"a\"\nbreaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"\n\n\
+             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
+             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
+             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
+            b.directory_url(),
+            pki.ca_pem_path().display()
+        ),
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let (_etc, config) = harness::config_file(&toml);
+    let account = client::account(&server.directory("default")).await;
+    let within = Duration::from_secs(30);
+    // Up: the relay knows A's directory and account from here on.
+    relay_issue(&account, &["first.example.test"], within)
+        .await
+        .chain();
+    assert_eq!((a.count(FINALIZE), b.count(NEW_ORDER)), (1, 0));
+
+    // A takes an order and its finalize, then cannot hand out the
+    // certificate and is down: the order waits for A past failover_after.
+    a.set_always(Match::PathContains("/dir"), Some(Fault::Html502));
+    a.set_always(Match::PathContains("certZ"), Some(Fault::Html502));
+    let mut kept = ready_order(&account, &["kept.example.test"]).await;
+    kept.finalize().await.expect("finalize");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.count(FINALIZE) < 2 || upstream_status_of(&config, "a")["breaker"] == "closed" {
+        assert!(Instant::now() < deadline, "{:?}", a.requests());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        account
+            .order(kept.url().to_owned())
+            .await
+            .expect("poll")
+            .state()
+            .status,
+        OrderStatus::Processing
+    );
+    assert_eq!(b.count(NEW_ORDER), 0, "{:?}", b.requests());
+    // A comes back: the order ends there, finalized there once.
+    a.set_always(Match::PathContains("/dir"), None);
+    a.set_always(Match::PathContains("certZ"), None);
+    ends_valid(&account, kept.url(), Instant::now() + within).await;
+    assert_eq!((a.count(FINALIZE), b.count(FINALIZE)), (2, 0));
+
+    // A takes an order, then is down before its finalize: past
+    // failover_after the order moves to B, where it is issued.
+    a.set_always(Match::PathContains("/dir"), Some(Fault::Html502));
+    a.set_always(Match::PathContains("my-order"), Some(Fault::Html502));
+    let moved = relay_issue(&account, &["moved.example.test"], within).await;
+    moved.chain();
+    assert_eq!(
+        (a.count(NEW_ORDER), a.count(FINALIZE)),
+        (3, 2),
+        "made at A, never finalized there: {:?}",
+        a.requests()
+    );
+    assert_eq!((b.count(NEW_ORDER), b.count(FINALIZE)), (1, 1));
+    let store = server.running().authority.store().clone();
+    let mapping = store
+        .upstream_order(&moved.local_id())
+        .await
+        .expect("read")
+        .expect("the mapping");
+    assert_eq!(
+        (mapping.upstream.as_deref(), mapping.moved_from.as_deref()),
+        (Some("b"), Some("a"))
+    );
+    let audited = store
+        .audit_for_order(&moved.local_id())
+        .await
+        .expect("audit");
+    let row = audited
+        .iter()
+        .find(|r| r.event == "order.upstream_moved")
+        .unwrap_or_else(|| panic!("no move audited: {audited:?}"));
+    assert!(
+        row.detail
+            .as_deref()
+            .is_some_and(|d| d.contains("upstream a") && d.contains("502")),
+        "{row:?}"
     );
     server.stop().await;
 }

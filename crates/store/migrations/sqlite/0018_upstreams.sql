@@ -19,3 +19,14 @@ DROP TABLE upstream_accounts;
 ALTER TABLE upstream_accounts_by_upstream RENAME TO upstream_accounts;
 
 ALTER TABLE upstream_orders ADD COLUMN upstream TEXT;
+
+-- When the relay was about to send the upstream finalize (set before it
+-- is sent): an order with it never moves to another upstream, which could
+-- issue its certificate twice. Orders relayed before this migration that
+-- have an upstream order count as finalized (nothing says otherwise).
+ALTER TABLE upstream_orders ADD COLUMN finalize_sent_at BIGINT;
+UPDATE upstream_orders SET finalize_sent_at = updated_at WHERE upstream_url IS NOT NULL;
+
+-- The upstream an order moved away from (its `failover_after` passed
+-- while that upstream was down, before its finalize was sent).
+ALTER TABLE upstream_orders ADD COLUMN moved_from TEXT;

@@ -290,13 +290,15 @@ impl Relay {
     }
 
     /// One attempt: from the upstream order at `url` to the chain, within
-    /// `deadline`. Records published for the upstream's challenges are
-    /// retracted on every exit path.
+    /// `deadline`, running `before_finalize` before the finalize is sent.
+    /// Records published for the upstream's challenges are retracted on
+    /// every exit path.
     pub async fn attempt(
         &self,
         url: &str,
         csr_der: &[u8],
         deadline: Instant,
+        before_finalize: super::BeforeFinalize<'_>,
     ) -> Result<Collected, RelayError> {
         let account = self.account().await?;
         let mut order = account
@@ -309,7 +311,7 @@ impl Relay {
             published: Vec::new(),
         };
         let result = self
-            .drive(&mut order, csr_der, deadline, &mut cleanup)
+            .drive(&mut order, csr_der, deadline, before_finalize, &mut cleanup)
             .await;
         cleanup.finish().await;
         result
@@ -320,6 +322,7 @@ impl Relay {
         order: &mut Order,
         csr_der: &[u8],
         deadline: Instant,
+        before_finalize: super::BeforeFinalize<'_>,
         cleanup: &mut Cleanup,
     ) -> Result<Collected, RelayError> {
         let mut status = order.state().status;
@@ -341,6 +344,11 @@ impl Relay {
                         "the upstream order is ready but has no finalize URL",
                     ));
                 }
+                // Recorded before it is sent: the order must not move to
+                // another upstream once this one may issue it.
+                before_finalize().await.map_err(|e| {
+                    RelayError::retryable(format!("recording the upstream finalize: {e}"))
+                })?;
                 // The client's CSR byte for byte: the key and names are theirs.
                 if let Err(e) = order.finalize_csr(csr_der).await {
                     // The finalize may have happened although we did not
@@ -851,17 +859,20 @@ pub const SETTLE_MARGIN: Duration = Duration::from_secs(15);
 pub struct RelayPool {
     upstreams: Vec<Relay>,
     max_attempts: u32,
+    failover_after: Option<Duration>,
 }
 
 impl RelayPool {
-    /// The pool of `upstreams` (the preferred first; at least one).
-    pub fn new(upstreams: Vec<Relay>, max_attempts: u32) -> Result<Self, String> {
+    /// The pool of `upstreams` (the preferred first; at least one) of a
+    /// relay configured as `config`.
+    pub fn new(upstreams: Vec<Relay>, config: &RelayConfig) -> Result<Self, String> {
         if upstreams.is_empty() {
             return Err("a relay needs at least one upstream".into());
         }
         Ok(Self {
             upstreams,
-            max_attempts,
+            max_attempts: config.max_attempts,
+            failover_after: config.failover_after,
         })
     }
 
@@ -1005,6 +1016,10 @@ impl super::Deferred for RelayPool {
         self.max_attempts
     }
 
+    fn failover_after(&self) -> Option<Duration> {
+        self.failover_after
+    }
+
     fn upstreams(&self) -> Vec<&dyn super::Upstream> {
         self.upstreams
             .iter()
@@ -1067,8 +1082,15 @@ impl super::Upstream for Relay {
         url: &'a str,
         csr_der: &'a [u8],
         deadline: Instant,
+        before_finalize: super::BeforeFinalize<'a>,
     ) -> super::BoxFuture<'a, Result<Collected, RelayError>> {
-        Box::pin(Relay::attempt(self, url, csr_der, deadline))
+        Box::pin(Relay::attempt(
+            self,
+            url,
+            csr_der,
+            deadline,
+            before_finalize,
+        ))
     }
 }
 
