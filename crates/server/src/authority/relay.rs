@@ -125,7 +125,7 @@ impl Authority {
         // An upstream paused or down is not asked (and no budget place is
         // spent): the order goes to the next, or the job creates it when
         // one is back.
-        let turn = match self.pick_upstream(&profile.name, relay, false).await {
+        let turn = match self.pick_upstream(&profile.name, relay, false, None).await {
             Ok(relay) => self
                 .upstream_order_turn(&profile.name, &order.id, &order.identifiers, relay)
                 .await
@@ -302,7 +302,10 @@ impl Authority {
                 (relay, url)
             }
             None => {
-                let relay = match self.pick_upstream(profile_name, pool, true).await {
+                let relay = match self
+                    .pick_upstream(profile_name, pool, true, mapping.moved_from.as_deref())
+                    .await
+                {
                     Ok(relay) => relay,
                     Err(wait) => return wait,
                 };
@@ -406,7 +409,9 @@ impl Authority {
         mapping: &UpstreamOrderRow,
     ) -> Option<Outcome> {
         let after = pool.failover_after()?;
-        if mapping.finalize_sent_at.is_some() || pool.upstreams().len() < 2 {
+        // Orders move down the list only: from the last, nowhere.
+        let last = pool.upstreams().last().map(|u| u.name() == relay.name());
+        if mapping.finalize_sent_at.is_some() || last != Some(false) {
             return None;
         }
         let down = self
@@ -475,19 +480,25 @@ impl Authority {
 
     /// The upstream a new upstream order of `profile` goes to: the first
     /// in priority order that is neither paused nor down (its breaker
-    /// open). With `may_probe` (a job), an upstream whose probe is due is
-    /// probed, and taken when it answers: so orders go back to a
-    /// preferred upstream once it is up. When every one waits, the job
-    /// waits for the first to be back.
+    /// open), after `moved_from` (an order that moved off an upstream
+    /// goes on down the list, never back). With `may_probe` (a job), an
+    /// upstream whose probe is due is probed, and taken when it answers:
+    /// so orders go back to a preferred upstream once it is up. When
+    /// every one waits, the job waits for the first to be back.
     pub(super) async fn pick_upstream<'r>(
         &self,
         profile: &str,
         pool: &'r dyn Deferred,
         may_probe: bool,
+        moved_from: Option<&str>,
     ) -> Result<&'r dyn Upstream, Outcome> {
         let mut first_back: Option<time::OffsetDateTime> = None;
         let mut failed: Option<Outcome> = None;
-        for (i, relay) in pool.upstreams().into_iter().enumerate() {
+        let all = pool.upstreams();
+        let skip = moved_from
+            .and_then(|from| all.iter().position(|u| u.name() == from))
+            .map_or(0, |at| at + 1);
+        for (i, relay) in all.into_iter().enumerate().skip(skip) {
             match self.upstream_gate(profile, relay, may_probe).await {
                 Ok(()) => {
                     if i > 0 {

@@ -438,6 +438,14 @@ impl Config {
                             check_egress(&format!("{}.egress", upstream_key(name, i)), egress)
                                 .unwrap_or_else(|e| problems.push(reason(e)));
                         }
+                        for local in upstream.upstream_profiles.keys() {
+                            if !profile.certificate_profiles.contains_key(local) {
+                                problems.push(format!(
+                                    "{}.upstream_profiles names {local:?}, which is not a certificate profile of profile {name}: add [profiles.{name}.certificate_profiles.{local}] or remove it",
+                                    upstream_key(name, i)
+                                ));
+                            }
+                        }
                     }
                     continue;
                 }

@@ -192,6 +192,11 @@ pub struct RelayConfig {
     #[serde(deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub breaker_open_for: Duration,
+    /// The upstream's name of each of the profile's certificate profiles
+    /// that it calls otherwise (draft-ietf-acme-profiles), e.g.
+    /// `{ brief = "shortlived" }`; a profile not listed is asked for by
+    /// its own name. Each upstream has its own.
+    pub upstream_profiles: BTreeMap<String, String>,
     /// Further upstreams, tried in this order for a new order while the
     /// ones before are down (their breaker open) or paused: each a table
     /// of the keys above with its own `name`, `directory` and account.
@@ -280,6 +285,7 @@ impl Default for RelayConfig {
             upstream_pending_authorizations: None,
             breaker_failures: 5,
             breaker_open_for: Duration::from_secs(30),
+            upstream_profiles: BTreeMap::new(),
             fallback: Vec::new(),
             failover_after: None,
         }
@@ -298,6 +304,13 @@ impl RelayConfig {
     /// The upstream named `name`, if any.
     pub fn upstream(&self, name: &str) -> Option<&RelayConfig> {
         self.upstreams().find(|u| u.name == name)
+    }
+
+    /// This upstream's name of the certificate profile `local`.
+    pub fn upstream_profile<'a>(&'a self, local: &'a str) -> &'a str {
+        self.upstream_profiles
+            .get(local)
+            .map_or(local, String::as_str)
     }
 
     /// Where the account key of this upstream of `profile` lives (absent

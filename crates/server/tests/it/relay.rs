@@ -1768,14 +1768,15 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
         "{}\n\
          [profiles.edge.certificate_profiles.classic]\ndescription = \"the upstream's default\"\n\
          [profiles.edge.certificate_profiles.shortlived]\ndescription = \"short-lived, from the upstream\"\n\
-         [profiles.edge.certificate_profiles.internal]\ndescription = \"ours alone: the upstream does not offer it\"\n",
+         [profiles.edge.certificate_profiles.internal]\ndescription = \"ours alone: the upstream does not offer it\"\n\
+         [profiles.edge.certificate_profiles.brief]\ndescription = \"what the upstream calls shortlived\"\n",
         relay_profile(
             "edge",
             &upstream.directory("default"),
             &pki,
             "bypass",
             "bypass = true\ndefault_certificate_profile = \"classic\"",
-            ""
+            "upstream_profiles = { brief = \"shortlived\" }"
         )
     );
     let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
@@ -1785,6 +1786,8 @@ async fn a_relay_profile_forwards_the_certificate_profile_the_upstream_advertise
     for (profile, name, lifetime) in [
         (Some("shortlived"), "short.example.test", 6 * day),
         (None, "classic.example.test", 90 * day),
+        // Forwarded under the upstream's own name for it.
+        (Some("brief"), "brief.example.test", 6 * day),
     ] {
         let relayed = relay_issue_in(&account, &[name], profile, Duration::from_secs(30)).await;
         let got = lifetime_of(relayed.chain());

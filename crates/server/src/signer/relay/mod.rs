@@ -159,9 +159,10 @@ impl Relay {
     /// `notBefore`/`notAfter` are not forwarded: instant-acme 0.8's
     /// `NewOrder` has no such fields, and Let's Encrypt refuses them anyway.
     ///
-    /// The order's certificate profile is forwarded when the upstream's
-    /// directory advertises one of that name (draft-ietf-acme-profiles);
-    /// otherwise the upstream's default applies.
+    /// The order's certificate profile is forwarded, under the upstream's
+    /// name for it (`upstream_profiles`), when the upstream's directory
+    /// advertises one of that name (draft-ietf-acme-profiles); otherwise
+    /// the upstream's default applies.
     pub async fn create_order(
         &self,
         identifiers: &[Identifier],
@@ -173,7 +174,7 @@ impl Relay {
             .map(upstream_identifier)
             .collect::<Result<Vec<_>, _>>()?;
         let mut new_order = NewOrder::new(&ids);
-        if let Some(name) = certificate_profile
+        if let Some(name) = certificate_profile.map(|local| self.config.upstream_profile(local))
             && account.profiles().any(|p| p.name == name)
         {
             new_order = new_order.profile(name);
@@ -190,6 +191,7 @@ impl Relay {
     /// reached within one request timeout (the directory is fetched once),
     /// or, with `ask` false, has not been fetched yet.
     pub async fn offers_profile(&self, name: &str, ask: bool) -> Option<bool> {
+        let name = self.config.upstream_profile(name);
         if !ask {
             let known = self.account.lock().await.clone()?;
             return Some(known.profiles().any(|p| p.name == name));
