@@ -314,6 +314,36 @@ impl Store {
         Ok(true)
     }
 
+    /// Records that the upstream `from` refused the relayed order
+    /// `order_id` before making it (so that the job places it further down
+    /// the list), in one transaction with `audit`. False when the order is
+    /// no longer processing or has an upstream order meanwhile.
+    pub async fn pass_relay_on(
+        &self,
+        order_id: &str,
+        from: &str,
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let passed = tx
+            .exec(
+                "UPDATE upstream_orders SET moved_from = ?2, upstream = NULL, authorizations = 0,
+                     updated_at = ?3
+                 WHERE order_id = ?1 AND status = 'processing' AND upstream_url IS NULL",
+                args![order_id, from, now],
+            )
+            .await?
+            == 1;
+        if !passed {
+            return Ok(false);
+        }
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     /// The upstream that accepted the relayed order `order_id`, if it is
     /// one and it was recorded (a read, for renewal information and
     /// revocation of its certificate).

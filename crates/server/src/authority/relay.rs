@@ -70,6 +70,7 @@ impl Authority {
         csr_der: &[u8],
         ctx: &RequestContext,
     ) -> AcmeResult<OrderRow> {
+        let pool = relay;
         let now_ms = self.clock.unix_ms();
         // The job waits for this request's own newOrder (one request
         // timeout) so that the two do not both create an upstream order;
@@ -158,7 +159,13 @@ impl Authority {
                     }
                     Err(e) if e.is_permanent() => {
                         self.give_back_turn(places).await;
+                        // A refusal the next upstream may not share: the
+                        // job places the order there.
                         if self
+                            .pass_on(&profile.name, pool, relay, &order.id, &account.id, &e)
+                            .await
+                        {
+                        } else if self
                             .store
                             .undo_relay(&order.id, RELAY_KIND, self.clock.unix_ms())
                             .await?
@@ -349,6 +356,20 @@ impl Authority {
                         if created_nothing(&e) {
                             self.give_back_turn(places).await;
                         }
+                        if e.is_permanent()
+                            && self
+                                .pass_on(
+                                    profile_name,
+                                    pool,
+                                    relay,
+                                    order_id,
+                                    &mapping.account_id,
+                                    &e,
+                                )
+                                .await
+                        {
+                            return Outcome::Wait(self.clock.now());
+                        }
                         return self.relay_failed(profile_name, relay, e).await;
                     }
                 }
@@ -378,7 +399,19 @@ impl Authority {
             .await
         {
             Ok(c) => c,
-            Err(e) => return self.relay_failed(profile_name, relay, e).await,
+            Err(e) => {
+                // Failed for a reason the next upstream may not share,
+                // before its finalize was sent: the order moves on.
+                if e.is_permanent()
+                    && pool.fails_over_on(&e)
+                    && let Some(moved) = self
+                        .move_off(&profile, pool, relay, &mapping, &format!("failed it: {e}"))
+                        .await
+                {
+                    return moved;
+                }
+                return self.relay_failed(profile_name, relay, e).await;
+            }
         };
         match self
             .settle_relay(
@@ -397,10 +430,8 @@ impl Authority {
 
     /// Moves a relayed order off its upstream `relay` when that upstream
     /// has been down (its breaker open) for the profile's `failover_after`
-    /// and the order's finalize was never sent there: one transaction
-    /// forgets the upstream order and writes the audit row, and the job
-    /// places the order anew at once (at the next upstream that is up).
-    /// None: it stays and waits.
+    /// and the order's finalize was never sent there. None: it stays and
+    /// waits.
     async fn fail_over(
         &self,
         profile: &Profile,
@@ -409,9 +440,7 @@ impl Authority {
         mapping: &UpstreamOrderRow,
     ) -> Option<Outcome> {
         let after = pool.failover_after()?;
-        // Orders move down the list only: from the last, nowhere.
-        let last = pool.upstreams().last().map(|u| u.name() == relay.name());
-        if mapping.finalize_sent_at.is_some() || last != Some(false) {
+        if mapping.finalize_sent_at.is_some() {
             return None;
         }
         let down = self
@@ -423,12 +452,36 @@ impl Authority {
         if now_ms.saturating_sub(down.since) < after_ms {
             return None;
         }
-        let detail = format!(
-            "moved off upstream {} (down since {}, past failover_after {}; its finalize was never sent): {}",
-            relay.name(),
+        let why = format!(
+            "was down since {}, past failover_after {}: {}",
             crate::clock::rfc3339(down.since.div_euclid(1000)),
             humantime::format_duration(after),
             down.last_error.as_deref().unwrap_or("no error recorded")
+        );
+        self.move_off(profile, pool, relay, mapping, &why).await
+    }
+
+    /// Moves a relayed order whose upstream order `relay` made off it,
+    /// because `relay` `why`, if its finalize was never sent there and an
+    /// upstream comes after it: one transaction forgets the upstream order
+    /// and writes the audit row, and the job places the order anew at once,
+    /// further down the list. None: it stays.
+    async fn move_off(
+        &self,
+        profile: &Profile,
+        pool: &dyn Deferred,
+        relay: &dyn Upstream,
+        mapping: &UpstreamOrderRow,
+        why: &str,
+    ) -> Option<Outcome> {
+        // Orders move down the list only: from the last, nowhere.
+        let last = pool.upstreams().last().map(|u| u.name() == relay.name());
+        if mapping.finalize_sent_at.is_some() || last != Some(false) {
+            return None;
+        }
+        let detail = format!(
+            "moved off upstream {} (its finalize was never sent there), which {why}",
+            relay.name()
         );
         let actor = format!("account:{}", mapping.account_id);
         let audit = NewAuditRow {
@@ -467,7 +520,8 @@ impl Authority {
                     profile = %profile.name,
                     order = %mapping.order_id,
                     upstream = relay.name(),
-                    "the order's upstream is down past failover_after; it moves to the next upstream"
+                    reason = why,
+                    "the order moves off its upstream to the next one"
                 );
                 Some(Outcome::Wait(self.clock.now()))
             }
@@ -475,6 +529,73 @@ impl Authority {
             Err(e) => Some(Outcome::Retry(format!(
                 "moving the order off its upstream: {e}"
             ))),
+        }
+    }
+
+    /// Passes a new order that `relay` refused (no upstream order made)
+    /// with one of the profile's `failover_on` problem types to the next
+    /// upstream: its refusal recorded (`moved_from`) with an audit row, so
+    /// that the job places it further down the list. False when the
+    /// refusal is not one of those, or no upstream comes after `relay`.
+    async fn pass_on(
+        &self,
+        profile: &str,
+        pool: &dyn Deferred,
+        relay: &dyn Upstream,
+        order_id: &str,
+        account_id: &str,
+        e: &RelayError,
+    ) -> bool {
+        let last = pool.upstreams().last().map(|u| u.name() == relay.name());
+        if !pool.fails_over_on(e) || last != Some(false) {
+            return false;
+        }
+        let detail = format!(
+            "upstream {} refused the order, a refusal the next upstream may not share: {e}",
+            relay.name()
+        );
+        let actor = format!("account:{account_id}");
+        let audit = NewAuditRow {
+            profile: Some(profile),
+            account_id: Some(account_id),
+            order_id: Some(order_id),
+            problem_type: e
+                .problem_type
+                .as_deref()
+                .and_then(ProblemType::from_urn)
+                .map(ProblemType::name),
+            detail: Some(&detail),
+            ..NewAuditRow::new(
+                self.clock.unix(),
+                AuditEvent::OrderUpstreamMoved,
+                AuditOutcome::Success,
+                &actor,
+            )
+        };
+        match self
+            .store
+            .pass_relay_on(order_id, relay.name(), self.clock.unix(), &audit)
+            .await
+        {
+            Ok(true) => {
+                crash_point!("relay.moved");
+                self.metrics.audited(&audit);
+                tracing::warn!(
+                    event = "relay.failover",
+                    outcome = "passed_on",
+                    profile,
+                    order = %order_id,
+                    upstream = relay.name(),
+                    error = %e,
+                    "the upstream refused the order; the next upstream is asked"
+                );
+                true
+            }
+            Ok(false) => false,
+            Err(err) => {
+                tracing::error!(event = "relay.failover", outcome = "failure", profile, order = %order_id, error = %err, "could not pass the refused order on");
+                false
+            }
         }
     }
 

@@ -35,3 +35,24 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
         ))
     })
 }
+
+/// RFC 8555 problem type names, e.g. `["caa", "rejectedIdentifier"]`.
+pub(crate) fn problem_types<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<acme_proxy_protocol::ProblemType>, D::Error> {
+    use acme_proxy_protocol::ProblemType;
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|name| {
+            ProblemType::ALL
+                .into_iter()
+                .find(|t| t.name() == name)
+                .ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "{name:?} is not an ACME problem type (RFC 8555 §6.7); write one of {}",
+                        ProblemType::ALL.map(ProblemType::name).join(", ")
+                    ))
+                })
+        })
+        .collect()
+}

@@ -1317,7 +1317,11 @@ mod tests {
             ),
             (
                 "failover_after = \"1h\"",
-                "no [[profiles.edge.signer.fallback]] to move orders to",
+                "failover_after or failover_on is set but the profile has no",
+            ),
+            (
+                "failover_on = [\"caa\", \"notAProblem\"]\n[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"",
+                "\"notAProblem\" is not an ACME problem type",
             ),
             (
                 "failover_after = \"0s\"\n[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"",
@@ -1325,7 +1329,7 @@ mod tests {
             ),
             (
                 "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://b.example/dir\"\nfailover_after = \"1h\"",
-                "fallback[0].failover_after is the profile's",
+                "failover_after and failover_on are the profile's",
             ),
         ] {
             let err = relay(fallback).unwrap_err().to_string();

@@ -32,6 +32,15 @@ pub fn fallbacks(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "array", "items": { "type": "object" } })
 }
 
+/// ACME problem type names: "caa", "rejectedIdentifier".
+pub fn problem_types(_: &mut SchemaGenerator) -> Schema {
+    let values: Vec<Value> = acme_proxy_protocol::ProblemType::ALL
+        .iter()
+        .map(|t| Value::String(t.name().to_owned()))
+        .collect();
+    json_schema!({ "type": "array", "items": { "type": "string", "enum": values } })
+}
+
 pub fn opt_duration(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": ["string", "null"], "format": "duration" })
 }

@@ -212,6 +212,14 @@ pub struct RelayConfig {
     #[serde(deserialize_with = "opt_duration")]
     #[schemars(schema_with = "super::reference::opt_duration")]
     pub failover_after: Option<Duration>,
+    /// Refusals another upstream may not share, by ACME problem type, e.g.
+    /// `["caa", "rejectedIdentifier"]`: an upstream that refuses a new
+    /// order with one of them, or fails it with one before its finalize
+    /// was sent, passes it to the next upstream instead of failing it.
+    /// Empty: a refusal fails the order (the client hears it).
+    #[serde(deserialize_with = "problem_types")]
+    #[schemars(schema_with = "super::reference::problem_types")]
+    pub failover_on: Vec<acme_proxy_protocol::ProblemType>,
 }
 
 /// How a relay profile answers the upstream's challenges.
@@ -288,6 +296,7 @@ impl Default for RelayConfig {
             upstream_profiles: BTreeMap::new(),
             fallback: Vec::new(),
             failover_after: None,
+            failover_on: Vec::new(),
         }
     }
 }
@@ -460,17 +469,17 @@ pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError
                     "{key}.max_attempts is the profile's (a relay's attempts, whichever upstream): set it on [profiles.{name}.signer]"
                 ));
             }
-            if u.failover_after.is_some() {
+            if u.failover_after.is_some() || !u.failover_on.is_empty() {
                 return invalid(format!(
-                    "{key}.failover_after is the profile's (when an order leaves any upstream): set it on [profiles.{name}.signer]"
+                    "{key}: failover_after and failover_on are the profile's (when an order leaves any upstream): set them on [profiles.{name}.signer]"
                 ));
             }
         }
         check_upstream(&key, u)?;
     }
-    if r.failover_after.is_some() && r.fallback.is_empty() {
+    if (r.failover_after.is_some() || !r.failover_on.is_empty()) && r.fallback.is_empty() {
         return invalid(format!(
-            "profiles.{name}.signer.failover_after is set but the profile has no [[profiles.{name}.signer.fallback]] to move orders to: add one, or remove failover_after"
+            "profiles.{name}.signer.failover_after or failover_on is set but the profile has no [[profiles.{name}.signer.fallback]] to move orders to: add one, or remove them"
         ));
     }
     if r.failover_after.is_some_and(|d| d < Duration::from_secs(1)) {

@@ -359,6 +359,9 @@ pub trait Deferred: Send + Sync {
     /// How long an order's upstream may be down before the order moves
     /// (only before its finalize was sent); None: it never moves.
     fn failover_after(&self) -> Option<std::time::Duration>;
+    /// Whether an upstream's refusal `e` is one another upstream may not
+    /// share (the profile's `failover_on`): the order goes to the next.
+    fn fails_over_on(&self, e: &relay::RelayError) -> bool;
     /// The upstream named `name` (None: the preferred one, the first).
     fn upstream(&self, name: Option<&str>) -> Option<&dyn Upstream> {
         let all = self.upstreams();

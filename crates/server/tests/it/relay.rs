@@ -3267,3 +3267,93 @@ async fn an_order_moves_to_the_fallback_past_failover_after_only_if_its_finalize
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_listed_in_failover_on_passes_the_order_to_the_next_upstream() {
+    let pki = TestPki::new();
+    let (Some(pebble_a), Some(pebble_b)) = (
+        Pebble::start(&pki, always_valid()),
+        Pebble::start(&pki, always_valid()),
+    ) else {
+        return;
+    };
+    let (a, b) = (
+        FaultProxy::start(&pki, pebble_a.addr),
+        FaultProxy::start(&pki, pebble_b.addr),
+    );
+    let data = crate::harness::tempdir();
+    let profiles = bypass_profile(
+        &a.directory_url(),
+        &pki,
+        &format!(
+            "name = \"a\"\nfailover_on = [\"rejectedIdentifier\"]\n\n\
+             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
+             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
+             request_timeout = \"2s\"\nattempt_budget = \"60s\"",
+            b.directory_url(),
+            pki.ca_pem_path().display()
+        ),
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    // A's policy refuses the name at newOrder; B issues it, and the client
+    // sees no error.
+    a.set_always(Match::PathContains(NEW_ORDER), Some(Fault::Rejected400));
+    let relayed = relay_issue(
+        &account,
+        &["elsewhere.example.test"],
+        Duration::from_secs(30),
+    )
+    .await;
+    relayed.chain();
+    assert!(
+        a.requests()
+            .iter()
+            .any(|(m, p, status)| m == "POST" && p.contains(NEW_ORDER) && *status == 400),
+        "A refused: {:?}",
+        a.requests()
+    );
+    assert_eq!((a.count(NEW_ORDER), a.count(FINALIZE)), (0, 0));
+    assert_eq!((b.count(NEW_ORDER), b.count(FINALIZE)), (1, 1));
+    let store = server.running().authority.store().clone();
+    let mapping = store
+        .upstream_order(&relayed.local_id())
+        .await
+        .expect("read")
+        .expect("the mapping");
+    assert_eq!(
+        (mapping.upstream.as_deref(), mapping.moved_from.as_deref()),
+        (Some("b"), Some("a"))
+    );
+    let audited = store
+        .audit_for_order(&relayed.local_id())
+        .await
+        .expect("audit");
+    let row = audited
+        .iter()
+        .find(|r| r.event == "order.upstream_moved")
+        .unwrap_or_else(|| panic!("no pass audited: {audited:?}"));
+    assert_eq!(
+        row.problem_type.as_deref(),
+        Some("rejectedIdentifier"),
+        "{row:?}"
+    );
+    // B refuses too: B is the last, so the order fails (passed on from A,
+    // its refusal comes from the job).
+    b.set_always(Match::PathContains(NEW_ORDER), Some(Fault::Rejected400));
+    let mut refused = ready_order(&account, &["nowhere.example.test"]).await;
+    refused
+        .finalize()
+        .await
+        .expect("finalize: passed on to the job");
+    ends_invalid(
+        &account,
+        refused.url(),
+        Instant::now() + Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(b.count(FINALIZE), 1);
+    server.stop().await;
+}

@@ -476,6 +476,9 @@ pub enum Fault {
     /// 403 `unauthorized` problem ("upstream says no: account is not
     /// allowed").
     Forbidden403,
+    /// 400 `rejectedIdentifier` problem, as a CA whose policy will not
+    /// issue for a name answers its newOrder.
+    Rejected400,
     /// Forwards the request, so Pebble acts on it, then resets the
     /// connection instead of relaying the answer: the lost-response case
     /// (e.g. a finalize that happened upstream although the relay saw an
@@ -877,6 +880,11 @@ fn canned(fault: &Fault) -> ProxyResponse {
             403,
             "unauthorized",
             "upstream says no: account is not allowed",
+        ),
+        Fault::Rejected400 => problem(
+            400,
+            "rejectedIdentifier",
+            "upstream policy forbids issuing for this name",
         ),
         Fault::Reset | Fault::Hang | Fault::ResetAfterForward => {
             unreachable!("{fault:?} has no response")

@@ -862,6 +862,7 @@ pub struct RelayPool {
     upstreams: Vec<Relay>,
     max_attempts: u32,
     failover_after: Option<Duration>,
+    failover_on: Vec<acme_proxy_protocol::ProblemType>,
 }
 
 impl RelayPool {
@@ -875,6 +876,7 @@ impl RelayPool {
             upstreams,
             max_attempts: config.max_attempts,
             failover_after: config.failover_after,
+            failover_on: config.failover_on.clone(),
         })
     }
 
@@ -1020,6 +1022,13 @@ impl super::Deferred for RelayPool {
 
     fn failover_after(&self) -> Option<Duration> {
         self.failover_after
+    }
+
+    fn fails_over_on(&self, e: &RelayError) -> bool {
+        e.problem_type
+            .as_deref()
+            .and_then(acme_proxy_protocol::ProblemType::from_urn)
+            .is_some_and(|t| self.failover_on.contains(&t))
     }
 
     fn upstreams(&self) -> Vec<&dyn super::Upstream> {
