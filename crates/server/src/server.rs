@@ -285,12 +285,24 @@ async fn relay_upstream(
     metrics: &Arc<Metrics>,
 ) -> Result<Relay, String> {
     let upstream = &relay.name;
-    let account = match store {
-        Some(store) => store.upstream_account(name, upstream).await.map_err(|e| {
-            format!("reading the account of profile {name} at its upstream {upstream}: {e}")
-        })?,
+    let reading =
+        |e| format!("reading the account of profile {name} at its upstream {upstream}: {e}");
+    let mut account = match store {
+        Some(store) => store
+            .upstream_account(name, upstream)
+            .await
+            .map_err(reading)?,
         None => None,
     };
+    // The preferred upstream was `primary` before the configuration named
+    // it: its account at the same directory is the one.
+    if let (None, Some(store), true) = (&account, store, preferred) {
+        account = store
+            .upstream_account(name, crate::config::PRIMARY_UPSTREAM)
+            .await
+            .map_err(reading)?
+            .filter(|row| row.directory == relay.directory);
+    }
     // Registration is an operator's act: start-up never re-registers, and
     // a missing account says what to run.
     let account = account.ok_or_else(|| {

@@ -126,7 +126,16 @@ impl Authority {
         // An upstream paused or down is not asked (and no budget place is
         // spent): the order goes to the next, or the job creates it when
         // one is back.
-        let turn = match self.pick_upstream(&profile.name, relay, false, None).await {
+        let turn = match self
+            .pick_upstream(
+                &profile.name,
+                relay,
+                false,
+                None,
+                order.certificate_profile.as_deref(),
+            )
+            .await
+        {
             Ok(relay) => self
                 .upstream_order_turn(&profile.name, &order.id, &order.identifiers, relay)
                 .await
@@ -310,7 +319,13 @@ impl Authority {
             }
             None => {
                 let relay = match self
-                    .pick_upstream(profile_name, pool, true, mapping.moved_from.as_deref())
+                    .pick_upstream(
+                        profile_name,
+                        pool,
+                        true,
+                        mapping.moved_from.as_deref(),
+                        order.certificate_profile.as_deref(),
+                    )
                     .await
                 {
                     Ok(relay) => relay,
@@ -338,8 +353,18 @@ impl Authority {
                         .set_upstream_url(order_id, relay.name(), &url, self.clock.unix())
                         .await
                     {
-                        // The finalize request may have made one first.
+                        // The finalize request may have made one first,
+                        // at an upstream this job passed over: its gate
+                        // is asked before anything is sent there.
                         Ok(Some((in_force, at))) => match pool.upstream(at.as_deref()) {
+                            Some(in_force_relay) if in_force_relay.name() != relay.name() => {
+                                if let Err(wait) =
+                                    self.upstream_gate(profile_name, in_force_relay, true).await
+                                {
+                                    return wait;
+                                }
+                                (in_force_relay, in_force)
+                            }
                             Some(relay) => (relay, in_force),
                             None => {
                                 return Outcome::Retry(format!(
@@ -612,14 +637,25 @@ impl Authority {
         pool: &'r dyn Deferred,
         may_probe: bool,
         moved_from: Option<&str>,
+        certificate_profile: Option<&str>,
     ) -> Result<&'r dyn Upstream, Outcome> {
         let mut first_back: Option<time::OffsetDateTime> = None;
         let mut failed: Option<Outcome> = None;
+        let mut unoffered: Option<&str> = None;
         let all = pool.upstreams();
         let skip = moved_from
             .and_then(|from| all.iter().position(|u| u.name() == from))
             .map_or(0, |at| at + 1);
         for (i, relay) in all.into_iter().enumerate().skip(skip) {
+            // One that does not offer the order's certificate profile would
+            // issue its default instead (what newOrder refuses): passed
+            // over. Asked from the directory read before, if any.
+            if let Some(name) = certificate_profile
+                && relay.offers_profile(name).await == Some(false)
+            {
+                unoffered = Some(name);
+                continue;
+            }
             match self.upstream_gate(profile, relay, may_probe).await {
                 Ok(()) => {
                     if i > 0 {
@@ -643,10 +679,13 @@ impl Authority {
                 }
             }
         }
-        Err(match (first_back, failed) {
-            (Some(at), _) => Outcome::Wait(at),
-            (None, Some(other)) => other,
-            (None, None) => Outcome::Wait(self.clock.now() + Duration::from_secs(1)),
+        Err(match (first_back, failed, unoffered) {
+            (Some(at), ..) => Outcome::Wait(at),
+            (None, Some(other), _) => other,
+            (None, None, Some(name)) => Outcome::Failed(format!(
+                "no upstream the order may go to offers the certificate profile {name:?}"
+            )),
+            (None, None, None) => Outcome::Wait(self.clock.now() + Duration::from_secs(1)),
         })
     }
 

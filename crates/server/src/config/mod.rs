@@ -1316,6 +1316,10 @@ mod tests {
                 "fallback[0].breaker_failures",
             ),
             (
+                "[[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"https://a.example/dir\"",
+                "has the directory or account_key of upstream \"primary\"",
+            ),
+            (
                 "failover_after = \"1h\"",
                 "failover_after or failover_on is set but the profile has no",
             ),

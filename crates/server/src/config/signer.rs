@@ -458,6 +458,15 @@ pub(crate) fn check_relay(name: &str, r: &RelayConfig) -> Result<(), ConfigError
             ));
         }
         seen.push(&u.name);
+        if let Some(other) = r.upstreams().take(i).find(|o| {
+            o.directory == u.directory
+                || (o.account_key.is_some() && o.account_key == u.account_key)
+        }) {
+            return invalid(format!(
+                "{key}: upstream {:?} has the directory or account_key of upstream {:?} already (one CA account, one breaker): list it once",
+                u.name, other.name
+            ));
+        }
         if i > 0 {
             if !u.fallback.is_empty() {
                 return invalid(format!(

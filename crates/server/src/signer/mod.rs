@@ -396,6 +396,9 @@ pub trait Upstream: Send + Sync {
     /// Failures in a row that open the upstream's breaker, and how long
     /// it then stays open before a probe.
     fn breaker(&self) -> (u32, std::time::Duration);
+    /// Whether it offers the certificate profile `name` (its own name for
+    /// it), from the directory it read before; None: not read yet.
+    fn offers_profile<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<bool>>;
     /// One request asking whether the upstream is up (a GET of its
     /// directory): Ok when it answered as an ACME CA.
     fn probe(&self) -> BoxFuture<'_, Result<(), relay::RelayError>>;

@@ -3357,3 +3357,32 @@ async fn a_refusal_listed_in_failover_on_passes_the_order_to_the_next_upstream()
     assert_eq!(b.count(FINALIZE), 1);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn naming_the_preferred_upstream_later_keeps_its_primary_account() {
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let data = crate::harness::tempdir();
+    let unnamed = server_toml(
+        data.path(),
+        harness::free_port(),
+        None,
+        &bypass_profile(&pebble.directory_url(), &pki, ""),
+    );
+    register_upstream_accounts(&unnamed).await;
+    // The operator names it afterwards, and registers nothing new.
+    let named = server_toml(
+        data.path(),
+        harness::free_port(),
+        None,
+        &bypass_profile(&pebble.directory_url(), &pki, "name = \"letsencrypt\""),
+    );
+    let server = TestServer::start_in(crate::harness::tempdir(), &named).await;
+    let account = client::account(&server.directory("default")).await;
+    relay_issue(&account, &["named.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
+    server.stop().await;
+}

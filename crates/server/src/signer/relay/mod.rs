@@ -1044,6 +1044,10 @@ impl super::Upstream for Relay {
         &self.config.name
     }
 
+    fn offers_profile<'a>(&'a self, name: &'a str) -> super::BoxFuture<'a, Option<bool>> {
+        Box::pin(Relay::offers_profile(self, name, false))
+    }
+
     fn request_timeout(&self) -> std::time::Duration {
         self.config.request_timeout
     }
