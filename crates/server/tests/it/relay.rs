@@ -3386,3 +3386,81 @@ async fn naming_the_preferred_upstream_later_keeps_its_primary_account() {
         .chain();
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_certificates_renewal_window_comes_from_the_upstream_that_issued_it() {
+    // Two upstreams that answer renewal information (RFC 9773), each with
+    // its own window: second acme-proxies over TLS, A at [0.1, 0.2] of a
+    // certificate's lifetime, B at [0.3, 0.4].
+    let pki = TestPki::new();
+    let (cert, key) = pki.server_cert(&["127.0.0.1"]);
+    let upstream = |window: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n\n\
+             [profiles.default]\nbypass = true\n\
+             [profiles.default.signer]\ntype = \"local_ca\"\nrenewal_window = {window}\n",
+            cert.display(),
+            key.display()
+        )
+    };
+    let a = TestServer::start_with_toml(&upstream("[0.1, 0.2]")).await;
+    let b = TestServer::start_with_toml(&upstream("[0.3, 0.4]")).await;
+    let dir = crate::harness::tempdir();
+    let profiles = relay_profile(
+        "edge",
+        &a.directory("default"),
+        &pki,
+        "bypass",
+        "bypass = true",
+        &format!(
+            "name = \"a\"\nbreaker_failures = 1\nbreaker_open_for = \"1h\"\n\n\
+             [[profiles.edge.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
+             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
+             request_timeout = \"2s\"\nattempt_budget = \"60s\"",
+            b.directory("default"),
+            pki.ca_pem_path().display()
+        ),
+    );
+    let toml = server_toml(dir.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(dir, &toml).await;
+    let account = client::account(&server.directory("edge")).await;
+    let within = Duration::from_secs(30);
+    // Our window for a relayed certificate, and the issuer's own.
+    let windows = async |chain: &str, issuer: &TestServer| {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).expect("PEM");
+        let id = instant_acme::CertificateIdentifier::try_from(
+            &rustls::pki_types::CertificateDer::from(pem.contents.clone()),
+        )
+        .expect("certificate identifier");
+        let (ours, _) = account.renewal_info(&id).await.expect("our renewalInfo");
+        let resp = crate::upstream::https_request(
+            &pki.rustls_client_config(),
+            "GET",
+            &format!("{}/profile/default/renewal-info/{id}", issuer.base()),
+            None,
+            Vec::new(),
+        )
+        .await
+        .expect("the issuer's renewalInfo");
+        assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+        let theirs: serde_json::Value = serde_json::from_slice(&resp.body).expect("JSON");
+        let start = ours
+            .suggested_window
+            .start
+            .format(&::time::format_description::well_known::Rfc3339)
+            .expect("RFC 3339");
+        (start, theirs["suggestedWindow"]["start"].clone())
+    };
+    let from_a = relay_issue(&account, &["a.example.test"], within).await;
+    let (ours, theirs) = windows(from_a.chain(), &a).await;
+    assert_eq!(ours, theirs, "A's certificate: A's window");
+
+    // A goes away: its breaker opens at the first failure, and the next
+    // order is issued by B, whose window is the one we answer for it.
+    a.stop().await;
+    let from_b = relay_issue(&account, &["b.example.test"], within).await;
+    let (ours, theirs) = windows(from_b.chain(), &b).await;
+    assert_eq!(ours, theirs, "B's certificate: B's window, not A's");
+    server.stop().await;
+    b.stop().await;
+}
