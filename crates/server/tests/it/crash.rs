@@ -754,29 +754,16 @@ fn every_crash_point_has_its_test_below() {
 /// all, the move audited once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_an_order_moves_upstream_leaves_one_upstream_finalize() {
-    use crate::relay::{NEW_ORDER, all_valid, ready_order, relay_issue};
+    use crate::relay::{NEW_ORDER, a_then_b, all_valid, ready_order, relay_issue, two_pebbles};
     let pki = TestPki::new();
-    let (Some(pebble_a), Some(pebble_b)) = (
-        Pebble::start(&pki, always_valid()),
-        Pebble::start(&pki, always_valid()),
-    ) else {
+    let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let (a, b) = (
-        FaultProxy::start(&pki, pebble_a.addr),
-        FaultProxy::start(&pki, pebble_b.addr),
-    );
-    let profile = bypass_profile(
-        &a.directory_url(),
+    let profile = a_then_b(
         &pki,
-        &format!(
-            "name = \"a\"\nbreaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"\n\n\
-             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
-             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
-             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
-            b.directory_url(),
-            pki.ca_pem_path().display()
-        ),
+        &a,
+        "breaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"",
+        &b,
     );
     let receiver = Receiver::start().await;
     let mut server = Server::new(&receiver, &profile).await;

@@ -67,6 +67,40 @@ pub(crate) fn bypass_profile(directory: &str, pki: &TestPki, extra_signer: &str)
     )
 }
 
+/// Two always-valid Pebbles, A and B, each behind a fault proxy of its own;
+/// None when Pebble is missing (the start already failed the test).
+pub(crate) fn two_pebbles(pki: &TestPki) -> Option<([Pebble; 2], FaultProxy, FaultProxy)> {
+    let (Some(a), Some(b)) = (
+        Pebble::start(pki, always_valid()),
+        Pebble::start(pki, always_valid()),
+    ) else {
+        return None;
+    };
+    let (proxy_a, proxy_b) = (
+        FaultProxy::start(pki, a.addr),
+        FaultProxy::start(pki, b.addr),
+    );
+    Some(([a, b], proxy_a, proxy_b))
+}
+
+/// The "default" relay profile (bypass) whose preferred upstream, named
+/// `a`, is `a` with `a_extra` in its table, and whose fallback, named `b`,
+/// is `b`.
+pub(crate) fn a_then_b(pki: &TestPki, a: &FaultProxy, a_extra: &str, b: &FaultProxy) -> String {
+    bypass_profile(
+        &a.directory_url(),
+        pki,
+        &format!(
+            "name = \"a\"\n{a_extra}\n\n\
+             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
+             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
+             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
+            b.directory_url(),
+            pki.ca_pem_path().display()
+        ),
+    )
+}
+
 /// A "default" relay profile with the dns01 strategy updating `bind`'s
 /// example.test zone with the TSIG `key` (name, algorithm) whose secret is
 /// in `secret_file`.
@@ -3020,28 +3054,15 @@ async fn two_upstream_certificates_a_minute_per_registered_domain_hold_back_a_th
 async fn new_orders_go_to_the_fallback_while_the_preferred_upstream_is_down_and_back_once_it_answers()
  {
     let pki = TestPki::new();
-    let (Some(pebble_a), Some(pebble_b)) = (
-        Pebble::start(&pki, always_valid()),
-        Pebble::start(&pki, always_valid()),
-    ) else {
+    let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let (a, b) = (
-        FaultProxy::start(&pki, pebble_a.addr),
-        FaultProxy::start(&pki, pebble_b.addr),
-    );
     let data = crate::harness::tempdir();
-    let profiles = bypass_profile(
-        &a.directory_url(),
+    let profiles = a_then_b(
         &pki,
-        &format!(
-            "name = \"a\"\nbreaker_failures = 2\nbreaker_open_for = \"3s\"\n\n\
-             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
-             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
-             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
-            b.directory_url(),
-            pki.ca_pem_path().display()
-        ),
+        &a,
+        "breaker_failures = 2\nbreaker_open_for = \"3s\"",
+        &b,
     );
     let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
     register_upstream_accounts(&toml).await;
@@ -3165,28 +3186,15 @@ async fn new_orders_go_to_the_fallback_while_the_preferred_upstream_is_down_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_moves_to_the_fallback_past_failover_after_only_if_its_finalize_was_never_sent() {
     let pki = TestPki::new();
-    let (Some(pebble_a), Some(pebble_b)) = (
-        Pebble::start(&pki, always_valid()),
-        Pebble::start(&pki, always_valid()),
-    ) else {
+    let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let (a, b) = (
-        FaultProxy::start(&pki, pebble_a.addr),
-        FaultProxy::start(&pki, pebble_b.addr),
-    );
     let data = crate::harness::tempdir();
-    let profiles = bypass_profile(
-        &a.directory_url(),
+    let profiles = a_then_b(
         &pki,
-        &format!(
-            "name = \"a\"\nbreaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"\n\n\
-             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
-             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
-             request_timeout = \"2s\"\nattempt_budget = \"60s\"\nbreaker_open_for = \"1s\"",
-            b.directory_url(),
-            pki.ca_pem_path().display()
-        ),
+        &a,
+        "breaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"",
+        &b,
     );
     let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
     register_upstream_accounts(&toml).await;
@@ -3271,29 +3279,11 @@ async fn an_order_moves_to_the_fallback_past_failover_after_only_if_its_finalize
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_listed_in_failover_on_passes_the_order_to_the_next_upstream() {
     let pki = TestPki::new();
-    let (Some(pebble_a), Some(pebble_b)) = (
-        Pebble::start(&pki, always_valid()),
-        Pebble::start(&pki, always_valid()),
-    ) else {
+    let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let (a, b) = (
-        FaultProxy::start(&pki, pebble_a.addr),
-        FaultProxy::start(&pki, pebble_b.addr),
-    );
     let data = crate::harness::tempdir();
-    let profiles = bypass_profile(
-        &a.directory_url(),
-        &pki,
-        &format!(
-            "name = \"a\"\nfailover_on = [\"rejectedIdentifier\"]\n\n\
-             [[profiles.default.signer.fallback]]\nname = \"b\"\ndirectory = \"{}\"\n\
-             trust_anchors = [\"{}\"]\nstrategy = \"bypass\"\npoll_interval = \"100ms\"\n\
-             request_timeout = \"2s\"\nattempt_budget = \"60s\"",
-            b.directory_url(),
-            pki.ca_pem_path().display()
-        ),
-    );
+    let profiles = a_then_b(&pki, &a, "failover_on = [\"rejectedIdentifier\"]", &b);
     let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
     register_upstream_accounts(&toml).await;
     let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
@@ -3463,4 +3453,47 @@ async fn a_relayed_certificates_renewal_window_comes_from_the_upstream_that_issu
     assert_eq!(ours, theirs, "B's certificate: B's window, not A's");
     server.stop().await;
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_orders_go_to_the_fallback_while_every_request_to_the_preferred_upstream_hangs() {
+    let pki = TestPki::new();
+    let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
+        return;
+    };
+    let data = crate::harness::tempdir();
+    let profiles = a_then_b(
+        &pki,
+        &a,
+        "breaker_failures = 2\nbreaker_open_for = \"30s\"",
+        &b,
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+    let (_etc, config) = harness::config_file(&toml);
+    let account = client::account(&server.directory("default")).await;
+    relay_issue(&account, &["first.example.test"], Duration::from_secs(30))
+        .await
+        .chain();
+    // Every request to A now hangs: each costs a request_timeout (2 s),
+    // two open A's breaker, and the orders complete at B.
+    a.set_always(Match::Any, Some(Fault::Hang));
+    let mut ready = Vec::new();
+    for i in 0..2 {
+        ready.push(ready_order(&account, &[&format!("hung{i}.example.test")]).await);
+    }
+    let urls = finalize_all(ready).await;
+    all_valid(&account, urls, Instant::now() + Duration::from_secs(60)).await;
+    assert_eq!((a.count(NEW_ORDER), b.count(NEW_ORDER)), (1, 2));
+    assert_eq!(b.count(FINALIZE), 2);
+    let down = upstream_status_of(&config, "a");
+    assert_ne!(down["breaker"], "closed", "{down}");
+    assert!(
+        down["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("within 2s")),
+        "{down}"
+    );
+    server.stop().await;
 }
