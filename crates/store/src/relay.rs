@@ -279,13 +279,13 @@ impl Store {
         Ok(())
     }
 
-    /// Moves the relayed order `order_id` away from its upstream `from`
-    /// (as recorded on the mapping: None for one recorded before upstreams
-    /// had names), named `from_name`, in one transaction with `audit`: its
-    /// upstream order forgotten, its reservation given back, `moved_from`
-    /// set, so that the job places it anew. Only while it is processing
-    /// there and its finalize was never sent; false (nothing changed)
-    /// otherwise.
+    /// Moves the relayed order `order_id` off its upstream `from_name`
+    /// (recorded on the mapping as `from`: None for one recorded before
+    /// upstreams had names), in one transaction with `audit`: its upstream
+    /// order, if it has one there, forgotten, its reservation given back,
+    /// `moved_from` set, so that the job places it anew further down the
+    /// list. Only while it is processing and its finalize was never sent;
+    /// false (nothing changed) otherwise.
     pub async fn move_relay(
         &self,
         order_id: &str,
@@ -301,42 +301,12 @@ impl Store {
                 "UPDATE upstream_orders SET upstream_url = NULL, upstream = NULL, authorizations = 0,
                      moved_from = ?2, updated_at = ?3
                  WHERE order_id = ?1 AND status = 'processing' AND finalize_sent_at IS NULL
-                   AND upstream_url IS NOT NULL AND COALESCE(upstream, '') = ?4",
+                   AND (upstream_url IS NULL OR COALESCE(upstream, '') = ?4)",
                 args![order_id, from_name, now, from.unwrap_or("")],
             )
             .await?
             == 1;
         if !moved {
-            return Ok(false);
-        }
-        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    /// Records that the upstream `from` refused the relayed order
-    /// `order_id` before making it (so that the job places it further down
-    /// the list), in one transaction with `audit`. False when the order is
-    /// no longer processing or has an upstream order meanwhile.
-    pub async fn pass_relay_on(
-        &self,
-        order_id: &str,
-        from: &str,
-        now: i64,
-        audit: &NewAuditRow<'_>,
-    ) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let passed = tx
-            .exec(
-                "UPDATE upstream_orders SET moved_from = ?2, upstream = NULL, authorizations = 0,
-                     updated_at = ?3
-                 WHERE order_id = ?1 AND status = 'processing' AND upstream_url IS NULL",
-                args![order_id, from, now],
-            )
-            .await?
-            == 1;
-        if !passed {
             return Ok(false);
         }
         insert_audit_in(&mut tx, audit, self.audit_origin).await?;

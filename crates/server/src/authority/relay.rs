@@ -499,9 +499,7 @@ impl Authority {
         mapping: &UpstreamOrderRow,
         why: &str,
     ) -> Option<Outcome> {
-        // Orders move down the list only: from the last, nowhere.
-        let last = pool.upstreams().last().map(|u| u.name() == relay.name());
-        if mapping.finalize_sent_at.is_some() || last != Some(false) {
+        if mapping.finalize_sent_at.is_some() || !has_next(pool, relay) {
             return None;
         }
         let detail = format!(
@@ -526,19 +524,10 @@ impl Authority {
             )
         };
         match self
-            .store
-            .move_relay(
-                &mapping.order_id,
-                mapping.upstream.as_deref(),
-                relay.name(),
-                self.clock.unix(),
-                &audit,
-            )
+            .record_move(&audit, mapping.upstream.as_deref(), relay)
             .await
         {
             Ok(true) => {
-                crash_point!("relay.moved");
-                self.metrics.audited(&audit);
                 tracing::warn!(
                     event = "relay.failover",
                     outcome = "moved",
@@ -557,6 +546,27 @@ impl Authority {
         }
     }
 
+    /// Moves the order `audit` is about off `relay` (recorded on its
+    /// mapping as `recorded`), with `audit`, in one transaction
+    /// ([`acme_proxy_store::Store::move_relay`]); true when it moved.
+    async fn record_move(
+        &self,
+        audit: &NewAuditRow<'_>,
+        recorded: Option<&str>,
+        relay: &dyn Upstream,
+    ) -> Result<bool, acme_proxy_store::StoreError> {
+        let order_id = audit.order_id.unwrap_or_default();
+        let moved = self
+            .store
+            .move_relay(order_id, recorded, relay.name(), self.clock.unix(), audit)
+            .await?;
+        if moved {
+            crash_point!("relay.moved");
+            self.metrics.audited(audit);
+        }
+        Ok(moved)
+    }
+
     /// Passes a new order that `relay` refused (no upstream order made)
     /// with one of the profile's `failover_on` problem types to the next
     /// upstream: its refusal recorded (`moved_from`) with an audit row, so
@@ -571,8 +581,7 @@ impl Authority {
         account_id: &str,
         e: &RelayError,
     ) -> bool {
-        let last = pool.upstreams().last().map(|u| u.name() == relay.name());
-        if !pool.fails_over_on(e) || last != Some(false) {
+        if !pool.fails_over_on(e) || !has_next(pool, relay) {
             return false;
         }
         let detail = format!(
@@ -597,14 +606,8 @@ impl Authority {
                 &actor,
             )
         };
-        match self
-            .store
-            .pass_relay_on(order_id, relay.name(), self.clock.unix(), &audit)
-            .await
-        {
+        match self.record_move(&audit, None, relay).await {
             Ok(true) => {
-                crash_point!("relay.moved");
-                self.metrics.audited(&audit);
                 tracing::warn!(
                     event = "relay.failover",
                     outcome = "passed_on",
@@ -896,6 +899,14 @@ impl Authority {
             ),
         }
     }
+}
+
+/// Whether an upstream comes after `relay` in `pool`: orders move down
+/// the list only, and from the last nowhere.
+fn has_next(pool: &dyn Deferred, relay: &dyn Upstream) -> bool {
+    pool.upstreams()
+        .last()
+        .is_some_and(|last| last.name() != relay.name())
 }
 
 /// Whether a failed upstream newOrder surely made no order: the upstream

@@ -101,6 +101,34 @@ pub(crate) fn a_then_b(pki: &TestPki, a: &FaultProxy, a_extra: &str, b: &FaultPr
     )
 }
 
+/// A server relaying `profiles` (its "default" profile) with the account
+/// of every upstream registered: the configuration file the CLI reads, a
+/// client's account, and the directories they live in.
+pub(crate) struct Relaying {
+    pub server: TestServer,
+    pub config: std::path::PathBuf,
+    pub account: Account,
+    /// Bound by the caller (`_dirs`) so that they live as long as it.
+    pub _dirs: [tempfile::TempDir; 2],
+}
+
+impl Relaying {
+    pub(crate) async fn start(profiles: &str) -> Relaying {
+        let data = crate::harness::tempdir();
+        let toml = server_toml(data.path(), harness::free_port(), None, profiles);
+        register_upstream_accounts(&toml).await;
+        let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
+        let (etc, config) = harness::config_file(&toml);
+        let account = client::account(&server.directory("default")).await;
+        Relaying {
+            server,
+            config,
+            account,
+            _dirs: [data, etc],
+        }
+    }
+}
+
 /// A "default" relay profile with the dns01 strategy updating `bind`'s
 /// example.test zone with the TSIG `key` (name, algorithm) whose secret is
 /// in `secret_file`.
@@ -3057,18 +3085,18 @@ async fn new_orders_go_to_the_fallback_while_the_preferred_upstream_is_down_and_
     let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let data = crate::harness::tempdir();
-    let profiles = a_then_b(
+    let Relaying {
+        server,
+        config,
+        account,
+        _dirs,
+    } = Relaying::start(&a_then_b(
         &pki,
         &a,
         "breaker_failures = 2\nbreaker_open_for = \"3s\"",
         &b,
-    );
-    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
-    register_upstream_accounts(&toml).await;
-    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
-    let (_etc, config) = harness::config_file(&toml);
-    let account = client::account(&server.directory("default")).await;
+    ))
+    .await;
     let within = Duration::from_secs(30);
 
     // Both up: the preferred upstream takes every order.
@@ -3189,18 +3217,18 @@ async fn an_order_moves_to_the_fallback_past_failover_after_only_if_its_finalize
     let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let data = crate::harness::tempdir();
-    let profiles = a_then_b(
+    let Relaying {
+        server,
+        config,
+        account,
+        _dirs,
+    } = Relaying::start(&a_then_b(
         &pki,
         &a,
         "breaker_failures = 2\nbreaker_open_for = \"1s\"\nfailover_after = \"2s\"",
         &b,
-    );
-    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
-    register_upstream_accounts(&toml).await;
-    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
-    let (_etc, config) = harness::config_file(&toml);
-    let account = client::account(&server.directory("default")).await;
+    ))
+    .await;
     let within = Duration::from_secs(30);
     // Up: the relay knows A's directory and account from here on.
     relay_issue(&account, &["first.example.test"], within)
@@ -3282,12 +3310,18 @@ async fn a_refusal_listed_in_failover_on_passes_the_order_to_the_next_upstream()
     let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let data = crate::harness::tempdir();
-    let profiles = a_then_b(&pki, &a, "failover_on = [\"rejectedIdentifier\"]", &b);
-    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
-    register_upstream_accounts(&toml).await;
-    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
-    let account = client::account(&server.directory("default")).await;
+    let Relaying {
+        server,
+        account,
+        _dirs,
+        ..
+    } = Relaying::start(&a_then_b(
+        &pki,
+        &a,
+        "failover_on = [\"rejectedIdentifier\"]",
+        &b,
+    ))
+    .await;
     // A's policy refuses the name at newOrder; B issues it, and the client
     // sees no error.
     a.set_always(Match::PathContains(NEW_ORDER), Some(Fault::Rejected400));
@@ -3461,18 +3495,18 @@ async fn new_orders_go_to_the_fallback_while_every_request_to_the_preferred_upst
     let Some((_pebbles, a, b)) = two_pebbles(&pki) else {
         return;
     };
-    let data = crate::harness::tempdir();
-    let profiles = a_then_b(
+    let Relaying {
+        server,
+        config,
+        account,
+        _dirs,
+    } = Relaying::start(&a_then_b(
         &pki,
         &a,
         "breaker_failures = 2\nbreaker_open_for = \"30s\"",
         &b,
-    );
-    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
-    register_upstream_accounts(&toml).await;
-    let server = TestServer::start_in(crate::harness::tempdir(), &toml).await;
-    let (_etc, config) = harness::config_file(&toml);
-    let account = client::account(&server.directory("default")).await;
+    ))
+    .await;
     relay_issue(&account, &["first.example.test"], Duration::from_secs(30))
         .await
         .chain();
