@@ -27,8 +27,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow, NewDnsAccount, Store};
-use argon2::password_hash::{PasswordHash, SaltString};
-use argon2::{Argon2, PasswordHasher, PasswordVerifier};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State};
@@ -169,16 +167,9 @@ impl DnsApi {
     /// the comparison is argon2's).
     async fn verify(&self, password: &str, hash: &str) -> anyhow::Result<bool> {
         let slot = self.hashing_slot().await?;
-        let (password, hash) = (password.to_owned(), hash.to_owned());
-        tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            let parsed =
-                PasswordHash::new(&hash).map_err(|e| anyhow::anyhow!("a stored hash: {e}"))?;
-            Ok(Argon2::default()
-                .verify_password(password.as_bytes(), &parsed)
-                .is_ok())
-        })
-        .await?
+        let checked =
+            crate::passwords::check(password.to_owned(), hash.to_owned(), Some(slot)).await?;
+        Ok(checked != crate::passwords::Checked::Wrong)
     }
 
     async fn hashing_slot(&self) -> anyhow::Result<tokio::sync::OwnedSemaphorePermit> {
@@ -206,7 +197,7 @@ pub async fn register_account(
     let username = crate::ids::uuid_v4();
     let password = crate::ids::dns_api_password();
     let subdomain = crate::ids::uuid_v4();
-    let hash = hash_password(password.clone(), slot).await?;
+    let hash = crate::passwords::hash(password.clone(), slot).await?;
     let allow_from: Vec<String> = allow_from.iter().map(ToString::to_string).collect();
     let detail = format!(
         "account {username} for {subdomain}.{zone}; updates from {}{}",
@@ -248,24 +239,6 @@ pub async fn register_account(
         subdomain,
         allow_from,
     })
-}
-
-/// argon2id with RFC 9106's second recommended option (the crate's
-/// default: 19 MiB, 2 passes), on a blocking thread.
-async fn hash_password(
-    password: String,
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
-) -> anyhow::Result<String> {
-    tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        let salt = SaltString::encode_b64(&crate::ids::salt())
-            .map_err(|e| anyhow::anyhow!("salt: {e}"))?;
-        Argon2::default()
-            .hash_password(password.as_bytes(), &salt)
-            .map(|h| h.to_string())
-            .map_err(|e| anyhow::anyhow!("hashing a password: {e}"))
-    })
-    .await?
 }
 
 /// The routes, mounted under `/acme-dns` on the ACME listener.

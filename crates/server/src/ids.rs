@@ -180,6 +180,22 @@ pub fn salt() -> [u8; 16] {
     random::<16>()
 }
 
+/// A web console session's cookie token: 256 random bits, base64url
+/// (only its SHA-256 is stored).
+pub fn session_token() -> String {
+    URL_SAFE_NO_PAD.encode(random::<32>())
+}
+
+/// A web console session's CSRF token: 256 random bits, base64url.
+pub fn csrf_token() -> String {
+    URL_SAFE_NO_PAD.encode(random::<32>())
+}
+
+/// A web console session's name for operators: 64 random bits, hex.
+pub fn session_id() -> String {
+    hex::encode(random::<8>())
+}
+
 /// A request id for logs and the `X-Request-Id` header: 48 random bits, hex.
 pub fn request_id() -> String {
     hex::encode(random::<6>())

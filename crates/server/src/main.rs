@@ -97,6 +97,9 @@ enum Command {
     /// The [rate_limits]: what they hold back, and resetting a key.
     #[command(subcommand)]
     Ratelimit(cli::ratelimit::RatelimitCommand),
+    /// The web console's users and sessions ([admin]).
+    #[command(subcommand)]
+    Admin(cli::admin::AdminCommand),
     /// Write the man pages or the shell completions into a directory (for
     /// packagers; reads no configuration).
     #[command(subcommand)]
@@ -285,6 +288,7 @@ fn run(command: Command, config: Config, file: Option<PathBuf>) -> anyhow::Resul
             operator_runtime()?.block_on(cli::ratelimit::run(&config, command))
         }
         Command::Db(command) => operator_runtime()?.block_on(cli::db::run(&config, command)),
+        Command::Admin(command) => operator_runtime()?.block_on(cli::admin::run(&config, command)),
         Command::Job(job) => operator_runtime()?.block_on(cli::job::run(&config, job)),
         Command::Audit(command) => operator_runtime()?.block_on(cli::audit::run(&config, command)),
         Command::Upstream(command) => {
@@ -369,6 +373,9 @@ async fn serve(config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
     }
     if let Some(m) = running.metrics_addr {
         println!("  metrics: http://{m}/metrics");
+    }
+    if let Some(url) = &running.admin_url {
+        println!("  web console: {url} (operators: acme-proxy admin user create NAME)");
     }
     for at in &running.dns_addrs {
         println!("  DNS zone: {at} (UDP and TCP)");

@@ -78,6 +78,10 @@ pub struct Metrics {
     /// Requests to the acme-dns API by endpoint (`register`, `update`) and
     /// outcome (`success`, `refused`, `limited`, `failure`).
     pub dns_api_requests: Family<Labels, Counter>,
+    /// Requests to the web console by route (its pattern) and status.
+    pub admin_requests: Family<Labels, Counter>,
+    /// Console logins by outcome (`success`, `refused`, `throttled`).
+    pub admin_logins: Family<Labels, Counter>,
     /// `[policy]` decisions by stage, rule (`default` for a profile's
     /// default) and decision (`allow`, `deny`, `warn`, `undecided`).
     pub policy_decisions: Family<Labels, Counter>,
@@ -114,6 +118,8 @@ impl Metrics {
             connections_refused: Family::default(),
             dns_queries: Family::default(),
             dns_api_requests: Family::default(),
+            admin_requests: Family::default(),
+            admin_logins: Family::default(),
             policy_decisions: Family::default(),
             rate_limited: Family::default(),
             job_depth: Family::default(),
@@ -171,6 +177,16 @@ impl Metrics {
             "dns_api_requests",
             "Requests to the acme-dns API by endpoint and outcome",
             m.dns_api_requests.clone(),
+        );
+        r.register(
+            "admin_http_requests",
+            "Web console requests by route and status",
+            m.admin_requests.clone(),
+        );
+        r.register(
+            "admin_logins",
+            "Web console logins by outcome",
+            m.admin_logins.clone(),
         );
         r.register(
             "validations",

@@ -41,6 +41,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Where `/metrics` is served, when `[metrics] listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// The web console's URL, when `[admin] listen` is set.
+    pub admin_url: Option<String>,
     /// Where the `[dns_zone]` server answers (UDP and TCP on each).
     pub dns_addrs: Vec<SocketAddr>,
     dns: Option<crate::dns_zone::DnsServer>,
@@ -681,6 +683,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
     check("[tls]", &old.tls, &new.tls);
     check("[connections]", &old.connections, &new.connections);
     check("[metrics] listen", &old.metrics.listen, &new.metrics.listen);
+    check("[admin]", &old.admin, &new.admin);
     check("[dns_zone]", &old.dns_zone, &new.dns_zone);
     check("log_format", &old.log_format, &new.log_format);
     check("nonce_store", &old.nonce_store, &new.nonce_store);
@@ -869,6 +872,7 @@ pub async fn start_with(
 
     let (shutdown, stop) = watch::channel(false);
     let stop_metrics = stop.clone();
+    let stop_admin = stop.clone();
     let jobs = tokio::spawn(Arc::clone(&runner).run(stop.clone(), config.shutdown_grace));
     let exempt = config.trusted_proxies.clone();
     // Registered now: a SIGHUP from here on reloads, never kills
@@ -927,9 +931,31 @@ pub async fn start_with(
         ),
         None => None,
     };
+    let admin_url = match config.admin.listen {
+        Some(at) => Some(
+            serve_console(
+                &config,
+                at,
+                &base_url,
+                &clock,
+                generations.clone(),
+                crate::listener::Listener {
+                    name: "admin",
+                    tls: None,
+                    limits: config.connections.clone(),
+                    exempt: config.trusted_proxies.clone(),
+                    metrics: Arc::clone(&authority.metrics),
+                },
+                stop_admin,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
     Ok(Running {
         addr,
+        admin_url,
         tls_cert: terminator.as_ref().map(|t| t.cert_path().to_owned()),
         metrics_addr,
         dns_addrs: dns
@@ -1033,6 +1059,39 @@ async fn serve_metrics(
     ));
     tracing::info!(event = "metrics.started", outcome = "success", %addr, "serving /metrics");
     Ok(addr)
+}
+
+/// The web console on its own listener, with TLS when `[admin.tls]` is
+/// set (its files watched like the ACME listener's); its URL.
+async fn serve_console(
+    config: &Config,
+    at: SocketAddr,
+    base_url: &str,
+    clock: &SharedClock,
+    generations: Generations,
+    mut settings: crate::listener::Listener,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<String> {
+    if let Some(tls) = &config.admin.tls {
+        let terminator = Arc::new(
+            crate::tls::Terminator::new(tls, &config.data_dir, base_url, clock.now())
+                .map_err(|e| anyhow::anyhow!("[admin.tls]: {e}"))?,
+        );
+        settings.tls = Some(crate::listener::Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(
+                terminator.server_config().map_err(anyhow::Error::msg)?,
+            ),
+            handshake_timeout: terminator.handshake_timeout,
+        });
+        tokio::spawn(Arc::clone(&terminator).watch(None, stop.clone()));
+    }
+    let https = settings.tls.is_some();
+    let console = crate::console::Console::new(generations, config.admin.clone(), https).await?;
+    let addr = crate::console::serve(console, at, settings, stop).await?;
+    Ok(format!(
+        "{}://{addr}/",
+        if https { "https" } else { "http" }
+    ))
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {

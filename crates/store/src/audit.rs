@@ -35,6 +35,12 @@ acme_proxy_protocol::string_enum! {
         PolicyWarned = "policy.warned",
         RateLimitReset = "ratelimit.reset",
         OrderUpstreamMoved = "order.upstream_moved",
+        OperatorCreated = "operator.created",
+        OperatorChanged = "operator.changed",
+        OperatorDeleted = "operator.deleted",
+        OperatorLogin = "operator.login",
+        OperatorLogout = "operator.logout",
+        OperatorSessionRevoked = "operator.session_revoked",
     }
 }
 
@@ -56,6 +62,18 @@ acme_proxy_protocol::string_enum! {
         Server = "server",
         Cli = "cli",
     }
+}
+
+/// One day's count of one kind of audit row ([`Store::audit_counts_by_day`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DayCount {
+    /// Days since the period's start, from 0.
+    pub day: i64,
+    pub profile: Option<String>,
+    pub event: String,
+    pub outcome: String,
+    pub problem_type: Option<String>,
+    pub count: i64,
 }
 
 /// An audit record to write. Identifiers are a frozen copy: the row must
@@ -210,6 +228,42 @@ pub struct AuditFilter<'a> {
 }
 
 impl Store {
+    /// Audit rows of `events` since `since`, counted per day (days start
+    /// at `since`, every 86,400 s), profile, event, outcome and problem; the time
+    /// index bounds the scan to the period.
+    pub async fn audit_counts_by_day(
+        &self,
+        since: i64,
+        events: &[AuditEvent],
+    ) -> Result<Vec<DayCount>> {
+        let events: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
+        let rows = self
+            .reader()
+            .await?
+            .all(
+                "SELECT CAST((at - ?1) / 86400 AS BIGINT) AS day, profile, event, outcome,
+                        problem_type, CAST(COUNT(*) AS BIGINT) AS n
+                 FROM audit_log WHERE at >= ?1
+                 GROUP BY day, profile, event, outcome, problem_type ORDER BY day",
+                args![since],
+                |row| {
+                    Ok(DayCount {
+                        day: row.get("day")?,
+                        profile: row.get("profile")?,
+                        event: row.get("event")?,
+                        outcome: row.get("outcome")?,
+                        problem_type: row.get("problem_type")?,
+                        count: row.get("n")?,
+                    })
+                },
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| events.contains(&r.event.as_str()))
+            .collect())
+    }
+
     /// Audit rows matching `filter`, newest first.
     pub async fn audit_list(&self, filter: &AuditFilter<'_>, limit: i64) -> Result<Vec<AuditRow>> {
         self.reader()

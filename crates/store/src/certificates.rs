@@ -181,6 +181,21 @@ impl Store {
             .await
     }
 
+    /// How many unrevoked certificates expire in `[from, until)` (the
+    /// expiry index: a count, not rows).
+    pub async fn count_expiring_certificates(&self, from: i64, until: i64) -> Result<i64> {
+        self.reader()
+            .await?
+            .one(
+                "SELECT COUNT(*) FROM certificates
+                 WHERE revoked_at IS NULL AND not_after >= ?1 AND not_after < ?2",
+                args![from, until],
+                |row| row.get(0),
+            )
+            .await
+            .map(|n| n.unwrap_or(0))
+    }
+
     /// Unrevoked certificates whose notAfter falls in `[from, until)`,
     /// soonest first, of one profile or all; without `renewed`, only those
     /// that no later unrevoked certificate of the same account and profile

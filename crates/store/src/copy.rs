@@ -48,6 +48,9 @@ const TABLES: &[&str] = &[
     "dns_api_accounts",
     "rate_limits",
     "upstream_breakers",
+    "operators",
+    "operator_recovery_codes",
+    "operator_sessions",
 ];
 
 /// Rows per batch sent from the reading thread and per `INSERT`.

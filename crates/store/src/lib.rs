@@ -24,6 +24,7 @@ mod dns;
 mod eab;
 mod jobs;
 mod nonces;
+mod operators;
 mod orders;
 mod pg_pool;
 mod rate_limits;
@@ -47,13 +48,16 @@ use slot::Slot;
 
 pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
 pub use admin::{Blocker, DeleteOutcome};
-pub use audit::{AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, NewAuditRow};
+pub use audit::{
+    AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, DayCount, NewAuditRow,
+};
 pub use breakers::{BreakerFailure, BreakerRow, BreakerState};
 pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
 pub use copy::TableCopy;
 pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Attempts, Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
+pub use operators::{NewOperatorSession, OperatorRow, OperatorSessionRow, SessionStage};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, ProcessingChallenge,

@@ -3,5 +3,7 @@
 //! ([`cli`]) that parses arguments for it and formats its results.
 
 pub mod cli;
+pub mod dashboard;
+pub mod operators;
 pub mod ops;
 pub mod status;

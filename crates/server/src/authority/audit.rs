@@ -105,12 +105,18 @@ impl Authority {
             detail: Some(&detail),
             ..NewAuditRow::new(self.clock.unix(), event, outcome, actor)
         };
-        match self.store.insert_audit(&row).await {
-            Ok(()) => self.metrics.audited(&row),
+        self.audit_row(&row).await;
+    }
+
+    /// Writes `row` as it is (the web console's refusals); the metric
+    /// moves only if it was written.
+    pub(crate) async fn audit_row(&self, row: &NewAuditRow<'_>) {
+        match self.store.insert_audit(row).await {
+            Ok(()) => self.metrics.audited(row),
             Err(e) => tracing::error!(
                 event = "audit.write",
                 outcome = "failure",
-                audit_event = %event,
+                audit_event = %row.event,
                 error = %e,
                 "could not write the audit row"
             ),

@@ -17,6 +17,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Deserializer};
 
+mod admin;
 mod audit;
 mod connections;
 mod de;
@@ -34,6 +35,7 @@ mod signer;
 mod tls;
 mod validation;
 
+pub use admin::*;
 pub use audit::*;
 pub use connections::*;
 use de::*;
@@ -115,6 +117,8 @@ pub struct Config {
     pub jobs: JobsConfig,
     pub notify: NotifyConfig,
     pub metrics: MetricsConfig,
+    /// The web console for operators.
+    pub admin: AdminConfig,
     /// The embedded authoritative DNS server for delegated dns-01;
     /// absent: none.
     pub dns_zone: Option<DnsZoneConfig>,
@@ -190,6 +194,7 @@ impl Default for Config {
             jobs: JobsConfig::default(),
             notify: NotifyConfig::default(),
             metrics: MetricsConfig::default(),
+            admin: AdminConfig::default(),
             dns_zone: None,
             audit: AuditConfig::default(),
             egress: EgressConfig::default(),
@@ -557,6 +562,7 @@ impl Config {
                 self.listen
             ));
         }
+        problems.extend(self.admin.problems(self.listen, self.metrics.listen));
         if let Some(url) = &self.database_url
             && !url.starts_with("sqlite:")
             && !acme_proxy_store::is_postgres_url(url)

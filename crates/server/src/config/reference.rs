@@ -321,6 +321,7 @@ pub fn uncommented(text: &str) -> String {
                     "[profiles.default.notify",
                     "[notify]",
                     "[metrics]",
+                    "[admin.tls]",
                     "[dns_zone]",
                     "[dns_zone.api]",
                     "[policy.",

@@ -13,6 +13,7 @@ mod client;
 mod clients;
 mod concurrency;
 mod connections;
+mod console;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod custom;

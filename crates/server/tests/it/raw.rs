@@ -208,12 +208,45 @@ pub async fn try_request_with(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Result<Resp, String> {
+    try_request_from(None, method, url, headers, body).await
+}
+
+/// [`request_with`] from the source address `from` (another loopback
+/// address: a second client, as a server that counts per address sees it).
+pub async fn request_from(
+    from: std::net::IpAddr,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Resp {
+    try_request_from(Some(from), method, url, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url} from {from}: {e}"))
+}
+
+async fn try_request_from(
+    from: Option<std::net::IpAddr>,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Result<Resp, String> {
     let sent_nonce = nonce_sent(&body);
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
+    let stream = match from {
+        None => tokio::net::TcpStream::connect(addr).await,
+        Some(from) => {
+            let to: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+            let socket = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+            socket
+                .bind(std::net::SocketAddr::new(from, 0))
+                .map_err(|e| e.to_string())?;
+            socket.connect(to).await
+        }
+    }
+    .map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))

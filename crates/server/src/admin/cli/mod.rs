@@ -2,6 +2,7 @@
 //! [`crate::admin::ops`], and what they share in [`common`].
 
 pub mod account;
+pub mod admin;
 pub mod audit;
 pub mod cert;
 pub mod common;

@@ -1,0 +1,256 @@
+//! `acme-proxy admin`: the web console's users and their sessions.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::common::{Act, Table, confirm, open_reader, open_store, operator_actor};
+use crate::admin::operators;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// The web console's users ("operators"): create, passwd, disable,
+    /// enable, delete, list.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// The web console's logged-in sessions: list, revoke.
+    #[command(subcommand)]
+    Session(SessionCommand),
+}
+
+/// Where a new password comes from: never the command line, where other
+/// users see it (ps, /proc) and shells keep it.
+#[derive(Debug, Args)]
+pub struct PasswordFrom {
+    /// Read the password from this file's first line (keep it 0600, or
+    /// use a pipe); without it, the first line of standard input.
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create an operator who can log in to the web console. Its password
+    /// (at least 12 characters) comes from --password-file or stdin.
+    Create {
+        /// 1 to 64 of a-z, 0-9, '.', '_', '-'; audited as operator:NAME.
+        name: String,
+        #[command(flatten)]
+        password: PasswordFrom,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Set an operator's password; every session of theirs ends.
+    Passwd {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        password: PasswordFrom,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Stop an operator from logging in; every session of theirs ends.
+    Disable {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        act: Act,
+    },
+    /// Let a disabled operator log in again.
+    Enable {
+        /// The operator's name.
+        name: String,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Delete an operator with their sessions (their audit rows stay).
+    Delete {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        act: Act,
+    },
+    /// Every operator: status, TOTP, sessions.
+    List {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Logged-in sessions, newest first.
+    List {
+        /// Only this operator's.
+        #[arg(long)]
+        user: Option<String>,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a session at once (its id from `admin session list`).
+    Revoke {
+        /// The session's id, from `admin session list`.
+        id: String,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+/// The password's first line (without its line ending), from the file or
+/// standard input.
+fn read_password(from: &PasswordFrom) -> anyhow::Result<String> {
+    let limit = (operators::MAX_PASSWORD_BYTES + 2) as u64;
+    let reader: Box<dyn std::io::Read> = match &from.password_file {
+        Some(path) => Box::new(
+            std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?,
+        ),
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let mut line = String::new();
+    std::io::BufReader::new(std::io::Read::take(reader, limit)).read_line(&mut line)?;
+    let password = line.trim_end_matches(['\n', '\r']).to_owned();
+    if password.is_empty() {
+        anyhow::bail!(
+            "no password: give it on the first line of standard input or of --password-file FILE"
+        );
+    }
+    Ok(password)
+}
+
+pub async fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let now = SystemClock.unix();
+    match command {
+        AdminCommand::User(UserCommand::Create {
+            name,
+            password,
+            actor,
+        }) => {
+            let password = read_password(&password)?;
+            let store = open_store(config).await?;
+            let made =
+                operators::create_operator(&store, now, &name, &password, &operator_actor(actor))
+                    .await;
+            store.close().await;
+            let made = made?;
+            writeln!(out, "operator {} created", made.name)?;
+        }
+        AdminCommand::User(UserCommand::Passwd {
+            name,
+            password,
+            actor,
+        }) => {
+            let password = read_password(&password)?;
+            let store = open_store(config).await?;
+            let done =
+                operators::set_password(&store, now, &name, &password, &operator_actor(actor))
+                    .await;
+            store.close().await;
+            done?;
+            writeln!(
+                out,
+                "operator {name}: password changed; their sessions ended"
+            )?;
+        }
+        AdminCommand::User(UserCommand::Disable { name, act }) => {
+            confirm(
+                act.yes,
+                &format!("disable operator {name} and end their sessions"),
+            )?;
+            let store = open_store(config).await?;
+            let done =
+                operators::set_disabled(&store, now, &name, true, &operator_actor(act.actor)).await;
+            store.close().await;
+            done?;
+            writeln!(out, "operator {name} disabled; their sessions ended")?;
+        }
+        AdminCommand::User(UserCommand::Enable { name, actor }) => {
+            let store = open_store(config).await?;
+            let done =
+                operators::set_disabled(&store, now, &name, false, &operator_actor(actor)).await;
+            store.close().await;
+            done?;
+            writeln!(out, "operator {name} enabled")?;
+        }
+        AdminCommand::User(UserCommand::Delete { name, act }) => {
+            confirm(act.yes, &format!("delete operator {name}"))?;
+            let store = open_store(config).await?;
+            let done =
+                operators::delete_operator(&store, now, &name, &operator_actor(act.actor)).await;
+            store.close().await;
+            done?;
+            writeln!(out, "operator {name} deleted")?;
+        }
+        AdminCommand::User(UserCommand::List { json }) => {
+            let store = open_reader(config).await?;
+            let list = operators::list_operators(&store).await;
+            store.close().await;
+            let list = list?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+                return Ok(());
+            }
+            let mut table =
+                Table::new(&["NAME", "STATUS", "TOTP", "SESSIONS", "CREATED"]).status_column(1);
+            for o in list {
+                table.row(vec![
+                    o.name,
+                    o.status.to_owned(),
+                    if o.totp { "yes" } else { "no" }.to_owned(),
+                    o.sessions.to_string(),
+                    o.created_at,
+                ]);
+            }
+            table.print()?;
+        }
+        AdminCommand::Session(SessionCommand::List { user, json }) => {
+            let store = open_reader(config).await?;
+            let list = operators::list_sessions(&store, user.as_deref()).await;
+            store.close().await;
+            let list = list?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+                return Ok(());
+            }
+            let mut table = Table::new(&[
+                "ID",
+                "USER",
+                "STAGE",
+                "FROM",
+                "CREATED",
+                "LAST SEEN",
+                "USER AGENT",
+            ]);
+            for s in list {
+                table.row(vec![
+                    s.id,
+                    s.operator,
+                    s.stage,
+                    s.client_ip.unwrap_or_default(),
+                    s.created_at,
+                    s.last_seen_at,
+                    s.user_agent.unwrap_or_default(),
+                ]);
+            }
+            table.print()?;
+        }
+        AdminCommand::Session(SessionCommand::Revoke { id, actor }) => {
+            let store = open_store(config).await?;
+            let done = operators::revoke_session(&store, now, &id, &operator_actor(actor)).await;
+            store.close().await;
+            done?;
+            writeln!(out, "session {id} revoked")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! Logging in and out: the password (argon2id, throttled before it is
+//! hashed), sessions, and the cookie.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow, NewOperatorSession, SessionStage};
+use axum::Extension;
+use axum::extract::{ConnectInfo, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use serde::Deserialize;
+
+use super::{Console, SESSION_COOKIE, Session};
+use crate::passwords::Checked;
+
+/// Wrong passwords allowed per name and per address within [`WINDOW_MS`];
+/// the next attempt is refused before any hash is computed.
+pub const FAILURES_ALLOWED: usize = 5;
+const WINDOW_MS: i64 = 60_000;
+/// Names and addresses remembered at most: past this, the oldest are
+/// forgotten first (a flood of made-up names cannot grow memory).
+const MAX_KEYS: usize = 65_536;
+/// How long a login waits for a hashing slot before it is answered 503.
+const HASHING_WAIT: Duration = Duration::from_secs(10);
+
+/// Recent failed logins per name and per client address, in this
+/// process (each replica counts its own).
+#[derive(Default)]
+pub struct Throttle {
+    failures: Mutex<HashMap<String, VecDeque<i64>>>,
+}
+
+impl Throttle {
+    /// Seconds until the first of `keys` over its allowance may try
+    /// again; none when every key may.
+    fn blocked(&self, keys: &[String], now_ms: i64) -> Option<i64> {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        keys.iter()
+            .filter_map(|key| {
+                let times = failures.get_mut(key)?;
+                while times.front().is_some_and(|t| now_ms - t >= WINDOW_MS) {
+                    times.pop_front();
+                }
+                (times.len() >= FAILURES_ALLOWED).then(|| {
+                    times
+                        .front()
+                        .map_or(1, |t| (t + WINDOW_MS - now_ms + 999) / 1000)
+                })
+            })
+            .max()
+    }
+
+    fn failed(&self, keys: &[String], now_ms: i64) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        if failures.len() + keys.len() > MAX_KEYS {
+            failures.retain(|_, times| times.back().is_some_and(|t| now_ms - t < WINDOW_MS));
+            while failures.len() + keys.len() > MAX_KEYS {
+                let Some(oldest) = failures
+                    .iter()
+                    .min_by_key(|(_, times)| times.back().copied().unwrap_or(i64::MIN))
+                    .map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                failures.remove(&oldest);
+            }
+        }
+        for key in keys {
+            let times = failures.entry(key.clone()).or_default();
+            times.push_back(now_ms);
+            while times.len() > FAILURES_ALLOWED {
+                times.pop_front();
+            }
+        }
+    }
+
+    fn forget(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// The digest a session token is stored as.
+pub fn token_hash(token: &str) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+/// The first value of `name` in an `application/x-www-form-urlencoded`
+/// body.
+pub fn form_field(body: &[u8], name: &str) -> Option<String> {
+    serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
+        .ok()?
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
+fn session_cookie(token: &str) -> HeaderValue {
+    // No Max-Age: the browser forgets it when it closes; the server ends
+    // it sooner (idle and absolute lifetimes).
+    HeaderValue::from_str(&format!(
+        "{SESSION_COOKIE}={token}; Path=/; Secure; HttpOnly; SameSite=Strict"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+fn cleared_cookie() -> HeaderValue {
+    HeaderValue::from_static(
+        "__Host-acme-proxy-session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0",
+    )
+}
+
+pub async fn login_page(
+    State(console): State<Arc<Console>>,
+    session: Option<Extension<Session>>,
+) -> Response {
+    if session.is_some_and(|s| s.stage == SessionStage::Full) {
+        return super::see_other("/");
+    }
+    console.page(
+        StatusCode::OK,
+        "login.html",
+        None,
+        minijinja::context! { error => None::<String> },
+    )
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    username: String,
+    password: String,
+}
+
+pub async fn login(
+    State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<LoginForm>,
+) -> Response {
+    let authority = console.generations.authority();
+    let clock = &authority.clock;
+    let now_ms = clock.unix_ms();
+    let name = crate::bounded::truncate(form.username.trim(), 64).into_owned();
+    let known_shape = crate::admin::operators::check_name(&name).is_ok();
+    let actor = if known_shape {
+        format!("operator:{name}")
+    } else {
+        "anonymous".to_owned()
+    };
+    let client_ip = peer.ip().to_string();
+    let user_agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|ua| crate::bounded::truncate(ua, crate::bounded::USER_AGENT_OCTETS).into_owned());
+    fn audit<'a>(
+        at: i64,
+        outcome: AuditOutcome,
+        actor: &'a str,
+        client_ip: &'a str,
+        user_agent: Option<&'a str>,
+        detail: &'a str,
+    ) -> NewAuditRow<'a> {
+        let mut row = NewAuditRow::new(at, AuditEvent::OperatorLogin, outcome, actor);
+        row.client_ip = Some(client_ip);
+        row.user_agent = user_agent;
+        row.detail = Some(detail);
+        row
+    }
+    let audit = |outcome, detail| {
+        audit(
+            clock.unix(),
+            outcome,
+            &actor,
+            &client_ip,
+            user_agent.as_deref(),
+            detail,
+        )
+    };
+    let logins = |outcome: &str| {
+        authority
+            .metrics
+            .admin_logins
+            .get_or_create(&vec![("outcome", outcome.to_owned())])
+            .inc();
+    };
+    let keys = [format!("name:{name}"), format!("address:{}", peer.ip())];
+    if let Some(wait) = console.throttle.blocked(&keys, now_ms) {
+        logins("throttled");
+        authority
+            .audit_row(&audit(
+                AuditOutcome::Refused,
+                &format!("throttled: {FAILURES_ALLOWED} wrong passwords within a minute"),
+            ))
+            .await;
+        let mut response = console.page(
+            StatusCode::TOO_MANY_REQUESTS,
+            "login.html",
+            None,
+            minijinja::context! { error => format!("Too many wrong passwords: try again in {wait} s.") },
+        );
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_str(&wait.to_string()).unwrap_or(HeaderValue::from_static("60")),
+        );
+        return response;
+    }
+    let store = authority.store();
+    let operator = if known_shape {
+        match store.operator(&name).await {
+            Ok(found) => found,
+            Err(e) => return console.unavailable(&e),
+        }
+    } else {
+        None
+    };
+    // An unknown or disabled name is checked against a hash all the same:
+    // the answer's time must not tell which names exist.
+    let usable = operator.filter(|o| o.disabled_at.is_none());
+    let stored = usable
+        .as_ref()
+        .map_or_else(|| console.unknown_hash.clone(), |o| o.password_hash.clone());
+    let slot = match tokio::time::timeout(
+        HASHING_WAIT,
+        Arc::clone(&console.hashing).acquire_owned(),
+    )
+    .await
+    {
+        Ok(Ok(slot)) => slot,
+        _ => return console.unavailable(&"no password hashing slot within 10 s"),
+    };
+    let checked = crate::passwords::check(form.password.clone(), stored, Some(slot)).await;
+    let checked = match checked {
+        Ok(checked) => checked,
+        Err(e) => return console.unavailable(&e),
+    };
+    let Some(operator) = usable.filter(|_| checked != Checked::Wrong) else {
+        console.throttle.failed(&keys, now_ms);
+        logins("refused");
+        authority
+            .audit_row(&audit(AuditOutcome::Refused, "wrong name or password"))
+            .await;
+        return console.page(
+            StatusCode::FORBIDDEN,
+            "login.html",
+            None,
+            minijinja::context! { error => "Wrong name or password." },
+        );
+    };
+    console.throttle.forget(&keys[0]);
+    if checked == Checked::RightOutdated {
+        upgrade_hash(
+            &console,
+            &operator.name,
+            &operator.password_hash,
+            form.password,
+        )
+        .await;
+    }
+    let stage = if operator.totp_secret.is_some() {
+        SessionStage::Totp
+    } else if console.settings.require_totp {
+        SessionStage::Enrol
+    } else {
+        SessionStage::Full
+    };
+    let token = crate::ids::session_token();
+    let hash = token_hash(&token);
+    let id = crate::ids::session_id();
+    let csrf = crate::ids::csrf_token();
+    let detail = format!(
+        "session {id}{}",
+        match stage {
+            SessionStage::Full => "",
+            SessionStage::Totp => "; the TOTP code is due",
+            SessionStage::Enrol => "; TOTP enrolment is due",
+        }
+    );
+    let row = audit(AuditOutcome::Success, &detail);
+    let created = store
+        .insert_operator_session(
+            &NewOperatorSession {
+                token_hash: &hash,
+                id: &id,
+                operator: &operator.name,
+                csrf_token: &csrf,
+                stage,
+                now: clock.unix(),
+                client_ip: Some(&client_ip),
+                user_agent: user_agent.as_deref(),
+            },
+            &row,
+        )
+        .await;
+    if let Err(e) = created {
+        return console.unavailable(&e);
+    }
+    authority.metrics.audited(&row);
+    logins("success");
+    let mut response = super::see_other(if stage == SessionStage::Full {
+        "/"
+    } else {
+        "/login"
+    });
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, session_cookie(&token));
+    response
+}
+
+/// Stores the password's hash made with today's parameters: a login is
+/// the only time the password is known. A failure leaves the old hash,
+/// which still verifies.
+async fn upgrade_hash(console: &Console, name: &str, old: &str, password: String) {
+    let authority = console.generations.authority();
+    let Ok(slot) = Arc::clone(&console.hashing).acquire_owned().await else {
+        return;
+    };
+    let upgraded = match crate::passwords::hash(password, Some(slot)).await {
+        Ok(new) => authority
+            .store()
+            .upgrade_operator_hash(name, old, &new)
+            .await
+            .map_err(anyhow::Error::from),
+        Err(e) => Err(e),
+    };
+    match upgraded {
+        Ok(_) => {
+            tracing::info!(event = "admin.password_rehashed", outcome = "success", operator = %name, "an operator's password hash was upgraded to today's parameters")
+        }
+        Err(e) => {
+            tracing::warn!(event = "admin.password_rehashed", outcome = "failure", operator = %name, error = %e, "an operator's password hash could not be upgraded")
+        }
+    }
+}
+
+pub async fn logout(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+) -> Response {
+    let authority = console.generations.authority();
+    let actor = session.actor();
+    let detail = format!("session {}", session.id);
+    let mut row = NewAuditRow::new(
+        authority.clock.unix(),
+        AuditEvent::OperatorLogout,
+        AuditOutcome::Success,
+        &actor,
+    );
+    row.detail = Some(&detail);
+    match authority
+        .store()
+        .end_operator_session(&session.token_hash, Some(&row))
+        .await
+    {
+        Ok(true) => authority.metrics.audited(&row),
+        Ok(false) => {}
+        Err(e) => return console.unavailable(&e),
+    }
+    let mut response = super::see_other("/login");
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, cleared_cookie());
+    response.into_response()
+}

@@ -1,0 +1,433 @@
+//! The web console (`[admin]`): server-rendered pages for operators, on a
+//! listener of its own, behind a login.
+//!
+//! Every request passes [`guard`] first, which is where the console's
+//! security lives, so that no handler can forget it:
+//!
+//! - a mutating request (anything but GET and HEAD) from another site is
+//!   refused: its `Origin` must be this console's own, and without one its
+//!   `Sec-Fetch-Site` must not say `cross-site` or `same-site`;
+//! - a session is found from its cookie (only the token's SHA-256 is
+//!   stored), and ended past its idle or absolute lifetime or once its
+//!   operator is disabled;
+//! - every page but the login's wants a session, and a mutating request
+//!   also the session's CSRF token, in the `X-CSRF-Token` header or the
+//!   `csrf` form field, compared in constant time;
+//! - every answer gets a strict Content-Security-Policy (no inline script
+//!   or style, no framing), `no-store` (pages may show secrets once), and
+//!   is counted in `acme_proxy_admin_http_requests`.
+//!
+//! Templates autoescape everything they print; the only markup built in
+//! Rust is numbers (the chart's geometry).
+
+mod auth;
+mod chart;
+mod pages;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use acme_proxy_store::SessionStage;
+use anyhow::Context;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use subtle::ConstantTimeEq;
+use tokio::sync::{Semaphore, watch};
+
+use crate::config::AdminConfig;
+use crate::generation::Generations;
+
+/// The session cookie. `__Host-` makes browsers keep it only when it is
+/// `Secure`, for this host alone and for every path (RFC 6265bis §4.1.3.2).
+pub const SESSION_COOKIE: &str = "__Host-acme-proxy-session";
+/// The CSRF token's header, for scripts and htmx.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// A mutating request's body is read whole before anything else, up to
+/// this: forms are small.
+const MAX_FORM_BYTES: usize = 64 * 1024;
+/// Password hashes computed at once (each holds ~19 MiB and a core for
+/// tens of milliseconds).
+const HASHING_AT_ONCE: usize = 2;
+/// A session's last use is written at most this often (seconds): its idle
+/// lifetime is that much less precise, and a page view is not a write.
+const TOUCH_EVERY: i64 = 60;
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+     connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The console's state: shared by every request of its listener.
+pub struct Console {
+    generations: Generations,
+    settings: AdminConfig,
+    /// Whether the listener terminates TLS (the console's own origin).
+    https: bool,
+    throttle: auth::Throttle,
+    hashing: Arc<Semaphore>,
+    /// A hash of a random password, checked when the name given at login
+    /// is no operator's, so that both cost the same time.
+    unknown_hash: String,
+    templates: minijinja::Environment<'static>,
+    stylesheet: Asset,
+}
+
+/// A static file served under a name with its digest in it, so that it
+/// can be cached for ever.
+struct Asset {
+    name: String,
+    body: &'static str,
+    content_type: &'static str,
+}
+
+impl Asset {
+    fn new(stem: &str, extension: &str, body: &'static str, content_type: &'static str) -> Self {
+        let digest = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
+        Self {
+            name: format!("{stem}-{}.{extension}", hex::encode(&digest.as_ref()[..8])),
+            body,
+            content_type,
+        }
+    }
+}
+
+/// The operator a request acts as, put in its extensions by [`guard`].
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub id: String,
+    pub operator: String,
+    pub csrf: String,
+    pub stage: SessionStage,
+    token_hash: Vec<u8>,
+}
+
+impl Session {
+    /// `operator:NAME`, as the audit trail names who acted.
+    pub fn actor(&self) -> String {
+        format!("operator:{}", self.operator)
+    }
+}
+
+impl Console {
+    pub async fn new(
+        generations: Generations,
+        settings: AdminConfig,
+        https: bool,
+    ) -> anyhow::Result<Arc<Self>> {
+        let unknown_hash = crate::passwords::hash(crate::ids::session_token(), None).await?;
+        let mut templates = minijinja::Environment::new();
+        // Every template's output is HTML-escaped, whatever its name.
+        templates.set_auto_escape_callback(|_| minijinja::AutoEscape::Html);
+        templates.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        for (name, source) in TEMPLATES {
+            templates
+                .add_template(name, source)
+                .with_context(|| format!("the console's template {name}"))?;
+        }
+        Ok(Arc::new(Self {
+            generations,
+            settings,
+            https,
+            throttle: auth::Throttle::default(),
+            hashing: Arc::new(Semaphore::new(HASHING_AT_ONCE)),
+            unknown_hash,
+            templates,
+            stylesheet: Asset::new(
+                "console",
+                "css",
+                include_str!("assets/console.css"),
+                "text/css; charset=utf-8",
+            ),
+        }))
+    }
+
+    fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/", get(pages::dashboard))
+            .route("/login", get(auth::login_page).post(auth::login))
+            .route("/logout", post(auth::logout))
+            .route("/static/{file}", get(asset))
+            .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(self),
+                guard,
+            ))
+            .with_state(Arc::clone(self))
+    }
+
+    /// A page: `template` with `context`, plus what every page shows.
+    fn page(
+        &self,
+        status: StatusCode,
+        template: &str,
+        session: Option<&Session>,
+        context: minijinja::Value,
+    ) -> Response {
+        let base = minijinja::context! {
+            stylesheet => format!("/static/{}", self.stylesheet.name),
+            operator => session.map(|s| s.operator.clone()),
+            csrf => session.map(|s| s.csrf.clone()),
+        };
+        let rendered = self
+            .templates
+            .get_template(template)
+            .and_then(|t| t.render(minijinja::context! { ..base, ..context }));
+        match rendered {
+            Ok(html) => (
+                status,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                html,
+            )
+                .into_response(),
+            Err(e) => {
+                tracing::error!(event = "admin.render", outcome = "failure", template, error = %e, "a console page did not render");
+                StatusCode::INTERNAL_SERVER_ERROR.into_response()
+            }
+        }
+    }
+
+    /// A short page saying why a request was refused.
+    fn refusal(&self, status: StatusCode, message: &str) -> Response {
+        self.page(
+            status,
+            "message.html",
+            None,
+            minijinja::context! { title => status.canonical_reason().unwrap_or("Refused"), message },
+        )
+    }
+
+    fn unavailable(&self, why: &dyn std::fmt::Display) -> Response {
+        tracing::error!(event = "admin.request", outcome = "failure", error = %why, "the console could not answer");
+        let mut response = self.refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The database did not answer; try again in a moment.",
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        response
+    }
+
+    /// The session the request's cookie names, if it is alive; a stale one
+    /// is deleted.
+    async fn session_of(&self, headers: &HeaderMap) -> Result<Option<Session>, Response> {
+        let Some(token) = auth::cookie(headers, SESSION_COOKIE) else {
+            return Ok(None);
+        };
+        let token_hash = auth::token_hash(token);
+        let authority = self.generations.authority();
+        let store = authority.store();
+        let found = store
+            .operator_session(&token_hash)
+            .await
+            .map_err(|e| self.unavailable(&e))?;
+        let Some((session, operator)) = found else {
+            return Ok(None);
+        };
+        let now = authority.clock.unix();
+        let idle = i64::try_from(self.settings.session_idle.as_secs()).unwrap_or(i64::MAX);
+        let lifetime = i64::try_from(self.settings.session_lifetime.as_secs()).unwrap_or(i64::MAX);
+        if operator.disabled_at.is_some()
+            || now.saturating_sub(session.last_seen_at) > idle
+            || now.saturating_sub(session.created_at) > lifetime
+        {
+            store
+                .end_operator_session(&token_hash, None)
+                .await
+                .map_err(|e| self.unavailable(&e))?;
+            return Ok(None);
+        }
+        if now.saturating_sub(session.last_seen_at) >= TOUCH_EVERY {
+            store
+                .touch_operator_session(&token_hash, now)
+                .await
+                .map_err(|e| self.unavailable(&e))?;
+        }
+        Ok(Some(Session {
+            id: session.id,
+            operator: session.operator,
+            csrf: session.csrf_token,
+            stage: session.stage,
+            token_hash,
+        }))
+    }
+
+    /// Whether a mutating request comes from this console's own pages (or
+    /// from no browser at all: a script, which must then carry the CSRF
+    /// token like anyone).
+    fn same_origin(&self, headers: &HeaderMap) -> bool {
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+                return false;
+            };
+            let scheme = if self.https { "https" } else { "http" };
+            return origin.as_bytes() == format!("{scheme}://{host}").as_bytes();
+        }
+        match headers.get("sec-fetch-site").map(HeaderValue::as_bytes) {
+            None => true,
+            Some(site) => site == b"same-origin" || site == b"none",
+        }
+    }
+}
+
+const TEMPLATES: &[(&str, &str)] = &[
+    ("base.html", include_str!("templates/base.html")),
+    ("login.html", include_str!("templates/login.html")),
+    ("message.html", include_str!("templates/message.html")),
+    ("dashboard.html", include_str!("templates/dashboard.html")),
+];
+
+/// See the module's documentation.
+async fn guard(State(console): State<Arc<Console>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_owned();
+    let mut response = checked(&console, req, next).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    if console.https {
+        headers.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
+    }
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    let authority = console.generations.authority();
+    authority
+        .metrics
+        .admin_requests
+        .get_or_create(&vec![
+            ("route", route),
+            ("status", response.status().as_u16().to_string()),
+        ])
+        .inc();
+    response
+}
+
+async fn checked(console: &Console, req: Request, next: Next) -> Response {
+    let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
+    let path = req.uri().path();
+    let open = path == "/login" || path.starts_with("/static/");
+    if mutating && !console.same_origin(req.headers()) {
+        return console.refusal(
+            StatusCode::FORBIDDEN,
+            "This request came from another site and was refused.",
+        );
+    }
+    let session = match console.session_of(req.headers()).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    if !open {
+        let Some(session) = &session else {
+            return if mutating {
+                console.refusal(StatusCode::FORBIDDEN, "You are not logged in.")
+            } else {
+                see_other("/login")
+            };
+        };
+        if session.stage != SessionStage::Full {
+            // The second factor is still due: only the login pages.
+            return see_other("/login");
+        }
+    }
+    let mut req = req;
+    if mutating {
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
+            return console.refusal(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "The request's body was too large or cut off.",
+            );
+        };
+        if !open {
+            let expected = session.as_ref().map(|s| s.csrf.as_bytes()).unwrap_or(b"");
+            let given = parts
+                .headers
+                .get(CSRF_HEADER)
+                .map(|v| v.as_bytes().to_vec())
+                .or_else(|| auth::form_field(&bytes, "csrf").map(String::into_bytes))
+                .unwrap_or_default();
+            if expected.is_empty() || !bool::from(given.as_slice().ct_eq(expected)) {
+                return console.refusal(
+                    StatusCode::FORBIDDEN,
+                    "This form has expired or did not come from this console; reload the page and try again.",
+                );
+            }
+        }
+        req = Request::from_parts(parts, Body::from(bytes));
+    }
+    if let Some(session) = session {
+        req.extensions_mut().insert(session);
+    }
+    next.run(req).await
+}
+
+fn see_other(to: &'static str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+}
+
+async fn asset(State(console): State<Arc<Console>>, Path(file): Path<String>) -> Response {
+    let asset = &console.stylesheet;
+    if file != asset.name {
+        return not_found(State(console)).await;
+    }
+    (
+        [
+            (header::CONTENT_TYPE, asset.content_type),
+            (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+        ],
+        asset.body,
+    )
+        .into_response()
+}
+
+async fn not_found(State(console): State<Arc<Console>>) -> Response {
+    console.refusal(StatusCode::NOT_FOUND, "There is no such page.")
+}
+
+/// Binds the console's listener and serves it until `stop`.
+pub async fn serve(
+    console: Arc<Console>,
+    at: SocketAddr,
+    settings: crate::listener::Listener,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .with_context(|| format!("binding the console's listener {at} ([admin] listen)"))?;
+    let addr = listener.local_addr()?;
+    let router = console.router();
+    tokio::spawn(crate::listener::serve(
+        listener,
+        settings,
+        crate::listener::Routes::Fixed(router),
+        stop,
+    ));
+    let scheme = if console.https { "https" } else { "http" };
+    tracing::info!(event = "admin.started", outcome = "success", %addr, "the web console is at {scheme}://{addr}/");
+    Ok(addr)
+}

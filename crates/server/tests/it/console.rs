@@ -1,0 +1,592 @@
+//! The web console (`[admin]`) over HTTP: operators made with the CLI log
+//! in and out, the session cookie's attributes, the security headers, the
+//! CSRF and same-origin checks on every mutating route, the login
+//! throttle (timed), sessions ended by the CLI, by a password change, by
+//! disabling, and by idleness, and the listener's start-up refusals.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::harness::{self, CliOutput, TestServer};
+use crate::raw;
+
+const COOKIE: &str = "__Host-acme-proxy-session";
+const PASSWORD: &str = "correct horse battery";
+
+/// A server with the console on loopback, and its configuration file for
+/// the admin commands.
+struct Console {
+    server: TestServer,
+    url: String,
+    _etc: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Console {
+    async fn start(admin: &str) -> Console {
+        let dir = harness::tempdir();
+        let toml = TestServer::config_text(
+            dir.path(),
+            1,
+            None,
+            &format!(
+                "[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n[profiles.default]\nbypass = true\n"
+            ),
+        );
+        let (etc, config) = harness::config_file(&toml);
+        let server = TestServer::start_in(dir, &toml).await;
+        let url = server
+            .running()
+            .admin_url
+            .clone()
+            .expect("the console's URL")
+            .trim_end_matches('/')
+            .to_owned();
+        Console {
+            server,
+            url,
+            _etc: etc,
+            config,
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> CliOutput {
+        harness::run_cli(&self.config, args, &[("USER", "root-operator")])
+    }
+
+    /// `admin user create NAME` with the password in a 0600 file.
+    fn create(&self, name: &str, password: &str) {
+        let file = self.config.with_file_name(format!("{name}.password"));
+        std::fs::write(&file, format!("{password}\n")).expect("password file");
+        let out = self.cli(&[
+            "admin",
+            "user",
+            "create",
+            name,
+            "--password-file",
+            file.to_str().expect("path"),
+        ]);
+        assert_eq!(out.code, 0, "{out:?}");
+    }
+
+    async fn get(&self, path: &str, cookie: Option<&str>) -> raw::Resp {
+        let cookie = cookie.map(|c| format!("{COOKIE}={c}"));
+        let mut headers = vec![];
+        if let Some(c) = &cookie {
+            headers.push(("cookie", c.as_str()));
+        }
+        raw::request_with("GET", &format!("{}{path}", self.url), &headers, vec![]).await
+    }
+
+    async fn post(&self, path: &str, headers: &[(&str, &str)], form: &str) -> raw::Resp {
+        let mut all = vec![("content-type", "application/x-www-form-urlencoded")];
+        all.extend_from_slice(headers);
+        raw::request_with(
+            "POST",
+            &format!("{}{path}", self.url),
+            &all,
+            form.as_bytes().to_vec(),
+        )
+        .await
+    }
+
+    async fn login_from(&self, from: IpAddr, name: &str, password: &str) -> raw::Resp {
+        let form = serde_urlencoded::to_string([("username", name), ("password", password)])
+            .expect("form");
+        raw::request_from(
+            from,
+            "POST",
+            &format!("{}/login", self.url),
+            &[
+                ("content-type", "application/x-www-form-urlencoded"),
+                ("origin", &self.url),
+            ],
+            form.into_bytes(),
+        )
+        .await
+    }
+
+    /// Logs in and returns the session's cookie value and CSRF token.
+    async fn login(&self, name: &str, password: &str) -> (String, String) {
+        let resp = self
+            .login_from("127.0.0.1".parse().expect("ip"), name, password)
+            .await;
+        assert_eq!(resp.status, 303, "{}", text(&resp));
+        let token = session_cookie(&resp).expect("a session cookie");
+        let page = self.get("/", Some(&token)).await;
+        assert_eq!(page.status, 200, "{}", text(&page));
+        (token, csrf_of(&text(&page)))
+    }
+
+    async fn audit(&self, event: &str) -> Vec<serde_json::Value> {
+        let out = self.cli(&["audit", "list", "--event", event, "--json"]);
+        assert_eq!(out.code, 0, "{out:?}");
+        serde_json::from_str::<Vec<serde_json::Value>>(&out.stdout).expect("audit JSON")
+    }
+}
+
+/// A CSRF case: its name, the request's headers beside the cookie, and
+/// its form.
+type Case<'a> = (&'a str, Vec<(&'a str, String)>, String);
+
+fn text(resp: &raw::Resp) -> String {
+    String::from_utf8_lossy(&resp.body).into_owned()
+}
+
+fn header<'r>(resp: &'r raw::Resp, name: &str) -> &'r str {
+    resp.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// The session token a response sets, from its Set-Cookie.
+fn session_cookie(resp: &raw::Resp) -> Option<String> {
+    resp.headers
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix(&format!("{COOKIE}=")))
+        .and_then(|v| v.split(';').next())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
+/// The CSRF token a page's forms carry.
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF token in the page: {page}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_made_with_the_cli_logs_in_sees_the_dashboard_and_logs_out() {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let listed = console.cli(&["admin", "user", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed.stdout).expect("list JSON");
+    assert_eq!(listed[0]["name"], "alice");
+    assert_eq!(listed[0]["status"], "active");
+    assert_eq!(listed[0]["totp"], false);
+
+    // Not logged in: sent to the login page, which is strict about itself.
+    let home = console.get("/", None).await;
+    assert_eq!((home.status, header(&home, "location")), (303, "/login"));
+    let page = console.get("/login", None).await;
+    assert_eq!(page.status, 200);
+    let csp = header(&page, "content-security-policy");
+    for part in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "frame-ancestors 'none'",
+        "form-action 'self'",
+    ] {
+        assert!(csp.contains(part), "{csp}");
+    }
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header(&page, "cache-control"), "no-store");
+    assert_eq!(header(&page, "x-frame-options"), "DENY");
+    assert_eq!(header(&page, "x-content-type-options"), "nosniff");
+    // Its stylesheet is served under its digest, cached for ever.
+    let css = text(&page)
+        .split("href=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a stylesheet link")
+        .replace("&#x2f;", "/");
+    assert!(
+        css.starts_with("/static/console-") && css.ends_with(".css"),
+        "{css}"
+    );
+    let sheet = console.get(&css, None).await;
+    assert_eq!(sheet.status, 200);
+    assert!(header(&sheet, "cache-control").contains("immutable"));
+    assert_eq!(console.get("/static/console-0.css", None).await.status, 404);
+
+    // A wrong password: refused, no cookie, audited.
+    let local: IpAddr = "127.0.0.1".parse().expect("ip");
+    let wrong = console.login_from(local, "alice", "not the password").await;
+    assert_eq!(wrong.status, 403);
+    assert!(session_cookie(&wrong).is_none());
+    assert!(text(&wrong).contains("Wrong name or password."));
+
+    // The right one: a session cookie with every attribute.
+    let right = console.login_from(local, "alice", PASSWORD).await;
+    assert_eq!((right.status, header(&right, "location")), (303, "/"));
+    let set = header(&right, "set-cookie");
+    let token = session_cookie(&right).expect("session cookie");
+    assert_eq!(token.len(), 43, "256 bits, base64url: {set}");
+    for attribute in ["Path=/", "Secure", "HttpOnly", "SameSite=Strict"] {
+        assert!(
+            set.split("; ").any(|a| a == attribute),
+            "{attribute} in {set}"
+        );
+    }
+    assert!(
+        !set.contains("Domain="),
+        "a __Host- cookie names no domain: {set}"
+    );
+
+    let home = console.get("/", Some(&token)).await;
+    assert_eq!(home.status, 200, "{}", text(&home));
+    let html = text(&home);
+    assert!(
+        html.contains("Dashboard") && html.contains("alice"),
+        "{html}"
+    );
+    assert!(html.contains("Profile <strong>default</strong> has <code>bypass = true</code>"));
+    let csrf = csrf_of(&html);
+    // A made-up cookie is no session.
+    let forged = console.get("/", Some(&"A".repeat(43))).await;
+    assert_eq!(forged.status, 303);
+
+    let out = console
+        .post(
+            "/logout",
+            &[
+                ("cookie", &format!("{COOKIE}={token}")),
+                ("origin", &console.url),
+            ],
+            &format!("csrf={csrf}"),
+        )
+        .await;
+    assert_eq!((out.status, header(&out, "location")), (303, "/login"));
+    assert!(header(&out, "set-cookie").contains("Max-Age=0"));
+    assert_eq!(console.get("/", Some(&token)).await.status, 303);
+
+    let logins = console.audit("operator.login").await;
+    let outcomes: Vec<(&str, &str)> = logins
+        .iter()
+        .map(|r| {
+            (
+                r["outcome"].as_str().unwrap_or(""),
+                r["actor"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert!(
+        outcomes.contains(&("refused", "operator:alice")),
+        "{logins:#?}"
+    );
+    assert!(
+        outcomes.contains(&("success", "operator:alice")),
+        "{logins:#?}"
+    );
+    assert!(
+        logins.iter().all(|r| r["client_ip"] == "127.0.0.1"),
+        "{logins:#?}"
+    );
+    let logouts = console.audit("operator.logout").await;
+    assert_eq!(logouts.len(), 1, "{logouts:#?}");
+    let created = console.audit("operator.created").await;
+    assert_eq!(created[0]["actor"], "operator:root-operator");
+
+    let metrics = console.server.running().authority.render_metrics().await;
+    assert!(
+        metrics.contains("acme_proxy_admin_logins_total{outcome=\"success\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("acme_proxy_admin_http_requests_total{route=\"/\",status=\"200\"}"),
+        "{metrics}"
+    );
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_or_from_another_site()
+ {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    console.create("bob", PASSWORD);
+    let (token, csrf) = console.login("alice", PASSWORD).await;
+    let (_, bobs_csrf) = console.login("bob", PASSWORD).await;
+    let cookie = format!("{COOKIE}={token}");
+    let own = console.url.clone();
+    // Every route that changes something, with a body that would work.
+    let routes = [("/logout", String::new())];
+    for (route, body) in &routes {
+        let with = |extra: &str| {
+            if body.is_empty() {
+                extra.to_owned()
+            } else {
+                format!("{body}&{extra}")
+            }
+        };
+        let cases: Vec<Case<'_>> = vec![
+            ("no token", vec![("origin", own.clone())], with("")),
+            (
+                "another session's token",
+                vec![("origin", own.clone())],
+                with(&format!("csrf={bobs_csrf}")),
+            ),
+            (
+                "another session's token in the header",
+                vec![("origin", own.clone()), ("x-csrf-token", bobs_csrf.clone())],
+                with(""),
+            ),
+            (
+                "a cross-site origin",
+                vec![("origin", "http://evil.example".to_owned())],
+                with(&format!("csrf={csrf}")),
+            ),
+            (
+                "the origin null",
+                vec![("origin", "null".to_owned())],
+                with(&format!("csrf={csrf}")),
+            ),
+            (
+                "no origin, sec-fetch-site cross-site",
+                vec![("sec-fetch-site", "cross-site".to_owned())],
+                with(&format!("csrf={csrf}")),
+            ),
+            (
+                "no origin, sec-fetch-site same-site",
+                vec![("sec-fetch-site", "same-site".to_owned())],
+                with(&format!("csrf={csrf}")),
+            ),
+        ];
+        for (case, headers, form) in cases {
+            let mut all: Vec<(&str, &str)> = vec![("cookie", cookie.as_str())];
+            all.extend(headers.iter().map(|(k, v)| (*k, v.as_str())));
+            let resp = console.post(route, &all, &form).await;
+            assert_eq!(resp.status, 403, "{route}, {case}: {}", text(&resp));
+            // Nothing changed: the session still works.
+            let home = console.get("/", Some(&token)).await;
+            assert_eq!(home.status, 200, "{route}, {case}: the session was ended");
+        }
+        // Not logged in at all: refused, not redirected.
+        let anonymous = console
+            .post(
+                route,
+                &[("origin", own.as_str())],
+                &with(&format!("csrf={csrf}")),
+            )
+            .await;
+        assert_eq!(anonymous.status, 403, "{route} without a session");
+    }
+    // A login from another site is refused too (login CSRF).
+    let cross = console
+        .post(
+            "/login",
+            &[("origin", "http://evil.example")],
+            &format!("username=alice&password={}", PASSWORD.replace(' ', "+")),
+        )
+        .await;
+    assert_eq!(cross.status, 403);
+    assert!(session_cookie(&cross).is_none());
+    // And the right token, same origin, works: the table is not refusing
+    // everything.
+    let out = console
+        .post(
+            "/logout",
+            &[
+                ("cookie", &cookie),
+                ("origin", &own),
+                ("x-csrf-token", &csrf),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(out.status, 303);
+    assert_eq!(console.get("/", Some(&token)).await.status, 303);
+    console.server.stop().await;
+}
+
+/// One wrong-password login, timed.
+async fn timed_wrong_login(console: &Console, from: IpAddr, name: &str) -> Duration {
+    let started = Instant::now();
+    let resp = console.login_from(from, name, "not the password").await;
+    let took = started.elapsed();
+    assert_eq!(resp.status, 403, "{}", text(&resp));
+    took
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sixth_wrong_password_in_a_minute_is_refused_before_hashing_and_unknown_names_cost_the_same()
+ {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let a: IpAddr = "127.0.0.2".parse().expect("ip");
+    let b: IpAddr = "127.0.0.3".parse().expect("ip");
+    let c: IpAddr = "127.0.0.4".parse().expect("ip");
+    // Five wrong passwords each: a known name from one address, an
+    // unknown one from another. Both cost one argon2id hash.
+    // Taken in turns, so that a warming cache or a neighbour's load
+    // falls on both alike.
+    let (mut known, mut unknown) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        known.push(timed_wrong_login(&console, a, "alice").await);
+        unknown.push(timed_wrong_login(&console, b, "nobody").await);
+    }
+    let (known, unknown) = (median(known), median(unknown));
+    let (fast, slow) = (known.min(unknown), known.max(unknown));
+    eprintln!("median wrong-password login: known name {known:?}, unknown name {unknown:?}");
+    // Within noise: the same hash either way (a shared 2-core machine
+    // running other tests is noisy, hence a factor, not a margin).
+    assert!(
+        slow.as_secs_f64() < fast.as_secs_f64() * 2.0,
+        "a known name took {known:?}, an unknown one {unknown:?}"
+    );
+    // The sixth within the minute, by name from a fresh address, and by
+    // address for a fresh name: refused at once, with Retry-After.
+    for (from, name) in [(c, "alice"), (b, "carol")] {
+        let started = Instant::now();
+        let resp = console.login_from(from, name, PASSWORD).await;
+        let took = started.elapsed();
+        eprintln!("throttled login: {took:?}");
+        assert_eq!(resp.status, 429, "{name} from {from}: {}", text(&resp));
+        let retry: u64 = header(&resp, "retry-after").parse().expect("Retry-After");
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert!(
+            took.as_secs_f64() < fast.as_secs_f64() / 3.0,
+            "a throttled login took {took:?}; a hashed one {fast:?}"
+        );
+    }
+    // Even the right password waits out the minute.
+    let resp = console.login_from(a, "alice", PASSWORD).await;
+    assert_eq!(resp.status, 429);
+    let throttled = console.audit("operator.login").await;
+    assert!(
+        throttled
+            .iter()
+            .any(|r| r["detail"].as_str().unwrap_or("").starts_with("throttled")),
+        "{throttled:#?}"
+    );
+    let metrics = console.server.running().authority.render_metrics().await;
+    assert!(
+        metrics.contains("acme_proxy_admin_logins_total{outcome=\"throttled\"} 3"),
+        "{metrics}"
+    );
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ends_when_revoked_when_its_password_changes_and_when_its_operator_is_disabled() {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+
+    let (token, _) = console.login("alice", PASSWORD).await;
+    let sessions = console.cli(&["admin", "session", "list", "--json"]);
+    let sessions: serde_json::Value = serde_json::from_str(&sessions.stdout).expect("JSON");
+    assert_eq!(sessions[0]["operator"], "alice");
+    assert_eq!(sessions[0]["client_ip"], "127.0.0.1");
+    assert!(
+        !sessions.to_string().contains(&token),
+        "the token itself is never shown"
+    );
+    let id = sessions[0]["id"].as_str().expect("id");
+    let out = console.cli(&["admin", "session", "revoke", id]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(console.get("/", Some(&token)).await.status, 303);
+    assert_eq!(console.audit("operator.session_revoked").await.len(), 1);
+
+    let (token, _) = console.login("alice", PASSWORD).await;
+    let file = console.config.with_file_name("new.password");
+    std::fs::write(&file, "a brand new passphrase\n").expect("write");
+    let out = console.cli(&[
+        "admin",
+        "user",
+        "passwd",
+        "alice",
+        "--password-file",
+        file.to_str().expect("path"),
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(console.get("/", Some(&token)).await.status, 303);
+    let (token, _) = console.login("alice", "a brand new passphrase").await;
+
+    let out = console.cli(&["admin", "user", "disable", "alice", "--yes"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(console.get("/", Some(&token)).await.status, 303);
+    let local: IpAddr = "127.0.0.1".parse().expect("ip");
+    let refused = console
+        .login_from(local, "alice", "a brand new passphrase")
+        .await;
+    assert_eq!(refused.status, 403, "a disabled operator cannot log in");
+    assert_eq!(console.cli(&["admin", "user", "enable", "alice"]).code, 0);
+    console.login("alice", "a brand new passphrase").await;
+
+    // Passwords shorter than twelve characters, and from argv, are not
+    // taken.
+    std::fs::write(&file, "short\n").expect("write");
+    let out = console.cli(&[
+        "admin",
+        "user",
+        "create",
+        "bob",
+        "--password-file",
+        file.to_str().expect("path"),
+    ]);
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stderr.contains("at least 12"), "{out:?}");
+    let out = console.cli(&["admin", "user", "create", "bob", PASSWORD]);
+    assert_eq!(out.code, 2, "a password as an argument: {out:?}");
+    let out = console.cli(&["admin", "user", "delete", "alice", "--yes"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        console
+            .cli(&["admin", "user", "list", "--json"])
+            .stdout
+            .trim(),
+        "[]"
+    );
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_ends_after_session_idle() {
+    let console = Console::start("session_idle = \"1s\"\n").await;
+    console.create("alice", PASSWORD);
+    let (token, _) = console.login("alice", PASSWORD).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // Each look is itself a use, so look from afar: the session's last
+        // use is written at most once a minute, and this one stays idle.
+        let status = console.get("/", Some(&token)).await.status;
+        if status == 303 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(Instant::now() < deadline, "the idle session never ended");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    console.server.stop().await;
+}
+
+#[test]
+fn a_console_on_a_network_address_without_tls_or_on_the_acme_port_refuses_to_start_naming_the_key()
+{
+    for (admin, says) in [
+        (
+            "listen = \"0.0.0.0:9443\"",
+            "add [admin.tls] (cert = \"…\", key = \"…\", or self_signed = true)",
+        ),
+        (
+            "listen = \"127.0.0.1:14000\"",
+            "give the console a port of its own",
+        ),
+        (
+            "listen = \"127.0.0.1:9443\"\nsession_idle = \"1d\"",
+            "admin.session_idle",
+        ),
+    ] {
+        let dir = harness::tempdir();
+        let toml = format!(
+            "listen = \"127.0.0.1:14000\"\ndata_dir = \"{}\"\n[admin]\n{admin}\n[profiles.default]\n",
+            dir.path().display()
+        );
+        let (_etc, config) = harness::config_file(&toml);
+        let out = harness::run_cli(&config, &["serve"], &[]);
+        assert_eq!(out.code, 2, "{admin}: {out:?}");
+        assert!(out.stderr.contains(says), "{admin}: {out:?}");
+    }
+}

@@ -1,0 +1,437 @@
+//! The web console's users ("operators") and their sessions. Passwords
+//! arrive here already hashed; session tokens only as their digests.
+
+use crate::audit::insert_audit_in;
+use crate::db::{Row, args, col_enum};
+use crate::{NewAuditRow, Result, Store};
+
+/// An operator as stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OperatorRow {
+    pub name: String,
+    /// argon2id PHC string.
+    pub password_hash: String,
+    pub password_changed_at: i64,
+    /// The enrolled TOTP secret; none: not enrolled.
+    pub totp_secret: Option<Vec<u8>>,
+    /// The last TOTP time step accepted (each code works once).
+    pub totp_last_step: Option<i64>,
+    pub disabled_at: Option<i64>,
+    pub created_at: i64,
+}
+
+impl std::fmt::Debug for OperatorRow {
+    // Never the hash or the secret, whatever logs a row.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorRow")
+            .field("name", &self.name)
+            .field("password_changed_at", &self.password_changed_at)
+            .field("totp", &self.totp_secret.is_some())
+            .field("disabled_at", &self.disabled_at)
+            .field("created_at", &self.created_at)
+            .finish_non_exhaustive()
+    }
+}
+
+acme_proxy_protocol::string_enum! {
+    /// How far a session's login has come.
+    pub enum SessionStage {
+        /// The password was right; the TOTP code is still due.
+        Totp = "totp",
+        /// The operator must enrol a TOTP authenticator before anything else.
+        Enrol = "enrol",
+        /// Logged in.
+        Full = "full",
+    }
+}
+
+/// A session as stored: found by its token's digest, named by `id`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OperatorSessionRow {
+    pub id: String,
+    pub operator: String,
+    pub csrf_token: String,
+    pub stage: SessionStage,
+    pub created_at: i64,
+    pub last_seen_at: i64,
+    pub client_ip: Option<String>,
+    pub user_agent: Option<String>,
+    /// A TOTP secret shown for enrolment, not yet confirmed.
+    pub pending_totp: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for OperatorSessionRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorSessionRow")
+            .field("id", &self.id)
+            .field("operator", &self.operator)
+            .field("created_at", &self.created_at)
+            .field("last_seen_at", &self.last_seen_at)
+            .field("client_ip", &self.client_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Store::insert_operator_session`] needs.
+pub struct NewOperatorSession<'a> {
+    pub token_hash: &'a [u8],
+    pub id: &'a str,
+    pub operator: &'a str,
+    pub csrf_token: &'a str,
+    pub stage: SessionStage,
+    pub now: i64,
+    pub client_ip: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+}
+
+fn operator_row(row: Row<'_>) -> Result<OperatorRow> {
+    Ok(OperatorRow {
+        name: row.get("name")?,
+        password_hash: row.get("password_hash")?,
+        password_changed_at: row.get("password_changed_at")?,
+        totp_secret: row.get("totp_secret")?,
+        totp_last_step: row.get("totp_last_step")?,
+        disabled_at: row.get("disabled_at")?,
+        created_at: row.get("created_at")?,
+    })
+}
+
+fn session_row(row: Row<'_>) -> Result<OperatorSessionRow> {
+    Ok(OperatorSessionRow {
+        id: row.get("id")?,
+        operator: row.get("operator")?,
+        csrf_token: row.get("csrf_token")?,
+        stage: col_enum(row, 3, "stage", "operator_sessions.stage")?,
+        created_at: row.get("created_at")?,
+        last_seen_at: row.get("last_seen_at")?,
+        client_ip: row.get("client_ip")?,
+        user_agent: row.get("user_agent")?,
+        pending_totp: row.get("pending_totp")?,
+    })
+}
+
+macro_rules! operator_columns {
+    () => {
+        "name, password_hash, password_changed_at, totp_secret, totp_last_step, disabled_at, \
+         created_at"
+    };
+}
+
+impl Store {
+    /// Creates an operator and audits it; false (and nothing written) when
+    /// the name is taken.
+    pub async fn insert_operator(
+        &self,
+        name: &str,
+        password_hash: &str,
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let made = tx
+            .exec(
+                "INSERT INTO operators (name, password_hash, password_changed_at, created_at)
+                 VALUES (?1, ?2, ?3, ?3) ON CONFLICT (name) DO NOTHING",
+                args![name, password_hash, now],
+            )
+            .await?
+            == 1;
+        if made {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(made)
+    }
+
+    pub async fn operator(&self, name: &str) -> Result<Option<OperatorRow>> {
+        self.point_reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    operator_columns!(),
+                    " FROM operators WHERE name = ?1"
+                ),
+                args![name],
+                operator_row,
+            )
+            .await
+    }
+
+    /// Every operator, by name.
+    pub async fn list_operators(&self) -> Result<Vec<OperatorRow>> {
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    operator_columns!(),
+                    " FROM operators ORDER BY name"
+                ),
+                &[],
+                operator_row,
+            )
+            .await
+    }
+
+    /// Sets a new password and ends every session of the operator, audited
+    /// in the same transaction; false when there is no such operator.
+    pub async fn set_operator_password(
+        &self,
+        name: &str,
+        password_hash: &str,
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let found = tx
+            .exec(
+                "UPDATE operators SET password_hash = ?2, password_changed_at = ?3 WHERE name = ?1",
+                args![name, password_hash, now],
+            )
+            .await?
+            == 1;
+        if found {
+            tx.exec(
+                "DELETE FROM operator_sessions WHERE operator = ?1",
+                args![name],
+            )
+            .await?;
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    /// The same password hashed with today's parameters, replacing `old`
+    /// only if it is still the stored one (a login's upgrade, racing
+    /// nothing else): sessions stay.
+    pub async fn upgrade_operator_hash(&self, name: &str, old: &str, new: &str) -> Result<bool> {
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE operators SET password_hash = ?3 WHERE name = ?1 AND password_hash = ?2",
+                args![name, old, new],
+            )
+            .await?
+            == 1)
+    }
+
+    /// Disables (`Some(now)`) or enables (`None`) an operator, audited;
+    /// disabling ends its sessions. False when there is no such operator
+    /// or it already was so.
+    pub async fn set_operator_disabled(
+        &self,
+        name: &str,
+        disabled_at: Option<i64>,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let changed = tx
+            .exec(
+                "UPDATE operators SET disabled_at = ?2
+                 WHERE name = ?1 AND (disabled_at IS NULL) = (?2 IS NOT NULL)",
+                args![name, disabled_at],
+            )
+            .await?
+            == 1;
+        if changed {
+            if disabled_at.is_some() {
+                tx.exec(
+                    "DELETE FROM operator_sessions WHERE operator = ?1",
+                    args![name],
+                )
+                .await?;
+            }
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// Deletes an operator with its sessions and recovery codes, audited;
+    /// false when there is none.
+    pub async fn delete_operator(&self, name: &str, audit: &NewAuditRow<'_>) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let found = tx
+            .exec("DELETE FROM operators WHERE name = ?1", args![name])
+            .await?
+            == 1;
+        if found {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    /// Records a new session, with the login's audit row.
+    pub async fn insert_operator_session(
+        &self,
+        new: &NewOperatorSession<'_>,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        tx.exec(
+            "INSERT INTO operator_sessions
+                 (token_hash, id, operator, csrf_token, stage, created_at, last_seen_at, client_ip,
+                  user_agent)
+             VALUES (?1, ?2, ?3, ?4, ?8, ?5, ?5, ?6, ?7)",
+            args![
+                new.token_hash,
+                new.id,
+                new.operator,
+                new.csrf_token,
+                new.now,
+                new.client_ip,
+                new.user_agent,
+                new.stage.as_str()
+            ],
+        )
+        .await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The session whose token has this digest, with its operator.
+    pub async fn operator_session(
+        &self,
+        token_hash: &[u8],
+    ) -> Result<Option<(OperatorSessionRow, OperatorRow)>> {
+        self.point_reader()
+            .await?
+            .one(
+                "SELECT s.id, s.operator, s.csrf_token, s.stage, s.created_at, s.last_seen_at, s.client_ip,
+                        s.user_agent, s.pending_totp,
+                        o.name, o.password_hash, o.password_changed_at, o.totp_secret,
+                        o.totp_last_step, o.disabled_at, o.created_at AS operator_created_at
+                 FROM operator_sessions s JOIN operators o ON o.name = s.operator
+                 WHERE s.token_hash = ?1",
+                args![token_hash],
+                |row| {
+                    let session = session_row(row)?;
+                    let operator = OperatorRow {
+                        name: row.get("name")?,
+                        password_hash: row.get("password_hash")?,
+                        password_changed_at: row.get("password_changed_at")?,
+                        totp_secret: row.get("totp_secret")?,
+                        totp_last_step: row.get("totp_last_step")?,
+                        disabled_at: row.get("disabled_at")?,
+                        created_at: row.get("operator_created_at")?,
+                    };
+                    Ok((session, operator))
+                },
+            )
+            .await
+    }
+
+    /// Moves a session on to `stage` (its TOTP code given, or enrolment
+    /// done), clearing a pending secret; false when it is gone.
+    pub async fn set_operator_session_stage(
+        &self,
+        token_hash: &[u8],
+        stage: SessionStage,
+    ) -> Result<bool> {
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE operator_sessions SET stage = ?2, pending_totp = NULL WHERE token_hash = ?1",
+                args![token_hash, stage.as_str()],
+            )
+            .await?
+            == 1)
+    }
+
+    /// Moves a session's last use forward (its idle lifetime counts from
+    /// there).
+    pub async fn touch_operator_session(&self, token_hash: &[u8], now: i64) -> Result<()> {
+        self.writer()
+            .await?
+            .exec(
+                "UPDATE operator_sessions SET last_seen_at = ?2 WHERE token_hash = ?1",
+                args![token_hash, now],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Ends the session whose token has this digest (logout); `audit`, when
+    /// given, is written with it. False when there was none.
+    pub async fn end_operator_session(
+        &self,
+        token_hash: &[u8],
+        audit: Option<&NewAuditRow<'_>>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let found = tx
+            .exec(
+                "DELETE FROM operator_sessions WHERE token_hash = ?1",
+                args![token_hash],
+            )
+            .await?
+            == 1;
+        if let (true, Some(audit)) = (found, audit) {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    /// Revokes the session named `id` (the operator's command), audited;
+    /// false when there is none.
+    pub async fn revoke_operator_session(&self, id: &str, audit: &NewAuditRow<'_>) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let found = tx
+            .exec("DELETE FROM operator_sessions WHERE id = ?1", args![id])
+            .await?
+            == 1;
+        if found {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    /// Sessions, newest first; of one operator when named.
+    pub async fn list_operator_sessions(
+        &self,
+        operator: Option<&str>,
+    ) -> Result<Vec<OperatorSessionRow>> {
+        self.reader()
+            .await?
+            .all(
+                "SELECT id, operator, csrf_token, stage, created_at, last_seen_at, client_ip, user_agent,
+                        pending_totp
+                 FROM operator_sessions
+                 WHERE (?1 IS NULL OR operator = ?1) ORDER BY created_at DESC, id",
+                args![operator],
+                session_row,
+            )
+            .await
+    }
+
+    /// Deletes sessions idle since before `idle_before` or created before
+    /// `created_before`; how many.
+    pub async fn delete_stale_operator_sessions(
+        &self,
+        idle_before: i64,
+        created_before: i64,
+    ) -> Result<u64> {
+        self.writer()
+            .await?
+            .exec(
+                "DELETE FROM operator_sessions WHERE last_seen_at < ?1 OR created_at < ?2",
+                args![idle_before, created_before],
+            )
+            .await
+    }
+}
