@@ -191,6 +191,20 @@ pub fn csrf_token() -> String {
     URL_SAFE_NO_PAD.encode(random::<32>())
 }
 
+/// A TOTP secret: 160 random bits.
+pub fn totp_secret() -> [u8; 20] {
+    random::<20>()
+}
+
+/// A recovery code for a console operator's second factor: 50 random
+/// bits as ten base32 letters, shown `xxxxx-xxxxx`.
+pub fn recovery_code() -> String {
+    let text = data_encoding::BASE32_NOPAD
+        .encode(&random::<8>())
+        .to_ascii_lowercase();
+    format!("{}-{}", &text[..5], &text[5..10])
+}
+
 /// A web console session's name for operators: 64 random bits, hex.
 pub fn session_id() -> String {
     hex::encode(random::<8>())

@@ -44,6 +44,7 @@ pub mod private;
 pub mod server;
 pub mod signer;
 pub mod tls;
+pub mod totp;
 pub mod validators;
 
 /// The crash points, as the harness names them in `CRASH_AT`.

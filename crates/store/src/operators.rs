@@ -2,7 +2,7 @@
 //! arrive here already hashed; session tokens only as their digests.
 
 use crate::audit::insert_audit_in;
-use crate::db::{Row, args, col_enum};
+use crate::db::{Arg, Row, args, col_enum};
 use crate::{NewAuditRow, Result, Store};
 
 /// An operator as stored.
@@ -118,6 +118,24 @@ macro_rules! operator_columns {
 }
 
 impl Store {
+    /// Runs `sql`; when it changed one row, writes `audit` (if any) in the
+    /// same transaction. Whether it changed one.
+    async fn change_audited(
+        &self,
+        sql: &'static str,
+        args: &[Arg<'_>],
+        audit: Option<&NewAuditRow<'_>>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let changed = tx.exec(sql, args).await? == 1;
+        if let (true, Some(audit)) = (changed, audit) {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
     /// Creates an operator and audits it; false (and nothing written) when
     /// the name is taken.
     pub async fn insert_operator(
@@ -127,21 +145,13 @@ impl Store {
         now: i64,
         audit: &NewAuditRow<'_>,
     ) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let made = tx
-            .exec(
-                "INSERT INTO operators (name, password_hash, password_changed_at, created_at)
-                 VALUES (?1, ?2, ?3, ?3) ON CONFLICT (name) DO NOTHING",
-                args![name, password_hash, now],
-            )
-            .await?
-            == 1;
-        if made {
-            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
-        }
-        tx.commit().await?;
-        Ok(made)
+        self.change_audited(
+            "INSERT INTO operators (name, password_hash, password_changed_at, created_at)
+             VALUES (?1, ?2, ?3, ?3) ON CONFLICT (name) DO NOTHING",
+            args![name, password_hash, now],
+            Some(audit),
+        )
+        .await
     }
 
     pub async fn operator(&self, name: &str) -> Result<Option<OperatorRow>> {
@@ -256,17 +266,12 @@ impl Store {
     /// Deletes an operator with its sessions and recovery codes, audited;
     /// false when there is none.
     pub async fn delete_operator(&self, name: &str, audit: &NewAuditRow<'_>) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let found = tx
-            .exec("DELETE FROM operators WHERE name = ?1", args![name])
-            .await?
-            == 1;
-        if found {
-            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
-        }
-        tx.commit().await?;
-        Ok(found)
+        self.change_audited(
+            "DELETE FROM operators WHERE name = ?1",
+            args![name],
+            Some(audit),
+        )
+        .await
     }
 
     /// Records a new session, with the login's audit row.
@@ -349,6 +354,191 @@ impl Store {
             == 1)
     }
 
+    /// Keeps a TOTP secret shown for enrolment with the session that saw
+    /// it, until a code from it is confirmed.
+    pub async fn set_operator_session_pending_totp(
+        &self,
+        token_hash: &[u8],
+        secret: &[u8],
+    ) -> Result<bool> {
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE operator_sessions SET pending_totp = ?2 WHERE token_hash = ?1",
+                args![token_hash, secret],
+            )
+            .await?
+            == 1)
+    }
+
+    /// Enrols `secret` for the session's operator, its first code having
+    /// been `step`: replaces the recovery codes with `recovery` (digests),
+    /// ends the operator's other sessions, and makes this one `full`, with
+    /// `audit`, in one transaction. False when the session is gone.
+    pub async fn enrol_operator_totp(
+        &self,
+        token_hash: &[u8],
+        secret: &[u8],
+        step: i64,
+        recovery: &[Vec<u8>],
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let Some(operator) = tx
+            .one(
+                "SELECT operator FROM operator_sessions WHERE token_hash = ?1",
+                args![token_hash],
+                |row| row.get::<String>(0),
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        tx.exec(
+            "UPDATE operators SET totp_secret = ?2, totp_last_step = ?3 WHERE name = ?1",
+            args![operator, secret, step],
+        )
+        .await?;
+        tx.exec(
+            "DELETE FROM operator_recovery_codes WHERE operator = ?1",
+            args![operator],
+        )
+        .await?;
+        for code in recovery {
+            tx.exec(
+                "INSERT INTO operator_recovery_codes (operator, code_hash) VALUES (?1, ?2)",
+                args![operator, code.as_slice()],
+            )
+            .await?;
+        }
+        tx.exec(
+            "DELETE FROM operator_sessions WHERE operator = ?1 AND token_hash <> ?2",
+            args![operator, token_hash],
+        )
+        .await?;
+        tx.exec(
+            "UPDATE operator_sessions SET stage = 'full', pending_totp = NULL WHERE token_hash = ?1",
+            args![token_hash],
+        )
+        .await?;
+        insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Takes TOTP step `step` for the session's operator, once: only a
+    /// step after the last one taken; the session becomes `full` and
+    /// `audit` is written with it. False when the step was taken already
+    /// (or the session is gone).
+    pub async fn accept_operator_totp(
+        &self,
+        token_hash: &[u8],
+        step: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let taken = tx
+            .exec(
+                "UPDATE operators SET totp_last_step = ?2
+                 WHERE name = (SELECT operator FROM operator_sessions WHERE token_hash = ?1)
+                   AND totp_secret IS NOT NULL
+                   AND (totp_last_step IS NULL OR totp_last_step < ?2)",
+                args![token_hash, step],
+            )
+            .await?
+            == 1;
+        if taken {
+            tx.exec(
+                "UPDATE operator_sessions SET stage = 'full' WHERE token_hash = ?1",
+                args![token_hash],
+            )
+            .await?;
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    /// Uses one of the session's operator's recovery codes (by digest),
+    /// once; the session becomes `full` with `audit`. False when no unused
+    /// code has that digest.
+    pub async fn use_operator_recovery_code(
+        &self,
+        token_hash: &[u8],
+        code_hash: &[u8],
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let used = tx
+            .exec(
+                "UPDATE operator_recovery_codes SET used_at = ?3
+                 WHERE operator = (SELECT operator FROM operator_sessions WHERE token_hash = ?1)
+                   AND code_hash = ?2 AND used_at IS NULL",
+                args![token_hash, code_hash, now],
+            )
+            .await?
+            == 1;
+        if used {
+            tx.exec(
+                "UPDATE operator_sessions SET stage = 'full' WHERE token_hash = ?1",
+                args![token_hash],
+            )
+            .await?;
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(used)
+    }
+
+    /// How many of an operator's recovery codes are unused.
+    pub async fn unused_recovery_codes(&self, operator: &str) -> Result<i64> {
+        self.point_reader()
+            .await?
+            .one(
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM operator_recovery_codes
+                 WHERE operator = ?1 AND used_at IS NULL",
+                args![operator],
+                |row| row.get(0),
+            )
+            .await
+            .map(|n| n.unwrap_or(0))
+    }
+
+    /// Forgets an operator's TOTP secret and recovery codes and ends their
+    /// sessions (a lost authenticator), audited; false when there is no
+    /// such operator.
+    pub async fn reset_operator_totp(&self, name: &str, audit: &NewAuditRow<'_>) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let found = tx
+            .exec(
+                "UPDATE operators SET totp_secret = NULL, totp_last_step = NULL WHERE name = ?1",
+                args![name],
+            )
+            .await?
+            == 1;
+        if found {
+            tx.exec(
+                "DELETE FROM operator_recovery_codes WHERE operator = ?1",
+                args![name],
+            )
+            .await?;
+            tx.exec(
+                "DELETE FROM operator_sessions WHERE operator = ?1",
+                args![name],
+            )
+            .await?;
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
     /// Moves a session's last use forward (its idle lifetime counts from
     /// there).
     pub async fn touch_operator_session(&self, token_hash: &[u8], now: i64) -> Result<()> {
@@ -369,36 +559,23 @@ impl Store {
         token_hash: &[u8],
         audit: Option<&NewAuditRow<'_>>,
     ) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let found = tx
-            .exec(
-                "DELETE FROM operator_sessions WHERE token_hash = ?1",
-                args![token_hash],
-            )
-            .await?
-            == 1;
-        if let (true, Some(audit)) = (found, audit) {
-            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
-        }
-        tx.commit().await?;
-        Ok(found)
+        self.change_audited(
+            "DELETE FROM operator_sessions WHERE token_hash = ?1",
+            args![token_hash],
+            audit,
+        )
+        .await
     }
 
     /// Revokes the session named `id` (the operator's command), audited;
     /// false when there is none.
     pub async fn revoke_operator_session(&self, id: &str, audit: &NewAuditRow<'_>) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let found = tx
-            .exec("DELETE FROM operator_sessions WHERE id = ?1", args![id])
-            .await?
-            == 1;
-        if found {
-            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
-        }
-        tx.commit().await?;
-        Ok(found)
+        self.change_audited(
+            "DELETE FROM operator_sessions WHERE id = ?1",
+            args![id],
+            Some(audit),
+        )
+        .await
     }
 
     /// Sessions, newest first; of one operator when named.

@@ -227,6 +227,23 @@ pub async fn delete_operator(
     }
 }
 
+/// Forgets an operator's authenticator and recovery codes and ends their
+/// sessions: they enrol again at their next login.
+pub async fn reset_totp(store: &Store, now: i64, name: &str, actor: &str) -> Result<(), OpsError> {
+    let detail = format!("operator {name}: TOTP and recovery codes reset, sessions ended");
+    if store
+        .reset_operator_totp(
+            name,
+            &audit_row(now, AuditEvent::OperatorChanged, actor, &detail),
+        )
+        .await?
+    {
+        Ok(())
+    } else {
+        Err(no_such(name))
+    }
+}
+
 pub async fn list_operators(store: &Store) -> Result<Vec<OperatorView>, OpsError> {
     let sessions = store.list_operator_sessions(None).await?;
     Ok(store

@@ -23,6 +23,8 @@ const WINDOW_MS: i64 = 60_000;
 /// Names and addresses remembered at most: past this, the oldest are
 /// forgotten first (a flood of made-up names cannot grow memory).
 const MAX_KEYS: usize = 65_536;
+/// Recovery codes made at enrolment.
+const RECOVERY_CODES: usize = 10;
 /// How long a login waits for a hashing slot before it is answered 503.
 const HASHING_WAIT: Duration = Duration::from_secs(10);
 
@@ -129,12 +131,64 @@ fn cleared_cookie() -> HeaderValue {
     )
 }
 
+/// An `operator.login` audit row.
+fn login_row<'a>(
+    at: i64,
+    outcome: AuditOutcome,
+    actor: &'a str,
+    client_ip: &'a str,
+    user_agent: Option<&'a str>,
+    detail: &'a str,
+) -> NewAuditRow<'a> {
+    let mut row = NewAuditRow::new(at, AuditEvent::OperatorLogin, outcome, actor);
+    row.client_ip = Some(client_ip);
+    row.user_agent = user_agent;
+    row.detail = Some(detail);
+    row
+}
+
+fn count_login(authority: &crate::authority::Authority, outcome: &str) {
+    authority
+        .metrics
+        .admin_logins
+        .get_or_create(&vec![("outcome", outcome.to_owned())])
+        .inc();
+}
+
+fn user_agent_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|ua| crate::bounded::truncate(ua, crate::bounded::USER_AGENT_OCTETS).into_owned())
+}
+
+/// A recovery code's digest as stored: lower case, without the dash or
+/// spaces it may be typed with.
+fn recovery_hash(code: &str) -> Vec<u8> {
+    let normal: String = code
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    token_hash(&normal)
+}
+
 pub async fn login_page(
     State(console): State<Arc<Console>>,
     session: Option<Extension<Session>>,
 ) -> Response {
-    if session.is_some_and(|s| s.stage == SessionStage::Full) {
-        return super::see_other("/");
+    match session.as_ref().map(|s| s.stage) {
+        Some(SessionStage::Full) => return super::see_other("/"),
+        Some(SessionStage::Enrol) => return super::see_other("/account/totp"),
+        Some(SessionStage::Totp) => {
+            return console.page(
+                StatusCode::OK,
+                "login_totp.html",
+                session.as_deref(),
+                minijinja::context! { error => None::<String> },
+            );
+        }
+        None => {}
     }
     console.page(
         StatusCode::OK,
@@ -195,13 +249,7 @@ pub async fn login(
             detail,
         )
     };
-    let logins = |outcome: &str| {
-        authority
-            .metrics
-            .admin_logins
-            .get_or_create(&vec![("outcome", outcome.to_owned())])
-            .inc();
-    };
+    let logins = |outcome: &str| count_login(&authority, outcome);
     let keys = [format!("name:{name}"), format!("address:{}", peer.ip())];
     if let Some(wait) = console.throttle.blocked(&keys, now_ms) {
         logins("throttled");
@@ -350,6 +398,267 @@ async fn upgrade_hash(console: &Console, name: &str, old: &str, password: String
             tracing::warn!(event = "admin.password_rehashed", outcome = "failure", operator = %name, error = %e, "an operator's password hash could not be upgraded")
         }
     }
+}
+
+#[derive(Deserialize)]
+pub struct CodeForm {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    recovery_code: String,
+}
+
+/// The second step of a login: a TOTP code (each taken once) or one of
+/// the recovery codes; throttled like passwords.
+pub async fn login_totp(
+    State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Extension(session): Extension<Session>,
+    axum::Form(form): axum::Form<CodeForm>,
+) -> Response {
+    let authority = console.generations.authority();
+    let clock = &authority.clock;
+    let store = authority.store();
+    let actor = session.actor();
+    let client_ip = peer.ip().to_string();
+    let user_agent = user_agent_of(&headers);
+    let row = |outcome, detail| {
+        login_row(
+            clock.unix(),
+            outcome,
+            &actor,
+            &client_ip,
+            user_agent.as_deref(),
+            detail,
+        )
+    };
+    let again = |status: StatusCode, error: String| {
+        console.page(
+            status,
+            "login_totp.html",
+            Some(&session),
+            minijinja::context! { error },
+        )
+    };
+    let keys = [
+        format!("name:{}", session.operator),
+        format!("address:{}", peer.ip()),
+    ];
+    let now_ms = clock.unix_ms();
+    if let Some(wait) = console.throttle.blocked(&keys, now_ms) {
+        count_login(&authority, "throttled");
+        authority
+            .audit_row(&row(
+                AuditOutcome::Refused,
+                "throttled: too many wrong codes within a minute",
+            ))
+            .await;
+        return again(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("Too many wrong codes: try again in {wait} s."),
+        );
+    }
+    let operator = match store.operator(&session.operator).await {
+        Ok(Some(operator)) => operator,
+        Ok(None) => return super::see_other("/login"),
+        Err(e) => return console.unavailable(&e),
+    };
+    let Some(secret) = operator.totp_secret else {
+        return super::see_other("/login");
+    };
+    let now = clock.unix();
+    let accepted = if !form.recovery_code.trim().is_empty() {
+        let left = match store.unused_recovery_codes(&operator.name).await {
+            Ok(n) => n.saturating_sub(1),
+            Err(e) => return console.unavailable(&e),
+        };
+        let detail = format!("session {}: a recovery code used, {left} left", session.id);
+        let row = login_row(
+            now,
+            AuditOutcome::Success,
+            &actor,
+            &client_ip,
+            user_agent.as_deref(),
+            &detail,
+        );
+        store
+            .use_operator_recovery_code(
+                &session.token_hash,
+                &recovery_hash(&form.recovery_code),
+                now,
+                &row,
+            )
+            .await
+            .map(|used| used.then(|| authority.metrics.audited(&row)))
+    } else if let Some(step) =
+        crate::totp::matching_step(&secret, &form.code, now, operator.totp_last_step)
+    {
+        let detail = format!("session {}: TOTP code", session.id);
+        let row = login_row(
+            now,
+            AuditOutcome::Success,
+            &actor,
+            &client_ip,
+            user_agent.as_deref(),
+            &detail,
+        );
+        store
+            .accept_operator_totp(&session.token_hash, step, &row)
+            .await
+            .map(|taken| taken.then(|| authority.metrics.audited(&row)))
+    } else {
+        Ok(None)
+    };
+    match accepted {
+        Ok(Some(())) => {
+            console.throttle.forget(&keys[0]);
+            count_login(&authority, "success");
+            super::see_other("/")
+        }
+        Ok(None) => {
+            console.throttle.failed(&keys, now_ms);
+            count_login(&authority, "refused");
+            authority
+                .audit_row(&row(
+                    AuditOutcome::Refused,
+                    "a wrong, used or expired TOTP or recovery code",
+                ))
+                .await;
+            again(
+                StatusCode::FORBIDDEN,
+                "That code is wrong, was used already, or has expired.".to_owned(),
+            )
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+/// Enrolling an authenticator: the secret as a QR code and as text; or,
+/// once enrolled, how many recovery codes are left.
+pub async fn totp_page(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+) -> Response {
+    let authority = console.generations.authority();
+    let store = authority.store();
+    let operator = match store.operator(&session.operator).await {
+        Ok(Some(operator)) => operator,
+        Ok(None) => return super::see_other("/login"),
+        Err(e) => return console.unavailable(&e),
+    };
+    if operator.totp_secret.is_some() && session.stage == SessionStage::Full {
+        let left = match store.unused_recovery_codes(&operator.name).await {
+            Ok(n) => n,
+            Err(e) => return console.unavailable(&e),
+        };
+        return console.page(
+            StatusCode::OK,
+            "totp.html",
+            Some(&session),
+            minijinja::context! { state => "enrolled", left },
+        );
+    }
+    let secret = match &session.pending_totp {
+        Some(secret) => secret.clone(),
+        None => {
+            let secret = crate::totp::new_secret().to_vec();
+            match store
+                .set_operator_session_pending_totp(&session.token_hash, &secret)
+                .await
+            {
+                Ok(_) => secret,
+                Err(e) => return console.unavailable(&e),
+            }
+        }
+    };
+    enrol_page(&console, &session, &secret, StatusCode::OK, None)
+}
+
+fn enrol_page(
+    console: &Console,
+    session: &Session,
+    secret: &[u8],
+    status: StatusCode,
+    error: Option<&str>,
+) -> Response {
+    use base64::Engine;
+    let uri = crate::totp::otpauth_uri("acme-proxy", &session.operator, secret);
+    let qr = match crate::totp::qr_svg(&uri) {
+        Ok(svg) => format!(
+            "data:image/svg+xml;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(svg)
+        ),
+        Err(e) => return console.unavailable(&e),
+    };
+    console.page(
+        status,
+        "totp.html",
+        Some(session),
+        minijinja::context! {
+            state => "enrol",
+            qr,
+            secret => crate::totp::base32(secret),
+            uri,
+            error,
+        },
+    )
+}
+
+/// Confirms enrolment with a code from the new secret; the recovery
+/// codes are shown once, on the answer.
+pub async fn enrol_totp(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    axum::Form(form): axum::Form<CodeForm>,
+) -> Response {
+    let Some(secret) = session.pending_totp.clone() else {
+        return super::see_other("/account/totp");
+    };
+    let authority = console.generations.authority();
+    let now = authority.clock.unix();
+    let Some(step) = crate::totp::matching_step(&secret, &form.code, now, None) else {
+        return enrol_page(
+            &console,
+            &session,
+            &secret,
+            StatusCode::FORBIDDEN,
+            Some(
+                "That code is not the authenticator's current one; check the phone's clock and try the next code.",
+            ),
+        );
+    };
+    let codes: Vec<String> = (0..RECOVERY_CODES)
+        .map(|_| crate::ids::recovery_code())
+        .collect();
+    let hashes: Vec<Vec<u8>> = codes.iter().map(|c| recovery_hash(c)).collect();
+    let actor = session.actor();
+    let detail = format!(
+        "operator {}: TOTP enrolled with {RECOVERY_CODES} recovery codes; their other sessions ended",
+        session.operator
+    );
+    let mut row = NewAuditRow::new(
+        now,
+        AuditEvent::OperatorChanged,
+        AuditOutcome::Success,
+        &actor,
+    );
+    row.detail = Some(&detail);
+    match authority
+        .store()
+        .enrol_operator_totp(&session.token_hash, &secret, step, &hashes, &row)
+        .await
+    {
+        Ok(true) => authority.metrics.audited(&row),
+        Ok(false) => return super::see_other("/login"),
+        Err(e) => return console.unavailable(&e),
+    }
+    console.page(
+        StatusCode::OK,
+        "totp.html",
+        Some(&session),
+        minijinja::context! { state => "done", codes },
+    )
 }
 
 pub async fn logout(

@@ -101,6 +101,8 @@ pub struct Session {
     pub operator: String,
     pub csrf: String,
     pub stage: SessionStage,
+    /// A TOTP secret shown for enrolment, not yet confirmed.
+    pending_totp: Option<Vec<u8>>,
     token_hash: Vec<u8>,
 }
 
@@ -148,6 +150,8 @@ impl Console {
         Router::new()
             .route("/", get(pages::dashboard))
             .route("/login", get(auth::login_page).post(auth::login))
+            .route("/login/totp", post(auth::login_totp))
+            .route("/account/totp", get(auth::totp_page).post(auth::enrol_totp))
             .route("/logout", post(auth::logout))
             .route("/static/{file}", get(asset))
             .fallback(not_found)
@@ -251,6 +255,7 @@ impl Console {
             operator: session.operator,
             csrf: session.csrf_token,
             stage: session.stage,
+            pending_totp: session.pending_totp,
             token_hash,
         }))
     }
@@ -276,6 +281,8 @@ impl Console {
 const TEMPLATES: &[(&str, &str)] = &[
     ("base.html", include_str!("templates/base.html")),
     ("login.html", include_str!("templates/login.html")),
+    ("login_totp.html", include_str!("templates/login_totp.html")),
+    ("totp.html", include_str!("templates/totp.html")),
     ("message.html", include_str!("templates/message.html")),
     ("dashboard.html", include_str!("templates/dashboard.html")),
 ];
@@ -327,10 +334,37 @@ async fn guard(State(console): State<Arc<Console>>, req: Request, next: Next) ->
     response
 }
 
+/// Who may reach a path: anyone, or a session at one of some stages.
+enum Access {
+    Anyone,
+    Stages(&'static [SessionStage]),
+}
+
+fn access(path: &str) -> Access {
+    use SessionStage::{Enrol, Full, Totp};
+    match path {
+        "/login" => Access::Anyone,
+        _ if path.starts_with("/static/") => Access::Anyone,
+        "/login/totp" => Access::Stages(&[Totp]),
+        "/account/totp" => Access::Stages(&[Enrol, Full]),
+        "/logout" => Access::Stages(&[Totp, Enrol, Full]),
+        _ => Access::Stages(&[Full]),
+    }
+}
+
+/// Where a session at `stage` is sent when it asks for a page it may not
+/// see yet.
+fn home_of(stage: SessionStage) -> &'static str {
+    match stage {
+        SessionStage::Totp => "/login",
+        SessionStage::Enrol => "/account/totp",
+        SessionStage::Full => "/",
+    }
+}
+
 async fn checked(console: &Console, req: Request, next: Next) -> Response {
     let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
-    let path = req.uri().path();
-    let open = path == "/login" || path.starts_with("/static/");
+    let access = access(req.uri().path());
     if mutating && !console.same_origin(req.headers()) {
         return console.refusal(
             StatusCode::FORBIDDEN,
@@ -341,7 +375,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
         Ok(session) => session,
         Err(response) => return response,
     };
-    if !open {
+    if let Access::Stages(stages) = access {
         let Some(session) = &session else {
             return if mutating {
                 console.refusal(StatusCode::FORBIDDEN, "You are not logged in.")
@@ -349,9 +383,15 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
                 see_other("/login")
             };
         };
-        if session.stage != SessionStage::Full {
-            // The second factor is still due: only the login pages.
-            return see_other("/login");
+        if !stages.contains(&session.stage) {
+            return if mutating {
+                console.refusal(
+                    StatusCode::FORBIDDEN,
+                    "Finish logging in first (the TOTP code, or enrolling an authenticator).",
+                )
+            } else {
+                see_other(home_of(session.stage))
+            };
         }
     }
     let mut req = req;
@@ -363,7 +403,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
                 "The request's body was too large or cut off.",
             );
         };
-        if !open {
+        if matches!(access, Access::Stages(_)) {
             let expected = session.as_ref().map(|s| s.csrf.as_bytes()).unwrap_or(b"");
             let given = parts
                 .headers

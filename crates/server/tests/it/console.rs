@@ -307,7 +307,10 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
     let cookie = format!("{COOKIE}={token}");
     let own = console.url.clone();
     // Every route that changes something, with a body that would work.
-    let routes = [("/logout", String::new())];
+    let routes = [
+        ("/logout", String::new()),
+        ("/account/totp", "code=123456".to_owned()),
+    ];
     for (route, body) in &routes {
         let with = |extra: &str| {
             if body.is_empty() {
@@ -354,6 +357,17 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
             all.extend(headers.iter().map(|(k, v)| (*k, v.as_str())));
             let resp = console.post(route, &all, &form).await;
             assert_eq!(resp.status, 403, "{route}, {case}: {}", text(&resp));
+            // Refused by the gate, for this reason, not by the handler.
+            let why = if case.contains("token") {
+                "did not come from this console"
+            } else {
+                "came from another site"
+            };
+            assert!(
+                text(&resp).contains(why),
+                "{route}, {case}: {}",
+                text(&resp)
+            );
             // Nothing changed: the session still works.
             let home = console.get("/", Some(&token)).await;
             assert_eq!(home.status, 200, "{route}, {case}: the session was ended");
@@ -589,4 +603,237 @@ fn a_console_on_a_network_address_without_tls_or_on_the_acme_port_refuses_to_sta
         assert_eq!(out.code, 2, "{admin}: {out:?}");
         assert!(out.stderr.contains(says), "{admin}: {out:?}");
     }
+}
+
+/// The text of the element with `id` in a page (a `<code>` or `<span>`).
+fn element_text(page: &str, id: &str) -> String {
+    page.split(&format!("id=\"{id}\">"))
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_else(|| panic!("no #{id} in the page: {page}"))
+        .to_owned()
+}
+
+/// The TOTP code of `secret` (base32, as the enrolment page shows it)
+/// `steps` steps from now.
+fn totp_code(secret: &str, steps: i64) -> String {
+    let secret = data_encoding::BASE32_NOPAD
+        .decode(secret.as_bytes())
+        .expect("a base32 secret");
+    use acme_proxy::clock::Clock;
+    let now = acme_proxy::clock::SystemClock.unix();
+    format!(
+        "{:06}",
+        acme_proxy::totp::code(&secret, now / acme_proxy::totp::STEP_SECONDS + steps)
+    )
+}
+
+impl Console {
+    async fn post_as(&self, path: &str, token: &str, csrf: &str, form: &str) -> raw::Resp {
+        let cookie = format!("{COOKIE}={token}");
+        self.post(
+            path,
+            &[("cookie", &cookie), ("origin", &self.url)],
+            &format!("csrf={csrf}&{form}"),
+        )
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_enrols_totp_then_needs_a_code_each_usable_once_or_a_recovery_code_once() {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let local: IpAddr = "127.0.0.1".parse().expect("ip");
+    let (token, csrf) = console.login("alice", PASSWORD).await;
+
+    let page = console.get("/account/totp", Some(&token)).await;
+    assert_eq!(page.status, 200);
+    let html = text(&page);
+    assert!(
+        html.contains("src=\"data:image&#x2f;svg+xml;base64,"),
+        "{html}"
+    );
+    let secret = element_text(&html, "totp-secret");
+    assert_eq!(secret.len(), 32, "160 bits in base32: {secret}");
+    // The same secret until it is confirmed.
+    let again = text(&console.get("/account/totp", Some(&token)).await);
+    assert_eq!(element_text(&again, "totp-secret"), secret);
+    let wrong = console
+        .post_as("/account/totp", &token, &csrf, "code=000000")
+        .await;
+    assert_eq!(wrong.status, 403);
+    let done = console
+        .post_as(
+            "/account/totp",
+            &token,
+            &csrf,
+            &format!("code={}", totp_code(&secret, 0)),
+        )
+        .await;
+    assert_eq!(done.status, 200, "{}", text(&done));
+    let codes: Vec<String> = text(&done)
+        .split("<li><code>")
+        .skip(1)
+        .map(|r| r.split('<').next().expect("code").to_owned())
+        .collect();
+    assert_eq!(codes.len(), 10, "{}", text(&done));
+    assert!(
+        codes
+            .iter()
+            .all(|c| c.len() == 11 && c.as_bytes()[5] == b'-'),
+        "{codes:?}"
+    );
+    let listed = console.cli(&["admin", "user", "list", "--json"]);
+    assert!(listed.stdout.contains("\"totp\": true"), "{listed:?}");
+
+    // Password alone no longer opens the console.
+    let login = console.login_from(local, "alice", PASSWORD).await;
+    assert_eq!((login.status, header(&login, "location")), (303, "/login"));
+    let half = session_cookie(&login).expect("a session");
+    assert_eq!(
+        (
+            console.get("/", Some(&half)).await.status,
+            header(&console.get("/", Some(&half)).await, "location").to_owned()
+        ),
+        (303, "/login".to_owned())
+    );
+    let form = text(&console.get("/login", Some(&half)).await);
+    assert!(form.contains("name=\"code\""), "{form}");
+    let half_csrf = csrf_of(&form);
+    // The enrolment's code was taken: it does not open a session.
+    let reused = console
+        .post_as(
+            "/login/totp",
+            &half,
+            &half_csrf,
+            &format!("code={}", totp_code(&secret, 0)),
+        )
+        .await;
+    assert_eq!(reused.status, 403, "{}", text(&reused));
+    let next = totp_code(&secret, 1);
+    // The code without the session's CSRF token: refused, still half in.
+    let forged = console
+        .post(
+            "/login/totp",
+            &[
+                ("cookie", &format!("{COOKIE}={half}")),
+                ("origin", &console.url),
+            ],
+            &format!("code={next}"),
+        )
+        .await;
+    assert_eq!(forged.status, 403);
+    assert!(text(&forged).contains("did not come from this console"));
+    assert_eq!(console.get("/", Some(&half)).await.status, 303);
+    let ok = console
+        .post_as("/login/totp", &half, &half_csrf, &format!("code={next}"))
+        .await;
+    assert_eq!((ok.status, header(&ok, "location")), (303, "/"));
+    assert_eq!(console.get("/", Some(&half)).await.status, 200);
+
+    // The same code on another login: refused.
+    let login = console.login_from(local, "alice", PASSWORD).await;
+    let other = session_cookie(&login).expect("a session");
+    let other_csrf = csrf_of(&text(&console.get("/login", Some(&other)).await));
+    let reused = console
+        .post_as("/login/totp", &other, &other_csrf, &format!("code={next}"))
+        .await;
+    assert_eq!(reused.status, 403);
+    // A recovery code works, once.
+    let recovery = console
+        .post_as(
+            "/login/totp",
+            &other,
+            &other_csrf,
+            &format!("recovery_code={}", codes[3].to_uppercase()),
+        )
+        .await;
+    assert_eq!((recovery.status, header(&recovery, "location")), (303, "/"));
+    let left = text(&console.get("/account/totp", Some(&other)).await);
+    assert_eq!(element_text(&left, "recovery-left"), "9");
+    let login = console.login_from(local, "alice", PASSWORD).await;
+    let third = session_cookie(&login).expect("a session");
+    let third_csrf = csrf_of(&text(&console.get("/login", Some(&third)).await));
+    let spent = console
+        .post_as(
+            "/login/totp",
+            &third,
+            &third_csrf,
+            &format!("recovery_code={}", codes[3]),
+        )
+        .await;
+    assert_eq!(spent.status, 403);
+    assert_eq!(console.get("/", Some(&third)).await.status, 303);
+
+    let details: Vec<String> = console
+        .audit("operator.login")
+        .await
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}",
+                r["outcome"].as_str().unwrap_or(""),
+                r["detail"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert!(
+        details
+            .iter()
+            .any(|d| d.starts_with("success") && d.ends_with("TOTP code")),
+        "{details:#?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("a recovery code used, 9 left")),
+        "{details:#?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.starts_with("refused a wrong, used or expired")),
+        "{details:#?}"
+    );
+
+    // A lost phone: the operator's authenticator is reset by the CLI.
+    let out = console.cli(&["admin", "user", "reset-totp", "alice", "--yes"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        console.get("/", Some(&half)).await.status,
+        303,
+        "sessions end"
+    );
+    console.login("alice", PASSWORD).await;
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_require_totp_an_operator_without_one_sees_only_the_enrolment_page() {
+    let console = Console::start("require_totp = true\n").await;
+    console.create("alice", PASSWORD);
+    let local: IpAddr = "127.0.0.1".parse().expect("ip");
+    let login = console.login_from(local, "alice", PASSWORD).await;
+    assert_eq!(login.status, 303);
+    let token = session_cookie(&login).expect("a session");
+    let home = console.get("/", Some(&token)).await;
+    assert_eq!(
+        (home.status, header(&home, "location")),
+        (303, "/account/totp")
+    );
+    let page = text(&console.get("/account/totp", Some(&token)).await);
+    let secret = element_text(&page, "totp-secret");
+    let csrf = csrf_of(&page);
+    let done = console
+        .post_as(
+            "/account/totp",
+            &token,
+            &csrf,
+            &format!("code={}", totp_code(&secret, 0)),
+        )
+        .await;
+    assert_eq!(done.status, 200);
+    assert_eq!(console.get("/", Some(&token)).await.status, 200);
+    console.server.stop().await;
 }

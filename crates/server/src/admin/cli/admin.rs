@@ -13,7 +13,7 @@ use crate::config::Config;
 #[derive(Debug, Subcommand)]
 pub enum AdminCommand {
     /// The web console's users ("operators"): create, passwd, disable,
-    /// enable, delete, list.
+    /// enable, reset-totp, delete, list.
     #[command(subcommand)]
     User(UserCommand),
     /// The web console's logged-in sessions: list, revoke.
@@ -56,6 +56,14 @@ pub enum UserCommand {
     },
     /// Stop an operator from logging in; every session of theirs ends.
     Disable {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        act: Act,
+    },
+    /// Forget an operator's TOTP authenticator and recovery codes (a lost
+    /// phone); their sessions end and they enrol again at their next login.
+    ResetTotp {
         /// The operator's name.
         name: String,
         #[command(flatten)]
@@ -173,6 +181,20 @@ pub async fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
             store.close().await;
             done?;
             writeln!(out, "operator {name} disabled; their sessions ended")?;
+        }
+        AdminCommand::User(UserCommand::ResetTotp { name, act }) => {
+            confirm(
+                act.yes,
+                &format!("forget the authenticator of operator {name} and end their sessions"),
+            )?;
+            let store = open_store(config).await?;
+            let done = operators::reset_totp(&store, now, &name, &operator_actor(act.actor)).await;
+            store.close().await;
+            done?;
+            writeln!(
+                out,
+                "operator {name}: authenticator forgotten; they enrol again at their next login"
+            )?;
         }
         AdminCommand::User(UserCommand::Enable { name, actor }) => {
             let store = open_store(config).await?;
