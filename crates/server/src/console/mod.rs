@@ -305,9 +305,13 @@ async fn guard(State(console): State<Arc<Console>>, req: Request, next: Next) ->
         HeaderValue::from_static("nosniff"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    // Not `no-referrer`: with it, browsers send `Origin: null` on the
+    // console's own form posts (Fetch §3.2.5), which the same-origin
+    // check must refuse. `same-origin` keeps the Origin for them and sends
+    // nothing to other sites.
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(
         "cross-origin-opener-policy",

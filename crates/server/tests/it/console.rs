@@ -12,19 +12,19 @@ use crate::harness::{self, CliOutput, TestServer};
 use crate::raw;
 
 const COOKIE: &str = "__Host-acme-proxy-session";
-const PASSWORD: &str = "correct horse battery";
+pub(crate) const PASSWORD: &str = "correct horse battery";
 
 /// A server with the console on loopback, and its configuration file for
 /// the admin commands.
-struct Console {
-    server: TestServer,
-    url: String,
+pub(crate) struct Console {
+    pub(crate) server: TestServer,
+    pub(crate) url: String,
     _etc: tempfile::TempDir,
     config: PathBuf,
 }
 
 impl Console {
-    async fn start(admin: &str) -> Console {
+    pub(crate) async fn start(admin: &str) -> Console {
         let dir = harness::tempdir();
         let toml = TestServer::config_text(
             dir.path(),
@@ -51,12 +51,12 @@ impl Console {
         }
     }
 
-    fn cli(&self, args: &[&str]) -> CliOutput {
+    pub(crate) fn cli(&self, args: &[&str]) -> CliOutput {
         harness::run_cli(&self.config, args, &[("USER", "root-operator")])
     }
 
     /// `admin user create NAME` with the password in a 0600 file.
-    fn create(&self, name: &str, password: &str) {
+    pub(crate) fn create(&self, name: &str, password: &str) {
         let file = self.config.with_file_name(format!("{name}.password"));
         std::fs::write(&file, format!("{password}\n")).expect("password file");
         let out = self.cli(&[
@@ -190,6 +190,7 @@ async fn an_operator_made_with_the_cli_logs_in_sees_the_dashboard_and_logs_out()
     assert_eq!(header(&page, "cache-control"), "no-store");
     assert_eq!(header(&page, "x-frame-options"), "DENY");
     assert_eq!(header(&page, "x-content-type-options"), "nosniff");
+    assert_eq!(header(&page, "referrer-policy"), "same-origin");
     // Its stylesheet is served under its digest, cached for ever.
     let css = text(&page)
         .split("href=\"")
@@ -616,7 +617,7 @@ fn element_text(page: &str, id: &str) -> String {
 
 /// The TOTP code of `secret` (base32, as the enrolment page shows it)
 /// `steps` steps from now.
-fn totp_code(secret: &str, steps: i64) -> String {
+pub(crate) fn totp_code(secret: &str, steps: i64) -> String {
     let secret = data_encoding::BASE32_NOPAD
         .decode(secret.as_bytes())
         .expect("a base32 secret");

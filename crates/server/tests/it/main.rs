@@ -7,6 +7,7 @@
 mod admin;
 mod ari;
 mod audit;
+mod browser;
 mod challenges;
 mod cli_safety;
 mod client;

@@ -1,0 +1,356 @@
+//! The web console in a real browser: Debian's headless Chromium driven
+//! over WebDriver (chromedriver) against the server's own listener.
+//! Every page visited is saved as a screenshot under the tests' output
+//! directory (`target/tmp/console-screenshots/`).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+use crate::console::{Console, PASSWORD, totp_code};
+use crate::harness::{self, ChildGuard};
+
+/// A headless Chromium session, with its chromedriver and profile.
+struct Browser {
+    client: Client,
+    shots: PathBuf,
+    test: &'static str,
+    _profile: tempfile::TempDir,
+    _driver: ChildGuard,
+}
+
+impl Browser {
+    /// None when Chromium or chromedriver is missing outside CI (the test
+    /// then skips; under CI it fails).
+    async fn start(test: &'static str) -> Option<Browser> {
+        if !harness::require_program("chromedriver") || !harness::require_program("chromium") {
+            return None;
+        }
+        // Port 0: chromedriver picks one and says which.
+        let mut child = Command::new("chromedriver")
+            .arg("--port=0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let stdout = child.stdout.take().expect("stdout");
+        let driver = ChildGuard(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(port) = line
+                    .split("started successfully on port ")
+                    .nth(1)
+                    .and_then(|rest| rest.trim_end_matches('.').trim().parse::<u16>().ok())
+                {
+                    let _ = tx.send(port);
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("chromedriver said on which port it listens");
+        let profile = harness::tempdir();
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".to_owned(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--window-size=1280,1000",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("a Chromium session");
+        let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+        std::fs::create_dir_all(&shots).expect("screenshot directory");
+        Some(Browser {
+            client,
+            shots,
+            test,
+            _profile: profile,
+            _driver: driver,
+        })
+    }
+
+    async fn goto(&self, url: &str) {
+        self.client.goto(url).await.expect("navigate");
+    }
+
+    /// The path of the page shown now.
+    async fn path(&self) -> String {
+        self.client
+            .current_url()
+            .await
+            .expect("current URL")
+            .path()
+            .to_owned()
+    }
+
+    async fn fill(&self, css: &str, text: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .send_keys(text)
+            .await
+            .expect("type");
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .click()
+            .await
+            .expect("click");
+    }
+
+    /// Clicks a button that submits a form, and waits until the browser
+    /// shows the answer: the old page's root element gone stale.
+    async fn submit(&self, css: &str) {
+        let old = self
+            .client
+            .find(Locator::Css("html"))
+            .await
+            .expect("the page's root");
+        self.click(css).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while old.tag_name().await.is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{css}: no new page within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let found = self.client.find(Locator::Css(css)).await;
+        let source = match &found {
+            Ok(_) => String::new(),
+            Err(_) => self.client.source().await.unwrap_or_default(),
+        };
+        found
+            .unwrap_or_else(|e| panic!("{css}: {e}\n{source}"))
+            .text()
+            .await
+            .expect("text")
+    }
+
+    async fn texts(&self, css: &str) -> Vec<String> {
+        let mut all = Vec::new();
+        for e in self.client.find_all(Locator::Css(css)).await.expect("find") {
+            all.push(e.text().await.expect("text"));
+        }
+        all
+    }
+
+    async fn script(&self, js: &str) -> serde_json::Value {
+        self.client
+            .execute(js, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("{js}: {e}"))
+    }
+
+    /// Saves the page as `TEST-NAME.png`.
+    async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.expect("screenshot");
+        std::fs::write(self.shots.join(format!("{}-{name}.png", self.test)), png)
+            .expect("write the screenshot");
+    }
+
+    /// Logs in with the password (and nothing else).
+    async fn login(&self, base: &str, name: &str, password: &str) {
+        self.goto(&format!("{base}/login")).await;
+        self.fill("input[name=username]", name).await;
+        self.fill("input[name=password]", password).await;
+        self.submit("form[action='/login'] button[type=submit]")
+            .await;
+    }
+
+    async fn logout(&self) {
+        self.submit("form[action='/logout'] button").await;
+        assert_eq!(self.path().await, "/login");
+    }
+
+    async fn close(self) {
+        self.client.close().await.expect("close the browser");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_an_operator_logs_in_enrols_totp_and_then_needs_a_code_each_usable_once() {
+    let Some(browser) = Browser::start("totp").await else {
+        return;
+    };
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let base = console.url.clone();
+
+    // Anything asked for before logging in goes to the login page.
+    browser.goto(&format!("{base}/")).await;
+    assert_eq!(browser.path().await, "/login");
+    browser.shot("login").await;
+    browser.login(&base, "alice", "not the password").await;
+    assert_eq!(browser.text("p.error").await, "Wrong name or password.");
+    browser.login(&base, "alice", PASSWORD).await;
+    assert_eq!(browser.path().await, "/");
+    assert_eq!(browser.text("h1").await, "Dashboard");
+    browser.shot("dashboard").await;
+
+    // The session cookie as the browser keeps it: out of scripts' reach.
+    let cookie = browser
+        .client
+        .get_named_cookie("__Host-acme-proxy-session")
+        .await
+        .expect("the session cookie");
+    assert_eq!(cookie.http_only(), Some(true));
+    assert_eq!(cookie.secure(), Some(true));
+    assert_eq!(format!("{:?}", cookie.same_site()), "Some(Strict)");
+    assert_eq!(browser.script("return document.cookie").await, json!(""));
+
+    // Enrol: the QR code is drawn, and its secret is shown as text.
+    browser.goto(&format!("{base}/account/totp")).await;
+    let secret = browser.text("#totp-secret").await;
+    let drawn = browser
+        .script("const i = document.querySelector('img.qr'); return i.complete && i.naturalWidth;")
+        .await;
+    assert!(drawn.as_u64().unwrap_or(0) >= 200, "QR image: {drawn}");
+    browser.shot("totp-enrol").await;
+    browser
+        .fill("input[name=code]", &totp_code(&secret, 0))
+        .await;
+    browser.submit("form[action='/account/totp'] button").await;
+    let codes = browser.texts("ul.recovery-codes code").await;
+    assert_eq!(codes.len(), 10, "{codes:?}");
+    browser.shot("totp-recovery-codes").await;
+    browser.goto(&format!("{base}/")).await;
+    browser.logout().await;
+
+    // Password, then a code; the enrolment's code is spent.
+    browser.login(&base, "alice", PASSWORD).await;
+    assert_eq!(browser.path().await, "/login");
+    browser.shot("login-totp").await;
+    browser.goto(&format!("{base}/")).await;
+    assert_eq!(browser.path().await, "/login", "no page before the code");
+    browser
+        .fill("input[name=code]", &totp_code(&secret, 0))
+        .await;
+    browser.submit("form[action='/login/totp'] button").await;
+    assert!(
+        browser.text("p.error").await.contains("was used already"),
+        "a reused code is refused"
+    );
+    browser.shot("login-totp-reused").await;
+    browser
+        .fill("input[name=code]", &totp_code(&secret, 1))
+        .await;
+    browser.submit("form[action='/login/totp'] button").await;
+    assert_eq!(browser.path().await, "/");
+    browser.logout().await;
+
+    // A recovery code instead, once.
+    for attempt in 0..2 {
+        browser.login(&base, "alice", PASSWORD).await;
+        browser.click("details summary").await;
+        browser.fill("input[name=recovery_code]", &codes[0]).await;
+        browser.submit("details button").await;
+        if attempt == 0 {
+            assert_eq!(browser.path().await, "/", "the recovery code works");
+            browser.logout().await;
+        } else {
+            assert_eq!(browser.path().await, "/login/totp");
+            assert!(browser.text("p.error").await.contains("was used already"));
+            browser.shot("recovery-code-spent").await;
+        }
+    }
+    browser.close().await;
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_the_dashboard_chart_shows_a_certbot_issuance_of_today() {
+    if !harness::require_program("certbot") {
+        return;
+    }
+    let Some(browser) = Browser::start("dashboard").await else {
+        return;
+    };
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    // The profile bypasses validation: certbot's manual hook need do
+    // nothing.
+    let dir = harness::tempdir();
+    let d = dir.path().to_path_buf();
+    let mut args = vec!["certonly".to_owned()];
+    args.extend(crate::clients::certbot_common(
+        &d,
+        &console.server.directory("default"),
+    ));
+    args.extend(
+        [
+            "--manual",
+            "--preferred-challenges",
+            "http",
+            "--manual-auth-hook",
+            "/bin/true",
+            "-d",
+            "dash.example.test",
+            "--cert-name",
+            "t",
+        ]
+        .map(str::to_owned),
+    );
+    let ran = crate::clients::run("certbot", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "certbot: {}\n{}",
+        ran.report(),
+        crate::clients::certbot_log_tail(&d)
+    );
+
+    browser.login(&console.url, "alice", PASSWORD).await;
+    assert_eq!(browser.path().await, "/");
+    let today = browser
+        .script(
+            "const r = [...document.querySelectorAll('figure[data-profile=default] rect.issued')]; \
+             return r[r.length - 1].dataset.count + ' ' + r[r.length - 1].getAttribute('height');",
+        )
+        .await;
+    let today = today.as_str().expect("a count and a height").to_owned();
+    let (count, height) = today.split_once(' ').expect("two values");
+    assert_eq!(count, "1", "today's bar counts the issuance");
+    assert!(
+        height.parse::<i64>().expect("height") > 0,
+        "and is drawn: {today}"
+    );
+    assert_eq!(
+        browser
+            .text("figure[data-profile=default] .issued-total")
+            .await,
+        "1"
+    );
+    browser.shot("dashboard-after-issuance").await;
+    browser.close().await;
+    console.server.stop().await;
+}
