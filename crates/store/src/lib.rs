@@ -60,7 +60,7 @@ pub use jobs::{Attempts, Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, New
 pub use operators::{NewOperatorSession, OperatorRow, OperatorSessionRow, SessionStage};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
-    OrderRow, ProcessingChallenge,
+    OrderRow, OrderSearch, ProcessingChallenge,
 };
 pub use rate_limits::{RateLimitKey, RateLimitRow, RateLimitTake};
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};

@@ -1038,6 +1038,61 @@ impl Store {
     }
 }
 
+/// What the console's order search narrows by; none: every order.
+#[derive(Clone, Debug, Default)]
+pub struct OrderSearch<'a> {
+    /// An identifier's value, exactly (a wildcard's base name).
+    pub name: Option<&'a str>,
+    /// The certificate's serial, lowercase hex.
+    pub serial: Option<&'a str>,
+    pub account: Option<&'a str>,
+    pub profile: Option<&'a str>,
+    pub status: Option<OrderStatus>,
+    /// Only orders older than this one (created_at, id): the next page.
+    pub before: Option<(i64, &'a str)>,
+}
+
+impl Store {
+    /// Orders matching `search`, newest first, at most `limit`: one page,
+    /// read along the `orders_by_time` index.
+    pub async fn search_orders(
+        &self,
+        search: &OrderSearch<'_>,
+        limit: i64,
+    ) -> Result<Vec<OrderRow>> {
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    order_columns!(),
+                    " FROM orders o
+                  WHERE (?1 IS NULL OR o.id IN (
+                           SELECT oa.order_id FROM order_authorizations oa
+                           JOIN authorizations a ON a.id = oa.authz_id
+                           WHERE a.identifier_value = ?1))
+                    AND (?2 IS NULL OR o.id IN (SELECT c.order_id FROM certificates c WHERE c.serial = ?2))
+                    AND (?3 IS NULL OR o.account_id = ?3) AND (?4 IS NULL OR o.profile = ?4)
+                    AND (?5 IS NULL OR o.status = ?5)
+                    AND (?6 IS NULL OR o.created_at < ?6 OR (o.created_at = ?6 AND o.id < ?7))
+                  ORDER BY o.created_at DESC, o.id DESC LIMIT ?8"
+                ),
+                args![
+                    search.name,
+                    search.serial,
+                    search.account,
+                    search.profile,
+                    search.status.map(OrderStatus::as_str),
+                    search.before.map(|(at, _)| at),
+                    search.before.map(|(_, id)| id),
+                    limit
+                ],
+                order_from_row,
+            )
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

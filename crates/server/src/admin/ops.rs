@@ -733,6 +733,68 @@ pub async fn show_order(store: &Store, id: &str) -> Result<OrderView, OpsError> 
     order_view(store, order, true).await
 }
 
+/// The revocation reasons a certificate's holder (or an operator on
+/// their behalf) may give, RFC 5280 §5.3.1 code and name; the others are
+/// for CA events.
+pub const REVOCATION_REASONS: [(u64, &str); 5] = [
+    (0, "unspecified"),
+    (1, "keyCompromise"),
+    (3, "affiliationChanged"),
+    (4, "superseded"),
+    (5, "cessationOfOperation"),
+];
+
+/// One page of an order search, and where the next one starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderPage {
+    pub orders: Vec<OrderView>,
+    /// The cursor of the next (older) page, when there may be one.
+    pub next: Option<String>,
+}
+
+/// A page cursor: the last order's creation time and id.
+fn order_cursor(o: &acme_proxy_store::OrderRow) -> String {
+    format!("{}.{}", o.created_at, o.id)
+}
+
+/// A cursor back into (created_at, id); none for anything else.
+pub fn parse_order_cursor(cursor: &str) -> Option<(i64, &str)> {
+    let (at, id) = cursor.split_once('.')?;
+    Some((at.parse().ok()?, id))
+}
+
+/// Orders matching `search`, newest first, `limit` to a page, each with
+/// its certificate's serial when it has one.
+pub async fn search_orders(
+    store: &Store,
+    search: &acme_proxy_store::OrderSearch<'_>,
+    limit: i64,
+) -> Result<OrderPage, OpsError> {
+    let rows = store.search_orders(search, limit).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(order_cursor))
+        .flatten();
+    let mut orders = Vec::with_capacity(rows.len());
+    for o in rows {
+        orders.push(order_view(store, o, false).await?);
+    }
+    Ok(OrderPage { orders, next })
+}
+
+/// The PEM chain of an order's certificate, and its serial.
+pub async fn order_chain(store: &Store, id: &str) -> Result<(String, String), OpsError> {
+    let order = store
+        .order(id)
+        .await?
+        .ok_or_else(|| OpsError::Refused(format!("no order {id}")))?;
+    let certificate = match &order.certificate_id {
+        Some(cid) => store.certificate(cid).await?,
+        None => None,
+    }
+    .ok_or_else(|| OpsError::Refused(format!("order {id} has no certificate")))?;
+    Ok((certificate.serial, certificate.chain_pem))
+}
+
 pub async fn revoke_order(
     authority: &Authority,
     id: &str,

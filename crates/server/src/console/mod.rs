@@ -153,6 +153,10 @@ impl Console {
             .route("/login/totp", post(auth::login_totp))
             .route("/account/totp", get(auth::totp_page).post(auth::enrol_totp))
             .route("/logout", post(auth::logout))
+            .route("/orders", get(pages::orders))
+            .route("/orders/{id}", get(pages::order))
+            .route("/orders/{id}/chain.pem", get(pages::order_chain))
+            .route("/orders/{id}/revoke", post(pages::revoke))
             .route("/static/{file}", get(asset))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
@@ -285,6 +289,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("totp.html", include_str!("templates/totp.html")),
     ("message.html", include_str!("templates/message.html")),
     ("dashboard.html", include_str!("templates/dashboard.html")),
+    ("orders.html", include_str!("templates/orders.html")),
+    ("order.html", include_str!("templates/order.html")),
 ];
 
 /// See the module's documentation.

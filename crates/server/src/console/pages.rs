@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
+use acme_proxy_protocol::types::OrderStatus;
 use axum::Extension;
-use axum::extract::State;
-use axum::response::Response;
-use http::StatusCode;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use http::{StatusCode, header};
 
 use super::{Console, Session};
 
@@ -41,4 +42,200 @@ pub async fn dashboard(
         Some(&session),
         minijinja::context! { view, charts },
     )
+}
+
+/// Orders to a page.
+const PAGE: i64 = 50;
+/// A search field is cut to this before use (a name is at most 253).
+const FIELD_MAX: usize = 256;
+
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(default)]
+pub struct OrderQuery {
+    name: String,
+    serial: String,
+    account: String,
+    profile: String,
+    status: String,
+    before: String,
+}
+
+/// A search field as typed, trimmed and bounded.
+fn field(text: &str) -> String {
+    crate::bounded::truncate(text.trim(), FIELD_MAX)
+        .trim()
+        .to_owned()
+}
+
+pub async fn orders(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Query(query): Query<OrderQuery>,
+) -> Response {
+    // A name as stored: lower case, no wildcard label, no final dot; a
+    // serial as stored: lower-case hex without colons.
+    let name = field(&query.name).to_ascii_lowercase();
+    let name = name
+        .trim_start_matches("*.")
+        .trim_end_matches('.')
+        .to_owned();
+    let serial: String = field(&query.serial)
+        .chars()
+        .filter(|c| *c != ':' && !c.is_whitespace())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let account = field(&query.account);
+    let profile = field(&query.profile);
+    let status = field(&query.status);
+    let parsed_status = if status.is_empty() {
+        None
+    } else {
+        match status.parse::<OrderStatus>() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                return console.refusal(
+                    StatusCode::BAD_REQUEST,
+                    "That is not an order status (pending, ready, processing, valid, invalid).",
+                );
+            }
+        }
+    };
+    let before = crate::admin::ops::parse_order_cursor(&query.before);
+    let search = acme_proxy_store::OrderSearch {
+        name: Some(name.as_str()).filter(|s| !s.is_empty()),
+        serial: Some(serial.as_str()).filter(|s| !s.is_empty()),
+        account: Some(account.as_str()).filter(|s| !s.is_empty()),
+        profile: Some(profile.as_str()).filter(|s| !s.is_empty()),
+        status: parsed_status,
+        before,
+    };
+    let authority = console.generations.authority();
+    let page = match crate::admin::ops::search_orders(authority.store(), &search, PAGE).await {
+        Ok(page) => page,
+        Err(e) => return console.unavailable(&e),
+    };
+    let next = page.next.as_ref().map(|cursor| {
+        let next = OrderQuery {
+            before: cursor.clone(),
+            ..OrderQuery {
+                name: query.name.clone(),
+                serial: query.serial.clone(),
+                account: query.account.clone(),
+                profile: query.profile.clone(),
+                status: query.status.clone(),
+                before: String::new(),
+            }
+        };
+        format!(
+            "/orders?{}",
+            serde_urlencoded::to_string(&next).unwrap_or_default()
+        )
+    });
+    console.page(
+        StatusCode::OK,
+        "orders.html",
+        Some(&session),
+        minijinja::context! {
+            orders => page.orders,
+            next,
+            q => minijinja::context! { name, serial, account, profile, status },
+            statuses => ["pending", "ready", "processing", "valid", "invalid"],
+        },
+    )
+}
+
+pub async fn order(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<String>,
+) -> Response {
+    let authority = console.generations.authority();
+    let order = match crate::admin::ops::show_order(authority.store(), &id).await {
+        Ok(order) => order,
+        Err(crate::admin::ops::OpsError::Refused(_)) => {
+            return console.refusal(StatusCode::NOT_FOUND, "There is no such order.");
+        }
+        Err(e) => return console.unavailable(&e),
+    };
+    let reasons: Vec<_> = crate::admin::ops::REVOCATION_REASONS
+        .iter()
+        .map(|(code, name)| minijinja::context! { code, name })
+        .collect();
+    console.page(
+        StatusCode::OK,
+        "order.html",
+        Some(&session),
+        minijinja::context! { order, reasons },
+    )
+}
+
+pub async fn order_chain(State(console): State<Arc<Console>>, Path(id): Path<String>) -> Response {
+    let authority = console.generations.authority();
+    match crate::admin::ops::order_chain(authority.store(), &id).await {
+        Ok((serial, pem)) => (
+            [
+                (
+                    header::CONTENT_TYPE,
+                    "application/pem-certificate-chain".to_owned(),
+                ),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"{serial}.pem\""),
+                ),
+            ],
+            pem,
+        )
+            .into_response(),
+        Err(crate::admin::ops::OpsError::Refused(_)) => {
+            console.refusal(StatusCode::NOT_FOUND, "That order has no certificate.")
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct RevokeForm {
+    reason: u64,
+    #[serde(default)]
+    confirm: String,
+}
+
+/// Revokes an order's certificate as the logged-in operator, once the
+/// form's confirmation box is ticked.
+pub async fn revoke(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<String>,
+    axum::Form(form): axum::Form<RevokeForm>,
+) -> Response {
+    if form.confirm != "yes" {
+        return console.refusal(
+            StatusCode::BAD_REQUEST,
+            "Nothing was revoked: tick the box that confirms the revocation.",
+        );
+    }
+    if !crate::admin::ops::REVOCATION_REASONS
+        .iter()
+        .any(|(code, _)| *code == form.reason)
+    {
+        return console.refusal(StatusCode::BAD_REQUEST, "That is not a revocation reason.");
+    }
+    let authority = console.generations.authority();
+    match crate::admin::ops::revoke_order(&authority, &id, Some(form.reason), &session.actor())
+        .await
+    {
+        // A revoked order's id is base64url: a path segment as it is.
+        Ok(_) => see_other_to(&format!("/orders/{id}")),
+        Err(crate::admin::ops::OpsError::Refused(why)) => {
+            console.refusal(StatusCode::CONFLICT, &why)
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+fn see_other_to(to: &str) -> Response {
+    match http::HeaderValue::from_str(to) {
+        Ok(location) => (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response(),
+        Err(_) => super::see_other("/"),
+    }
 }

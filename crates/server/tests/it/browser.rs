@@ -289,7 +289,7 @@ async fn in_chromium_an_operator_logs_in_enrols_totp_and_then_needs_a_code_each_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_chromium_the_dashboard_chart_shows_a_certbot_issuance_of_today() {
+async fn in_chromium_a_certbot_issuance_shows_on_the_dashboard_and_its_order_page_revokes_it() {
     if !harness::require_program("certbot") {
         return;
     }
@@ -351,6 +351,82 @@ async fn in_chromium_the_dashboard_chart_shows_a_certbot_issuance_of_today() {
         "1"
     );
     browser.shot("dashboard-after-issuance").await;
+
+    // Found by name on the orders page, shown with its certificate.
+    browser.goto(&format!("{}/orders", console.url)).await;
+    browser.fill("input[name=name]", "DASH.example.test.").await;
+    browser.submit("form.search button").await;
+    assert_eq!(
+        browser.texts("table.orders td.names").await,
+        ["dash.example.test"]
+    );
+    browser.shot("orders").await;
+    browser.submit("table.orders td a").await;
+    assert!(browser.path().await.starts_with("/orders/"));
+    assert_eq!(browser.text("#order-status").await, "valid");
+    let serial = browser.text("#serial").await;
+    let cert = std::fs::read_to_string(d.join("conf/live/t/cert.pem")).expect("certbot's cert");
+    let (_, der) = x509_parser::pem::parse_x509_pem(cert.as_bytes()).expect("PEM");
+    let (_, leaf) = x509_parser::parse_x509_certificate(&der.contents).expect("DER");
+    assert_eq!(
+        serial,
+        hex::encode(leaf.raw_serial()),
+        "the page shows certbot's serial"
+    );
+    // The chain link downloads what certbot got.
+    let href = browser
+        .script("return document.querySelector('a[download]').getAttribute('href')")
+        .await;
+    let chain = crate::raw::request_with(
+        "GET",
+        &format!("{}{}", console.url, href.as_str().expect("href")),
+        &[("cookie", &session_cookie_of(&browser).await)],
+        vec![],
+    )
+    .await;
+    assert_eq!(chain.status, 200);
+    assert!(String::from_utf8_lossy(&chain.body).starts_with(cert.trim_end()));
+    browser.shot("order").await;
+
+    // Revoke, confirmed, for keyCompromise.
+    browser
+        .client
+        .find(Locator::Css("select[name=reason] option[value='1']"))
+        .await
+        .expect("the reason")
+        .click()
+        .await
+        .expect("choose it");
+    browser.click("input[name=confirm]").await;
+    browser.submit("form.revoke button").await;
+    assert!(
+        browser.text("#revoked").await.ends_with("(reason 1)"),
+        "the page shows the revocation"
+    );
+    browser.shot("order-revoked").await;
+    let (status, _, crl) =
+        crate::flow::reqwest_get(&format!("{}/profile/default/crl", console.server.base())).await;
+    assert_eq!(status, 200);
+    let (_, crl) = x509_parser::parse_x509_crl(&crl).expect("a DER CRL");
+    assert!(
+        crl.iter_revoked_certificates()
+            .any(|r| hex::encode(r.raw_serial()) == serial),
+        "the served CRL lists the serial revoked from the page"
+    );
+    let audit = console.cli(&["audit", "list", "--event", "certificate.revoked", "--json"]);
+    let audit: serde_json::Value = serde_json::from_str(&audit.stdout).expect("JSON");
+    assert_eq!(audit[0]["actor"], "operator:alice");
+    assert_eq!(audit[0]["serial"], serial.as_str());
     browser.close().await;
     console.server.stop().await;
+}
+
+/// The session cookie the browser holds, as a `Cookie` header's value.
+async fn session_cookie_of(browser: &Browser) -> String {
+    let cookie = browser
+        .client
+        .get_named_cookie("__Host-acme-proxy-session")
+        .await
+        .expect("the session cookie");
+    format!("{}={}", cookie.name(), cookie.value())
 }

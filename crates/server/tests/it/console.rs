@@ -311,6 +311,10 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
     let routes = [
         ("/logout", String::new()),
         ("/account/totp", "code=123456".to_owned()),
+        (
+            "/orders/AAAAAAAAAAAAAAAAAAAAAA/revoke",
+            "reason=0&confirm=yes".to_owned(),
+        ),
     ];
     for (route, body) in &routes {
         let with = |extra: &str| {
@@ -383,6 +387,16 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
             .await;
         assert_eq!(anonymous.status, 403, "{route} without a session");
     }
+    // A revocation needs its box ticked.
+    let unconfirmed = console
+        .post(
+            "/orders/AAAAAAAAAAAAAAAAAAAAAA/revoke",
+            &[("cookie", &cookie), ("origin", &own)],
+            &format!("csrf={csrf}&reason=0"),
+        )
+        .await;
+    assert_eq!(unconfirmed.status, 400);
+    assert!(text(&unconfirmed).contains("Nothing was revoked"));
     // A login from another site is refused too (login CSRF).
     let cross = console
         .post(

@@ -40,3 +40,8 @@ CREATE TABLE operator_sessions (
     pending_totp BLOB
 );
 CREATE INDEX operator_sessions_by_operator ON operator_sessions (operator);
+
+-- The console's pages: orders newest first, a page at a time (keyset on
+-- created_at, id), and found by one of their names.
+CREATE INDEX orders_by_time ON orders (created_at, id);
+CREATE INDEX authorizations_by_name ON authorizations (identifier_value);

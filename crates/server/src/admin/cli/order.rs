@@ -66,13 +66,7 @@ pub enum OrderCommand {
 /// A revocation reason a subscriber may give, as its RFC 5280 code or
 /// name (any case); anything else is a usage error.
 fn reason(text: &str) -> Result<u64, String> {
-    const NAMES: [(u64, &str); 5] = [
-        (0, "unspecified"),
-        (1, "keyCompromise"),
-        (3, "affiliationChanged"),
-        (4, "superseded"),
-        (5, "cessationOfOperation"),
-    ];
+    const NAMES: [(u64, &str); 5] = ops::REVOCATION_REASONS;
     NAMES
         .iter()
         .find(|(code, name)| text == code.to_string() || text.eq_ignore_ascii_case(name))
