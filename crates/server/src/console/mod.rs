@@ -157,6 +157,8 @@ impl Console {
             .route("/orders/{id}", get(pages::order))
             .route("/orders/{id}/chain.pem", get(pages::order_chain))
             .route("/orders/{id}/revoke", post(pages::revoke))
+            .route("/eab", get(pages::eab).post(pages::mint_eab))
+            .route("/eab/{kid}/revoke", post(pages::revoke_eab))
             .route("/static/{file}", get(asset))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
@@ -291,6 +293,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("dashboard.html", include_str!("templates/dashboard.html")),
     ("orders.html", include_str!("templates/orders.html")),
     ("order.html", include_str!("templates/order.html")),
+    ("eab.html", include_str!("templates/eab.html")),
 ];
 
 /// See the module's documentation.

@@ -239,3 +239,104 @@ fn see_other_to(to: &str) -> Response {
         Err(_) => super::see_other("/"),
     }
 }
+
+pub async fn eab(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+) -> Response {
+    eab_page(&console, &session, StatusCode::OK, None, None).await
+}
+
+/// The credentials, the form that mints one, and (once, after minting)
+/// the new credential with its key.
+async fn eab_page(
+    console: &Console,
+    session: &Session,
+    status: StatusCode,
+    minted: Option<crate::admin::ops::EabView>,
+    error: Option<String>,
+) -> Response {
+    let generation = console.generations.current();
+    let credentials = match crate::admin::ops::list_eab(generation.authority.store()).await {
+        Ok(list) => list,
+        Err(e) => return console.unavailable(&e),
+    };
+    let profiles: Vec<String> = generation.config.profiles.keys().cloned().collect();
+    console.page(
+        status,
+        "eab.html",
+        Some(session),
+        minijinja::context! { credentials, profiles, minted, error },
+    )
+}
+
+#[derive(serde::Deserialize)]
+pub struct MintForm {
+    #[serde(default)]
+    label: String,
+    #[serde(default)]
+    profile: String,
+    /// Name globs, one per line or separated by commas or spaces.
+    #[serde(default)]
+    names: String,
+}
+
+/// Mints a credential as the logged-in operator; its HMAC key is on this
+/// answer only.
+pub async fn mint_eab(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    axum::Form(form): axum::Form<MintForm>,
+) -> Response {
+    let label = field(&form.label);
+    let profile = field(&form.profile);
+    let names: Vec<String> = crate::bounded::truncate(&form.names, 16 * 1024)
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let authority = console.generations.authority();
+    let minted = crate::admin::ops::create_eab(
+        &authority,
+        Some(label.as_str()).filter(|l| !l.is_empty()),
+        Some(profile.as_str()).filter(|p| !p.is_empty()),
+        (!names.is_empty()).then_some(names.as_slice()),
+        &session.actor(),
+    )
+    .await;
+    match minted {
+        Ok(view) => eab_page(&console, &session, StatusCode::OK, Some(view), None).await,
+        Err(crate::admin::ops::OpsError::Refused(why)) => {
+            eab_page(&console, &session, StatusCode::BAD_REQUEST, None, Some(why)).await
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct ConfirmForm {
+    #[serde(default)]
+    confirm: String,
+}
+
+pub async fn revoke_eab(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(kid): Path<String>,
+    axum::Form(form): axum::Form<ConfirmForm>,
+) -> Response {
+    if form.confirm != "yes" {
+        return console.refusal(
+            StatusCode::BAD_REQUEST,
+            "Nothing was revoked: tick the box that confirms the revocation.",
+        );
+    }
+    let authority = console.generations.authority();
+    match crate::admin::ops::revoke_eab(&authority, &kid, &session.actor()).await {
+        Ok(_) => super::see_other("/eab"),
+        Err(crate::admin::ops::OpsError::Refused(why)) => {
+            console.refusal(StatusCode::CONFLICT, &why)
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}

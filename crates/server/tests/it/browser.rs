@@ -430,3 +430,86 @@ async fn session_cookie_of(browser: &Browser) -> String {
         .expect("the session cookie");
     format!("{}={}", cookie.name(), cookie.value())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_an_eab_credential_minted_on_the_page_registers_lego_and_is_revoked_there() {
+    if !harness::require_program("lego") {
+        return;
+    }
+    let Some(browser) = Browser::start("eab").await else {
+        return;
+    };
+    let console = Console::start_with("", "bypass = true\neab = \"required\"\n").await;
+    console.create("alice", PASSWORD);
+    browser.login(&console.url, "alice", PASSWORD).await;
+    browser.goto(&format!("{}/eab", console.url)).await;
+    browser
+        .fill("form.mint input[name=label]", "fleet <b>one</b>")
+        .await;
+    browser.submit("form.mint button").await;
+    let kid = browser.text("#eab-kid").await;
+    let hmac = browser.text("#eab-hmac").await;
+    browser.shot("minted").await;
+    // The label is text, not markup.
+    assert_eq!(
+        browser
+            .text(&format!("tr[data-kid='{kid}'] td:nth-child(3)"))
+            .await,
+        "fleet <b>one</b>"
+    );
+
+    // lego registers with what the page showed (and, the profile
+    // bypassing validation, gets a certificate through its webroot).
+    let home = harness::tempdir();
+    let d = home.path().to_path_buf();
+    let webroot = d.join("webroot");
+    std::fs::create_dir_all(&webroot).expect("webroot");
+    let args: Vec<String> = [
+        "--server",
+        &console.server.directory("default"),
+        "--email",
+        "admin@example.test",
+        "--accept-tos",
+        "--path",
+        d.to_str().expect("utf-8"),
+        "--key-type",
+        "ec256",
+        "--eab",
+        "--kid",
+        &kid,
+        "--hmac",
+        &hmac,
+        "--http",
+        "--http.webroot",
+        webroot.to_str().expect("utf-8"),
+        "-d",
+        "eab.example.test",
+        "run",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let ran = crate::clients::run("lego", args, d.clone()).await;
+    assert!(
+        ran.success(),
+        "lego with the page's credential: {}",
+        ran.report()
+    );
+
+    // A reload shows the account bound to it; revoke it there.
+    browser.goto(&format!("{}/eab", console.url)).await;
+    let row = format!("tr[data-kid='{kid}']");
+    assert_eq!(browser.text(&format!("{row} td.accounts")).await, "1");
+    assert!(
+        browser.texts("#eab-hmac").await.is_empty(),
+        "the key is never shown again"
+    );
+    browser.click(&format!("{row} input[name=confirm]")).await;
+    browser.submit(&format!("{row} button")).await;
+    assert_eq!(browser.text(&format!("{row} td.status")).await, "revoked");
+    browser.shot("revoked").await;
+    let audit = console.cli(&["audit", "list", "--event", "eab.revoked", "--json"]);
+    let audit: serde_json::Value = serde_json::from_str(&audit.stdout).expect("JSON");
+    assert_eq!(audit[0]["actor"], "operator:alice");
+    browser.close().await;
+    console.server.stop().await;
+}

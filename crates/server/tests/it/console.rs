@@ -25,14 +25,17 @@ pub(crate) struct Console {
 
 impl Console {
     pub(crate) async fn start(admin: &str) -> Console {
+        Self::start_with(admin, "bypass = true\n").await
+    }
+
+    /// With `profile` as the default profile's settings.
+    pub(crate) async fn start_with(admin: &str, profile: &str) -> Console {
         let dir = harness::tempdir();
         let toml = TestServer::config_text(
             dir.path(),
             1,
             None,
-            &format!(
-                "[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n[profiles.default]\nbypass = true\n"
-            ),
+            &format!("[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n[profiles.default]\n{profile}"),
         );
         let (etc, config) = harness::config_file(&toml);
         let server = TestServer::start_in(dir, &toml).await;
@@ -315,6 +318,8 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
             "/orders/AAAAAAAAAAAAAAAAAAAAAA/revoke",
             "reason=0&confirm=yes".to_owned(),
         ),
+        ("/eab", "label=forged".to_owned()),
+        ("/eab/AAAAAAAAAAAAAAAA/revoke", "confirm=yes".to_owned()),
     ];
     for (route, body) in &routes {
         let with = |extra: &str| {
@@ -387,6 +392,9 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
             .await;
         assert_eq!(anonymous.status, 403, "{route} without a session");
     }
+    // Nothing was minted by the refused requests.
+    let minted = console.cli(&["eab", "list", "--json"]);
+    assert_eq!(minted.stdout.trim(), "[]", "{minted:?}");
     // A revocation needs its box ticked.
     let unconfirmed = console
         .post(
