@@ -303,6 +303,18 @@ impl Store {
     }
 }
 
+/// What the console's account search narrows by; none: every account.
+#[derive(Clone, Debug, Default)]
+pub struct AccountSearch<'a> {
+    pub id: Option<&'a str>,
+    /// A piece of a contact address.
+    pub contact: Option<&'a str>,
+    pub profile: Option<&'a str>,
+    pub status: Option<AccountStatus>,
+    /// Only accounts older than this one (created_at, id): the next page.
+    pub before: Option<(i64, &'a str)>,
+}
+
 impl Store {
     /// Accounts for operators, newest first.
     pub async fn list_accounts(
@@ -321,6 +333,43 @@ impl Store {
                   ORDER BY created_at DESC, id DESC LIMIT ?3"
             ),
                 args![profile, status.map(AccountStatus::as_str), limit],
+                account_from_row,
+            )
+            .await
+    }
+
+    /// Accounts for the console, newest first, a page at a time (keyset on
+    /// created_at, id): those whose id is `id`, or whose contacts contain
+    /// `contact` (any case), of a profile and status.
+    pub async fn search_accounts(
+        &self,
+        search: &AccountSearch<'_>,
+        limit: i64,
+    ) -> Result<Vec<AccountRow>> {
+        let contact = search
+            .contact
+            .map(|c| format!("%{}%", c.to_lowercase().replace(['%', '_', '\\'], "")));
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    account_columns!(),
+                    " FROM accounts
+                  WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR LOWER(contact) LIKE ?2)
+                    AND (?3 IS NULL OR profile = ?3) AND (?4 IS NULL OR status = ?4)
+                    AND (?5 IS NULL OR created_at < ?5 OR (created_at = ?5 AND id < ?6))
+                  ORDER BY created_at DESC, id DESC LIMIT ?7"
+                ),
+                args![
+                    search.id,
+                    contact,
+                    search.profile,
+                    search.status.map(AccountStatus::as_str),
+                    search.before.map(|(at, _)| at),
+                    search.before.map(|(_, id)| id),
+                    limit
+                ],
                 account_from_row,
             )
             .await

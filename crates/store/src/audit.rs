@@ -225,6 +225,8 @@ pub struct AuditFilter<'a> {
     pub outcome: Option<AuditOutcome>,
     /// Unix seconds; rows at or after.
     pub since: Option<i64>,
+    /// Only rows older than this id: the next page.
+    pub before: Option<i64>,
 }
 
 impl Store {
@@ -276,7 +278,7 @@ impl Store {
              WHERE (?1 IS NULL OR profile = ?1) AND (?2 IS NULL OR account_id = ?2)
                AND (?3 IS NULL OR order_id = ?3) AND (?4 IS NULL OR serial = ?4)
                AND (?5 IS NULL OR event = ?5) AND (?6 IS NULL OR outcome = ?6)
-               AND (?7 IS NULL OR at >= ?7)
+               AND (?7 IS NULL OR at >= ?7) AND (?9 IS NULL OR id < ?9)
              ORDER BY id DESC LIMIT ?8"
                 ),
                 args![
@@ -288,6 +290,7 @@ impl Store {
                     filter.outcome.map(AuditOutcome::as_str),
                     filter.since,
                     limit,
+                    filter.before,
                 ],
                 audit_from_row,
             )

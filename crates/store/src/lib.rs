@@ -46,7 +46,7 @@ use sqlx::{ConnectOptions, Connection as _};
 use db::Conn;
 use slot::Slot;
 
-pub use accounts::{AccountGuard, AccountRow, KeyChangeOutcome, NewAccountRow};
+pub use accounts::{AccountGuard, AccountRow, AccountSearch, KeyChangeOutcome, NewAccountRow};
 pub use admin::{Blocker, DeleteOutcome};
 pub use audit::{
     AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, DayCount, NewAuditRow,

@@ -604,6 +604,28 @@ pub async fn list_accounts(
         .collect())
 }
 
+/// One page of an account search, and where the next one starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccountPage {
+    pub accounts: Vec<AccountView>,
+    pub next: Option<String>,
+}
+
+pub async fn search_accounts(
+    store: &Store,
+    search: &acme_proxy_store::AccountSearch<'_>,
+    limit: i64,
+) -> Result<AccountPage, OpsError> {
+    let rows = store.search_accounts(search, limit).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|a| cursor(a.created_at, &a.id)))
+        .flatten();
+    Ok(AccountPage {
+        accounts: rows.into_iter().map(AccountView::from).collect(),
+        next,
+    })
+}
+
 pub async fn show_account(store: &Store, id: &str) -> Result<AccountView, OpsError> {
     let account = store
         .account(id)
@@ -752,13 +774,13 @@ pub struct OrderPage {
     pub next: Option<String>,
 }
 
-/// A page cursor: the last order's creation time and id.
-fn order_cursor(o: &acme_proxy_store::OrderRow) -> String {
-    format!("{}.{}", o.created_at, o.id)
+/// A page cursor: the last row's creation time and id.
+fn cursor(created_at: i64, id: &str) -> String {
+    format!("{created_at}.{id}")
 }
 
 /// A cursor back into (created_at, id); none for anything else.
-pub fn parse_order_cursor(cursor: &str) -> Option<(i64, &str)> {
+pub fn parse_cursor(cursor: &str) -> Option<(i64, &str)> {
     let (at, id) = cursor.split_once('.')?;
     Some((at.parse().ok()?, id))
 }
@@ -772,7 +794,7 @@ pub async fn search_orders(
 ) -> Result<OrderPage, OpsError> {
     let rows = store.search_orders(search, limit).await?;
     let next = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(order_cursor))
+        .then(|| rows.last().map(|o| cursor(o.created_at, &o.id)))
         .flatten();
     let mut orders = Vec::with_capacity(rows.len());
     for o in rows {

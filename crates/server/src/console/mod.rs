@@ -157,6 +157,11 @@ impl Console {
             .route("/orders/{id}", get(pages::order))
             .route("/orders/{id}/chain.pem", get(pages::order_chain))
             .route("/orders/{id}/revoke", post(pages::revoke))
+            .route("/accounts", get(pages::accounts))
+            .route("/accounts/{id}", get(pages::account))
+            .route("/accounts/{id}/deactivate", post(pages::deactivate_account))
+            .route("/accounts/{id}/delete", post(pages::delete_account))
+            .route("/audit", get(pages::audit))
             .route("/eab", get(pages::eab).post(pages::mint_eab))
             .route("/eab/{kid}/revoke", post(pages::revoke_eab))
             .route("/static/{file}", get(asset))
@@ -294,6 +299,9 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("orders.html", include_str!("templates/orders.html")),
     ("order.html", include_str!("templates/order.html")),
     ("eab.html", include_str!("templates/eab.html")),
+    ("accounts.html", include_str!("templates/accounts.html")),
+    ("account.html", include_str!("templates/account.html")),
+    ("audit.html", include_str!("templates/audit.html")),
 ];
 
 /// See the module's documentation.

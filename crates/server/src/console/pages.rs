@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use acme_proxy_protocol::types::OrderStatus;
+use acme_proxy_protocol::types::{AccountStatus, OrderStatus};
+use acme_proxy_store::{AuditEvent, AuditOutcome};
 use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -100,7 +101,7 @@ pub async fn orders(
             }
         }
     };
-    let before = crate::admin::ops::parse_order_cursor(&query.before);
+    let before = crate::admin::ops::parse_cursor(&query.before);
     let search = acme_proxy_store::OrderSearch {
         name: Some(name.as_str()).filter(|s| !s.is_empty()),
         serial: Some(serial.as_str()).filter(|s| !s.is_empty()),
@@ -339,4 +340,224 @@ pub async fn revoke_eab(
         }
         Err(e) => console.unavailable(&e),
     }
+}
+
+/// The query string of `query` with `before` set to `cursor`: the next
+/// page's link.
+fn next_link<Q: serde::Serialize>(path: &str, query: &Q, cursor: &str) -> String {
+    let mut pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(&serde_urlencoded::to_string(query).unwrap_or_default())
+            .unwrap_or_default();
+    pairs.retain(|(k, v)| k != "before" && !v.is_empty());
+    pairs.push(("before".to_owned(), cursor.to_owned()));
+    format!(
+        "{path}?{}",
+        serde_urlencoded::to_string(&pairs).unwrap_or_default()
+    )
+}
+
+/// `text` as an optional filter: none when empty.
+fn given(text: &str) -> Option<&str> {
+    Some(text).filter(|t| !t.is_empty())
+}
+
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(default)]
+pub struct AccountQuery {
+    id: String,
+    contact: String,
+    profile: String,
+    status: String,
+    before: String,
+}
+
+pub async fn accounts(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Query(query): Query<AccountQuery>,
+) -> Response {
+    let (id, contact, profile, status) = (
+        field(&query.id),
+        field(&query.contact),
+        field(&query.profile),
+        field(&query.status),
+    );
+    let parsed_status = match given(&status).map(str::parse::<AccountStatus>) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(_)) => {
+            return console.refusal(
+                StatusCode::BAD_REQUEST,
+                "That is not an account status (valid, deactivated, revoked).",
+            );
+        }
+    };
+    let search = acme_proxy_store::AccountSearch {
+        id: given(&id),
+        contact: given(&contact),
+        profile: given(&profile),
+        status: parsed_status,
+        before: crate::admin::ops::parse_cursor(&query.before),
+    };
+    let authority = console.generations.authority();
+    let page = match crate::admin::ops::search_accounts(authority.store(), &search, PAGE).await {
+        Ok(page) => page,
+        Err(e) => return console.unavailable(&e),
+    };
+    let next = page
+        .next
+        .as_ref()
+        .map(|cursor| next_link("/accounts", &query, cursor));
+    console.page(
+        StatusCode::OK,
+        "accounts.html",
+        Some(&session),
+        minijinja::context! {
+            accounts => page.accounts,
+            next,
+            q => minijinja::context! { id, contact, profile, status },
+            statuses => ["valid", "deactivated", "revoked"],
+        },
+    )
+}
+
+pub async fn account(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<String>,
+) -> Response {
+    let authority = console.generations.authority();
+    match crate::admin::ops::show_account(authority.store(), &id).await {
+        Ok(account) => console.page(
+            StatusCode::OK,
+            "account.html",
+            Some(&session),
+            minijinja::context! { account },
+        ),
+        Err(crate::admin::ops::OpsError::Refused(_)) => {
+            console.refusal(StatusCode::NOT_FOUND, "There is no such account.")
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+/// Deactivates an account (RFC 8555 §7.3.6, on its holder's behalf) once
+/// confirmed.
+pub async fn deactivate_account(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<String>,
+    axum::Form(form): axum::Form<ConfirmForm>,
+) -> Response {
+    if form.confirm != "yes" {
+        return console.refusal(
+            StatusCode::BAD_REQUEST,
+            "Nothing was changed: tick the box that confirms it.",
+        );
+    }
+    let authority = console.generations.authority();
+    match crate::admin::ops::deactivate_account(&authority, &id, &session.actor()).await {
+        Ok(_) => see_other_to(&format!("/accounts/{id}")),
+        Err(crate::admin::ops::OpsError::Refused(why)) => {
+            console.refusal(StatusCode::CONFLICT, &why)
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+/// Deletes an account once confirmed (refused while it still has
+/// certificates that have not expired, as the CLI is).
+pub async fn delete_account(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<String>,
+    axum::Form(form): axum::Form<ConfirmForm>,
+) -> Response {
+    if form.confirm != "yes" {
+        return console.refusal(
+            StatusCode::BAD_REQUEST,
+            "Nothing was deleted: tick the box that confirms it.",
+        );
+    }
+    let authority = console.generations.authority();
+    match crate::admin::ops::delete_account(&authority, &id, &session.actor()).await {
+        Ok(()) => super::see_other("/accounts"),
+        Err(crate::admin::ops::OpsError::Refused(why)) => {
+            console.refusal(StatusCode::CONFLICT, &why)
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(default)]
+pub struct AuditQuery {
+    event: String,
+    outcome: String,
+    profile: String,
+    account: String,
+    order: String,
+    serial: String,
+    before: String,
+}
+
+pub async fn audit(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Query(query): Query<AuditQuery>,
+) -> Response {
+    let (event, outcome) = (field(&query.event), field(&query.outcome));
+    let (profile, account, order) = (
+        field(&query.profile),
+        field(&query.account),
+        field(&query.order),
+    );
+    let serial: String = field(&query.serial)
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let Ok(event_filter) = given(&event).map(str::parse::<AuditEvent>).transpose() else {
+        return console.refusal(StatusCode::BAD_REQUEST, "That is not an audit event.");
+    };
+    let Ok(outcome_filter) = given(&outcome).map(str::parse::<AuditOutcome>).transpose() else {
+        return console.refusal(
+            StatusCode::BAD_REQUEST,
+            "That is not an outcome (success, refused, failure).",
+        );
+    };
+    let filter = acme_proxy_store::AuditFilter {
+        profile: given(&profile),
+        account: given(&account),
+        order: given(&order),
+        serial: given(&serial),
+        event: event_filter,
+        outcome: outcome_filter,
+        since: None,
+        before: query.before.parse().ok(),
+    };
+    let authority = console.generations.authority();
+    let rows = match crate::admin::ops::list_audit(authority.store(), &filter, PAGE).await {
+        Ok(rows) => rows,
+        Err(e) => return console.unavailable(&e),
+    };
+    let next = (rows.len() as i64 == PAGE)
+        .then(|| {
+            rows.last()
+                .map(|r| next_link("/audit", &query, &r.id.to_string()))
+        })
+        .flatten();
+    let events: Vec<&str> = AuditEvent::ALL.iter().map(|e| e.as_str()).collect();
+    console.page(
+        StatusCode::OK,
+        "audit.html",
+        Some(&session),
+        minijinja::context! {
+            rows,
+            next,
+            events,
+            outcomes => ["success", "refused", "failure"],
+            q => minijinja::context! { event, outcome, profile, account, order, serial },
+        },
+    )
 }

@@ -513,3 +513,90 @@ async fn in_chromium_an_eab_credential_minted_on_the_page_registers_lego_and_is_
     browser.close().await;
     console.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_what_clients_chose_is_shown_as_text_and_never_runs() {
+    let Some(browser) = Browser::start("xss").await else {
+        return;
+    };
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let script_ua = "<script>window.__xss=1</script>";
+    let contact = "mailto:x\"'/onmouseover=window.__xss=2//@example.test";
+    let identifier = "\"><img src=x onerror=window.__xss=3>";
+
+    // An account whose contact breaks out of an attribute, registered by a
+    // client whose user agent is a script.
+    let directory = crate::raw::directory(&console.server.directory("default")).await;
+    let key = crate::raw::Key::p256();
+    let url = directory["newAccount"].as_str().expect("newAccount");
+    let protected = json!({"alg": key.alg(), "jwk": key.jwk, "nonce": crate::raw::nonce(&directory).await, "url": url});
+    let body = key.sign(
+        &protected,
+        Some(&json!({"termsOfServiceAgreed": true, "contact": [contact]})),
+    );
+    let made = crate::raw::request_with(
+        "POST",
+        url,
+        &[
+            ("content-type", "application/jose+json"),
+            ("user-agent", script_ua),
+        ],
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.body));
+    let account_url = made.location().expect("the account's URL");
+    let account_id = account_url.rsplit('/').next().expect("id").to_owned();
+    // An order for an identifier that is markup: refused, and audited with
+    // the identifier as sent.
+    let url = directory["newOrder"].as_str().expect("newOrder");
+    let protected = json!({"alg": key.alg(), "kid": account_url, "nonce": crate::raw::nonce(&directory).await, "url": url});
+    let body = key.sign(
+        &protected,
+        Some(&json!({"identifiers": [{"type": "dns", "value": identifier}]})),
+    );
+    let refused = crate::raw::request_with(
+        "POST",
+        url,
+        &[
+            ("content-type", "application/jose+json"),
+            ("user-agent", script_ua),
+        ],
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(
+        refused.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+
+    browser.login(&console.url, "alice", PASSWORD).await;
+    let inert = "return typeof window.__xss === 'undefined' \
+                 && document.querySelectorAll('img[onerror], [onmouseover], main script').length === 0";
+    for (path, shot) in [
+        ("/audit".to_owned(), "audit"),
+        ("/accounts".to_owned(), "accounts"),
+        (format!("/accounts/{account_id}"), "account"),
+        ("/".to_owned(), "dashboard"),
+    ] {
+        browser.goto(&format!("{}{path}", console.url)).await;
+        assert_eq!(browser.script(inert).await, json!(true), "{path}");
+        browser.shot(shot).await;
+        let shown = browser.text("main").await;
+        if path == "/audit" {
+            assert!(shown.contains(script_ua), "{path}: {shown}");
+            assert!(shown.contains(identifier), "{path}: {shown}");
+        }
+        if path.starts_with("/accounts") {
+            assert!(shown.contains(contact), "{path}: {shown}");
+        }
+        if path.starts_with("/accounts/") {
+            assert_eq!(browser.text("#account-contact").await, contact);
+        }
+    }
+    browser.close().await;
+    console.server.stop().await;
+}

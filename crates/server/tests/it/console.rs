@@ -319,6 +319,14 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
             "reason=0&confirm=yes".to_owned(),
         ),
         ("/eab", "label=forged".to_owned()),
+        (
+            "/accounts/AAAAAAAAAAAAAAAAAAAAAA/deactivate",
+            "confirm=yes".to_owned(),
+        ),
+        (
+            "/accounts/AAAAAAAAAAAAAAAAAAAAAA/delete",
+            "confirm=yes".to_owned(),
+        ),
         ("/eab/AAAAAAAAAAAAAAAA/revoke", "confirm=yes".to_owned()),
     ];
     for (route, body) in &routes {
@@ -858,5 +866,53 @@ async fn with_require_totp_an_operator_without_one_sees_only_the_enrolment_page(
         .await;
     assert_eq!(done.status, 200);
     assert_eq!(console.get("/", Some(&token)).await.status, 200);
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_renders_for_an_operator_and_none_without_a_session() {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let (token, _) = console.login("alice", PASSWORD).await;
+    let pages = [
+        "/",
+        "/orders",
+        "/orders?name=a.example.test&status=valid",
+        "/accounts",
+        "/accounts?contact=ops&status=valid",
+        "/audit",
+        "/audit?event=operator.login&outcome=success",
+        "/eab",
+        "/account/totp",
+    ];
+    for page in pages {
+        let resp = console.get(page, Some(&token)).await;
+        assert_eq!(resp.status, 200, "{page}: {}", text(&resp));
+        assert!(text(&resp).contains("</html>"), "{page}");
+        let anonymous = console.get(page, None).await;
+        assert_eq!(
+            (anonymous.status, header(&anonymous, "location")),
+            (303, "/login"),
+            "{page} without a session"
+        );
+    }
+    // Bad filters are refused with a page saying which, not a 500.
+    for page in [
+        "/orders?status=lost",
+        "/accounts?status=lost",
+        "/audit?event=nope",
+    ] {
+        let resp = console.get(page, Some(&token)).await;
+        assert_eq!(resp.status, 400, "{page}");
+    }
+    for page in [
+        "/orders/nope",
+        "/accounts/nope",
+        "/orders/nope/chain.pem",
+        "/nope",
+    ] {
+        let resp = console.get(page, Some(&token)).await;
+        assert_eq!(resp.status, 404, "{page}");
+    }
     console.server.stop().await;
 }

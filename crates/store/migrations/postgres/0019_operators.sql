@@ -41,7 +41,8 @@ CREATE TABLE operator_sessions (
 );
 CREATE INDEX operator_sessions_by_operator ON operator_sessions (operator);
 
--- The console's pages: orders newest first, a page at a time (keyset on
+-- The console's pages: orders and accounts newest first, a page at a time (keyset on
 -- created_at, id), and found by one of their names.
 CREATE INDEX orders_by_time ON orders (created_at, id);
+CREATE INDEX accounts_by_time ON accounts (created_at, id);
 CREATE INDEX authorizations_by_name ON authorizations (identifier_value);

@@ -83,6 +83,7 @@ pub async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
                 event,
                 outcome,
                 since,
+                before: None,
             };
             let rows = ops::list_audit(&store, &filter, list.limit).await?;
             if list.json {
