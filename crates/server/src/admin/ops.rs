@@ -418,6 +418,32 @@ pub async fn upstream_orders(
         .collect())
 }
 
+/// A relayed order in the relay queue, with its live relay job (the
+/// attempts and last error of its current try) when it has one.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayQueueRow {
+    pub order: UpstreamOrderView,
+    pub job: Option<JobView>,
+}
+
+/// Relayed orders, newest first (of one status when given), each with its
+/// live relay job.
+pub async fn relay_queue(
+    store: &Store,
+    status: Option<OrderStatus>,
+    limit: i64,
+) -> Result<Vec<RelayQueueRow>, OpsError> {
+    let mut rows = Vec::new();
+    for order in upstream_orders(store, status, limit).await? {
+        let job = store
+            .live_job(crate::authority::RELAY_KIND, &order.order)
+            .await?
+            .map(JobView::from);
+        rows.push(RelayQueueRow { order, job });
+    }
+    Ok(rows)
+}
+
 /// An audit record as operators see it.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditView {

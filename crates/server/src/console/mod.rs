@@ -162,6 +162,10 @@ impl Console {
             .route("/accounts/{id}/deactivate", post(pages::deactivate_account))
             .route("/accounts/{id}/delete", post(pages::delete_account))
             .route("/audit", get(pages::audit))
+            .route("/relay", get(pages::relay))
+            .route("/jobs", get(pages::jobs))
+            .route("/jobs/{id}/retry", post(pages::retry_job))
+            .route("/jobs/{id}/cancel", post(pages::cancel_job))
             .route("/eab", get(pages::eab).post(pages::mint_eab))
             .route("/eab/{kid}/revoke", post(pages::revoke_eab))
             .route("/static/{file}", get(asset))
@@ -302,6 +306,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("accounts.html", include_str!("templates/accounts.html")),
     ("account.html", include_str!("templates/account.html")),
     ("audit.html", include_str!("templates/audit.html")),
+    ("relay.html", include_str!("templates/relay.html")),
+    ("jobs.html", include_str!("templates/jobs.html")),
 ];
 
 /// See the module's documentation.

@@ -561,3 +561,135 @@ pub async fn audit(
         },
     )
 }
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct StatusQuery {
+    status: String,
+    kind: String,
+}
+
+/// The relay queue: relayed orders (in flight by default) with their
+/// upstream, state, attempts and last error; retry or cancel their job.
+pub async fn relay(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Query(query): Query<StatusQuery>,
+) -> Response {
+    let status = field(&query.status);
+    let parsed = match status.as_str() {
+        "" => Some(OrderStatus::Processing),
+        "any" => None,
+        other => match other.parse::<OrderStatus>() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                return console.refusal(StatusCode::BAD_REQUEST, "That is not an order status.");
+            }
+        },
+    };
+    let authority = console.generations.authority();
+    match crate::admin::ops::relay_queue(authority.store(), parsed, PAGE).await {
+        Ok(rows) => console.page(
+            StatusCode::OK,
+            "relay.html",
+            Some(&session),
+            minijinja::context! {
+                rows,
+                status => parsed.map_or("any", OrderStatus::as_str),
+                statuses => ["processing", "valid", "invalid", "any"],
+            },
+        ),
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+/// The job queue, of one kind and status when given.
+pub async fn jobs(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Query(query): Query<StatusQuery>,
+) -> Response {
+    let (kind, status) = (field(&query.kind), field(&query.status));
+    let Ok(parsed) = given(&status)
+        .map(str::parse::<acme_proxy_store::JobStatus>)
+        .transpose()
+    else {
+        return console.refusal(StatusCode::BAD_REQUEST, "That is not a job status.");
+    };
+    let authority = console.generations.authority();
+    match crate::admin::ops::list_jobs(authority.store(), given(&kind), parsed, PAGE).await {
+        Ok(jobs) => console.page(
+            StatusCode::OK,
+            "jobs.html",
+            Some(&session),
+            minijinja::context! {
+                jobs,
+                q => minijinja::context! { kind, status },
+                statuses => acme_proxy_store::JobStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            },
+        ),
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct JobActionForm {
+    #[serde(default)]
+    confirm: String,
+    /// Where to go back to: the relay queue or the jobs page.
+    #[serde(default)]
+    back: String,
+}
+
+fn back_to(back: &str) -> &'static str {
+    if back == "relay" { "/relay" } else { "/jobs" }
+}
+
+/// Queues a failed or cancelled job again, or makes a queued one due now.
+pub async fn retry_job(
+    State(console): State<Arc<Console>>,
+    Path(id): Path<i64>,
+    axum::Form(form): axum::Form<JobActionForm>,
+) -> Response {
+    let authority = console.generations.authority();
+    match crate::admin::ops::retry_job(authority.store(), authority.clock.as_ref(), id).await {
+        Ok(_) => super::see_other(back_to(&form.back)),
+        Err(e @ crate::admin::ops::OpsError::Refused(_))
+        | Err(e @ crate::admin::ops::OpsError::NoSuchJob(_)) => {
+            console.refusal(StatusCode::CONFLICT, &e.to_string())
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}
+
+/// Cancels a job once confirmed: for a relay job, the client's order ends
+/// invalid (the job's own abandon, naming the operator).
+pub async fn cancel_job(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<i64>,
+    axum::Form(form): axum::Form<JobActionForm>,
+) -> Response {
+    if form.confirm != "yes" {
+        return console.refusal(
+            StatusCode::BAD_REQUEST,
+            "Nothing was cancelled: tick the box that confirms it.",
+        );
+    }
+    let authority = console.generations.authority();
+    match crate::admin::ops::cancel_job(
+        authority.store(),
+        authority.clock.as_ref(),
+        id,
+        &session.actor(),
+    )
+    .await
+    {
+        Ok(_) => super::see_other(back_to(&form.back)),
+        Err(e @ crate::admin::ops::OpsError::Refused(_))
+        | Err(e @ crate::admin::ops::OpsError::NoSuchJob(_)) => {
+            console.refusal(StatusCode::CONFLICT, &e.to_string())
+        }
+        Err(e) => console.unavailable(&e),
+    }
+}

@@ -600,3 +600,103 @@ async fn in_chromium_what_clients_chose_is_shown_as_text_and_never_runs() {
     browser.close().await;
     console.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_relay_order_held_by_an_upstream_fault_is_cancelled_from_the_relay_queue() {
+    use crate::relay::{NEW_ORDER, Relaying, bypass_profile, relay_issue};
+    use crate::upstream::{Fault, FaultProxy, Match, Pebble, TestPki};
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, crate::relay::always_valid()) else {
+        return;
+    };
+    let Some(browser) = Browser::start("relay").await else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    let profiles = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        bypass_profile(&proxy.directory_url(), &pki, "")
+    );
+    let relaying = Relaying::start(&profiles).await;
+    let password = relaying.config.with_file_name("alice.password");
+    std::fs::write(&password, format!("{PASSWORD}\n")).expect("password file");
+    let made = harness::run_cli(
+        &relaying.config,
+        &[
+            "admin",
+            "user",
+            "create",
+            "alice",
+            "--password-file",
+            password.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert_eq!(made.code, 0, "{made:?}");
+    let base = relaying
+        .server
+        .running()
+        .admin_url
+        .clone()
+        .expect("the console")
+        .trim_end_matches('/')
+        .to_owned();
+
+    // The upstream is down for good: the relay keeps retrying.
+    proxy.set_always(Match::PathContains(NEW_ORDER), Some(Fault::Unavailable503));
+    let order = tokio::spawn({
+        let account = relaying.account.clone();
+        async move { relay_issue(&account, &["stuck.example.test"], Duration::from_secs(60)).await }
+    });
+    browser.login(&base, "alice", PASSWORD).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        browser.goto(&format!("{base}/relay")).await;
+        let attempts = browser.texts("table.relay td.attempts").await;
+        if attempts
+            .first()
+            .and_then(|a| a.trim().parse::<u32>().ok())
+            .is_some_and(|a| a >= 2)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stuck relay never showed in the queue with its retries: {attempts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let error = browser.text("table.relay td.error").await;
+    assert!(!error.is_empty(), "the last error is shown");
+    browser.shot("stuck").await;
+    browser
+        .click("table.relay form.cancel input[name=confirm]")
+        .await;
+    browser.submit("table.relay form.cancel button").await;
+    assert_eq!(browser.path().await, "/relay");
+
+    let relayed = order.await.expect("the client's order");
+    assert!(
+        relayed.result.is_err(),
+        "the cancelled relay's order ends invalid: {:?}",
+        relayed.result
+    );
+    let store = relaying.server.running().authority.store().clone();
+    let failed = acme_proxy::admin::ops::list_audit(
+        &store,
+        &acme_proxy_store::AuditFilter {
+            event: Some(acme_proxy_store::AuditEvent::CertificateIssueFailed),
+            ..Default::default()
+        },
+        10,
+    )
+    .await
+    .expect("audit");
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+    assert_eq!(failed[0].actor, "operator:alice");
+    browser.goto(&format!("{base}/relay?status=invalid")).await;
+    browser.shot("cancelled").await;
+    assert_eq!(browser.texts("table.relay td.state").await.len(), 1);
+    browser.close().await;
+    relaying.server.stop().await;
+}

@@ -319,6 +319,8 @@ async fn every_mutating_route_refuses_a_request_without_its_sessions_csrf_token_
             "reason=0&confirm=yes".to_owned(),
         ),
         ("/eab", "label=forged".to_owned()),
+        ("/jobs/1/retry", String::new()),
+        ("/jobs/1/cancel", "confirm=yes".to_owned()),
         (
             "/accounts/AAAAAAAAAAAAAAAAAAAAAA/deactivate",
             "confirm=yes".to_owned(),
@@ -883,6 +885,10 @@ async fn every_page_renders_for_an_operator_and_none_without_a_session() {
         "/audit",
         "/audit?event=operator.login&outcome=success",
         "/eab",
+        "/relay",
+        "/relay?status=any",
+        "/jobs",
+        "/jobs?status=queued",
         "/account/totp",
     ];
     for page in pages {

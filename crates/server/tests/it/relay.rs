@@ -216,7 +216,7 @@ pub(crate) struct Relayed {
     /// Every order status the client saw after finalize, in order.
     seen: Vec<OrderStatus>,
     /// The chain, or the order's error.
-    result: Result<String, String>,
+    pub(crate) result: Result<String, String>,
     finalize_to_end: Duration,
 }
 
