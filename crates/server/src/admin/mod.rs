@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod dashboard;
+pub mod explain;
 pub mod operators;
 pub mod ops;
 pub mod status;

@@ -163,6 +163,8 @@ impl Console {
             .route("/accounts/{id}/delete", post(pages::delete_account))
             .route("/audit", get(pages::audit))
             .route("/relay", get(pages::relay))
+            .route("/profiles", get(pages::profiles))
+            .route("/policy", get(pages::policy))
             .route("/jobs", get(pages::jobs))
             .route("/jobs/{id}/retry", post(pages::retry_job))
             .route("/jobs/{id}/cancel", post(pages::cancel_job))
@@ -307,6 +309,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("account.html", include_str!("templates/account.html")),
     ("audit.html", include_str!("templates/audit.html")),
     ("relay.html", include_str!("templates/relay.html")),
+    ("profiles.html", include_str!("templates/profiles.html")),
+    ("policy.html", include_str!("templates/policy.html")),
     ("jobs.html", include_str!("templates/jobs.html")),
 ];
 
@@ -317,8 +321,17 @@ async fn guard(State(console): State<Arc<Console>>, req: Request, next: Next) ->
         .get::<MatchedPath>()
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
+    let started = std::time::Instant::now();
     let mut response = checked(&console, req, next).await;
     let headers = response.headers_mut();
+    // The server's own time to answer, for operators' browsers and
+    // scripts/bench-console (W3C Server Timing).
+    if let Ok(timing) = HeaderValue::from_str(&format!(
+        "app;dur={:.1}",
+        started.elapsed().as_secs_f64() * 1000.0
+    )) {
+        headers.insert("server-timing", timing);
+    }
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CSP),

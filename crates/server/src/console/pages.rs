@@ -693,3 +693,148 @@ pub async fn cancel_job(
         Err(e) => console.unavailable(&e),
     }
 }
+
+/// Every profile: its directory and a summary of its settings.
+pub async fn profiles(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+) -> Response {
+    let generation = console.generations.current();
+    let config = &generation.config;
+    let base = config.base_url();
+    let summaries = crate::admin::ops::describe_profiles(config);
+    let profiles: Vec<_> = config
+        .profiles
+        .iter()
+        .zip(summaries)
+        .map(|((name, p), summary)| {
+            minijinja::context! {
+                name,
+                directory => format!("{base}/profile/{name}/directory"),
+                summary,
+                eab => format!("{:?}", p.eab).to_lowercase(),
+                bypass => p.bypass,
+                order_lifetime => humantime::format_duration(p.order_lifetime).to_string(),
+                authorization_lifetime => humantime::format_duration(p.authorization_lifetime).to_string(),
+                max_identifiers => p.max_identifiers,
+                policy_default => format!("{:?}", p.policy_default).to_lowercase(),
+            }
+        })
+        .collect();
+    console.page(
+        StatusCode::OK,
+        "profiles.html",
+        Some(&session),
+        minijinja::context! { profiles },
+    )
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct ExplainQuery {
+    profile: String,
+    client_ip: String,
+    identifiers: String,
+    eab: String,
+    account: String,
+}
+
+/// `policy explain` as a form: what `[policy]` decides for a client, from
+/// the configuration in force, with the real lookups.
+pub async fn policy(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Query(query): Query<ExplainQuery>,
+) -> Response {
+    let generation = console.generations.current();
+    let profiles: Vec<String> = generation.config.profiles.keys().cloned().collect();
+    let profile = field(&query.profile);
+    let client_ip = field(&query.client_ip);
+    let form = minijinja::context! {
+        profile,
+        client_ip,
+        identifiers => field(&query.identifiers),
+        eab => field(&query.eab),
+        account => field(&query.account),
+    };
+    let page = |status,
+                explanation: Option<Vec<String>>,
+                decision: Option<&str>,
+                error: Option<String>| {
+        console.page(
+            status,
+            "policy.html",
+            Some(&session),
+            minijinja::context! { profiles, form, explanation, decision, error },
+        )
+    };
+    if profile.is_empty() && client_ip.is_empty() {
+        return page(StatusCode::OK, None, None, None);
+    }
+    if !generation.config.profiles.contains_key(&profile) {
+        return page(
+            StatusCode::BAD_REQUEST,
+            None,
+            None,
+            Some("Choose one of the profiles.".to_owned()),
+        );
+    }
+    let Ok(ip) = client_ip.parse::<std::net::IpAddr>() else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            None,
+            None,
+            Some("The client's address is not an IP address.".to_owned()),
+        );
+    };
+    let identifiers: Vec<String> = field(&query.identifiers)
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|i| !i.is_empty())
+        .take(100)
+        .map(str::to_owned)
+        .collect();
+    let request = crate::admin::explain::ExplainRequest {
+        profile: profile.clone(),
+        client_ip: ip,
+        identifiers,
+        eab: given(&field(&query.eab)).map(str::to_owned),
+        account: given(&field(&query.account)).map(str::to_owned),
+    };
+    let policy = match crate::admin::explain::build_policy(&generation.config) {
+        Ok(policy) => policy,
+        Err(problems) => {
+            return page(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                None,
+                Some(problems.join("; ")),
+            );
+        }
+    };
+    let label = match &request.eab {
+        Some(kid) if policy.wants_eab_label() => {
+            match generation.authority.store().eab(kid).await {
+                Ok(Some(credential)) => credential.label,
+                Ok(None) => {
+                    return page(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        None,
+                        Some(format!(
+                            "There is no External Account Binding credential {kid}."
+                        )),
+                    );
+                }
+                Err(e) => return console.unavailable(&e),
+            }
+        }
+        _ => None,
+    };
+    let explanation = crate::admin::explain::explain(&policy, &request, label).await;
+    page(
+        StatusCode::OK,
+        Some(crate::admin::explain::lines(&explanation)),
+        Some(explanation.decision.as_str()),
+        None,
+    )
+}

@@ -887,6 +887,8 @@ async fn every_page_renders_for_an_operator_and_none_without_a_session() {
         "/eab",
         "/relay",
         "/relay?status=any",
+        "/profiles",
+        "/policy",
         "/jobs",
         "/jobs?status=queued",
         "/account/totp",
@@ -920,5 +922,67 @@ async fn every_page_renders_for_an_operator_and_none_without_a_session() {
         let resp = console.get(page, Some(&token)).await;
         assert_eq!(resp.status, 404, "{page}");
     }
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_page_explains_a_refusal_and_an_allowance_as_policy_explain_does() {
+    let policy = "\n[policy.checks.lab_network]\ntype = \"client_ip\"\nnetworks = [\"10.20.0.0/16\"]\n\
+        [policy.checks.lab_names]\ntype = \"identifiers\"\nallow = [\"*.lab.example.internal\"]\n\
+        [[policy.rules]]\nname = \"lab-names-from-the-lab\"\nwhen = \"lab_names and not lab_network\"\n\
+        then = \"deny\"\nmessage = \"lab names are issued to hosts on the lab network only\"\n";
+    let console = Console::start_with(policy, "bypass = true\n").await;
+    console.create("alice", PASSWORD);
+    let (token, _) = console.login("alice", PASSWORD).await;
+    for (client, decision) in [("10.99.0.1", "refused"), ("10.20.0.5", "allowed")] {
+        let page = console
+            .get(
+                &format!(
+                    "/policy?profile=default&client_ip={client}&identifiers=a.lab.example.internal"
+                ),
+                Some(&token),
+            )
+            .await;
+        assert_eq!(page.status, 200, "{}", text(&page));
+        let html = text(&page);
+        assert_eq!(element_text(&html, "decision"), decision, "{client}");
+        assert!(html.contains("lab-names-from-the-lab"), "{html}");
+        let cli = console.cli(&[
+            "policy",
+            "explain",
+            "--profile",
+            "default",
+            "--client-ip",
+            client,
+            "--identifier",
+            "a.lab.example.internal",
+        ]);
+        assert!(
+            cli.stdout.contains(&format!("decision: {decision}")),
+            "{cli:?}"
+        );
+        // The page's lines are the command's, escaped.
+        for line in cli.stdout.lines() {
+            let escaped = line
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+                .replace('"', "&quot;")
+                .replace('\'', "&#x27;")
+                .replace('/', "&#x2f;");
+            assert!(html.contains(&escaped), "{line:?} not on the page:\n{html}");
+        }
+    }
+    for bad in [
+        "/policy?profile=nope&client_ip=10.0.0.1",
+        "/policy?profile=default&client_ip=nope",
+    ] {
+        assert_eq!(console.get(bad, Some(&token)).await.status, 400, "{bad}");
+    }
+    let profiles = text(&console.get("/profiles", Some(&token)).await);
+    assert!(
+        profiles.contains("&#x2f;profile&#x2f;default&#x2f;directory"),
+        "{profiles}"
+    );
     console.server.stop().await;
 }
