@@ -438,28 +438,16 @@ impl Store {
         step: i64,
         audit: &NewAuditRow<'_>,
     ) -> Result<bool> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin().await?;
-        let taken = tx
-            .exec(
-                "UPDATE operators SET totp_last_step = ?2
-                 WHERE name = (SELECT operator FROM operator_sessions WHERE token_hash = ?1)
-                   AND totp_secret IS NOT NULL
-                   AND (totp_last_step IS NULL OR totp_last_step < ?2)",
-                args![token_hash, step],
-            )
-            .await?
-            == 1;
-        if taken {
-            tx.exec(
-                "UPDATE operator_sessions SET stage = 'full' WHERE token_hash = ?1",
-                args![token_hash],
-            )
-            .await?;
-            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
-        }
-        tx.commit().await?;
-        Ok(taken)
+        self.second_factor(
+            "UPDATE operators SET totp_last_step = ?2
+             WHERE name = (SELECT operator FROM operator_sessions WHERE token_hash = ?1)
+               AND totp_secret IS NOT NULL
+               AND (totp_last_step IS NULL OR totp_last_step < ?2)",
+            args![token_hash, step],
+            token_hash,
+            audit,
+        )
+        .await
     }
 
     /// Uses one of the session's operator's recovery codes (by digest),
@@ -472,18 +460,31 @@ impl Store {
         now: i64,
         audit: &NewAuditRow<'_>,
     ) -> Result<bool> {
+        self.second_factor(
+            "UPDATE operator_recovery_codes SET used_at = ?3
+             WHERE operator = (SELECT operator FROM operator_sessions WHERE token_hash = ?1)
+               AND code_hash = ?2 AND used_at IS NULL",
+            args![token_hash, code_hash, now],
+            token_hash,
+            audit,
+        )
+        .await
+    }
+
+    /// Runs `sql`, which takes a second factor once; when it changed one
+    /// row, the session becomes `full` and `audit` is written, in the same
+    /// transaction.
+    async fn second_factor(
+        &self,
+        sql: &'static str,
+        args: &[Arg<'_>],
+        token_hash: &[u8],
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        let used = tx
-            .exec(
-                "UPDATE operator_recovery_codes SET used_at = ?3
-                 WHERE operator = (SELECT operator FROM operator_sessions WHERE token_hash = ?1)
-                   AND code_hash = ?2 AND used_at IS NULL",
-                args![token_hash, code_hash, now],
-            )
-            .await?
-            == 1;
-        if used {
+        let taken = tx.exec(sql, args).await? == 1;
+        if taken {
             tx.exec(
                 "UPDATE operator_sessions SET stage = 'full' WHERE token_hash = ?1",
                 args![token_hash],
@@ -492,7 +493,7 @@ impl Store {
             insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         }
         tx.commit().await?;
-        Ok(used)
+        Ok(taken)
     }
 
     /// How many of an operator's recovery codes are unused.

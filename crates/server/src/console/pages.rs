@@ -209,11 +209,8 @@ pub async fn revoke(
     Path(id): Path<String>,
     axum::Form(form): axum::Form<RevokeForm>,
 ) -> Response {
-    if form.confirm != "yes" {
-        return console.refusal(
-            StatusCode::BAD_REQUEST,
-            "Nothing was revoked: tick the box that confirms the revocation.",
-        );
+    if let Some(refused) = unconfirmed(&console, &form.confirm, "Nothing was revoked") {
+        return refused;
     }
     if !crate::admin::ops::REVOCATION_REASONS
         .iter()
@@ -222,13 +219,35 @@ pub async fn revoke(
         return console.refusal(StatusCode::BAD_REQUEST, "That is not a revocation reason.");
     }
     let authority = console.generations.authority();
-    match crate::admin::ops::revoke_order(&authority, &id, Some(form.reason), &session.actor())
-        .await
-    {
-        // A revoked order's id is base64url: a path segment as it is.
-        Ok(_) => see_other_to(&format!("/orders/{id}")),
-        Err(crate::admin::ops::OpsError::Refused(why)) => {
-            console.refusal(StatusCode::CONFLICT, &why)
+    let revoked =
+        crate::admin::ops::revoke_order(&authority, &id, Some(form.reason), &session.actor()).await;
+    // A revoked order's id is base64url: a path segment as it is.
+    outcome(&console, revoked, || see_other_to(&format!("/orders/{id}")))
+}
+
+/// A destructive form whose confirmation box is not ticked: the page
+/// saying nothing happened.
+fn unconfirmed(console: &Console, confirm: &str, nothing: &str) -> Option<Response> {
+    (confirm != "yes").then(|| {
+        console.refusal(
+            StatusCode::BAD_REQUEST,
+            &format!("{nothing}: tick the box that confirms it."),
+        )
+    })
+}
+
+/// An operation's outcome as the answer: `done` when it went through, 409
+/// with its refusal in the operator's words, 503 when the store failed.
+fn outcome<T>(
+    console: &Console,
+    result: Result<T, crate::admin::ops::OpsError>,
+    done: impl FnOnce() -> Response,
+) -> Response {
+    use crate::admin::ops::OpsError;
+    match result {
+        Ok(_) => done(),
+        Err(e @ (OpsError::Refused(_) | OpsError::NoSuchJob(_))) => {
+            console.refusal(StatusCode::CONFLICT, &e.to_string())
         }
         Err(e) => console.unavailable(&e),
     }
@@ -326,20 +345,12 @@ pub async fn revoke_eab(
     Path(kid): Path<String>,
     axum::Form(form): axum::Form<ConfirmForm>,
 ) -> Response {
-    if form.confirm != "yes" {
-        return console.refusal(
-            StatusCode::BAD_REQUEST,
-            "Nothing was revoked: tick the box that confirms the revocation.",
-        );
+    if let Some(refused) = unconfirmed(&console, &form.confirm, "Nothing was revoked") {
+        return refused;
     }
     let authority = console.generations.authority();
-    match crate::admin::ops::revoke_eab(&authority, &kid, &session.actor()).await {
-        Ok(_) => super::see_other("/eab"),
-        Err(crate::admin::ops::OpsError::Refused(why)) => {
-            console.refusal(StatusCode::CONFLICT, &why)
-        }
-        Err(e) => console.unavailable(&e),
-    }
+    let revoked = crate::admin::ops::revoke_eab(&authority, &kid, &session.actor()).await;
+    outcome(&console, revoked, || super::see_other("/eab"))
 }
 
 /// The query string of `query` with `before` set to `cursor`: the next
@@ -449,20 +460,12 @@ pub async fn deactivate_account(
     Path(id): Path<String>,
     axum::Form(form): axum::Form<ConfirmForm>,
 ) -> Response {
-    if form.confirm != "yes" {
-        return console.refusal(
-            StatusCode::BAD_REQUEST,
-            "Nothing was changed: tick the box that confirms it.",
-        );
+    if let Some(refused) = unconfirmed(&console, &form.confirm, "Nothing was changed") {
+        return refused;
     }
     let authority = console.generations.authority();
-    match crate::admin::ops::deactivate_account(&authority, &id, &session.actor()).await {
-        Ok(_) => see_other_to(&format!("/accounts/{id}")),
-        Err(crate::admin::ops::OpsError::Refused(why)) => {
-            console.refusal(StatusCode::CONFLICT, &why)
-        }
-        Err(e) => console.unavailable(&e),
-    }
+    let done = crate::admin::ops::deactivate_account(&authority, &id, &session.actor()).await;
+    outcome(&console, done, || see_other_to(&format!("/accounts/{id}")))
 }
 
 /// Deletes an account once confirmed (refused while it still has
@@ -473,20 +476,12 @@ pub async fn delete_account(
     Path(id): Path<String>,
     axum::Form(form): axum::Form<ConfirmForm>,
 ) -> Response {
-    if form.confirm != "yes" {
-        return console.refusal(
-            StatusCode::BAD_REQUEST,
-            "Nothing was deleted: tick the box that confirms it.",
-        );
+    if let Some(refused) = unconfirmed(&console, &form.confirm, "Nothing was deleted") {
+        return refused;
     }
     let authority = console.generations.authority();
-    match crate::admin::ops::delete_account(&authority, &id, &session.actor()).await {
-        Ok(()) => super::see_other("/accounts"),
-        Err(crate::admin::ops::OpsError::Refused(why)) => {
-            console.refusal(StatusCode::CONFLICT, &why)
-        }
-        Err(e) => console.unavailable(&e),
-    }
+    let done = crate::admin::ops::delete_account(&authority, &id, &session.actor()).await;
+    outcome(&console, done, || super::see_other("/accounts"))
 }
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
@@ -652,14 +647,8 @@ pub async fn retry_job(
     axum::Form(form): axum::Form<JobActionForm>,
 ) -> Response {
     let authority = console.generations.authority();
-    match crate::admin::ops::retry_job(authority.store(), authority.clock.as_ref(), id).await {
-        Ok(_) => super::see_other(back_to(&form.back)),
-        Err(e @ crate::admin::ops::OpsError::Refused(_))
-        | Err(e @ crate::admin::ops::OpsError::NoSuchJob(_)) => {
-            console.refusal(StatusCode::CONFLICT, &e.to_string())
-        }
-        Err(e) => console.unavailable(&e),
-    }
+    let done = crate::admin::ops::retry_job(authority.store(), authority.clock.as_ref(), id).await;
+    outcome(&console, done, || super::see_other(back_to(&form.back)))
 }
 
 /// Cancels a job once confirmed: for a relay job, the client's order ends
@@ -670,28 +659,18 @@ pub async fn cancel_job(
     Path(id): Path<i64>,
     axum::Form(form): axum::Form<JobActionForm>,
 ) -> Response {
-    if form.confirm != "yes" {
-        return console.refusal(
-            StatusCode::BAD_REQUEST,
-            "Nothing was cancelled: tick the box that confirms it.",
-        );
+    if let Some(refused) = unconfirmed(&console, &form.confirm, "Nothing was cancelled") {
+        return refused;
     }
     let authority = console.generations.authority();
-    match crate::admin::ops::cancel_job(
+    let done = crate::admin::ops::cancel_job(
         authority.store(),
         authority.clock.as_ref(),
         id,
         &session.actor(),
     )
-    .await
-    {
-        Ok(_) => super::see_other(back_to(&form.back)),
-        Err(e @ crate::admin::ops::OpsError::Refused(_))
-        | Err(e @ crate::admin::ops::OpsError::NoSuchJob(_)) => {
-            console.refusal(StatusCode::CONFLICT, &e.to_string())
-        }
-        Err(e) => console.unavailable(&e),
-    }
+    .await;
+    outcome(&console, done, || super::see_other(back_to(&form.back)))
 }
 
 /// Every profile: its directory and a summary of its settings.
