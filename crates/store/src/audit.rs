@@ -64,7 +64,7 @@ acme_proxy_protocol::string_enum! {
     }
 }
 
-/// One day's count of one kind of audit row ([`Store::audit_counts_by_day`]).
+/// One day's count of one kind of audit row ([`Store::issuance_outcomes_by_day`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DayCount {
     /// Days since the period's start, from 0.
@@ -230,22 +230,20 @@ pub struct AuditFilter<'a> {
 }
 
 impl Store {
-    /// Audit rows of `events` since `since`, counted per day (days start
-    /// at `since`, every 86,400 s), profile, event, outcome and problem; the time
-    /// index bounds the scan to the period.
-    pub async fn audit_counts_by_day(
-        &self,
-        since: i64,
-        events: &[AuditEvent],
-    ) -> Result<Vec<DayCount>> {
-        let events: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
-        let rows = self
-            .reader()
+    /// Issuances and failures since `since` — rows of `certificate.issued`,
+    /// `certificate.issue_failed`, `order.refused` and `policy.refused` —
+    /// counted per day (days start at `since`, every 86,400 s), profile,
+    /// event, outcome and problem; read from the `audit_log_outcomes`
+    /// index alone.
+    pub async fn issuance_outcomes_by_day(&self, since: i64) -> Result<Vec<DayCount>> {
+        self.reader()
             .await?
             .all(
                 "SELECT CAST((at - ?1) / 86400 AS BIGINT) AS day, profile, event, outcome,
                         problem_type, CAST(COUNT(*) AS BIGINT) AS n
-                 FROM audit_log WHERE at >= ?1
+                 FROM audit_log
+                 WHERE at >= ?1 AND event IN ('certificate.issued', 'certificate.issue_failed',
+                                              'order.refused', 'policy.refused')
                  GROUP BY day, profile, event, outcome, problem_type ORDER BY day",
                 args![since],
                 |row| {
@@ -259,14 +257,9 @@ impl Store {
                     })
                 },
             )
-            .await?;
-        Ok(rows
-            .into_iter()
-            .filter(|r| events.contains(&r.event.as_str()))
-            .collect())
+            .await
     }
 
-    /// Audit rows matching `filter`, newest first.
     pub async fn audit_list(&self, filter: &AuditFilter<'_>, limit: i64) -> Result<Vec<AuditRow>> {
         self.reader()
             .await?

@@ -54,13 +54,6 @@ pub struct JobDepth {
     pub running: i64,
 }
 
-/// The audit events that count as an order failing.
-const FAILURES: &[AuditEvent] = &[
-    AuditEvent::CertificateIssueFailed,
-    AuditEvent::OrderRefused,
-    AuditEvent::PolicyRefused,
-];
-
 pub async fn dashboard(
     config: &Config,
     store: &Store,
@@ -71,9 +64,8 @@ pub async fn dashboard(
     let days = (0..DAYS)
         .map(|d| rfc3339(since + d * 86_400)[..10].to_owned())
         .collect();
-    let mut events = FAILURES.to_vec();
-    events.push(AuditEvent::CertificateIssued);
-    let counts = store.audit_counts_by_day(since, &events).await?;
+    // Every row but a successful issuance is a failure or refusal.
+    let counts = store.issuance_outcomes_by_day(since).await?;
     let mut profiles: Vec<ProfileActivity> = config
         .profiles
         .keys()

@@ -115,23 +115,10 @@ pub async fn orders(
         Ok(page) => page,
         Err(e) => return console.unavailable(&e),
     };
-    let next = page.next.as_ref().map(|cursor| {
-        let next = OrderQuery {
-            before: cursor.clone(),
-            ..OrderQuery {
-                name: query.name.clone(),
-                serial: query.serial.clone(),
-                account: query.account.clone(),
-                profile: query.profile.clone(),
-                status: query.status.clone(),
-                before: String::new(),
-            }
-        };
-        format!(
-            "/orders?{}",
-            serde_urlencoded::to_string(&next).unwrap_or_default()
-        )
-    });
+    let next = page
+        .next
+        .as_ref()
+        .map(|cursor| next_link("/orders", &query, cursor));
     console.page(
         StatusCode::OK,
         "orders.html",

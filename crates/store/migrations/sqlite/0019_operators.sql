@@ -46,3 +46,8 @@ CREATE INDEX operator_sessions_by_operator ON operator_sessions (operator);
 CREATE INDEX orders_by_time ON orders (created_at, id);
 CREATE INDEX accounts_by_time ON accounts (created_at, id);
 CREATE INDEX authorizations_by_name ON authorizations (identifier_value);
+
+-- The dashboard's issuances and failures per day: read from this index
+-- alone, without the rows (100,000 issuances in the period: 87 ms from
+-- the rows, see docs/performance.md).
+CREATE INDEX audit_log_outcomes ON audit_log (at, event, outcome, profile, problem_type);
