@@ -221,26 +221,9 @@ pub async fn login(
         "anonymous".to_owned()
     };
     let client_ip = peer.ip().to_string();
-    let user_agent = headers
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .map(|ua| crate::bounded::truncate(ua, crate::bounded::USER_AGENT_OCTETS).into_owned());
-    fn audit<'a>(
-        at: i64,
-        outcome: AuditOutcome,
-        actor: &'a str,
-        client_ip: &'a str,
-        user_agent: Option<&'a str>,
-        detail: &'a str,
-    ) -> NewAuditRow<'a> {
-        let mut row = NewAuditRow::new(at, AuditEvent::OperatorLogin, outcome, actor);
-        row.client_ip = Some(client_ip);
-        row.user_agent = user_agent;
-        row.detail = Some(detail);
-        row
-    }
+    let user_agent = user_agent_of(&headers);
     let audit = |outcome, detail| {
-        audit(
+        login_row(
             clock.unix(),
             outcome,
             &actor,
