@@ -41,6 +41,8 @@ acme_proxy_protocol::string_enum! {
         OperatorLogin = "operator.login",
         OperatorLogout = "operator.logout",
         OperatorSessionRevoked = "operator.session_revoked",
+        OperatorTokenCreated = "operator.token_created",
+        OperatorTokenRevoked = "operator.token_revoked",
     }
 }
 

@@ -51,6 +51,7 @@ const TABLES: &[&str] = &[
     "operators",
     "operator_recovery_codes",
     "operator_sessions",
+    "operator_tokens",
 ];
 
 /// Rows per batch sent from the reading thread and per `INSERT`.

@@ -110,17 +110,21 @@ impl Store {
             .await
     }
 
-    /// Every credential, newest first.
-    pub async fn list_eab(&self) -> Result<Vec<EabRow>> {
+    /// Credentials, newest first, `limit` of them older than `before`
+    /// (created_at, kid) when given: a page.
+    pub async fn list_eab(&self, before: Option<(i64, &str)>, limit: i64) -> Result<Vec<EabRow>> {
+        let (before_at, before_kid) = before.unzip();
         self.reader()
             .await?
             .all(
                 concat!(
                     "SELECT ",
                     eab_columns!(),
-                    " FROM eab_credentials ORDER BY created_at DESC, kid"
+                    " FROM eab_credentials
+                     WHERE (?1 IS NULL OR created_at < ?1 OR (created_at = ?1 AND kid < ?2))
+                     ORDER BY created_at DESC, kid DESC LIMIT ?3"
                 ),
-                &[],
+                args![before_at, before_kid, limit],
                 from_row,
             )
             .await

@@ -539,17 +539,22 @@ impl Store {
         &self,
         kind: Option<&str>,
         status: Option<JobStatus>,
+        before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<JobRow>> {
-        self.reader().await?.all(
-            concat!(
-                "SELECT ",
-                job_columns!(),
-                " FROM jobs WHERE (?1 IS NULL OR kind = ?1) AND (?2 IS NULL OR status = ?2) ORDER BY id DESC LIMIT ?3"
-            ),
-            args![kind, status.map(JobStatus::as_str), limit],
-            job_from_row,
-        ).await
+        self.reader()
+            .await?
+            .all(
+                concat!(
+                    "SELECT ",
+                    job_columns!(),
+                    " FROM jobs WHERE (?1 IS NULL OR kind = ?1) AND (?2 IS NULL OR status = ?2)
+                   AND (?3 IS NULL OR id < ?3) ORDER BY id DESC LIMIT ?4"
+                ),
+                args![kind, status.map(JobStatus::as_str), before, limit],
+                job_from_row,
+            )
+            .await
     }
 
     /// Asks for a queued or running job to be cancelled; the runner holding

@@ -57,7 +57,9 @@ pub use copy::TableCopy;
 pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Attempts, Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
-pub use operators::{NewOperatorSession, OperatorRow, OperatorSessionRow, SessionStage};
+pub use operators::{
+    NewOperatorSession, OperatorRow, OperatorSessionRow, OperatorTokenRow, SessionStage,
+};
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
     OrderRow, OrderSearch, ProcessingChallenge,

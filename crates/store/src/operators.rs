@@ -84,6 +84,28 @@ pub struct NewOperatorSession<'a> {
     pub user_agent: Option<&'a str>,
 }
 
+/// An API token as stored: found by its digest, named by `id`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorTokenRow {
+    pub id: String,
+    pub operator: String,
+    pub label: Option<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+    pub last_used_at: Option<i64>,
+}
+
+fn token_row(row: Row<'_>) -> Result<OperatorTokenRow> {
+    Ok(OperatorTokenRow {
+        id: row.get("id")?,
+        operator: row.get("operator")?,
+        label: row.get("label")?,
+        created_at: row.get("created_at")?,
+        expires_at: row.get("expires_at")?,
+        last_used_at: row.get("last_used_at")?,
+    })
+}
+
 fn operator_row(row: Row<'_>) -> Result<OperatorRow> {
     Ok(OperatorRow {
         name: row.get("name")?,
@@ -611,5 +633,101 @@ impl Store {
                 args![idle_before, created_before],
             )
             .await
+    }
+
+    /// Stores a new API token (its digest) for an existing operator,
+    /// audited in the same transaction; false when there is no such
+    /// operator.
+    pub async fn insert_operator_token(
+        &self,
+        token: &OperatorTokenRow,
+        token_hash: &[u8],
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        self.change_audited(
+            "INSERT INTO operator_tokens (id, token_hash, operator, label, created_at, expires_at)
+             SELECT ?1, ?2, name, ?4, ?5, ?6 FROM operators WHERE name = ?3",
+            args![
+                token.id.as_str(),
+                token_hash,
+                token.operator.as_str(),
+                token.label.as_deref(),
+                token.created_at,
+                token.expires_at
+            ],
+            Some(audit),
+        )
+        .await
+    }
+
+    /// The token whose digest this is, with its operator.
+    pub async fn operator_token(
+        &self,
+        token_hash: &[u8],
+    ) -> Result<Option<(OperatorTokenRow, OperatorRow)>> {
+        self.point_reader()
+            .await?
+            .one(
+                "SELECT t.id, t.operator, t.label, t.created_at, t.expires_at, t.last_used_at,
+                        o.name, o.password_hash, o.password_changed_at, o.totp_secret,
+                        o.totp_last_step, o.disabled_at, o.created_at AS operator_created_at
+                 FROM operator_tokens t JOIN operators o ON o.name = t.operator
+                 WHERE t.token_hash = ?1",
+                args![token_hash],
+                |row| {
+                    let token = token_row(row)?;
+                    let operator = OperatorRow {
+                        name: row.get("name")?,
+                        password_hash: row.get("password_hash")?,
+                        password_changed_at: row.get("password_changed_at")?,
+                        totp_secret: row.get("totp_secret")?,
+                        totp_last_step: row.get("totp_last_step")?,
+                        disabled_at: row.get("disabled_at")?,
+                        created_at: row.get("operator_created_at")?,
+                    };
+                    Ok((token, operator))
+                },
+            )
+            .await
+    }
+
+    /// Notes a token's use (at most as often as the caller asks).
+    pub async fn touch_operator_token(&self, id: &str, now: i64) -> Result<()> {
+        self.writer()
+            .await?
+            .exec(
+                "UPDATE operator_tokens SET last_used_at = ?2 WHERE id = ?1",
+                args![id, now],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Tokens, newest first; of one operator when named.
+    pub async fn list_operator_tokens(
+        &self,
+        operator: Option<&str>,
+    ) -> Result<Vec<OperatorTokenRow>> {
+        self.reader()
+            .await?
+            .all(
+                "SELECT id, operator, label, created_at, expires_at, last_used_at
+                 FROM operator_tokens
+                 WHERE (?1 IS NULL OR operator = ?1) ORDER BY created_at DESC, id",
+                args![operator],
+                token_row,
+            )
+            .await
+    }
+
+    /// Revokes (deletes) the token named `id`, audited; false when there
+    /// is none.
+    pub async fn revoke_operator_token(&self, id: &str, audit: &NewAuditRow<'_>) -> Result<bool> {
+        self.change_audited(
+            "DELETE FROM operator_tokens WHERE id = ?1",
+            args![id],
+            Some(audit),
+        )
+        .await
     }
 }

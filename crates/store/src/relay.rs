@@ -362,8 +362,10 @@ impl Store {
     pub async fn upstream_orders(
         &self,
         status: Option<OrderStatus>,
+        before: Option<(i64, &str)>,
         limit: i64,
     ) -> Result<Vec<UpstreamOrderRow>> {
+        let (before_at, before_id) = before.unzip();
         self.reader()
             .await?
             .all(
@@ -371,9 +373,10 @@ impl Store {
                     "SELECT ",
                     upstream_order_columns!(),
                     " FROM upstream_orders WHERE (?1 IS NULL OR status = ?1)
-             ORDER BY created_at DESC, order_id LIMIT ?2"
+               AND (?2 IS NULL OR created_at < ?2 OR (created_at = ?2 AND order_id < ?3))
+             ORDER BY created_at DESC, order_id DESC LIMIT ?4"
                 ),
-                args![status.map(OrderStatus::as_str), limit],
+                args![status.map(OrderStatus::as_str), before_at, before_id, limit],
                 upstream_order_from_row,
             )
             .await

@@ -289,6 +289,122 @@ pub async fn revoke_session(
     }
 }
 
+/// The longest an API token may live: a script's credential is renewed
+/// at least yearly.
+pub const MAX_TOKEN_LIFETIME: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
+/// What every API token starts with, so that one found in a file or a
+/// log is recognised for what it is (and secret scanners can match it).
+pub const TOKEN_PREFIX: &str = "apx_";
+
+/// An API token as the CLI shows one (never the token itself but on
+/// creation).
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenView {
+    pub id: String,
+    pub operator: String,
+    pub label: Option<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    pub last_used_at: Option<String>,
+    /// Only in `create`'s answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl From<acme_proxy_store::OperatorTokenRow> for TokenView {
+    fn from(t: acme_proxy_store::OperatorTokenRow) -> Self {
+        Self {
+            id: t.id,
+            operator: t.operator,
+            label: t.label,
+            created_at: rfc3339(t.created_at),
+            expires_at: rfc3339(t.expires_at),
+            last_used_at: t.last_used_at.map(rfc3339),
+            token: None,
+        }
+    }
+}
+
+/// Mints an API token for `operator`, valid for `lifetime`: the token is
+/// in the answer only (its SHA-256 is stored).
+pub async fn create_token(
+    store: &Store,
+    now: i64,
+    operator: &str,
+    label: Option<&str>,
+    lifetime: std::time::Duration,
+    actor: &str,
+) -> Result<TokenView, OpsError> {
+    if lifetime.is_zero() || lifetime > MAX_TOKEN_LIFETIME {
+        return Err(OpsError::Refused(format!(
+            "a token's lifetime must be more than 0 and at most {} (e.g. --expires 90d)",
+            humantime::format_duration(MAX_TOKEN_LIFETIME)
+        )));
+    }
+    if let Some(label) = label
+        && (label.len() > 200 || label.chars().any(char::is_control))
+    {
+        return Err(OpsError::Refused(
+            "a token's label is at most 200 bytes of printable text".to_owned(),
+        ));
+    }
+    let token = format!("{TOKEN_PREFIX}{}", crate::ids::session_token());
+    let row = acme_proxy_store::OperatorTokenRow {
+        id: crate::ids::session_id(),
+        operator: operator.to_owned(),
+        label: label.map(str::to_owned),
+        created_at: now,
+        expires_at: now.saturating_add(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX)),
+        last_used_at: None,
+    };
+    let detail = format!(
+        "API token {} created for operator {operator}, expiring {}",
+        row.id,
+        rfc3339(row.expires_at)
+    );
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    if !store
+        .insert_operator_token(
+            &row,
+            digest.as_ref(),
+            &audit_row(now, AuditEvent::OperatorTokenCreated, actor, &detail),
+        )
+        .await?
+    {
+        return Err(no_such(operator));
+    }
+    let mut view = TokenView::from(row);
+    view.token = Some(token);
+    Ok(view)
+}
+
+pub async fn list_tokens(
+    store: &Store,
+    operator: Option<&str>,
+) -> Result<Vec<TokenView>, OpsError> {
+    Ok(store
+        .list_operator_tokens(operator)
+        .await?
+        .into_iter()
+        .map(TokenView::from)
+        .collect())
+}
+
+pub async fn revoke_token(store: &Store, now: i64, id: &str, actor: &str) -> Result<(), OpsError> {
+    let detail = format!("API token {id} revoked");
+    if store
+        .revoke_operator_token(
+            id,
+            &audit_row(now, AuditEvent::OperatorTokenRevoked, actor, &detail),
+        )
+        .await?
+    {
+        Ok(())
+    } else {
+        Err(OpsError::Refused(format!("no API token {id:?}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

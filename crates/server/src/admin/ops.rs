@@ -74,12 +74,34 @@ pub async fn list_jobs(
     status: Option<JobStatus>,
     limit: i64,
 ) -> Result<Vec<JobView>, OpsError> {
-    Ok(store
-        .list_jobs(kind, status, limit)
-        .await?
-        .into_iter()
-        .map(JobView::from)
-        .collect())
+    Ok(page_jobs(store, kind, status, None, limit).await?.jobs)
+}
+
+/// One page of jobs, and where the next one starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    /// The id to pass as `before` for the next (older) page.
+    pub next: Option<String>,
+}
+
+/// Jobs newest first, of one kind and status when given, `limit` of them
+/// older than job `before` when given.
+pub async fn page_jobs(
+    store: &Store,
+    kind: Option<&str>,
+    status: Option<JobStatus>,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<JobPage, OpsError> {
+    let rows = store.list_jobs(kind, status, before, limit).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|j| j.id.to_string()))
+        .flatten();
+    Ok(JobPage {
+        jobs: rows.into_iter().map(JobView::from).collect(),
+        next,
+    })
 }
 
 pub async fn show_job(store: &Store, id: i64) -> Result<JobView, OpsError> {
@@ -390,15 +412,19 @@ pub struct UpstreamOrderView {
     pub request_id: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// `created_at` in seconds: where the next page starts.
+    #[serde(skip)]
+    created: i64,
 }
 
 pub async fn upstream_orders(
     store: &Store,
     status: Option<OrderStatus>,
+    before: Option<(i64, &str)>,
     limit: i64,
 ) -> Result<Vec<UpstreamOrderView>, OpsError> {
     Ok(store
-        .upstream_orders(status, limit)
+        .upstream_orders(status, before, limit)
         .await?
         .into_iter()
         .map(|m| UpstreamOrderView {
@@ -414,6 +440,7 @@ pub async fn upstream_orders(
             request_id: m.request_id,
             created_at: rfc3339(m.created_at),
             updated_at: rfc3339(m.updated_at),
+            created: m.created_at,
         })
         .collect())
 }
@@ -426,22 +453,34 @@ pub struct RelayQueueRow {
     pub job: Option<JobView>,
 }
 
+/// One page of the relay queue, and where the next one starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayPage {
+    pub rows: Vec<RelayQueueRow>,
+    pub next: Option<String>,
+}
+
 /// Relayed orders, newest first (of one status when given), each with its
-/// live relay job.
+/// live relay job; `limit` of them older than the cursor `before`.
 pub async fn relay_queue(
     store: &Store,
     status: Option<OrderStatus>,
+    before: Option<(i64, &str)>,
     limit: i64,
-) -> Result<Vec<RelayQueueRow>, OpsError> {
-    let mut rows = Vec::new();
-    for order in upstream_orders(store, status, limit).await? {
+) -> Result<RelayPage, OpsError> {
+    let orders = upstream_orders(store, status, before, limit).await?;
+    let next = (orders.len() as i64 == limit)
+        .then(|| orders.last().map(|o| cursor(o.created, &o.order)))
+        .flatten();
+    let mut rows = Vec::with_capacity(orders.len());
+    for order in orders {
         let job = store
             .live_job(crate::authority::RELAY_KIND, &order.order)
             .await?
             .map(JobView::from);
         rows.push(RelayQueueRow { order, job });
     }
-    Ok(rows)
+    Ok(RelayPage { rows, next })
 }
 
 /// An audit record as operators see it.
@@ -731,13 +770,28 @@ pub async fn create_eab(
     Ok(view)
 }
 
-pub async fn list_eab(store: &Store) -> Result<Vec<EabView>, OpsError> {
-    Ok(store
-        .list_eab()
-        .await?
-        .into_iter()
-        .map(EabView::from)
-        .collect())
+/// One page of EAB credentials, and where the next one starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct EabPage {
+    pub credentials: Vec<EabView>,
+    pub next: Option<String>,
+}
+
+/// Credentials newest first, `limit` of them older than the cursor
+/// `before`.
+pub async fn list_eab(
+    store: &Store,
+    before: Option<(i64, &str)>,
+    limit: i64,
+) -> Result<EabPage, OpsError> {
+    let rows = store.list_eab(before, limit).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|e| cursor(e.created_at, &e.kid)))
+        .flatten();
+    Ok(EabPage {
+        credentials: rows.into_iter().map(EabView::from).collect(),
+        next,
+    })
 }
 
 pub async fn revoke_eab(

@@ -1006,7 +1006,7 @@ impl JobHandler for RelayJobs {
             let a = self.generations.authority();
             let rows = a
                 .store
-                .upstream_orders(Some(OrderStatus::Processing), RECOVER_BATCH)
+                .upstream_orders(Some(OrderStatus::Processing), None, RECOVER_BATCH)
                 .await
                 .map_err(|e| e.to_string())?;
             let mut specs = Vec::with_capacity(rows.len());

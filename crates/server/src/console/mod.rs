@@ -20,9 +20,11 @@
 //! Templates autoescape everything they print; the only markup built in
 //! Rust is numbers (the chart's geometry).
 
+mod api;
 mod auth;
 mod chart;
 mod pages;
+mod queries;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -94,9 +96,20 @@ impl Asset {
     }
 }
 
+/// How a request proved who it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The session cookie of a browser's login.
+    Cookie,
+    /// An operator's API token (`Authorization: Bearer`), on the JSON API
+    /// only.
+    Token,
+}
+
 /// The operator a request acts as, put in its extensions by [`guard`].
 #[derive(Clone, Debug)]
 pub struct Session {
+    /// The session's id, or the API token's.
     pub id: String,
     pub operator: String,
     pub csrf: String,
@@ -104,6 +117,7 @@ pub struct Session {
     /// A TOTP secret shown for enrolment, not yet confirmed.
     pending_totp: Option<Vec<u8>>,
     token_hash: Vec<u8>,
+    pub via: Via,
 }
 
 impl Session {
@@ -171,6 +185,7 @@ impl Console {
             .route("/eab", get(pages::eab).post(pages::mint_eab))
             .route("/eab/{kid}/revoke", post(pages::revoke_eab))
             .route("/static/{file}", get(asset))
+            .nest("/api/v1", api::routes())
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(self),
@@ -220,6 +235,17 @@ impl Console {
         )
     }
 
+    /// The page saying why a request got no answer.
+    fn failed(&self, failure: queries::Failure) -> Response {
+        match failure {
+            queries::Failure::Unavailable(why) => self.unavailable(&why),
+            other => {
+                let (status, why) = other.status_and_words();
+                self.refusal(status, &why)
+            }
+        }
+    }
+
     fn unavailable(&self, why: &dyn std::fmt::Display) -> Response {
         tracing::error!(event = "admin.request", outcome = "failure", error = %why, "the console could not answer");
         let mut response = self.refusal(
@@ -233,8 +259,8 @@ impl Console {
     }
 
     /// The session the request's cookie names, if it is alive; a stale one
-    /// is deleted.
-    async fn session_of(&self, headers: &HeaderMap) -> Result<Option<Session>, Response> {
+    /// is deleted. An error is the store's, in words.
+    async fn session_of(&self, headers: &HeaderMap) -> Result<Option<Session>, String> {
         let Some(token) = auth::cookie(headers, SESSION_COOKIE) else {
             return Ok(None);
         };
@@ -244,7 +270,7 @@ impl Console {
         let found = store
             .operator_session(&token_hash)
             .await
-            .map_err(|e| self.unavailable(&e))?;
+            .map_err(|e| e.to_string())?;
         let Some((session, operator)) = found else {
             return Ok(None);
         };
@@ -258,14 +284,14 @@ impl Console {
             store
                 .end_operator_session(&token_hash, None)
                 .await
-                .map_err(|e| self.unavailable(&e))?;
+                .map_err(|e| e.to_string())?;
             return Ok(None);
         }
         if now.saturating_sub(session.last_seen_at) >= TOUCH_EVERY {
             store
                 .touch_operator_session(&token_hash, now)
                 .await
-                .map_err(|e| self.unavailable(&e))?;
+                .map_err(|e| e.to_string())?;
         }
         Ok(Some(Session {
             id: session.id,
@@ -274,6 +300,54 @@ impl Console {
             stage: session.stage,
             pending_totp: session.pending_totp,
             token_hash,
+            via: Via::Cookie,
+        }))
+    }
+
+    /// The operator an `Authorization: Bearer` API token acts as, when the
+    /// token is known, unexpired, and its operator not disabled.
+    async fn token_session(&self, authorization: &HeaderValue) -> Result<Option<Session>, String> {
+        // RFC 6750 §2.1; the scheme's name is case-insensitive (RFC 9110
+        // §11.1). Anything longer than a token is not one: no digest of it.
+        let Some(token) = authorization
+            .to_str()
+            .ok()
+            .filter(|v| v.len() <= 128)
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
+            .filter(|t| t.starts_with(crate::admin::operators::TOKEN_PREFIX))
+        else {
+            return Ok(None);
+        };
+        let token_hash = auth::token_hash(token);
+        let authority = self.generations.authority();
+        let store = authority.store();
+        let Some((row, operator)) = store
+            .operator_token(&token_hash)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let now = authority.clock.unix();
+        if operator.disabled_at.is_some() || now >= row.expires_at {
+            return Ok(None);
+        }
+        if now.saturating_sub(row.last_used_at.unwrap_or(0)) >= TOUCH_EVERY {
+            store
+                .touch_operator_token(&row.id, now)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(Some(Session {
+            id: row.id,
+            operator: row.operator,
+            csrf: String::new(),
+            stage: SessionStage::Full,
+            pending_totp: None,
+            token_hash,
+            via: Via::Token,
         }))
     }
 
@@ -404,28 +478,75 @@ fn home_of(stage: SessionStage) -> &'static str {
 
 async fn checked(console: &Console, req: Request, next: Next) -> Response {
     let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
-    let access = access(req.uri().path());
+    let path = req.uri().path();
+    let access = access(path);
+    let api = path.starts_with("/api/");
+    let refuse = |status: StatusCode, words: &str| {
+        if api {
+            api::problem(status, words)
+        } else {
+            console.refusal(status, words)
+        }
+    };
+    let unavailable = |why: String| {
+        if api {
+            tracing::error!(event = "admin.request", outcome = "failure", error = %why, "the console could not answer");
+            api::problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The database did not answer; try again in a moment.",
+            )
+        } else {
+            console.unavailable(&why)
+        }
+    };
+    if api && let Some(authorization) = req.headers().get(header::AUTHORIZATION) {
+        // A script's API token. Browsers never send one by themselves, so
+        // it carries no ambient authority: neither the same-origin check
+        // nor a CSRF token applies, and no cookie is looked at.
+        let session = match console.token_session(authorization).await {
+            Ok(Some(session)) => session,
+            Ok(None) => {
+                return api::unauthorized(
+                    "That API token is unknown, expired, revoked, or its operator is disabled.",
+                    true,
+                );
+            }
+            Err(why) => return unavailable(why),
+        };
+        let (parts, bytes) = match bounded(req).await {
+            Ok(read) => read,
+            Err(()) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE),
+        };
+        let mut req = Request::from_parts(parts, Body::from(bytes));
+        req.extensions_mut().insert(session);
+        return next.run(req).await;
+    }
     if mutating && !console.same_origin(req.headers()) {
-        return console.refusal(
+        return refuse(
             StatusCode::FORBIDDEN,
             "This request came from another site and was refused.",
         );
     }
     let session = match console.session_of(req.headers()).await {
         Ok(session) => session,
-        Err(response) => return response,
+        Err(why) => return unavailable(why),
     };
     if let Access::Stages(stages) = access {
         let Some(session) = &session else {
-            return if mutating {
-                console.refusal(StatusCode::FORBIDDEN, "You are not logged in.")
+            return if api {
+                api::unauthorized(
+                    "Log in first, or send an API token (Authorization: Bearer).",
+                    false,
+                )
+            } else if mutating {
+                refuse(StatusCode::FORBIDDEN, "You are not logged in.")
             } else {
                 see_other("/login")
             };
         };
         if !stages.contains(&session.stage) {
-            return if mutating {
-                console.refusal(
+            return if mutating || api {
+                refuse(
                     StatusCode::FORBIDDEN,
                     "Finish logging in first (the TOTP code, or enrolling an authenticator).",
                 )
@@ -436,12 +557,9 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
     }
     let mut req = req;
     if mutating {
-        let (parts, body) = req.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
-            return console.refusal(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "The request's body was too large or cut off.",
-            );
+        let (parts, bytes) = match bounded(req).await {
+            Ok(read) => read,
+            Err(()) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE),
         };
         if matches!(access, Access::Stages(_)) {
             let expected = session.as_ref().map(|s| s.csrf.as_bytes()).unwrap_or(b"");
@@ -452,7 +570,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
                 .or_else(|| auth::form_field(&bytes, "csrf").map(String::into_bytes))
                 .unwrap_or_default();
             if expected.is_empty() || !bool::from(given.as_slice().ct_eq(expected)) {
-                return console.refusal(
+                return refuse(
                     StatusCode::FORBIDDEN,
                     "This form has expired or did not come from this console; reload the page and try again.",
                 );
@@ -464,6 +582,18 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
         req.extensions_mut().insert(session);
     }
     next.run(req).await
+}
+
+const TOO_LARGE: &str = "The request's body was too large or cut off.";
+
+/// A request's body read whole, up to [`MAX_FORM_BYTES`], before anything
+/// looks at it.
+async fn bounded(req: Request) -> Result<(http::request::Parts, axum::body::Bytes), ()> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_FORM_BYTES)
+        .await
+        .map_err(|_| ())?;
+    Ok((parts, bytes))
 }
 
 fn see_other(to: &'static str) -> Response {

@@ -3,13 +3,17 @@
 
 use std::sync::Arc;
 
-use acme_proxy_protocol::types::{AccountStatus, OrderStatus};
-use acme_proxy_store::{AuditEvent, AuditOutcome};
+use acme_proxy_protocol::types::OrderStatus;
+use acme_proxy_store::AuditEvent;
 use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 
+use super::queries::{
+    AccountQuery, AuditQuery, EabQuery, ExplainQuery, Failure, JobQuery, MintForm, OrderQuery,
+    RelayQuery, check_reason, field, given,
+};
 use super::{Console, Session};
 
 pub async fn dashboard(
@@ -45,75 +49,25 @@ pub async fn dashboard(
     )
 }
 
-/// Orders to a page.
+/// Rows to a page.
 const PAGE: i64 = 50;
-/// A search field is cut to this before use (a name is at most 253).
-const FIELD_MAX: usize = 256;
-
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(default)]
-pub struct OrderQuery {
-    name: String,
-    serial: String,
-    account: String,
-    profile: String,
-    status: String,
-    before: String,
-}
-
-/// A search field as typed, trimmed and bounded.
-fn field(text: &str) -> String {
-    crate::bounded::truncate(text.trim(), FIELD_MAX)
-        .trim()
-        .to_owned()
-}
 
 pub async fn orders(
     State(console): State<Arc<Console>>,
     Extension(session): Extension<Session>,
     Query(query): Query<OrderQuery>,
 ) -> Response {
-    // A name as stored: lower case, no wildcard label, no final dot; a
-    // serial as stored: lower-case hex without colons.
-    let name = field(&query.name).to_ascii_lowercase();
-    let name = name
-        .trim_start_matches("*.")
-        .trim_end_matches('.')
-        .to_owned();
-    let serial: String = field(&query.serial)
-        .chars()
-        .filter(|c| *c != ':' && !c.is_whitespace())
-        .collect::<String>()
-        .to_ascii_lowercase();
-    let account = field(&query.account);
-    let profile = field(&query.profile);
-    let status = field(&query.status);
-    let parsed_status = if status.is_empty() {
-        None
-    } else {
-        match status.parse::<OrderStatus>() {
-            Ok(s) => Some(s),
-            Err(_) => {
-                return console.refusal(
-                    StatusCode::BAD_REQUEST,
-                    "That is not an order status (pending, ready, processing, valid, invalid).",
-                );
-            }
-        }
-    };
-    let before = crate::admin::ops::parse_cursor(&query.before);
-    let search = acme_proxy_store::OrderSearch {
-        name: Some(name.as_str()).filter(|s| !s.is_empty()),
-        serial: Some(serial.as_str()).filter(|s| !s.is_empty()),
-        account: Some(account.as_str()).filter(|s| !s.is_empty()),
-        profile: Some(profile.as_str()).filter(|s| !s.is_empty()),
-        status: parsed_status,
-        before,
-    };
     let authority = console.generations.authority();
-    let page = match crate::admin::ops::search_orders(authority.store(), &search, PAGE).await {
-        Ok(page) => page,
-        Err(e) => return console.unavailable(&e),
+    let found = match query.filter() {
+        Ok(filter) => filter
+            .run(authority.store(), PAGE)
+            .await
+            .map(|p| (filter, p)),
+        Err(failure) => Err(failure),
+    };
+    let (filter, page) = match found {
+        Ok(found) => found,
+        Err(failure) => return console.failed(failure),
     };
     let next = page
         .next
@@ -126,7 +80,7 @@ pub async fn orders(
         minijinja::context! {
             orders => page.orders,
             next,
-            q => minijinja::context! { name, serial, account, profile, status },
+            q => filter,
             statuses => ["pending", "ready", "processing", "valid", "invalid"],
         },
     )
@@ -199,11 +153,8 @@ pub async fn revoke(
     if let Some(refused) = unconfirmed(&console, &form.confirm, "Nothing was revoked") {
         return refused;
     }
-    if !crate::admin::ops::REVOCATION_REASONS
-        .iter()
-        .any(|(code, _)| *code == form.reason)
-    {
-        return console.refusal(StatusCode::BAD_REQUEST, "That is not a revocation reason.");
+    if let Err(failure) = check_reason(form.reason) {
+        return console.failed(failure);
     }
     let authority = console.generations.authority();
     let revoked =
@@ -233,10 +184,10 @@ fn outcome<T>(
     use crate::admin::ops::OpsError;
     match result {
         Ok(_) => done(),
-        Err(e @ (OpsError::Refused(_) | OpsError::NoSuchJob(_))) => {
-            console.refusal(StatusCode::CONFLICT, &e.to_string())
-        }
-        Err(e) => console.unavailable(&e),
+        // A job that is not there is a refusal of the action here (the
+        // page that offered it is stale), as any other.
+        Err(e @ OpsError::NoSuchJob(_)) => console.refusal(StatusCode::CONFLICT, &e.to_string()),
+        Err(e) => console.failed(e.into()),
     }
 }
 
@@ -250,8 +201,9 @@ fn see_other_to(to: &str) -> Response {
 pub async fn eab(
     State(console): State<Arc<Console>>,
     Extension(session): Extension<Session>,
+    Query(query): Query<EabQuery>,
 ) -> Response {
-    eab_page(&console, &session, StatusCode::OK, None, None).await
+    eab_page(&console, &session, &query, StatusCode::OK, None, None).await
 }
 
 /// The credentials, the form that mints one, and (once, after minting)
@@ -259,33 +211,27 @@ pub async fn eab(
 async fn eab_page(
     console: &Console,
     session: &Session,
+    query: &EabQuery,
     status: StatusCode,
     minted: Option<crate::admin::ops::EabView>,
     error: Option<String>,
 ) -> Response {
     let generation = console.generations.current();
-    let credentials = match crate::admin::ops::list_eab(generation.authority.store()).await {
-        Ok(list) => list,
-        Err(e) => return console.unavailable(&e),
+    let page = match query.run(generation.authority.store(), PAGE).await {
+        Ok(page) => page,
+        Err(failure) => return console.failed(failure),
     };
+    let next = page
+        .next
+        .as_ref()
+        .map(|cursor| next_link("/eab", query, cursor));
     let profiles: Vec<String> = generation.config.profiles.keys().cloned().collect();
     console.page(
         status,
         "eab.html",
         Some(session),
-        minijinja::context! { credentials, profiles, minted, error },
+        minijinja::context! { credentials => page.credentials, next, profiles, minted, error },
     )
-}
-
-#[derive(serde::Deserialize)]
-pub struct MintForm {
-    #[serde(default)]
-    label: String,
-    #[serde(default)]
-    profile: String,
-    /// Name globs, one per line or separated by commas or spaces.
-    #[serde(default)]
-    names: String,
 }
 
 /// Mints a credential as the logged-in operator; its HMAC key is on this
@@ -295,28 +241,22 @@ pub async fn mint_eab(
     Extension(session): Extension<Session>,
     axum::Form(form): axum::Form<MintForm>,
 ) -> Response {
-    let label = field(&form.label);
-    let profile = field(&form.profile);
-    let names: Vec<String> = crate::bounded::truncate(&form.names, 16 * 1024)
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|n| !n.is_empty())
-        .map(str::to_owned)
-        .collect();
     let authority = console.generations.authority();
-    let minted = crate::admin::ops::create_eab(
-        &authority,
-        Some(label.as_str()).filter(|l| !l.is_empty()),
-        Some(profile.as_str()).filter(|p| !p.is_empty()),
-        (!names.is_empty()).then_some(names.as_slice()),
-        &session.actor(),
-    )
-    .await;
-    match minted {
-        Ok(view) => eab_page(&console, &session, StatusCode::OK, Some(view), None).await,
-        Err(crate::admin::ops::OpsError::Refused(why)) => {
-            eab_page(&console, &session, StatusCode::BAD_REQUEST, None, Some(why)).await
+    let first = EabQuery::default();
+    match form.mint(&authority, &session.actor()).await {
+        Ok(view) => eab_page(&console, &session, &first, StatusCode::OK, Some(view), None).await,
+        Err(Failure::Bad(why)) => {
+            eab_page(
+                &console,
+                &session,
+                &first,
+                StatusCode::BAD_REQUEST,
+                None,
+                Some(why),
+            )
+            .await
         }
-        Err(e) => console.unavailable(&e),
+        Err(failure) => console.failed(failure),
     }
 }
 
@@ -354,53 +294,22 @@ fn next_link<Q: serde::Serialize>(path: &str, query: &Q, cursor: &str) -> String
     )
 }
 
-/// `text` as an optional filter: none when empty.
-fn given(text: &str) -> Option<&str> {
-    Some(text).filter(|t| !t.is_empty())
-}
-
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(default)]
-pub struct AccountQuery {
-    id: String,
-    contact: String,
-    profile: String,
-    status: String,
-    before: String,
-}
-
 pub async fn accounts(
     State(console): State<Arc<Console>>,
     Extension(session): Extension<Session>,
     Query(query): Query<AccountQuery>,
 ) -> Response {
-    let (id, contact, profile, status) = (
-        field(&query.id),
-        field(&query.contact),
-        field(&query.profile),
-        field(&query.status),
-    );
-    let parsed_status = match given(&status).map(str::parse::<AccountStatus>) {
-        None => None,
-        Some(Ok(s)) => Some(s),
-        Some(Err(_)) => {
-            return console.refusal(
-                StatusCode::BAD_REQUEST,
-                "That is not an account status (valid, deactivated, revoked).",
-            );
-        }
-    };
-    let search = acme_proxy_store::AccountSearch {
-        id: given(&id),
-        contact: given(&contact),
-        profile: given(&profile),
-        status: parsed_status,
-        before: crate::admin::ops::parse_cursor(&query.before),
-    };
     let authority = console.generations.authority();
-    let page = match crate::admin::ops::search_accounts(authority.store(), &search, PAGE).await {
-        Ok(page) => page,
-        Err(e) => return console.unavailable(&e),
+    let found = match query.filter() {
+        Ok(filter) => filter
+            .run(authority.store(), PAGE)
+            .await
+            .map(|p| (filter, p)),
+        Err(failure) => Err(failure),
+    };
+    let (filter, page) = match found {
+        Ok(found) => found,
+        Err(failure) => return console.failed(failure),
     };
     let next = page
         .next
@@ -413,7 +322,7 @@ pub async fn accounts(
         minijinja::context! {
             accounts => page.accounts,
             next,
-            q => minijinja::context! { id, contact, profile, status },
+            q => filter,
             statuses => ["valid", "deactivated", "revoked"],
         },
     )
@@ -471,84 +380,40 @@ pub async fn delete_account(
     outcome(&console, done, || super::see_other("/accounts"))
 }
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(default)]
-pub struct AuditQuery {
-    event: String,
-    outcome: String,
-    profile: String,
-    account: String,
-    order: String,
-    serial: String,
-    before: String,
-}
-
 pub async fn audit(
     State(console): State<Arc<Console>>,
     Extension(session): Extension<Session>,
     Query(query): Query<AuditQuery>,
 ) -> Response {
-    let (event, outcome) = (field(&query.event), field(&query.outcome));
-    let (profile, account, order) = (
-        field(&query.profile),
-        field(&query.account),
-        field(&query.order),
-    );
-    let serial: String = field(&query.serial)
-        .chars()
-        .filter(|c| *c != ':')
-        .collect::<String>()
-        .to_ascii_lowercase();
-    let Ok(event_filter) = given(&event).map(str::parse::<AuditEvent>).transpose() else {
-        return console.refusal(StatusCode::BAD_REQUEST, "That is not an audit event.");
-    };
-    let Ok(outcome_filter) = given(&outcome).map(str::parse::<AuditOutcome>).transpose() else {
-        return console.refusal(
-            StatusCode::BAD_REQUEST,
-            "That is not an outcome (success, refused, failure).",
-        );
-    };
-    let filter = acme_proxy_store::AuditFilter {
-        profile: given(&profile),
-        account: given(&account),
-        order: given(&order),
-        serial: given(&serial),
-        event: event_filter,
-        outcome: outcome_filter,
-        since: None,
-        before: query.before.parse().ok(),
-    };
     let authority = console.generations.authority();
-    let rows = match crate::admin::ops::list_audit(authority.store(), &filter, PAGE).await {
-        Ok(rows) => rows,
-        Err(e) => return console.unavailable(&e),
+    let found = match query.filter() {
+        Ok(filter) => filter
+            .run(authority.store(), PAGE)
+            .await
+            .map(|p| (filter, p)),
+        Err(failure) => Err(failure),
     };
-    let next = (rows.len() as i64 == PAGE)
-        .then(|| {
-            rows.last()
-                .map(|r| next_link("/audit", &query, &r.id.to_string()))
-        })
-        .flatten();
+    let (filter, page) = match found {
+        Ok(found) => found,
+        Err(failure) => return console.failed(failure),
+    };
+    let next = page
+        .next
+        .as_ref()
+        .map(|cursor| next_link("/audit", &query, cursor));
     let events: Vec<&str> = AuditEvent::ALL.iter().map(|e| e.as_str()).collect();
     console.page(
         StatusCode::OK,
         "audit.html",
         Some(&session),
         minijinja::context! {
-            rows,
+            rows => page.rows,
             next,
             events,
             outcomes => ["success", "refused", "failure"],
-            q => minijinja::context! { event, outcome, profile, account, order, serial },
+            q => filter,
         },
     )
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(default)]
-pub struct StatusQuery {
-    status: String,
-    kind: String,
 }
 
 /// The relay queue: relayed orders (in flight by default) with their
@@ -556,62 +421,63 @@ pub struct StatusQuery {
 pub async fn relay(
     State(console): State<Arc<Console>>,
     Extension(session): Extension<Session>,
-    Query(query): Query<StatusQuery>,
+    Query(query): Query<RelayQuery>,
 ) -> Response {
-    let status = field(&query.status);
-    let parsed = match status.as_str() {
-        "" => Some(OrderStatus::Processing),
-        "any" => None,
-        other => match other.parse::<OrderStatus>() {
-            Ok(s) => Some(s),
-            Err(_) => {
-                return console.refusal(StatusCode::BAD_REQUEST, "That is not an order status.");
-            }
-        },
-    };
     let authority = console.generations.authority();
-    match crate::admin::ops::relay_queue(authority.store(), parsed, PAGE).await {
-        Ok(rows) => console.page(
-            StatusCode::OK,
-            "relay.html",
-            Some(&session),
-            minijinja::context! {
-                rows,
-                status => parsed.map_or("any", OrderStatus::as_str),
-                statuses => ["processing", "valid", "invalid", "any"],
-            },
-        ),
-        Err(e) => console.unavailable(&e),
-    }
+    let found = match query.status() {
+        Ok(status) => query
+            .run(authority.store(), PAGE)
+            .await
+            .map(|p| (status, p)),
+        Err(failure) => Err(failure),
+    };
+    let (status, page) = match found {
+        Ok(found) => found,
+        Err(failure) => return console.failed(failure),
+    };
+    let next = page
+        .next
+        .as_ref()
+        .map(|cursor| next_link("/relay", &query, cursor));
+    console.page(
+        StatusCode::OK,
+        "relay.html",
+        Some(&session),
+        minijinja::context! {
+            rows => page.rows,
+            next,
+            status => status.map_or("any", OrderStatus::as_str),
+            statuses => ["processing", "valid", "invalid", "any"],
+        },
+    )
 }
 
 /// The job queue, of one kind and status when given.
 pub async fn jobs(
     State(console): State<Arc<Console>>,
     Extension(session): Extension<Session>,
-    Query(query): Query<StatusQuery>,
+    Query(query): Query<JobQuery>,
 ) -> Response {
-    let (kind, status) = (field(&query.kind), field(&query.status));
-    let Ok(parsed) = given(&status)
-        .map(str::parse::<acme_proxy_store::JobStatus>)
-        .transpose()
-    else {
-        return console.refusal(StatusCode::BAD_REQUEST, "That is not a job status.");
-    };
     let authority = console.generations.authority();
-    match crate::admin::ops::list_jobs(authority.store(), given(&kind), parsed, PAGE).await {
-        Ok(jobs) => console.page(
-            StatusCode::OK,
-            "jobs.html",
-            Some(&session),
-            minijinja::context! {
-                jobs,
-                q => minijinja::context! { kind, status },
-                statuses => acme_proxy_store::JobStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
-            },
-        ),
-        Err(e) => console.unavailable(&e),
-    }
+    let page = match query.run(authority.store(), PAGE).await {
+        Ok(page) => page,
+        Err(failure) => return console.failed(failure),
+    };
+    let next = page
+        .next
+        .as_ref()
+        .map(|cursor| next_link("/jobs", &query, cursor));
+    console.page(
+        StatusCode::OK,
+        "jobs.html",
+        Some(&session),
+        minijinja::context! {
+            jobs => page.jobs,
+            next,
+            q => minijinja::context! { kind => field(&query.kind), status => field(&query.status) },
+            statuses => acme_proxy_store::JobStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        },
+    )
 }
 
 #[derive(serde::Deserialize)]
@@ -666,43 +532,12 @@ pub async fn profiles(
     Extension(session): Extension<Session>,
 ) -> Response {
     let generation = console.generations.current();
-    let config = &generation.config;
-    let base = config.base_url();
-    let summaries = crate::admin::ops::describe_profiles(config);
-    let profiles: Vec<_> = config
-        .profiles
-        .iter()
-        .zip(summaries)
-        .map(|((name, p), summary)| {
-            minijinja::context! {
-                name,
-                directory => format!("{base}/profile/{name}/directory"),
-                summary,
-                eab => format!("{:?}", p.eab).to_lowercase(),
-                bypass => p.bypass,
-                order_lifetime => humantime::format_duration(p.order_lifetime).to_string(),
-                authorization_lifetime => humantime::format_duration(p.authorization_lifetime).to_string(),
-                max_identifiers => p.max_identifiers,
-                policy_default => format!("{:?}", p.policy_default).to_lowercase(),
-            }
-        })
-        .collect();
     console.page(
         StatusCode::OK,
         "profiles.html",
         Some(&session),
-        minijinja::context! { profiles },
+        minijinja::context! { profiles => super::queries::profiles(&generation.config) },
     )
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(default)]
-pub struct ExplainQuery {
-    profile: String,
-    client_ip: String,
-    identifiers: String,
-    eab: String,
-    account: String,
 }
 
 /// `policy explain` as a form: what `[policy]` decides for a client, from
@@ -714,93 +549,35 @@ pub async fn policy(
 ) -> Response {
     let generation = console.generations.current();
     let profiles: Vec<String> = generation.config.profiles.keys().cloned().collect();
-    let profile = field(&query.profile);
-    let client_ip = field(&query.client_ip);
     let form = minijinja::context! {
-        profile,
-        client_ip,
+        profile => field(&query.profile),
+        client_ip => field(&query.client_ip),
         identifiers => field(&query.identifiers),
         eab => field(&query.eab),
         account => field(&query.account),
     };
-    let page = |status,
-                explanation: Option<Vec<String>>,
-                decision: Option<&str>,
-                error: Option<String>| {
-        console.page(
-            status,
-            "policy.html",
-            Some(&session),
-            minijinja::context! { profiles, form, explanation, decision, error },
-        )
-    };
-    if profile.is_empty() && client_ip.is_empty() {
-        return page(StatusCode::OK, None, None, None);
-    }
-    if !generation.config.profiles.contains_key(&profile) {
-        return page(
-            StatusCode::BAD_REQUEST,
-            None,
-            None,
-            Some("Choose one of the profiles.".to_owned()),
-        );
-    }
-    let Ok(ip) = client_ip.parse::<std::net::IpAddr>() else {
-        return page(
-            StatusCode::BAD_REQUEST,
-            None,
-            None,
-            Some("The client's address is not an IP address.".to_owned()),
-        );
-    };
-    let identifiers: Vec<String> = field(&query.identifiers)
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|i| !i.is_empty())
-        .take(100)
-        .map(str::to_owned)
-        .collect();
-    let request = crate::admin::explain::ExplainRequest {
-        profile: profile.clone(),
-        client_ip: ip,
-        identifiers,
-        eab: given(&field(&query.eab)).map(str::to_owned),
-        account: given(&field(&query.account)).map(str::to_owned),
-    };
-    let policy = match crate::admin::explain::build_policy(&generation.config) {
-        Ok(policy) => policy,
-        Err(problems) => {
-            return page(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                None,
-                None,
-                Some(problems.join("; ")),
-            );
-        }
-    };
-    let label = match &request.eab {
-        Some(kid) if policy.wants_eab_label() => {
-            match generation.authority.store().eab(kid).await {
-                Ok(Some(credential)) => credential.label,
-                Ok(None) => {
-                    return page(
-                        StatusCode::BAD_REQUEST,
-                        None,
-                        None,
-                        Some(format!(
-                            "There is no External Account Binding credential {kid}."
-                        )),
-                    );
-                }
-                Err(e) => return console.unavailable(&e),
+    let asked =
+        given(&field(&query.profile)).is_some() || given(&field(&query.client_ip)).is_some();
+    let (status, explained, error) = if !asked {
+        (StatusCode::OK, None, None)
+    } else {
+        match query
+            .explain(&generation.config, generation.authority.store())
+            .await
+        {
+            Ok(explained) => (StatusCode::OK, Some(explained), None),
+            Err(Failure::Unavailable(why)) => return console.unavailable(&why),
+            Err(failure) => {
+                let (status, why) = failure.status_and_words();
+                (status, None, Some(why))
             }
         }
-        _ => None,
     };
-    let explanation = crate::admin::explain::explain(&policy, &request, label).await;
-    page(
-        StatusCode::OK,
-        Some(crate::admin::explain::lines(&explanation)),
-        Some(explanation.decision.as_str()),
-        None,
+    let (explanation, decision) = explained.map(|e| (e.explanation, e.decision)).unzip();
+    console.page(
+        status,
+        "policy.html",
+        Some(&session),
+        minijinja::context! { profiles, form, explanation, decision, error },
     )
 }

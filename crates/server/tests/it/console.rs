@@ -73,7 +73,7 @@ impl Console {
         assert_eq!(out.code, 0, "{out:?}");
     }
 
-    async fn get(&self, path: &str, cookie: Option<&str>) -> raw::Resp {
+    pub(crate) async fn get(&self, path: &str, cookie: Option<&str>) -> raw::Resp {
         let cookie = cookie.map(|c| format!("{COOKIE}={c}"));
         let mut headers = vec![];
         if let Some(c) = &cookie {
@@ -111,7 +111,7 @@ impl Console {
     }
 
     /// Logs in and returns the session's cookie value and CSRF token.
-    async fn login(&self, name: &str, password: &str) -> (String, String) {
+    pub(crate) async fn login(&self, name: &str, password: &str) -> (String, String) {
         let resp = self
             .login_from("127.0.0.1".parse().expect("ip"), name, password)
             .await;
@@ -122,7 +122,7 @@ impl Console {
         (token, csrf_of(&text(&page)))
     }
 
-    async fn audit(&self, event: &str) -> Vec<serde_json::Value> {
+    pub(crate) async fn audit(&self, event: &str) -> Vec<serde_json::Value> {
         let out = self.cli(&["audit", "list", "--event", event, "--json"]);
         assert_eq!(out.code, 0, "{out:?}");
         serde_json::from_str::<Vec<serde_json::Value>>(&out.stdout).expect("audit JSON")
@@ -983,6 +983,103 @@ async fn the_policy_page_explains_a_refusal_and_an_allowance_as_policy_explain_d
     assert!(
         profiles.contains("&#x2f;profile&#x2f;default&#x2f;directory"),
         "{profiles}"
+    );
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_hashed_with_older_parameters_is_rehashed_with_todays_at_login() {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let store = console.server.running().authority.store().clone();
+    let today = store
+        .operator("alice")
+        .await
+        .expect("read")
+        .expect("alice")
+        .password_hash;
+    assert!(today.contains("m=19456,t=2,p=1"), "{today}");
+    // As an older release would have stored it: weaker parameters.
+    let older = argon2::Argon2::new(
+        argon2::Algorithm::Argon2id,
+        argon2::Version::V0x13,
+        argon2::Params::new(8192, 1, 1, None).expect("params"),
+    )
+    .hash_password(
+        PASSWORD.as_bytes(),
+        &SaltString::encode_b64(b"sixteen byte slt").expect("salt"),
+    )
+    .expect("hash")
+    .to_string();
+    assert!(
+        store
+            .upgrade_operator_hash("alice", &today, &older)
+            .await
+            .expect("write")
+    );
+    let (cookie, _) = console.login("alice", PASSWORD).await;
+    let upgraded = store
+        .operator("alice")
+        .await
+        .expect("read")
+        .expect("alice")
+        .password_hash;
+    assert_ne!(upgraded, older, "the login left the old hash");
+    assert!(upgraded.contains("m=19456,t=2,p=1"), "{upgraded}");
+    // Same password, the session that logged in still there, and the new
+    // hash logs in too.
+    assert_eq!(console.get("/", Some(&cookie)).await.status, 200);
+    console.login("alice", PASSWORD).await;
+    assert_eq!(
+        store
+            .operator("alice")
+            .await
+            .expect("read")
+            .expect("alice")
+            .password_hash,
+        upgraded,
+        "a current hash is left alone"
+    );
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_use_ends_at_its_absolute_lifetime() {
+    let console = Console::start("session_idle = \"2s\"\nsession_lifetime = \"3s\"\n").await;
+    console.create("alice", PASSWORD);
+    let (cookie, _) = console.login("alice", PASSWORD).await;
+    let started = Instant::now();
+    let store = console.server.running().authority.store().clone();
+    let digest = ring::digest::digest(&ring::digest::SHA256, cookie.as_bytes());
+    let deadline = started + Duration::from_secs(15);
+    loop {
+        // In use all along (a use is written at most once a minute, so
+        // write it here): never idle, only old.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("time")
+            .as_secs() as i64;
+        store
+            .touch_operator_session(digest.as_ref(), now)
+            .await
+            .expect("touch");
+        let status = console.get("/", Some(&cookie)).await.status;
+        if status == 303 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(
+            Instant::now() < deadline,
+            "the session outlived its lifetime"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Not before its lifetime (seconds are whole: 3 s less one).
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "ended after {:?}",
+        started.elapsed()
     );
     console.server.stop().await;
 }

@@ -269,7 +269,7 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
         let store = store.clone();
         async move {
             store
-                .list_jobs(Some(KIND), Some("done".parse().unwrap()), 5000)
+                .list_jobs(Some(KIND), Some("done".parse().unwrap()), None, 5000)
                 .await
                 .expect("list jobs")
                 .len()
@@ -308,7 +308,7 @@ async fn two_runners_over_one_database_file_run_thousands_of_jobs_each_exactly_o
         by_a > 0 && by_b > 0,
         "both runners ran jobs (a ran {by_a}, b ran {by_b})"
     );
-    let all = store.list_jobs(Some(KIND), None, 5000).await.unwrap();
+    let all = store.list_jobs(Some(KIND), None, None, 5000).await.unwrap();
     assert_eq!(all.len(), JOBS);
     assert!(
         all.iter()
@@ -761,7 +761,11 @@ async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_c
         .unwrap();
     assert!(matches!(other, Enqueued::Queued(o) if o != id), "{other:?}");
 
-    let rows = queue.store.list_jobs(Some(KIND), None, 100).await.unwrap();
+    let rows = queue
+        .store
+        .list_jobs(Some(KIND), None, None, 100)
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].payload, json!({"n": 1}).to_string());
 
@@ -780,7 +784,7 @@ async fn enqueueing_a_live_identity_twice_queues_once_and_after_it_finishes_it_c
     assert_eq!(
         queue
             .store
-            .list_jobs(Some(KIND), None, 100)
+            .list_jobs(Some(KIND), None, None, 100)
             .await
             .unwrap()
             .len(),

@@ -15,6 +15,7 @@ mod clients;
 mod concurrency;
 mod connections;
 mod console;
+mod console_api;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod custom;

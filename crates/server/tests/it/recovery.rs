@@ -181,7 +181,7 @@ async fn recover_requeues_a_processing_challenge_whose_job_was_lost_without_dupl
     server.running().runner.recover().await.unwrap();
     let jobs: Vec<_> = authority
         .store()
-        .list_jobs(Some(VALIDATION_KIND), None, 1000)
+        .list_jobs(Some(VALIDATION_KIND), None, None, 1000)
         .await
         .unwrap()
         .into_iter()

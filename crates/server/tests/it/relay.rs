@@ -1204,7 +1204,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
             .expect("open");
         interrupted.push(
             store
-                .upstream_orders(Some("processing".parse().expect("a status")), 100)
+                .upstream_orders(Some("processing".parse().expect("a status")), None, 100)
                 .await
                 .expect("mapping rows")
                 .len(),
@@ -1242,7 +1242,7 @@ async fn fifty_relays_survive_repeated_sigkills_each_issued_once_upstream_and_no
     let store = Store::open(&database, &StoreOptions::default())
         .await
         .expect("open");
-    let rows = store.upstream_orders(None, 1000).await.expect("rows");
+    let rows = store.upstream_orders(None, None, 1000).await.expect("rows");
     assert_eq!(rows.len(), 50, "a relay was lost");
     assert!(
         rows.iter().all(|r| r.status.as_str() == "valid"),

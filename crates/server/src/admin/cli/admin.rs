@@ -19,6 +19,49 @@ pub enum AdminCommand {
     /// The web console's logged-in sessions: list, revoke.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// API tokens, for scripts calling the console's JSON API: create,
+    /// list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create an API token acting as an operator; it is printed this once
+    /// (only its SHA-256 is kept).
+    Create {
+        /// The operator it acts as (audited as operator:NAME).
+        user: String,
+        /// What it is for, shown by `admin token list`.
+        #[arg(long)]
+        label: Option<String>,
+        /// How long it is valid, at most 366 days.
+        #[arg(long, default_value = "90d", value_parser = humantime::parse_duration)]
+        expires: std::time::Duration,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// API tokens, newest first (never the tokens themselves).
+    List {
+        /// Only this operator's.
+        #[arg(long)]
+        user: Option<String>,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an API token at once (its id from `admin token list`).
+    Revoke {
+        /// The token's id, from `admin token list`.
+        id: String,
+        /// Who is acting; defaults to operator:$USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
 }
 
 /// Where a new password comes from: never the command line, where other
@@ -272,6 +315,79 @@ pub async fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
             store.close().await;
             done?;
             writeln!(out, "session {id} revoked")?;
+        }
+        AdminCommand::Token(command) => token(config, now, command, &mut out).await?,
+    }
+    Ok(())
+}
+
+async fn token(
+    config: &Config,
+    now: i64,
+    command: TokenCommand,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Create {
+            user,
+            label,
+            expires,
+            json,
+            actor,
+        } => {
+            let store = open_store(config).await?;
+            let made = operators::create_token(
+                &store,
+                now,
+                &user,
+                label.as_deref(),
+                expires,
+                &operator_actor(actor),
+            )
+            .await;
+            store.close().await;
+            let made = made?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&made)?)?;
+                return Ok(());
+            }
+            writeln!(out, "id:      {}", made.id)?;
+            writeln!(out, "user:    {}", made.operator)?;
+            writeln!(out, "expires: {}", made.expires_at)?;
+            writeln!(out, "token:   {}", made.token.unwrap_or_default())?;
+            writeln!(
+                out,
+                "the token is shown this once; send it as `Authorization: Bearer TOKEN`"
+            )?;
+        }
+        TokenCommand::List { user, json } => {
+            let store = open_reader(config).await?;
+            let list = operators::list_tokens(&store, user.as_deref()).await;
+            store.close().await;
+            let list = list?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+                return Ok(());
+            }
+            let mut table = Table::new(&["ID", "USER", "LABEL", "CREATED", "EXPIRES", "LAST USED"]);
+            for t in list {
+                table.row(vec![
+                    t.id,
+                    t.operator,
+                    t.label.unwrap_or_default(),
+                    t.created_at,
+                    t.expires_at,
+                    t.last_used_at.unwrap_or_default(),
+                ]);
+            }
+            table.print()?;
+        }
+        TokenCommand::Revoke { id, actor } => {
+            let store = open_store(config).await?;
+            let done = operators::revoke_token(&store, now, &id, &operator_actor(actor)).await;
+            store.close().await;
+            done?;
+            writeln!(out, "API token {id} revoked")?;
         }
     }
     Ok(())

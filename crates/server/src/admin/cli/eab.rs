@@ -85,9 +85,10 @@ pub async fn run(config: &Config, command: EabCommand) -> anyhow::Result<()> {
         }
         EabCommand::List { json } => {
             let store = open_reader(config).await?;
-            let list = ops::list_eab(&store).await;
+            // Every credential: there are few, and scripts read them all.
+            let list = ops::list_eab(&store, None, i64::MAX).await;
             store.close().await;
-            let list = list?;
+            let list = list?.credentials;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
                 return Ok(());

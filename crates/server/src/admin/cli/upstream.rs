@@ -175,7 +175,7 @@ pub async fn run(config: &Config, command: UpstreamCommand) -> anyhow::Result<()
             }
         }
         UpstreamCommand::Orders { status, list } => {
-            let orders = ops::upstream_orders(&store, status, list.limit).await?;
+            let orders = ops::upstream_orders(&store, status, None, list.limit).await?;
             if list.json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&orders)?)?;
             } else {
