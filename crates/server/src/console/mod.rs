@@ -75,6 +75,8 @@ pub struct Console {
     unknown_hash: String,
     templates: minijinja::Environment<'static>,
     stylesheet: Asset,
+    /// htmx, vendored (see `assets/vendor/README.md`).
+    htmx: Asset,
 }
 
 /// A static file served under a name with its digest in it, so that it
@@ -157,6 +159,7 @@ impl Console {
                 include_str!("assets/console.css"),
                 "text/css; charset=utf-8",
             ),
+            htmx: Asset::new("htmx", "js", HTMX, "text/javascript; charset=utf-8"),
         }))
     }
 
@@ -204,6 +207,7 @@ impl Console {
     ) -> Response {
         let base = minijinja::context! {
             stylesheet => format!("/static/{}", self.stylesheet.name),
+            htmx => format!("/static/{}", self.htmx.name),
             operator => session.map(|s| s.operator.clone()),
             csrf => session.map(|s| s.csrf.clone()),
         };
@@ -368,6 +372,9 @@ impl Console {
         }
     }
 }
+
+/// htmx as published (`assets/vendor/README.md` says which and why).
+const HTMX: &str = include_str!("assets/vendor/htmx.min.js");
 
 const TEMPLATES: &[(&str, &str)] = &[
     ("base.html", include_str!("templates/base.html")),
@@ -601,10 +608,12 @@ fn see_other(to: &'static str) -> Response {
 }
 
 async fn asset(State(console): State<Arc<Console>>, Path(file): Path<String>) -> Response {
-    let asset = &console.stylesheet;
-    if file != asset.name {
+    let Some(asset) = [&console.stylesheet, &console.htmx]
+        .into_iter()
+        .find(|a| a.name == file)
+    else {
         return not_found(State(console)).await;
-    }
+    };
     (
         [
             (header::CONTENT_TYPE, asset.content_type),
@@ -640,4 +649,21 @@ pub async fn serve(
     let scheme = if console.https { "https" } else { "http" };
     tracing::info!(event = "admin.started", outcome = "success", %addr, "the web console is at {scheme}://{addr}/");
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_vendored_htmx_is_the_file_its_record_names() {
+        let record = include_str!("assets/vendor/README.md");
+        let digest = hex::encode(ring::digest::digest(
+            &ring::digest::SHA256,
+            super::HTMX.as_bytes(),
+        ));
+        assert!(
+            record.contains(&format!("`{digest}`")),
+            "assets/vendor/htmx.min.js (SHA-256 {digest}) is not the file assets/vendor/README.md records"
+        );
+        assert!(include_str!("assets/vendor/htmx.LICENSE").contains("Zero-Clause BSD"));
+    }
 }

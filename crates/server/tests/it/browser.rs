@@ -144,6 +144,35 @@ impl Browser {
         }
     }
 
+    /// Clicks a button of a form htmx enhances, and waits until its
+    /// answer replaced `#results` in place: the page itself stays (no
+    /// navigation), which shows that htmx ran under the console's CSP.
+    async fn swap(&self, css: &str) {
+        let root = self
+            .client
+            .find(Locator::Css("html"))
+            .await
+            .expect("the page's root");
+        let results = self
+            .client
+            .find(Locator::Css("#results"))
+            .await
+            .expect("the results");
+        self.click(css).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while results.tag_name().await.is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{css}: the results were not replaced within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            root.tag_name().await.is_ok(),
+            "{css}: the whole page was loaded again, not swapped in place"
+        );
+    }
+
     async fn text(&self, css: &str) -> String {
         let found = self.client.find(Locator::Css(css)).await;
         let source = match &found {
@@ -354,11 +383,30 @@ async fn in_chromium_a_certbot_issuance_shows_on_the_dashboard_and_its_order_pag
 
     // Found by name on the orders page, shown with its certificate.
     browser.goto(&format!("{}/orders", console.url)).await;
+    // htmx loaded from the console itself, held to its configuration: no
+    // style element of its own (the CSP allows none inline).
+    assert_eq!(
+        browser
+            .script("return [typeof htmx, document.querySelectorAll('style').length];")
+            .await,
+        serde_json::json!(["object", 0])
+    );
     browser.fill("input[name=name]", "DASH.example.test.").await;
-    browser.submit("form.search button").await;
+    browser.swap("form.search button").await;
     assert_eq!(
         browser.texts("table.orders td.names").await,
         ["dash.example.test"]
+    );
+    // The search is in the address (a link to it works without script),
+    // and no copy of the page went to sessionStorage.
+    assert_eq!(
+        browser
+            .script("return [location.search, sessionStorage.getItem('htmx-history-cache')];")
+            .await,
+        serde_json::json!([
+            "?name=DASH.example.test.&serial=&account=&profile=&status=",
+            null
+        ])
     );
     browser.shot("orders").await;
     browser.submit("table.orders td a").await;
