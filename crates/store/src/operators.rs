@@ -107,6 +107,16 @@ fn token_row(row: Row<'_>) -> Result<OperatorTokenRow> {
 }
 
 fn operator_row(row: Row<'_>) -> Result<OperatorRow> {
+    operator_with(row, "created_at")
+}
+
+/// The operator of a row joined to `operators o` (its `created_at` as
+/// `operator_created_at`, beside the joined row's own).
+fn joined_operator(row: Row<'_>) -> Result<OperatorRow> {
+    operator_with(row, "operator_created_at")
+}
+
+fn operator_with(row: Row<'_>, created_at: &str) -> Result<OperatorRow> {
     Ok(OperatorRow {
         name: row.get("name")?,
         password_hash: row.get("password_hash")?,
@@ -114,7 +124,7 @@ fn operator_row(row: Row<'_>) -> Result<OperatorRow> {
         totp_secret: row.get("totp_secret")?,
         totp_last_step: row.get("totp_last_step")?,
         disabled_at: row.get("disabled_at")?,
-        created_at: row.get("created_at")?,
+        created_at: row.get(created_at)?,
     })
 }
 
@@ -341,19 +351,7 @@ impl Store {
                  FROM operator_sessions s JOIN operators o ON o.name = s.operator
                  WHERE s.token_hash = ?1",
                 args![token_hash],
-                |row| {
-                    let session = session_row(row)?;
-                    let operator = OperatorRow {
-                        name: row.get("name")?,
-                        password_hash: row.get("password_hash")?,
-                        password_changed_at: row.get("password_changed_at")?,
-                        totp_secret: row.get("totp_secret")?,
-                        totp_last_step: row.get("totp_last_step")?,
-                        disabled_at: row.get("disabled_at")?,
-                        created_at: row.get("operator_created_at")?,
-                    };
-                    Ok((session, operator))
-                },
+                |row| Ok((session_row(row)?, joined_operator(row)?)),
             )
             .await
     }
@@ -674,19 +672,7 @@ impl Store {
                  FROM operator_tokens t JOIN operators o ON o.name = t.operator
                  WHERE t.token_hash = ?1",
                 args![token_hash],
-                |row| {
-                    let token = token_row(row)?;
-                    let operator = OperatorRow {
-                        name: row.get("name")?,
-                        password_hash: row.get("password_hash")?,
-                        password_changed_at: row.get("password_changed_at")?,
-                        totp_secret: row.get("totp_secret")?,
-                        totp_last_step: row.get("totp_last_step")?,
-                        disabled_at: row.get("disabled_at")?,
-                        created_at: row.get("operator_created_at")?,
-                    };
-                    Ok((token, operator))
-                },
+                |row| Ok((token_row(row)?, joined_operator(row)?)),
             )
             .await
     }
