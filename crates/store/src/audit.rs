@@ -43,6 +43,8 @@ acme_proxy_protocol::string_enum! {
         OperatorSessionRevoked = "operator.session_revoked",
         OperatorTokenCreated = "operator.token_created",
         OperatorTokenRevoked = "operator.token_revoked",
+        JobRetryRequested = "job.retry_requested",
+        JobCancelRequested = "job.cancel_requested",
     }
 }
 

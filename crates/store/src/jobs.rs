@@ -6,8 +6,9 @@
 //! (even in two processes) never claim one job; on PostgreSQL the inner
 //! `SELECT` becomes `FOR UPDATE SKIP LOCKED`.
 
+use crate::audit::insert_audit_in;
 use crate::db::{Conn, Row, args};
-use crate::{Result, Store, StoreError, parse_text};
+use crate::{NewAuditRow, Result, Store, StoreError, parse_text};
 
 acme_proxy_protocol::string_enum! {
     /// Where a job is in its life: `queued` until claimed, `running` under
@@ -560,24 +561,37 @@ impl Store {
     /// Asks for a queued or running job to be cancelled; the runner holding
     /// it (or the next to claim it) stops it and runs its `abandon`. False
     /// if the job is unknown, finished, or already being retired.
-    pub async fn request_job_cancel(&self, id: i64, actor: &str, now: i64) -> Result<bool> {
-        Ok(self
-            .writer()
-            .await?
+    pub async fn request_job_cancel(
+        &self,
+        id: i64,
+        actor: &str,
+        now: i64,
+        audit: &NewAuditRow<'_>,
+    ) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let changed = tx
             .exec(
                 "UPDATE jobs SET cancel_requested_by = ?1, updated_at = ?2
              WHERE id = ?3 AND status IN ('queued', 'running')",
                 args![actor, now, id],
             )
             .await?
-            == 1)
+            == 1;
+        if changed {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
     }
 
     /// An operator's retry: a failed or cancelled job is queued again with
     /// its attempts reset (unless another job of its identity is live); a
     /// queued one is made due now. False otherwise.
-    pub async fn retry_job(&self, id: i64, now: i64) -> Result<bool> {
-        let result = self.writer().await?.exec(
+    pub async fn retry_job(&self, id: i64, now: i64, audit: &NewAuditRow<'_>) -> Result<bool> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin().await?;
+        let result = tx.exec(
             "UPDATE jobs SET status = 'queued', attempts = CASE WHEN status = 'queued' THEN attempts ELSE 0 END,
                  run_at = ?1, finished_at = NULL, updated_at = ?1,
                  -- A queued job keeps a pending cancellation: retry is not undo.
@@ -585,12 +599,18 @@ impl Store {
              WHERE id = ?2 AND status IN ('queued', 'failed', 'cancelled')",
             args![now, id],
         ).await;
-        match result {
-            Ok(changed) => Ok(changed == 1),
-            // The partial unique index: a newer job of this identity is live.
-            Err(e) if e.is_unique_violation() => Ok(false),
-            Err(e) => Err(e),
+        let changed = match result {
+            Ok(changed) => changed == 1,
+            // The partial unique index: a newer job of this identity is
+            // live. Nothing was written (the transaction is dropped).
+            Err(e) if e.is_unique_violation() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if changed {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         }
+        tx.commit().await?;
+        Ok(changed)
     }
 
     /// Deletes jobs finished before `before`; returns how many.

@@ -263,8 +263,8 @@ impl Store {
     }
 
     /// Disables (`Some(now)`) or enables (`None`) an operator, audited;
-    /// disabling ends its sessions. False when there is no such operator
-    /// or it already was so.
+    /// disabling ends its sessions and revokes its API tokens. False when
+    /// there is no such operator or it already was so.
     pub async fn set_operator_disabled(
         &self,
         name: &str,
@@ -283,8 +283,15 @@ impl Store {
             == 1;
         if changed {
             if disabled_at.is_some() {
+                // Sessions end and API tokens are revoked: enabling the
+                // operator again brings neither back.
                 tx.exec(
                     "DELETE FROM operator_sessions WHERE operator = ?1",
+                    args![name],
+                )
+                .await?;
+                tx.exec(
+                    "DELETE FROM operator_tokens WHERE operator = ?1",
                     args![name],
                 )
                 .await?;
@@ -635,7 +642,7 @@ impl Store {
 
     /// Stores a new API token (its digest) for an existing operator,
     /// audited in the same transaction; false when there is no such
-    /// operator.
+    /// operator or it is disabled.
     pub async fn insert_operator_token(
         &self,
         token: &OperatorTokenRow,
@@ -644,7 +651,7 @@ impl Store {
     ) -> Result<bool> {
         self.change_audited(
             "INSERT INTO operator_tokens (id, token_hash, operator, label, created_at, expires_at)
-             SELECT ?1, ?2, name, ?4, ?5, ?6 FROM operators WHERE name = ?3",
+             SELECT ?1, ?2, name, ?4, ?5, ?6 FROM operators WHERE name = ?3 AND disabled_at IS NULL",
             args![
                 token.id.as_str(),
                 token_hash,

@@ -1341,6 +1341,68 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn relayed_orders_page_newest_first_through_ties_with_a_cursor() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        // Five relayed orders, three begun in the same second.
+        let begun = [("r1", 1), ("r2", 2), ("r3", 2), ("r4", 2), ("r5", 3)];
+        for (id, _) in begun {
+            db.exec(&format!(
+                "INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                     VALUES ('{id}', 'default', 'acct', 'ready', '[]', 100, 1)"
+            ))
+            .await;
+        }
+        for (id, now) in begun {
+            let relayed = NewUpstreamOrder {
+                order_id: id,
+                profile: "default",
+                account_id: "acct",
+                csr_der: b"csr",
+                client_ip: None,
+                reverse_name: None,
+                user_agent: None,
+                request_id: None,
+                now,
+            };
+            let job = NewJob {
+                kind: "signer_relay_issue",
+                key: id,
+                payload: "{}",
+                run_at: now * 1000,
+                deadline: None,
+                max_attempts: 5,
+                fair_key: None,
+            };
+            assert!(
+                store
+                    .begin_relay(&relayed, &job, now * 1000, GUARD)
+                    .await
+                    .unwrap()
+            );
+        }
+        let mut seen = Vec::new();
+        let mut before: Option<(i64, String)> = None;
+        loop {
+            let page = store
+                .upstream_orders(
+                    Some(OrderStatus::Processing),
+                    before.as_ref().map(|(at, id)| (*at, id.as_str())),
+                    2,
+                )
+                .await
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            before = Some((last.created_at, last.order_id.clone()));
+            seen.extend(page.iter().map(|r| r.order_id.clone()));
+            assert!(seen.len() <= 5, "the pages never ended: {seen:?}");
+        }
+        // Newest first; within a second, by id downwards; each once.
+        assert_eq!(seen, ["r5", "r4", "r3", "r2", "r1"]);
+        store.close().await;
+    }
+
+    #[tokio::test]
     async fn an_order_processing_without_a_watch_is_found_for_one_at_start_up() {
         let (db, store) = TestDb::open().await;
         db.exec(ACCOUNT).await;

@@ -120,7 +120,7 @@ async fn hashed(password: &str) -> Result<String, OpsError> {
 }
 
 fn no_such(name: &str) -> OpsError {
-    OpsError::Refused(format!("no operator named {name:?}"))
+    OpsError::NotFound(format!("no operator named {name:?}"))
 }
 
 pub async fn create_operator(
@@ -186,7 +186,7 @@ pub async fn set_disabled(
     actor: &str,
 ) -> Result<OperatorView, OpsError> {
     let detail = if disabled {
-        format!("operator {name} disabled, sessions ended")
+        format!("operator {name} disabled, sessions ended, API tokens revoked")
     } else {
         format!("operator {name} enabled")
     };
@@ -285,7 +285,7 @@ pub async fn revoke_session(
     {
         Ok(())
     } else {
-        Err(OpsError::Refused(format!("no session {id:?}")))
+        Err(OpsError::NotFound(format!("no session {id:?}")))
     }
 }
 
@@ -335,9 +335,10 @@ pub async fn create_token(
     lifetime: std::time::Duration,
     actor: &str,
 ) -> Result<TokenView, OpsError> {
-    if lifetime.is_zero() || lifetime > MAX_TOKEN_LIFETIME {
+    // Expiry is kept in whole seconds: less than one would never work.
+    if lifetime.as_secs() == 0 || lifetime > MAX_TOKEN_LIFETIME {
         return Err(OpsError::Refused(format!(
-            "a token's lifetime must be more than 0 and at most {} (e.g. --expires 90d)",
+            "a token's lifetime must be at least 1s and at most {} (e.g. --expires 90d)",
             humantime::format_duration(MAX_TOKEN_LIFETIME)
         )));
     }
@@ -347,6 +348,15 @@ pub async fn create_token(
         return Err(OpsError::Refused(
             "a token's label is at most 200 bytes of printable text".to_owned(),
         ));
+    }
+    match store.operator(operator).await? {
+        None => return Err(no_such(operator)),
+        Some(row) if row.disabled_at.is_some() => {
+            return Err(OpsError::Refused(format!(
+                "operator {operator} is disabled; `acme-proxy admin user enable {operator}` first"
+            )));
+        }
+        Some(_) => {}
     }
     let token = format!("{TOKEN_PREFIX}{}", crate::ids::session_token());
     let row = acme_proxy_store::OperatorTokenRow {
@@ -401,7 +411,7 @@ pub async fn revoke_token(store: &Store, now: i64, id: &str, actor: &str) -> Res
     {
         Ok(())
     } else {
-        Err(OpsError::Refused(format!("no API token {id:?}")))
+        Err(OpsError::NotFound(format!("no API token {id:?}")))
     }
 }
 

@@ -3,7 +3,9 @@
 //! arguments and format results.
 
 use acme_proxy_protocol::types::{AccountStatus, OrderStatus};
-use acme_proxy_store::{JobRow, JobStatus, Store, StoreError, UpstreamAccountRow};
+use acme_proxy_store::{
+    AuditEvent, AuditOutcome, JobRow, JobStatus, Store, StoreError, UpstreamAccountRow,
+};
 use serde::Serialize;
 
 use crate::authority::Authority;
@@ -62,8 +64,19 @@ impl From<JobRow> for JobView {
 pub enum OpsError {
     #[error("no job with id {0}")]
     NoSuchJob(i64),
+    /// What the operation names does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The operation refused, for the state of what it names.
     #[error("{0}")]
     Refused(String),
+    /// The server could not carry it out now (its database); worth a
+    /// retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The server could not carry it out (a signer, a bug).
+    #[error("{0}")]
+    Failed(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -94,10 +107,10 @@ pub async fn page_jobs(
     before: Option<i64>,
     limit: i64,
 ) -> Result<JobPage, OpsError> {
-    let rows = store.list_jobs(kind, status, before, limit).await?;
-    let next = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|j| j.id.to_string()))
-        .flatten();
+    let rows = store
+        .list_jobs(kind, status, before, limit.saturating_add(1))
+        .await?;
+    let (rows, next) = page_of(rows, limit, |j| j.id.to_string());
     Ok(JobPage {
         jobs: rows.into_iter().map(JobView::from).collect(),
         next,
@@ -113,22 +126,29 @@ pub async fn show_job(store: &Store, id: i64) -> Result<JobView, OpsError> {
 }
 
 /// Queues a failed or cancelled job again (attempts reset), or makes a
-/// queued one due now.
-pub async fn retry_job(store: &Store, clock: &dyn Clock, id: i64) -> Result<JobView, OpsError> {
+/// queued one due now; audited as `actor`.
+pub async fn retry_job(
+    store: &Store,
+    clock: &dyn Clock,
+    id: i64,
+    actor: &str,
+) -> Result<JobView, OpsError> {
     let job = show_job(store, id).await?;
-    if !store.retry_job(id, clock.unix_ms()).await? {
+    let detail = format!("job {id} ({} {}) queued again", job.kind, job.key);
+    let audit = job_audit(clock, AuditEvent::JobRetryRequested, actor, &detail);
+    if !store.retry_job(id, clock.unix_ms(), &audit).await? {
         return Err(OpsError::Refused(format!(
             "job {id} is {}; only failed, cancelled or queued jobs can be retried (and not while another job of the same kind and key is live)",
             job.status
         )));
     }
-    tracing::info!(event = "job.retry_requested", outcome = "success", id, kind = %job.kind, "operator retried a job");
+    tracing::info!(event = "job.retry_requested", outcome = "success", id, kind = %job.kind, actor, "operator retried a job");
     show_job(store, id).await
 }
 
 /// Asks for a job to be cancelled: the runner that holds it stops the
 /// attempt, or the next runner to claim it does, and runs its `abandon`
-/// naming `actor`.
+/// naming `actor`. The request is audited.
 pub async fn cancel_job(
     store: &Store,
     clock: &dyn Clock,
@@ -136,7 +156,12 @@ pub async fn cancel_job(
     actor: &str,
 ) -> Result<JobView, OpsError> {
     let job = show_job(store, id).await?;
-    if !store.request_job_cancel(id, actor, clock.unix_ms()).await? {
+    let detail = format!("job {id} ({} {}) cancellation requested", job.kind, job.key);
+    let audit = job_audit(clock, AuditEvent::JobCancelRequested, actor, &detail);
+    if !store
+        .request_job_cancel(id, actor, clock.unix_ms(), &audit)
+        .await?
+    {
         return Err(OpsError::Refused(format!(
             "job {id} is {} and cannot be cancelled",
             job.status
@@ -144,6 +169,18 @@ pub async fn cancel_job(
     }
     tracing::info!(event = "job.cancel_requested", outcome = "success", id, kind = %job.kind, actor, "operator cancelled a job");
     show_job(store, id).await
+}
+
+fn job_audit<'a>(
+    clock: &dyn Clock,
+    event: AuditEvent,
+    actor: &'a str,
+    detail: &'a str,
+) -> acme_proxy_store::NewAuditRow<'a> {
+    let mut row =
+        acme_proxy_store::NewAuditRow::new(clock.unix(), event, AuditOutcome::Success, actor);
+    row.detail = Some(detail);
+    row
 }
 
 /// A relay profile's upstream account as operators see it.
@@ -468,10 +505,8 @@ pub async fn relay_queue(
     before: Option<(i64, &str)>,
     limit: i64,
 ) -> Result<RelayPage, OpsError> {
-    let orders = upstream_orders(store, status, before, limit).await?;
-    let next = (orders.len() as i64 == limit)
-        .then(|| orders.last().map(|o| cursor(o.created, &o.order)))
-        .flatten();
+    let orders = upstream_orders(store, status, before, limit.saturating_add(1)).await?;
+    let (orders, next) = page_of(orders, limit, |o| cursor(o.created, &o.order));
     let mut rows = Vec::with_capacity(orders.len());
     for order in orders {
         let job = store
@@ -545,7 +580,7 @@ pub async fn show_audit(store: &Store, id: i64) -> Result<AuditView, OpsError> {
         .audit_row(id)
         .await?
         .map(AuditView::from)
-        .ok_or_else(|| OpsError::Refused(format!("no audit record with id {id}")))
+        .ok_or_else(|| OpsError::NotFound(format!("no audit record with id {id}")))
 }
 
 /// An ACME account as operators see it.
@@ -648,11 +683,21 @@ async fn order_view(
 }
 
 /// An operation the authority refused, in the operator's words.
+/// The authority's refusal in operators' terms: what is missing, what
+/// the state refuses, and what failed on the server's side, told apart by
+/// its HTTP status.
 fn refused(e: crate::error::AcmeError) -> OpsError {
-    OpsError::Refused(match e.internal {
+    let status = e.http_status();
+    let words = match e.internal {
         Some(internal) => format!("{} ({internal})", e.detail),
         None => e.detail,
-    })
+    };
+    match status {
+        404 => OpsError::NotFound(words),
+        503 => OpsError::Unavailable(words),
+        500.. => OpsError::Failed(words),
+        _ => OpsError::Refused(words),
+    }
 }
 
 pub async fn list_accounts(
@@ -681,10 +726,10 @@ pub async fn search_accounts(
     search: &acme_proxy_store::AccountSearch<'_>,
     limit: i64,
 ) -> Result<AccountPage, OpsError> {
-    let rows = store.search_accounts(search, limit).await?;
-    let next = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|a| cursor(a.created_at, &a.id)))
-        .flatten();
+    let rows = store
+        .search_accounts(search, limit.saturating_add(1))
+        .await?;
+    let (rows, next) = page_of(rows, limit, |a| cursor(a.created_at, &a.id));
     Ok(AccountPage {
         accounts: rows.into_iter().map(AccountView::from).collect(),
         next,
@@ -695,7 +740,7 @@ pub async fn show_account(store: &Store, id: &str) -> Result<AccountView, OpsErr
     let account = store
         .account(id)
         .await?
-        .ok_or_else(|| OpsError::Refused(format!("no account {id}")))?;
+        .ok_or_else(|| OpsError::NotFound(format!("no account {id}")))?;
     let (orders, certificates) = store.account_counts(id).await?;
     let mut view = AccountView::from(account);
     view.orders = Some(orders);
@@ -784,10 +829,8 @@ pub async fn list_eab(
     before: Option<(i64, &str)>,
     limit: i64,
 ) -> Result<EabPage, OpsError> {
-    let rows = store.list_eab(before, limit).await?;
-    let next = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|e| cursor(e.created_at, &e.kid)))
-        .flatten();
+    let rows = store.list_eab(before, limit.saturating_add(1)).await?;
+    let (rows, next) = page_of(rows, limit, |e| cursor(e.created_at, &e.kid));
     Ok(EabPage {
         credentials: rows.into_iter().map(EabView::from).collect(),
         next,
@@ -831,7 +874,7 @@ pub async fn show_order(store: &Store, id: &str) -> Result<OrderView, OpsError> 
     let order = store
         .order(id)
         .await?
-        .ok_or_else(|| OpsError::Refused(format!("no order {id}")))?;
+        .ok_or_else(|| OpsError::NotFound(format!("no order {id}")))?;
     order_view(store, order, true).await
 }
 
@@ -854,6 +897,23 @@ pub struct OrderPage {
     pub next: Option<String>,
 }
 
+/// A page of `rows` fetched one past `limit`: the page, and the cursor
+/// of its last row when there are more (so `next` is none exactly on the
+/// last page).
+pub fn page_of<T>(
+    mut rows: Vec<T>,
+    limit: i64,
+    cursor_of: impl Fn(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() <= limit {
+        return (rows, None);
+    }
+    rows.truncate(limit);
+    let next = rows.last().map(cursor_of);
+    (rows, next)
+}
+
 /// A page cursor: the last row's creation time and id.
 fn cursor(created_at: i64, id: &str) -> String {
     format!("{created_at}.{id}")
@@ -872,10 +932,8 @@ pub async fn search_orders(
     search: &acme_proxy_store::OrderSearch<'_>,
     limit: i64,
 ) -> Result<OrderPage, OpsError> {
-    let rows = store.search_orders(search, limit).await?;
-    let next = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|o| cursor(o.created_at, &o.id)))
-        .flatten();
+    let rows = store.search_orders(search, limit.saturating_add(1)).await?;
+    let (rows, next) = page_of(rows, limit, |o| cursor(o.created_at, &o.id));
     let mut orders = Vec::with_capacity(rows.len());
     for o in rows {
         orders.push(order_view(store, o, false).await?);
@@ -888,12 +946,12 @@ pub async fn order_chain(store: &Store, id: &str) -> Result<(String, String), Op
     let order = store
         .order(id)
         .await?
-        .ok_or_else(|| OpsError::Refused(format!("no order {id}")))?;
+        .ok_or_else(|| OpsError::NotFound(format!("no order {id}")))?;
     let certificate = match &order.certificate_id {
         Some(cid) => store.certificate(cid).await?,
         None => None,
     }
-    .ok_or_else(|| OpsError::Refused(format!("order {id} has no certificate")))?;
+    .ok_or_else(|| OpsError::NotFound(format!("order {id} has no certificate")))?;
     Ok((certificate.serial, certificate.chain_pem))
 }
 

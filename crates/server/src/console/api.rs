@@ -9,7 +9,7 @@
 //! [`super::guard`] checks both before any handler runs.
 //!
 //! Lists answer `{"items": [...], "next": CURSOR}`, newest first; `next`
-//! given as `before` is the following page (absent: the last page).
+//! given as `before` is the following page (`null` on the last page).
 //! `limit` sets a page's size (1 to 200, 50 by default). Refusals are
 //! RFC 9457 problem documents.
 
@@ -25,8 +25,8 @@ use http::{HeaderValue, StatusCode, header};
 use serde::{Deserialize, Serialize};
 
 use super::queries::{
-    AccountQuery, AuditQuery, EabQuery, ExplainQuery, Failure, JobQuery, MintForm, OrderQuery,
-    RelayQuery, check_reason,
+    AccountQuery, AuditQuery, EabQuery, ExplainQuery, Failure, JobQuery, MAX_NAMES, OrderQuery,
+    RelayQuery, check_reason, mint,
 };
 use super::{Console, Session};
 use crate::admin::ops;
@@ -56,6 +56,34 @@ pub fn routes() -> Router<Arc<Console>> {
         .route("/profiles", get(profiles))
         .route("/policy/explain", get(explain))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(as_problem))
+}
+
+/// Every refusal as a problem document, axum's own too (a path or query
+/// that does not parse, a method a route does not have): scripts read one
+/// shape.
+async fn as_problem(response: Response) -> Response {
+    let status = response.status();
+    let already = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/problem+json");
+    if !(status.is_client_error() || status.is_server_error()) || already {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&body);
+    let detail = match text.trim() {
+        "" => status.canonical_reason().unwrap_or("Refused"),
+        text => text,
+    };
+    let mut answer = problem(status, detail);
+    // A 405's methods stay (RFC 9110 §15.5.6).
+    if let Some(allow) = parts.headers.get(header::ALLOW) {
+        answer.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    answer
 }
 
 /// An RFC 9457 problem document.
@@ -358,12 +386,21 @@ async fn job(State(console): State<Arc<Console>>, Path(id): Path<i64>) -> Respon
     )
 }
 
-async fn retry_job(State(console): State<Arc<Console>>, Path(id): Path<i64>) -> Response {
+async fn retry_job(
+    State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
+    Path(id): Path<i64>,
+) -> Response {
     let authority = console.generations.authority();
     answer(
-        ops::retry_job(authority.store(), authority.clock.as_ref(), id)
-            .await
-            .map_err(Failure::from),
+        ops::retry_job(
+            authority.store(),
+            authority.clock.as_ref(),
+            id,
+            &session.actor(),
+        )
+        .await
+        .map_err(Failure::from),
     )
 }
 
@@ -419,12 +456,20 @@ async fn mint_eab(
     let authority = console.generations.authority();
     let minted = async {
         let new: NewCredential = body(&bytes)?;
-        let form = MintForm {
-            label: new.label.unwrap_or_default(),
-            profile: new.profile.unwrap_or_default(),
-            names: new.names.unwrap_or_default().join(","),
-        };
-        form.mint(&authority, &session.actor()).await
+        let names = new.names.unwrap_or_default();
+        if names.len() > MAX_NAMES || names.iter().any(|n| n.len() > 256) {
+            return Err(Failure::Bad(format!(
+                "names: at most {MAX_NAMES}, each at most 256 bytes"
+            )));
+        }
+        mint(
+            &authority,
+            new.label.as_deref().unwrap_or(""),
+            new.profile.as_deref().unwrap_or(""),
+            names,
+            &session.actor(),
+        )
+        .await
     };
     match minted.await {
         Ok(view) => (StatusCode::CREATED, axum::Json(view)).into_response(),

@@ -4,15 +4,20 @@
 //! Every request passes [`guard`] first, which is where the console's
 //! security lives, so that no handler can forget it:
 //!
-//! - a mutating request (anything but GET and HEAD) from another site is
-//!   refused: its `Origin` must be this console's own, and without one its
-//!   `Sec-Fetch-Site` must not say `cross-site` or `same-site`;
+//! - on the JSON API (`/api/`), an `Authorization: Bearer` API token, when
+//!   sent, is what proves who asks: it is not ambient (browsers never send
+//!   it by themselves), so neither check below applies and no cookie is
+//!   looked at; a token that fails is answered 401;
+//! - otherwise a mutating request (anything but GET and HEAD) from another
+//!   site is refused: its `Origin` must be this console's own, and without
+//!   one its `Sec-Fetch-Site` must not say `cross-site` or `same-site`;
 //! - a session is found from its cookie (only the token's SHA-256 is
 //!   stored), and ended past its idle or absolute lifetime or once its
 //!   operator is disabled;
-//! - every page but the login's wants a session, and a mutating request
-//!   also the session's CSRF token, in the `X-CSRF-Token` header or the
-//!   `csrf` form field, compared in constant time;
+//! - every page but the login's wants a session (a page without one is
+//!   sent to the login, the API answers 401), and a mutating request also
+//!   the session's CSRF token, in the `X-CSRF-Token` header or the `csrf`
+//!   form field, compared in constant time;
 //! - every answer gets a strict Content-Security-Policy (no inline script
 //!   or style, no framing), `no-store` (pages may show secrets once), and
 //!   is counted in `acme_proxy_admin_http_requests`.
@@ -49,8 +54,8 @@ use crate::generation::Generations;
 pub const SESSION_COOKIE: &str = "__Host-acme-proxy-session";
 /// The CSRF token's header, for scripts and htmx.
 pub const CSRF_HEADER: &str = "x-csrf-token";
-/// A mutating request's body is read whole before anything else, up to
-/// this: forms are small.
+/// A mutating request's body (and any request's with an API token) is
+/// read whole before anything else, up to this: forms are small.
 const MAX_FORM_BYTES: usize = 64 * 1024;
 /// Password hashes computed at once (each holds ~19 MiB and a core for
 /// tens of milliseconds).
@@ -308,22 +313,13 @@ impl Console {
         }))
     }
 
-    /// The operator an `Authorization: Bearer` API token acts as, when the
-    /// token is known, unexpired, and its operator not disabled.
-    async fn token_session(&self, authorization: &HeaderValue) -> Result<Option<Session>, String> {
-        // RFC 6750 §2.1; the scheme's name is case-insensitive (RFC 9110
-        // §11.1). Anything longer than a token is not one: no digest of it.
-        let Some(token) = authorization
-            .to_str()
-            .ok()
-            .filter(|v| v.len() <= 128)
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-            .filter(|t| t.starts_with(crate::admin::operators::TOKEN_PREFIX))
-        else {
+    /// The operator an API token acts as, when the token is known,
+    /// unexpired, and its operator not disabled.
+    async fn token_session(&self, token: &str) -> Result<Option<Session>, String> {
+        // Anything longer than a token is not one: no digest of it.
+        if token.len() > 128 || !token.starts_with(crate::admin::operators::TOKEN_PREFIX) {
             return Ok(None);
-        };
+        }
         let token_hash = auth::token_hash(token);
         let authority = self.generations.authority();
         let store = authority.store();
@@ -506,7 +502,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
             console.unavailable(&why)
         }
     };
-    if api && let Some(authorization) = req.headers().get(header::AUTHORIZATION) {
+    if api && let Some(authorization) = bearer(req.headers()) {
         // A script's API token. Browsers never send one by themselves, so
         // it carries no ambient authority: neither the same-origin check
         // nor a CSRF token applies, and no cookie is looked at.
@@ -592,6 +588,19 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
 }
 
 const TOO_LARGE: &str = "The request's body was too large or cut off.";
+
+/// The token of an `Authorization: Bearer` header (RFC 6750 §2.1; the
+/// scheme's name is case-insensitive, RFC 9110 §11.1). Another scheme (a
+/// proxy's Basic in front of the console) is not a token: the request is
+/// then looked at as a browser's.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let (scheme, token) = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
 
 /// A request's body read whole, up to [`MAX_FORM_BYTES`], before anything
 /// looks at it.

@@ -94,10 +94,7 @@ pub async fn order(
     let authority = console.generations.authority();
     let order = match crate::admin::ops::show_order(authority.store(), &id).await {
         Ok(order) => order,
-        Err(crate::admin::ops::OpsError::Refused(_)) => {
-            return console.refusal(StatusCode::NOT_FOUND, "There is no such order.");
-        }
-        Err(e) => return console.unavailable(&e),
+        Err(e) => return console.failed(Failure::of(e, Some("There is no such order."))),
     };
     let reasons: Vec<_> = crate::admin::ops::REVOCATION_REASONS
         .iter()
@@ -128,10 +125,7 @@ pub async fn order_chain(State(console): State<Arc<Console>>, Path(id): Path<Str
             pem,
         )
             .into_response(),
-        Err(crate::admin::ops::OpsError::Refused(_)) => {
-            console.refusal(StatusCode::NOT_FOUND, "That order has no certificate.")
-        }
-        Err(e) => console.unavailable(&e),
+        Err(e) => console.failed(Failure::of(e, Some("That order has no certificate."))),
     }
 }
 
@@ -174,19 +168,16 @@ fn unconfirmed(console: &Console, confirm: &str, nothing: &str) -> Option<Respon
     })
 }
 
-/// An operation's outcome as the answer: `done` when it went through, 409
-/// with its refusal in the operator's words, 503 when the store failed.
+/// An operation's outcome as the answer: `done` when it went through,
+/// else its failure's page (404, 409 with the refusal in the operator's
+/// words, 503 when the store failed).
 fn outcome<T>(
     console: &Console,
     result: Result<T, crate::admin::ops::OpsError>,
     done: impl FnOnce() -> Response,
 ) -> Response {
-    use crate::admin::ops::OpsError;
     match result {
         Ok(_) => done(),
-        // A job that is not there is a refusal of the action here (the
-        // page that offered it is stale), as any other.
-        Err(e @ OpsError::NoSuchJob(_)) => console.refusal(StatusCode::CONFLICT, &e.to_string()),
         Err(e) => console.failed(e.into()),
     }
 }
@@ -341,10 +332,7 @@ pub async fn account(
             Some(&session),
             minijinja::context! { account },
         ),
-        Err(crate::admin::ops::OpsError::Refused(_)) => {
-            console.refusal(StatusCode::NOT_FOUND, "There is no such account.")
-        }
-        Err(e) => console.unavailable(&e),
+        Err(e) => console.failed(Failure::of(e, Some("There is no such account."))),
     }
 }
 
@@ -496,11 +484,18 @@ fn back_to(back: &str) -> &'static str {
 /// Queues a failed or cancelled job again, or makes a queued one due now.
 pub async fn retry_job(
     State(console): State<Arc<Console>>,
+    Extension(session): Extension<Session>,
     Path(id): Path<i64>,
     axum::Form(form): axum::Form<JobActionForm>,
 ) -> Response {
     let authority = console.generations.authority();
-    let done = crate::admin::ops::retry_job(authority.store(), authority.clock.as_ref(), id).await;
+    let done = crate::admin::ops::retry_job(
+        authority.store(),
+        authority.clock.as_ref(),
+        id,
+        &session.actor(),
+    )
+    .await;
     outcome(&console, done, || super::see_other(back_to(&form.back)))
 }
 

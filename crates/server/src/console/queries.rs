@@ -27,14 +27,17 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// An operation's error, with `missing` for the refusal that means
-    /// "there is no such thing".
+    /// An operation's error; `missing`, when given, is what to say when
+    /// the thing it names does not exist.
     pub fn of(error: OpsError, missing: Option<&str>) -> Self {
-        match (error, missing) {
-            (OpsError::Refused(_), Some(missing)) => Self::NotFound(missing.to_owned()),
-            (e @ OpsError::NoSuchJob(_), _) => Self::NotFound(e.to_string()),
-            (OpsError::Refused(why), None) => Self::Conflict(why),
-            (e @ OpsError::Store(_), _) => Self::Unavailable(e.to_string()),
+        match error {
+            e @ (OpsError::NotFound(_) | OpsError::NoSuchJob(_)) => {
+                Self::NotFound(missing.map_or_else(|| e.to_string(), str::to_owned))
+            }
+            OpsError::Refused(why) => Self::Conflict(why),
+            OpsError::Unavailable(why) => Self::Unavailable(why),
+            e @ OpsError::Store(_) => Self::Unavailable(e.to_string()),
+            OpsError::Failed(why) => Self::Broken(why),
         }
     }
 }
@@ -78,6 +81,24 @@ fn serial(text: &str) -> String {
         .filter(|c| *c != ':' && !c.is_whitespace())
         .collect::<String>()
         .to_ascii_lowercase()
+}
+
+/// A page cursor as given: empty (the first page), or one a page gave.
+fn cursor(text: &str) -> Result<String, Failure> {
+    let text = field(text);
+    if text.is_empty() || ops::parse_cursor(&text).is_some() {
+        Ok(text)
+    } else {
+        Err(Failure::Bad("That is not a page cursor.".to_owned()))
+    }
+}
+
+/// A page cursor that is a row's id: empty (the first page) or a number.
+fn id_cursor(text: &str) -> Result<Option<i64>, Failure> {
+    given(&field(text))
+        .map(str::parse::<i64>)
+        .transpose()
+        .map_err(|_| Failure::Bad("That is not a page cursor.".to_owned()))
 }
 
 fn status<T: std::str::FromStr>(text: &str, what: &str) -> Result<Option<T>, Failure> {
@@ -131,7 +152,7 @@ impl OrderQuery {
                 "an order status (pending, ready, processing, valid, invalid)",
             )?,
             status: status_text,
-            before: field(&self.before),
+            before: cursor(&self.before)?,
         })
     }
 }
@@ -184,7 +205,7 @@ impl AccountQuery {
                 "an account status (valid, deactivated, revoked)",
             )?,
             status: status_text,
-            before: field(&self.before),
+            before: cursor(&self.before)?,
         })
     }
 }
@@ -236,10 +257,7 @@ pub struct AuditPage {
 impl AuditQuery {
     pub fn filter(&self) -> Result<AuditFilter, Failure> {
         let (event, outcome) = (field(&self.event), field(&self.outcome));
-        let before = given(&field(&self.before))
-            .map(str::parse::<i64>)
-            .transpose()
-            .map_err(|_| Failure::Bad("That is not a page cursor.".to_owned()))?;
+        let before = id_cursor(&self.before)?;
         Ok(AuditFilter {
             parsed: (
                 status(&event, "an audit event")?,
@@ -268,10 +286,8 @@ impl AuditFilter {
             since: None,
             before: self.parsed.2,
         };
-        let rows = ops::list_audit(store, &filter, limit).await?;
-        let next = (rows.len() as i64 == limit)
-            .then(|| rows.last().map(|r| r.id.to_string()))
-            .flatten();
+        let rows = ops::list_audit(store, &filter, limit.saturating_add(1)).await?;
+        let (rows, next) = ops::page_of(rows, limit, |r| r.id.to_string());
         Ok(AuditPage { rows, next })
     }
 }
@@ -298,7 +314,7 @@ impl RelayQuery {
     }
 
     pub async fn run(&self, store: &Store, limit: i64) -> Result<ops::RelayPage, Failure> {
-        let before = field(&self.before);
+        let before = cursor(&self.before)?;
         Ok(ops::relay_queue(store, self.status()?, ops::parse_cursor(&before), limit).await?)
     }
 }
@@ -315,10 +331,7 @@ impl JobQuery {
     pub async fn run(&self, store: &Store, limit: i64) -> Result<ops::JobPage, Failure> {
         let (kind, status_text) = (field(&self.kind), field(&self.status));
         let parsed = status::<JobStatus>(&status_text, "a job status")?;
-        let before = given(&field(&self.before))
-            .map(str::parse::<i64>)
-            .transpose()
-            .map_err(|_| Failure::Bad("That is not a page cursor.".to_owned()))?;
+        let before = id_cursor(&self.before)?;
         Ok(ops::page_jobs(store, given(&kind), parsed, before, limit).await?)
     }
 }
@@ -331,7 +344,7 @@ pub struct EabQuery {
 
 impl EabQuery {
     pub async fn run(&self, store: &Store, limit: i64) -> Result<ops::EabPage, Failure> {
-        let before = field(&self.before);
+        let before = cursor(&self.before)?;
         Ok(ops::list_eab(store, ops::parse_cursor(&before), limit).await?)
     }
 }
@@ -354,22 +367,36 @@ impl MintForm {
         authority: &crate::authority::Authority,
         actor: &str,
     ) -> Result<ops::EabView, Failure> {
-        let label = field(&self.label);
-        let profile = field(&self.profile);
-        let names = split_list(&self.names, 16 * 1024, usize::MAX);
-        ops::create_eab(
-            authority,
-            given(&label),
-            given(&profile),
-            (!names.is_empty()).then_some(names.as_slice()),
-            actor,
-        )
-        .await
-        .map_err(|e| match Failure::from(e) {
-            Failure::Conflict(why) => Failure::Bad(why),
-            other => other,
-        })
+        let names = split_list(&self.names, 16 * 1024, MAX_NAMES);
+        mint(authority, &self.label, &self.profile, names, actor).await
     }
+}
+
+/// Name globs one credential may carry.
+pub const MAX_NAMES: usize = 1000;
+
+/// Mints a credential as `actor` with `names` (none: any name).
+pub async fn mint(
+    authority: &crate::authority::Authority,
+    label: &str,
+    profile: &str,
+    names: Vec<String>,
+    actor: &str,
+) -> Result<ops::EabView, Failure> {
+    let (label, profile) = (field(label), field(profile));
+    ops::create_eab(
+        authority,
+        given(&label),
+        given(&profile),
+        (!names.is_empty()).then_some(names.as_slice()),
+        actor,
+    )
+    .await
+    .map_err(|e| match Failure::from(e) {
+        // The credential's settings were refused: the request was wrong.
+        Failure::Conflict(why) => Failure::Bad(why),
+        other => other,
+    })
 }
 
 /// Items of a list typed into one field: separated by commas or white

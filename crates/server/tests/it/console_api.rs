@@ -287,24 +287,9 @@ async fn a_script_with_an_api_token_acts_as_its_operator_until_revoked_expired_o
             .await,
         "unknown",
     );
-    let out = console.cli(&["admin", "user", "disable", "alice", "--yes"]);
-    assert_eq!(out.code, 0, "{out:?}");
-    refused(
-        console
-            .api("GET", "/orders", &[("authorization", &bearer)], "")
-            .await,
-        "disabled",
-    );
-    let out = console.cli(&["admin", "user", "enable", "alice"]);
-    assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!(
-        console
-            .api("GET", "/orders", &[("authorization", &bearer)], "")
-            .await
-            .status,
-        200,
-        "enabled again, the token works again"
-    );
+    // Revoked: that token only.
+    let second = console.token("alice", &["--label", "second"]);
+    let second = format!("Bearer {}", second["token"].as_str().expect("token"));
     let id = made["id"].as_str().expect("token id");
     let out = console.cli(&["admin", "token", "revoke", id]);
     assert_eq!(out.code, 0, "{out:?}");
@@ -315,6 +300,41 @@ async fn a_script_with_an_api_token_acts_as_its_operator_until_revoked_expired_o
             .await,
         "revoked",
     );
+    assert_eq!(
+        console
+            .api("GET", "/orders", &[("authorization", &second)], "")
+            .await
+            .status,
+        200,
+        "the other token still works"
+    );
+    // Disabling the operator revokes every token of theirs for good:
+    // enabling them again brings none back.
+    let out = console.cli(&["admin", "user", "disable", "alice", "--yes"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("API tokens were revoked"), "{out:?}");
+    refused(
+        console
+            .api("GET", "/orders", &[("authorization", &second)], "")
+            .await,
+        "disabled",
+    );
+    let refused_while_disabled = console.cli(&["admin", "token", "create", "alice"]);
+    assert_ne!(refused_while_disabled.code, 0);
+    assert!(
+        refused_while_disabled.stderr.contains("is disabled"),
+        "{refused_while_disabled:?}"
+    );
+    let out = console.cli(&["admin", "user", "enable", "alice"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    refused(
+        console
+            .api("GET", "/orders", &[("authorization", &second)], "")
+            .await,
+        "disabled, then enabled",
+    );
+    let left = console.cli(&["admin", "token", "list", "--json"]);
+    assert_eq!(left.stdout.trim(), "[]", "{left:?}");
 
     let short = console.token("alice", &["--expires", "1s"]);
     let short = format!("Bearer {}", short["token"].as_str().expect("token"));
@@ -334,6 +354,7 @@ async fn a_script_with_an_api_token_acts_as_its_operator_until_revoked_expired_o
     // Lifetimes are bounded, and a token is for someone who exists.
     for (args, says) in [
         (vec!["alice", "--expires", "400d"], "at most"),
+        (vec!["alice", "--expires", "500ms"], "at least 1s"),
         (vec!["nobody"], "no operator named"),
     ] {
         let mut all = vec!["admin", "token", "create"];
@@ -517,5 +538,136 @@ async fn every_mutating_api_route_refuses_a_session_without_its_csrf_header_or_f
         .api("GET", "/session", &[("cookie", &cookie)], "")
         .await;
     assert_eq!(me.status, 200);
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_paged_and_retried_or_cancelled_through_the_api_as_the_operator() {
+    use acme_proxy_store::NewJob;
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let made = console.token("alice", &[]);
+    let bearer = format!("Bearer {}", made["token"].as_str().expect("token"));
+    let auth = [("authorization", bearer.as_str())];
+    // Jobs of a kind no runner takes, far in the future: they stay queued.
+    let store = console.server.running().authority.store().clone();
+    let now = console.server.running().authority.clock.unix();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let key = format!("job-{i}");
+        let queued = store
+            .insert_job(
+                &NewJob {
+                    kind: "console_test",
+                    key: &key,
+                    payload: "{}",
+                    run_at: (now + 3600) * 1000,
+                    deadline: None,
+                    max_attempts: 1,
+                    fair_key: None,
+                },
+                now * 1000,
+            )
+            .await
+            .expect("queued");
+        let acme_proxy_store::Enqueued::Queued(id) = queued else {
+            panic!("{queued:?}")
+        };
+        ids.push(id);
+    }
+    // Two pages of two, newest first, the second saying it is the last.
+    let first = json(
+        &console
+            .api("GET", "/jobs?kind=console_test&limit=2", &auth, "")
+            .await,
+    );
+    let next = first["next"].as_str().expect("a second page");
+    let second = json(
+        &console
+            .api(
+                "GET",
+                &format!("/jobs?kind=console_test&limit=2&before={next}"),
+                &auth,
+                "",
+            )
+            .await,
+    );
+    assert!(second["next"].is_null(), "{second}");
+    let seen: Vec<i64> = [&first, &second]
+        .iter()
+        .flat_map(|p| p["items"].as_array().expect("items").iter())
+        .map(|j| j["id"].as_i64().expect("id"))
+        .collect();
+    let mut newest_first = ids.clone();
+    newest_first.reverse();
+    assert_eq!(seen, newest_first);
+
+    // Cancelled and retried as alice, each audited.
+    let cancelled = console
+        .api("POST", &format!("/jobs/{}/cancel", ids[0]), &auth, "")
+        .await;
+    assert_eq!(cancelled.status, 200);
+    assert_eq!(json(&cancelled)["cancel_requested_by"], "operator:alice");
+    let retried = console
+        .api("POST", &format!("/jobs/{}/retry", ids[1]), &auth, "")
+        .await;
+    assert_eq!(retried.status, 200);
+    for event in ["job.cancel_requested", "job.retry_requested"] {
+        let rows = console.audit(event).await;
+        assert_eq!(rows.len(), 1, "{event}: {rows:?}");
+        assert_eq!(rows[0]["actor"], "operator:alice", "{event}");
+    }
+    // The CLI's retry is audited too, with its actor.
+    let out = console.cli(&[
+        "job",
+        "retry",
+        &ids[2].to_string(),
+        "--actor",
+        "operator:bob",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let rows = console.audit("job.retry_requested").await;
+    assert_eq!(rows[0]["actor"], "operator:bob", "{rows:?}");
+
+    // Every refusal is a problem document, axum's own included.
+    for (method, path, status) in [
+        ("GET", "/jobs/abc".to_owned(), 400),
+        ("POST", "/jobs/999999/retry".to_owned(), 404),
+        (
+            "POST",
+            "/orders/AAAAAAAAAAAAAAAAAAAAAA/revoke".to_owned(),
+            404,
+        ),
+        ("DELETE", "/accounts/AAAAAAAAAAAAAAAAAAAAAA".to_owned(), 404),
+        ("PUT", "/eab".to_owned(), 405),
+        ("GET", "/orders?name=a&name=b".to_owned(), 400),
+    ] {
+        let resp = console.api(method, &path, &auth, "{}").await;
+        assert_eq!(resp.status, status, "{method} {path}");
+        assert_eq!(
+            content_type(&resp),
+            "application/problem+json",
+            "{method} {path}"
+        );
+        assert_eq!(json(&resp)["status"], status, "{method} {path}");
+        if status == 405 {
+            assert!(resp.headers.get("allow").is_some(), "405 keeps Allow");
+        }
+    }
+
+    // A proxy's Basic credentials in front of the console are not a token:
+    // the session cookie is still what counts.
+    let (cookie, _) = console.login("alice", PASSWORD).await;
+    let cookie = format!("{COOKIE}={cookie}");
+    let behind_proxy = console
+        .api(
+            "GET",
+            "/session",
+            &[("cookie", &cookie), ("authorization", "Basic YWxpY2U6cHc=")],
+            "",
+        )
+        .await;
+    assert_eq!(behind_proxy.status, 200);
+    assert_eq!(json(&behind_proxy)["via"], "session");
     console.server.stop().await;
 }

@@ -97,7 +97,8 @@ pub enum UserCommand {
         #[arg(long)]
         actor: Option<String>,
     },
-    /// Stop an operator from logging in; every session of theirs ends.
+    /// Stop an operator from logging in; every session of theirs ends and
+    /// their API tokens are revoked.
     Disable {
         /// The operator's name.
         name: String,
@@ -216,14 +217,17 @@ pub async fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
         AdminCommand::User(UserCommand::Disable { name, act }) => {
             confirm(
                 act.yes,
-                &format!("disable operator {name} and end their sessions"),
+                &format!("disable operator {name}, end their sessions and revoke their API tokens"),
             )?;
             let store = open_store(config).await?;
             let done =
                 operators::set_disabled(&store, now, &name, true, &operator_actor(act.actor)).await;
             store.close().await;
             done?;
-            writeln!(out, "operator {name} disabled; their sessions ended")?;
+            writeln!(
+                out,
+                "operator {name} disabled; their sessions ended and their API tokens were revoked"
+            )?;
         }
         AdminCommand::User(UserCommand::ResetTotp { name, act }) => {
             confirm(

@@ -38,6 +38,10 @@ pub enum JobCommand {
     Retry {
         /// The job's id (the first column of `job list`).
         id: i64,
+        /// Who is retrying, for the audit trail; defaults to
+        /// operator:NAME, the login name.
+        #[arg(long)]
+        actor: Option<String>,
     },
     /// Cancel a job: it is stopped (if running) and abandoned, naming you.
     Cancel {
@@ -92,8 +96,8 @@ pub async fn run(config: &Config, command: JobCommand) -> anyhow::Result<()> {
             let j = ops::show_job(&store, id).await?;
             print_job(&mut out, &j, json)?;
         }
-        JobCommand::Retry { id } => {
-            let j = ops::retry_job(&store, &clock, id).await?;
+        JobCommand::Retry { id, actor } => {
+            let j = ops::retry_job(&store, &clock, id, &operator_actor(actor)).await?;
             print_job(&mut out, &j, false)?;
         }
         JobCommand::Cancel { id, actor } => {
