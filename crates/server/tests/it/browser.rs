@@ -19,8 +19,22 @@ struct Browser {
     client: Client,
     shots: PathBuf,
     test: &'static str,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
     _driver: ChildGuard,
+}
+
+impl Drop for Browser {
+    /// A test that fails before `close` leaves Chromium running: killing
+    /// chromedriver does not end the browser it started. Every Chromium
+    /// process of this session names its own profile directory, so those
+    /// are ended here (nothing is found after a clean `close`).
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .arg("-KILL")
+            .arg("-f")
+            .arg(format!("--user-data-dir={}", self.profile.path().display()))
+            .status();
+    }
 }
 
 impl Browser {
@@ -86,7 +100,7 @@ impl Browser {
             client,
             shots,
             test,
-            _profile: profile,
+            profile,
             _driver: driver,
         })
     }
@@ -223,7 +237,11 @@ impl Browser {
     }
 
     async fn close(self) {
-        self.client.close().await.expect("close the browser");
+        self.client
+            .clone()
+            .close()
+            .await
+            .expect("close the browser");
     }
 }
 
