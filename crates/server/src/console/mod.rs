@@ -484,6 +484,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let access = access(path);
     let api = path.starts_with("/api/");
+    let htmx = req.headers().contains_key("hx-request");
     let refuse = |status: StatusCode, words: &str| {
         if api {
             api::problem(status, words)
@@ -544,7 +545,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
             } else if mutating {
                 refuse(StatusCode::FORBIDDEN, "You are not logged in.")
             } else {
-                see_other("/login")
+                elsewhere(htmx, "/login")
             };
         };
         if !stages.contains(&session.stage) {
@@ -554,7 +555,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
                     "Finish logging in first (the TOTP code, or enrolling an authenticator).",
                 )
             } else {
-                see_other(home_of(session.stage))
+                elsewhere(htmx, home_of(session.stage))
             };
         }
     }
@@ -610,6 +611,17 @@ async fn bounded(req: Request) -> Result<(http::request::Parts, axum::body::Byte
         .await
         .map_err(|_| ())?;
     Ok((parts, bytes))
+}
+
+/// A page to be shown elsewhere (the login, when the session ended). For
+/// htmx, which would follow a redirect inside the page and swap a piece of
+/// the login page in, a `HX-Redirect` that makes the browser go there.
+fn elsewhere(htmx: bool, to: &'static str) -> Response {
+    if htmx {
+        ([("hx-redirect", to)], "").into_response()
+    } else {
+        see_other(to)
+    }
 }
 
 fn see_other(to: &'static str) -> Response {

@@ -905,6 +905,19 @@ async fn every_page_renders_for_an_operator_and_none_without_a_session() {
         );
     }
     // Bad filters are refused with a page saying which, not a 500.
+    // htmx, whose requests follow redirects inside the page, is told to
+    // go to the login page instead.
+    let swapped = raw::request_with(
+        "GET",
+        &format!("{}/orders?name=a", console.url),
+        &[("hx-request", "true")],
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        (swapped.status, header(&swapped, "hx-redirect")),
+        (200, "/login")
+    );
     for page in [
         "/orders?status=lost",
         "/accounts?status=lost",
