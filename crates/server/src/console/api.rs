@@ -133,10 +133,10 @@ fn failed(failure: Failure) -> Response {
     problem(status, &why)
 }
 
-fn answer<T: Serialize>(result: Result<T, Failure>) -> Response {
+fn answer<T: Serialize, E: Into<Failure>>(result: Result<T, E>) -> Response {
     match result {
         Ok(value) => axum::Json(value).into_response(),
-        Err(failure) => failed(failure),
+        Err(failure) => failed(failure.into()),
     }
 }
 
@@ -221,7 +221,7 @@ async fn orders(
             .filter()?
             .run(authority.store(), paging.limit()?)
             .await?;
-        Ok(Page {
+        Ok::<_, Failure>(Page {
             items: page.orders,
             next: page.next,
         })
@@ -268,7 +268,9 @@ async fn revoke(
     let done = async {
         let revocation: Revocation = body(&bytes)?;
         check_reason(revocation.reason)?;
-        Ok(ops::revoke_order(&authority, &id, Some(revocation.reason), &session.actor()).await?)
+        Ok::<_, Failure>(
+            ops::revoke_order(&authority, &id, Some(revocation.reason), &session.actor()).await?,
+        )
     };
     answer(done.await)
 }
@@ -284,7 +286,7 @@ async fn accounts(
             .filter()?
             .run(authority.store(), paging.limit()?)
             .await?;
-        Ok(Page {
+        Ok::<_, Failure>(Page {
             items: page.accounts,
             next: page.next,
         })
@@ -307,11 +309,7 @@ async fn deactivate_account(
     Path(id): Path<String>,
 ) -> Response {
     let authority = console.generations.authority();
-    answer(
-        ops::deactivate_account(&authority, &id, &session.actor())
-            .await
-            .map_err(Failure::from),
-    )
+    answer(ops::deactivate_account(&authority, &id, &session.actor()).await)
 }
 
 async fn delete_account(
@@ -337,7 +335,7 @@ async fn audit(
             .filter()?
             .run(authority.store(), paging.limit()?)
             .await?;
-        Ok(Page {
+        Ok::<_, Failure>(Page {
             items: page.rows,
             next: page.next,
         })
@@ -353,7 +351,7 @@ async fn relay(
     let authority = console.generations.authority();
     let found = async {
         let page = query.run(authority.store(), paging.limit()?).await?;
-        Ok(Page {
+        Ok::<_, Failure>(Page {
             items: page.rows,
             next: page.next,
         })
@@ -369,7 +367,7 @@ async fn jobs(
     let authority = console.generations.authority();
     let found = async {
         let page = query.run(authority.store(), paging.limit()?).await?;
-        Ok(Page {
+        Ok::<_, Failure>(Page {
             items: page.jobs,
             next: page.next,
         })
@@ -379,11 +377,7 @@ async fn jobs(
 
 async fn job(State(console): State<Arc<Console>>, Path(id): Path<i64>) -> Response {
     let authority = console.generations.authority();
-    answer(
-        ops::show_job(authority.store(), id)
-            .await
-            .map_err(Failure::from),
-    )
+    answer(ops::show_job(authority.store(), id).await)
 }
 
 async fn retry_job(
@@ -399,8 +393,7 @@ async fn retry_job(
             id,
             &session.actor(),
         )
-        .await
-        .map_err(Failure::from),
+        .await,
     )
 }
 
@@ -417,8 +410,7 @@ async fn cancel_job(
             id,
             &session.actor(),
         )
-        .await
-        .map_err(Failure::from),
+        .await,
     )
 }
 
@@ -430,7 +422,7 @@ async fn eab(
     let authority = console.generations.authority();
     let found = async {
         let page = query.run(authority.store(), paging.limit()?).await?;
-        Ok(Page {
+        Ok::<_, Failure>(Page {
             items: page.credentials,
             next: page.next,
         })
@@ -483,11 +475,7 @@ async fn revoke_eab(
     Path(kid): Path<String>,
 ) -> Response {
     let authority = console.generations.authority();
-    answer(
-        ops::revoke_eab(&authority, &kid, &session.actor())
-            .await
-            .map_err(Failure::from),
-    )
+    answer(ops::revoke_eab(&authority, &kid, &session.actor()).await)
 }
 
 async fn profiles(State(console): State<Arc<Console>>) -> Response {

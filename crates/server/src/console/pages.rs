@@ -58,14 +58,12 @@ pub async fn orders(
     Query(query): Query<OrderQuery>,
 ) -> Response {
     let authority = console.generations.authority();
-    let found = match query.filter() {
-        Ok(filter) => filter
-            .run(authority.store(), PAGE)
-            .await
-            .map(|p| (filter, p)),
-        Err(failure) => Err(failure),
+    let found = async {
+        let filter = query.filter()?;
+        let page = filter.run(authority.store(), PAGE).await?;
+        Ok::<_, Failure>((filter, page))
     };
-    let (filter, page) = match found {
+    let (filter, page) = match found.await {
         Ok(found) => found,
         Err(failure) => return console.failed(failure),
     };
@@ -291,14 +289,12 @@ pub async fn accounts(
     Query(query): Query<AccountQuery>,
 ) -> Response {
     let authority = console.generations.authority();
-    let found = match query.filter() {
-        Ok(filter) => filter
-            .run(authority.store(), PAGE)
-            .await
-            .map(|p| (filter, p)),
-        Err(failure) => Err(failure),
+    let found = async {
+        let filter = query.filter()?;
+        let page = filter.run(authority.store(), PAGE).await?;
+        Ok::<_, Failure>((filter, page))
     };
-    let (filter, page) = match found {
+    let (filter, page) = match found.await {
         Ok(found) => found,
         Err(failure) => return console.failed(failure),
     };
@@ -374,14 +370,12 @@ pub async fn audit(
     Query(query): Query<AuditQuery>,
 ) -> Response {
     let authority = console.generations.authority();
-    let found = match query.filter() {
-        Ok(filter) => filter
-            .run(authority.store(), PAGE)
-            .await
-            .map(|p| (filter, p)),
-        Err(failure) => Err(failure),
+    let found = async {
+        let filter = query.filter()?;
+        let page = filter.run(authority.store(), PAGE).await?;
+        Ok::<_, Failure>((filter, page))
     };
-    let (filter, page) = match found {
+    let (filter, page) = match found.await {
         Ok(found) => found,
         Err(failure) => return console.failed(failure),
     };
@@ -412,14 +406,12 @@ pub async fn relay(
     Query(query): Query<RelayQuery>,
 ) -> Response {
     let authority = console.generations.authority();
-    let found = match query.status() {
-        Ok(status) => query
-            .run(authority.store(), PAGE)
-            .await
-            .map(|p| (status, p)),
-        Err(failure) => Err(failure),
+    let found = async {
+        let status = query.status()?;
+        let page = query.run(authority.store(), PAGE).await?;
+        Ok::<_, Failure>((status, page))
     };
-    let (status, page) = match found {
+    let (status, page) = match found.await {
         Ok(found) => found,
         Err(failure) => return console.failed(failure),
     };
