@@ -77,6 +77,9 @@ pub struct NewOperatorSession<'a> {
     pub token_hash: &'a [u8],
     pub id: &'a str,
     pub operator: &'a str,
+    /// The stored hash the login's password was checked against: the
+    /// session is made only while it is still the operator's.
+    pub password_hash: &'a str,
     pub csrf_token: &'a str,
     pub stage: SessionStage,
     pub now: i64,
@@ -313,34 +316,45 @@ impl Store {
         .await
     }
 
-    /// Records a new session, with the login's audit row.
+    /// Records a new session, with the login's audit row; false, and
+    /// nothing written, when the operator's password hash is no longer
+    /// `password_hash` or the operator is disabled.
     pub async fn insert_operator_session(
         &self,
         new: &NewOperatorSession<'_>,
         audit: &NewAuditRow<'_>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        tx.exec(
-            "INSERT INTO operator_sessions
-                 (token_hash, id, operator, csrf_token, stage, created_at, last_seen_at, client_ip,
-                  user_agent)
-             VALUES (?1, ?2, ?3, ?4, ?8, ?5, ?5, ?6, ?7)",
-            args![
-                new.token_hash,
-                new.id,
-                new.operator,
-                new.csrf_token,
-                new.now,
-                new.client_ip,
-                new.user_agent,
-                new.stage.as_str()
-            ],
-        )
-        .await?;
+        // Guarded by the hash the password was checked against: a
+        // password change (or a disable) that lands while the login was
+        // hashing ended every session, and must end this one too.
+        let made = tx
+            .exec(
+                "INSERT INTO operator_sessions
+                     (token_hash, id, operator, csrf_token, stage, created_at, last_seen_at,
+                      client_ip, user_agent)
+                 SELECT ?1, ?2, name, ?4, ?8, ?5, ?5, ?6, ?7 FROM operators
+                 WHERE name = ?3 AND password_hash = ?9 AND disabled_at IS NULL",
+                args![
+                    new.token_hash,
+                    new.id,
+                    new.operator,
+                    new.csrf_token,
+                    new.now,
+                    new.client_ip,
+                    new.user_agent,
+                    new.stage.as_str(),
+                    new.password_hash
+                ],
+            )
+            .await?;
+        if made == 0 {
+            return Ok(false);
+        }
         insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 
     /// The session whose token has this digest, with its operator.
@@ -722,5 +736,81 @@ impl Store {
             Some(audit),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::NewOperatorSession;
+    use crate::test_support::TestDb;
+    use crate::{AuditEvent, AuditOutcome, NewAuditRow, SessionStage};
+
+    fn session<'a>(token_hash: &'a [u8], id: &'a str, hash: &'a str) -> NewOperatorSession<'a> {
+        NewOperatorSession {
+            token_hash,
+            id,
+            operator: "alice",
+            password_hash: hash,
+            csrf_token: "csrf",
+            stage: SessionStage::Full,
+            now: 10,
+            client_ip: None,
+            user_agent: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_login_checked_against_a_password_since_changed_or_a_disabled_operator_makes_no_session()
+     {
+        let (_db, store) = TestDb::open().await;
+        let row = NewAuditRow::new(
+            1,
+            AuditEvent::OperatorLogin,
+            AuditOutcome::Success,
+            "operator:alice",
+        );
+        assert!(
+            store
+                .insert_operator("alice", "old", 1, &row)
+                .await
+                .unwrap()
+        );
+        // The password changes while a login holding the old hash hashes.
+        assert!(
+            store
+                .set_operator_password("alice", "new", 2, &row)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .insert_operator_session(&session(b"t1", "s1", "old"), &row)
+                .await
+                .unwrap(),
+            "made with a password that is no longer the operator's"
+        );
+        assert!(
+            store
+                .insert_operator_session(&session(b"t2", "s2", "new"), &row)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .set_operator_disabled("alice", Some(3), &row)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .insert_operator_session(&session(b"t3", "s3", "new"), &row)
+                .await
+                .unwrap(),
+            "made for a disabled operator"
+        );
+        let sessions = store.list_operator_sessions(None).await.unwrap();
+        assert!(sessions.is_empty(), "{sessions:?}");
     }
 }

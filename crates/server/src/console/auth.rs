@@ -36,11 +36,17 @@ pub struct Throttle {
 }
 
 impl Throttle {
-    /// Seconds until the first of `keys` over its allowance may try
-    /// again; none when every key may.
-    fn blocked(&self, keys: &[String], now_ms: i64) -> Option<i64> {
+    /// Takes an attempt for `keys` at `now_ms`: refused, with the seconds
+    /// until it may be tried again, when one of the keys is over its
+    /// allowance; else counted at once, as a failure until
+    /// [`Throttle::refund`] takes it back. Counted before the password is
+    /// hashed, not after: attempts racing each other (a burst queued for
+    /// the hashing slots) cannot all pass the check before the first
+    /// failure is counted.
+    fn attempt(&self, keys: &[String], now_ms: i64) -> Result<(), i64> {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        keys.iter()
+        let wait = keys
+            .iter()
             .filter_map(|key| {
                 let times = failures.get_mut(key)?;
                 while times.front().is_some_and(|t| now_ms - t >= WINDOW_MS) {
@@ -52,11 +58,10 @@ impl Throttle {
                         .map_or(1, |t| (t + WINDOW_MS - now_ms + 999) / 1000)
                 })
             })
-            .max()
-    }
-
-    fn failed(&self, keys: &[String], now_ms: i64) {
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+            .max();
+        if let Some(wait) = wait {
+            return Err(wait);
+        }
         if failures.len() + keys.len() > MAX_KEYS {
             failures.retain(|_, times| times.back().is_some_and(|t| now_ms - t < WINDOW_MS));
             while failures.len() + keys.len() > MAX_KEYS {
@@ -75,6 +80,21 @@ impl Throttle {
             times.push_back(now_ms);
             while times.len() > FAILURES_ALLOWED {
                 times.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes back the attempt counted at `at_ms` for each of `keys`: it
+    /// succeeded, or failed for a reason that is not the client's (the
+    /// database, the hashing slots).
+    fn refund(&self, keys: &[String], at_ms: i64) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        for key in keys {
+            if let Some(times) = failures.get_mut(key)
+                && let Some(at) = times.iter().rposition(|t| *t == at_ms)
+            {
+                times.remove(at);
             }
         }
     }
@@ -234,7 +254,7 @@ pub async fn login(
     };
     let logins = |outcome: &str| count_login(&authority, outcome);
     let keys = [format!("name:{name}"), format!("address:{}", peer.ip())];
-    if let Some(wait) = console.throttle.blocked(&keys, now_ms) {
+    if let Err(wait) = console.throttle.attempt(&keys, now_ms) {
         logins("throttled");
         authority
             .audit_row(&audit(
@@ -254,11 +274,16 @@ pub async fn login(
         );
         return response;
     }
+    // Not the client's failure: its attempt is not counted.
+    let unavailable = |why: &dyn std::fmt::Display| {
+        console.throttle.refund(&keys, now_ms);
+        console.unavailable(why)
+    };
     let store = authority.store();
     let operator = if known_shape {
         match store.operator(&name).await {
             Ok(found) => found,
-            Err(e) => return console.unavailable(&e),
+            Err(e) => return unavailable(&e),
         }
     } else {
         None
@@ -276,15 +301,15 @@ pub async fn login(
     .await
     {
         Ok(Ok(slot)) => slot,
-        _ => return console.unavailable(&"no password hashing slot within 10 s"),
+        _ => return unavailable(&"no password hashing slot within 10 s"),
     };
     let checked = crate::passwords::check(form.password.clone(), stored, Some(slot)).await;
     let checked = match checked {
         Ok(checked) => checked,
-        Err(e) => return console.unavailable(&e),
+        Err(e) => return unavailable(&e),
     };
+    // A wrong password's attempt stays counted.
     let Some(operator) = usable.filter(|_| checked != Checked::Wrong) else {
-        console.throttle.failed(&keys, now_ms);
         logins("refused");
         authority
             .audit_row(&audit(AuditOutcome::Refused, "wrong name or password"))
@@ -296,16 +321,7 @@ pub async fn login(
             minijinja::context! { error => "Wrong name or password." },
         );
     };
-    console.throttle.forget(&keys[0]);
-    if checked == Checked::RightOutdated {
-        upgrade_hash(
-            &console,
-            &operator.name,
-            &operator.password_hash,
-            form.password,
-        )
-        .await;
-    }
+    console.throttle.refund(&keys, now_ms);
     let stage = if operator.totp_secret.is_some() {
         SessionStage::Totp
     } else if console.settings.require_totp {
@@ -313,6 +329,12 @@ pub async fn login(
     } else {
         SessionStage::Full
     };
+    // The name's earlier failures go only with a whole login: wrong TOTP
+    // codes count on the name too, and the password alone must not wipe
+    // them.
+    if stage == SessionStage::Full {
+        console.throttle.forget(&keys[0]);
+    }
     let token = crate::ids::session_token();
     let hash = token_hash(&token);
     let id = crate::ids::session_id();
@@ -332,6 +354,7 @@ pub async fn login(
                 token_hash: &hash,
                 id: &id,
                 operator: &operator.name,
+                password_hash: &operator.password_hash,
                 csrf_token: &csrf,
                 stage,
                 now: clock.unix(),
@@ -341,10 +364,40 @@ pub async fn login(
             &row,
         )
         .await;
-    if let Err(e) = created {
-        return console.unavailable(&e);
+    match created {
+        Ok(true) => {}
+        // The password was changed, or the operator disabled, while this
+        // login was being checked: the password it proved is no longer
+        // the operator's.
+        Ok(false) => {
+            logins("refused");
+            authority
+                .audit_row(&audit(
+                    AuditOutcome::Refused,
+                    "the password changed or the operator was disabled during the login",
+                ))
+                .await;
+            return console.page(
+                StatusCode::FORBIDDEN,
+                "login.html",
+                None,
+                minijinja::context! { error => "Wrong name or password." },
+            );
+        }
+        Err(e) => return console.unavailable(&e),
     }
     authority.metrics.audited(&row);
+    // After the session, which is made only while the hash it was checked
+    // against is still the stored one.
+    if checked == Checked::RightOutdated {
+        upgrade_hash(
+            &console,
+            &operator.name,
+            &operator.password_hash,
+            form.password,
+        )
+        .await;
+    }
     logins("success");
     let mut response = super::see_other(if stage == SessionStage::Full {
         "/"
@@ -429,7 +482,7 @@ pub async fn login_totp(
         format!("address:{}", peer.ip()),
     ];
     let now_ms = clock.unix_ms();
-    if let Some(wait) = console.throttle.blocked(&keys, now_ms) {
+    if let Err(wait) = console.throttle.attempt(&keys, now_ms) {
         count_login(&authority, "throttled");
         authority
             .audit_row(&row(
@@ -442,19 +495,31 @@ pub async fn login_totp(
             format!("Too many wrong codes: try again in {wait} s."),
         );
     }
+    // Not a guess: the attempt is not counted.
+    let refund = || console.throttle.refund(&keys, now_ms);
     let operator = match store.operator(&session.operator).await {
         Ok(Some(operator)) => operator,
-        Ok(None) => return super::see_other("/login"),
-        Err(e) => return console.unavailable(&e),
+        Ok(None) => {
+            refund();
+            return super::see_other("/login");
+        }
+        Err(e) => {
+            refund();
+            return console.unavailable(&e);
+        }
     };
     let Some(secret) = operator.totp_secret else {
+        refund();
         return super::see_other("/login");
     };
     let now = clock.unix();
     let accepted = if !form.recovery_code.trim().is_empty() {
         let left = match store.unused_recovery_codes(&operator.name).await {
             Ok(n) => n.saturating_sub(1),
-            Err(e) => return console.unavailable(&e),
+            Err(e) => {
+                refund();
+                return console.unavailable(&e);
+            }
         };
         let detail = format!("session {}: a recovery code used, {left} left", session.id);
         let row = login_row(
@@ -495,12 +560,13 @@ pub async fn login_totp(
     };
     match accepted {
         Ok(Some(())) => {
+            refund();
             console.throttle.forget(&keys[0]);
             count_login(&authority, "success");
             super::see_other("/")
         }
+        // The attempt stays counted.
         Ok(None) => {
-            console.throttle.failed(&keys, now_ms);
             count_login(&authority, "refused");
             authority
                 .audit_row(&row(
@@ -513,7 +579,10 @@ pub async fn login_totp(
                 "That code is wrong, was used already, or has expired.".to_owned(),
             )
         }
-        Err(e) => console.unavailable(&e),
+        Err(e) => {
+            refund();
+            console.unavailable(&e)
+        }
     }
 }
 

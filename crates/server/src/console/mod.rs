@@ -354,9 +354,18 @@ impl Console {
     /// Whether a mutating request comes from this console's own pages (or
     /// from no browser at all: a script, which must then carry the CSRF
     /// token like anyone).
-    fn same_origin(&self, headers: &HeaderMap) -> bool {
+    ///
+    /// The host is the request's `Host` header, or over HTTP/2 (which the
+    /// TLS listener offers first) its `:authority`, which arrives in the
+    /// URI: browsers send no `Host` header there (RFC 9113 §8.3.1).
+    fn same_origin(&self, req: &Request) -> bool {
+        let headers = req.headers();
         if let Some(origin) = headers.get(header::ORIGIN) {
-            let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+            let host = match headers.get(header::HOST) {
+                Some(host) => host.to_str().ok(),
+                None => req.uri().authority().map(|a| a.as_str()),
+            };
+            let Some(host) = host else {
                 return false;
             };
             let scheme = if self.https { "https" } else { "http" };
@@ -525,7 +534,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
         req.extensions_mut().insert(session);
         return next.run(req).await;
     }
-    if mutating && !console.same_origin(req.headers()) {
+    if mutating && !console.same_origin(&req) {
         return refuse(
             StatusCode::FORBIDDEN,
             "This request came from another site and was refused.",

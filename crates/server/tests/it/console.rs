@@ -1093,3 +1093,216 @@ async fn a_session_in_use_ends_at_its_absolute_lifetime() {
     );
     console.server.stop().await;
 }
+
+/// POST /login over TLS on a connection whose ALPN chose `alpn`, with
+/// `origin`; the status and whether a session cookie came back.
+async fn tls_login(
+    console: &Console,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+    alpn: &[u8],
+    origin: &str,
+) -> (u16, http::Version, bool) {
+    use http_body_util::{BodyExt as _, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let addr: std::net::SocketAddr = console
+        .url
+        .trim_start_matches("https://")
+        .parse()
+        .expect("the console's address");
+    let (stream, _) = crate::tls::connect(tls, addr, &[alpn]).await;
+    let form =
+        serde_urlencoded::to_string([("username", "alice"), ("password", PASSWORD)]).expect("form");
+    let req = http::Request::post(format!("{}/login", console.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", origin)
+        .body(Full::new(bytes::Bytes::from(form)))
+        .expect("request");
+    let resp = if alpn == b"h2" {
+        // Like a browser over HTTP/2: the authority in `:authority`, no
+        // Host header.
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        sender.send_request(req).await.expect("h2 request")
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("http/1.1 handshake");
+        tokio::spawn(conn);
+        let (mut parts, body) = req.into_parts();
+        parts.uri = "/login".parse().expect("path");
+        let host = addr.to_string();
+        parts
+            .headers
+            .insert(http::header::HOST, host.parse().expect("host"));
+        sender
+            .send_request(http::Request::from_parts(parts, body))
+            .await
+            .expect("http/1.1 request")
+    };
+    let status = resp.status().as_u16();
+    let version = resp.version();
+    let cookie = resp
+        .headers()
+        .get_all(http::header::SET_COOKIE)
+        .iter()
+        .any(|v| v.to_str().unwrap_or("").starts_with(COOKIE));
+    let _ = resp.into_body().collect().await;
+    (status, version, cookie)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_login_from_the_consoles_own_origin_works_in_h2_and_http11_and_another_origin_is_refused()
+ {
+    let pki = crate::upstream::TestPki::new();
+    let (cert, key) = pki.server_cert(&["127.0.0.1"]);
+    let console = Console::start(&format!(
+        "[admin.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert.display(),
+        key.display()
+    ))
+    .await;
+    assert!(console.url.starts_with("https://"), "{}", console.url);
+    console.create("alice", PASSWORD);
+    let tls = pki.rustls_client_config();
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let (status, version, cookie) = tls_login(&console, &tls, alpn, &console.url).await;
+        let expected = if alpn == b"h2" {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
+        assert_eq!(version, expected);
+        assert_eq!((status, cookie), (303, true), "{version:?}");
+        let elsewhere = tls_login(&console, &tls, alpn, "https://evil.example.test").await;
+        assert_eq!((elsewhere.0, elsewhere.2), (403, false), "{version:?}");
+    }
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_passwords_sent_all_at_once_are_counted_before_hashing_so_only_five_are_hashed() {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let from: IpAddr = "127.0.0.5".parse().expect("ip");
+    // Twelve at once: with two hashing slots, most wait for a slot after
+    // the throttle let them in, before any failure was counted.
+    let mut attempts = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let url = console.url.clone();
+        attempts.spawn(async move {
+            let form = serde_urlencoded::to_string([
+                ("username", "alice"),
+                ("password", "not the password"),
+            ])
+            .expect("form");
+            raw::request_from(
+                from,
+                "POST",
+                &format!("{url}/login"),
+                &[
+                    ("content-type", "application/x-www-form-urlencoded"),
+                    ("origin", &url),
+                ],
+                form.into_bytes(),
+            )
+            .await
+            .status
+        });
+    }
+    let statuses = attempts.join_all().await;
+    let hashed = statuses.iter().filter(|s| **s == 403).count();
+    let throttled = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((hashed, throttled), (5, 7), "{statuses:?}");
+    console.server.stop().await;
+}
+
+impl Console {
+    /// A form POST with the session's cookie and CSRF token, from `from`.
+    async fn post_from(
+        &self,
+        from: IpAddr,
+        path: &str,
+        token: &str,
+        csrf: &str,
+        form: &str,
+    ) -> raw::Resp {
+        let cookie = format!("{COOKIE}={token}");
+        raw::request_from(
+            from,
+            "POST",
+            &format!("{}{path}", self.url),
+            &[
+                ("content-type", "application/x-www-form-urlencoded"),
+                ("cookie", &cookie),
+                ("origin", &self.url),
+            ],
+            format!("csrf={csrf}&{form}").into_bytes(),
+        )
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_right_password_does_not_wipe_the_wrong_totp_codes_counted_on_the_name() {
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let (token, csrf) = console.login("alice", PASSWORD).await;
+    let html = text(&console.get("/account/totp", Some(&token)).await);
+    let secret = element_text(&html, "totp-secret");
+    let enrolled = console
+        .post_as(
+            "/account/totp",
+            &token,
+            &csrf,
+            &format!("code={}", totp_code(&secret, 0)),
+        )
+        .await;
+    assert_eq!(enrolled.status, 200, "{}", text(&enrolled));
+    // Each request from an address of its own: only the name's count
+    // can throttle.
+    let address = |n: u8| IpAddr::from([127, 0, 0, n]);
+    let shared = &console;
+    let half_login = |from: IpAddr| async move {
+        let console = shared;
+        let login = console.login_from(from, "alice", PASSWORD).await;
+        assert_eq!((login.status, header(&login, "location")), (303, "/login"));
+        let half = session_cookie(&login).expect("a session");
+        let half_csrf = csrf_of(&text(&console.get("/login", Some(&half)).await));
+        (half, half_csrf)
+    };
+    let (half, half_csrf) = half_login(address(11)).await;
+    for n in 12..16 {
+        let wrong = console
+            .post_from(address(n), "/login/totp", &half, &half_csrf, "code=000000")
+            .await;
+        assert_eq!(wrong.status, 403, "{}", text(&wrong));
+    }
+    // The password again: a new half-made session, and the four wrong
+    // codes still count.
+    let (again, again_csrf) = half_login(address(16)).await;
+    let fifth = console
+        .post_from(
+            address(17),
+            "/login/totp",
+            &again,
+            &again_csrf,
+            "code=000000",
+        )
+        .await;
+    assert_eq!(fifth.status, 403, "{}", text(&fifth));
+    let sixth = console
+        .post_from(
+            address(18),
+            "/login/totp",
+            &again,
+            &again_csrf,
+            &format!("code={}", totp_code(&secret, 1)),
+        )
+        .await;
+    assert_eq!(sixth.status, 429, "{}", text(&sixth));
+    console.server.stop().await;
+}
