@@ -97,8 +97,7 @@ impl From<acme_proxy_store::StoreError> for AcmeError {
             // (RFC 8555 §6.6: a 503 with Retry-After).
             e if e.is_unavailable() => {
                 let mut refused = Self::internal(e).with_status(503);
-                refused.detail =
-                    "the server's database is unavailable; retry after the indicated delay".into();
+                refused.detail = DATABASE_UNAVAILABLE.into();
                 refused.retry_after = Some(DATABASE_RETRY_AFTER);
                 refused
             }
@@ -106,6 +105,10 @@ impl From<acme_proxy_store::StoreError> for AcmeError {
         }
     }
 }
+
+/// What a client is told while the database is unavailable (503).
+pub const DATABASE_UNAVAILABLE: &str =
+    "the server's database is unavailable; retry after the indicated delay";
 
 /// Seconds a client is asked to wait while the database is unavailable:
 /// a PostgreSQL restart or fail-over takes some.

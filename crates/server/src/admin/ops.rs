@@ -74,6 +74,11 @@ pub enum OpsError {
     /// retry shortly.
     #[error("{0}")]
     Unavailable(String),
+    /// Something the operation needs beside the database cannot be
+    /// reached now (an upstream CA whose circuit breaker is open): `words`
+    /// say what, and it is worth a retry after `retry_after` seconds.
+    #[error("{words}")]
+    Later { words: String, retry_after: u64 },
     /// The server could not carry it out (a signer, a bug).
     #[error("{0}")]
     Failed(String),
@@ -688,6 +693,12 @@ async fn order_view(
 /// its HTTP status.
 fn refused(e: crate::error::AcmeError) -> OpsError {
     let status = e.http_status();
+    if status == 503 && e.detail != crate::error::DATABASE_UNAVAILABLE {
+        return OpsError::Later {
+            words: e.detail,
+            retry_after: e.retry_after.unwrap_or(5),
+        };
+    }
     let words = match e.internal {
         Some(internal) => format!("{} ({internal})", e.detail),
         None => e.detail,
@@ -1135,6 +1146,34 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn an_upstream_that_is_down_is_told_apart_from_the_database_with_its_own_wait() {
+        use acme_proxy_protocol::problem::ProblemType;
+
+        let mut upstream = crate::error::AcmeError::new(
+            ProblemType::ServerInternal,
+            "the upstream CA that issued this certificate cannot be reached; try again later",
+        )
+        .with_status(503);
+        upstream.retry_after = Some(42);
+        match refused(upstream) {
+            OpsError::Later { words, retry_after } => {
+                assert!(words.starts_with("the upstream CA"), "{words}");
+                assert_eq!(retry_after, 42);
+            }
+            other => panic!("{other:?}"),
+        }
+        let database = crate::error::AcmeError::new(
+            ProblemType::ServerInternal,
+            crate::error::DATABASE_UNAVAILABLE,
+        )
+        .with_status(503);
+        assert!(
+            matches!(refused(database), OpsError::Unavailable(_)),
+            "the database"
+        );
+    }
 
     fn hint(toml: &str) -> String {
         let config = Config::from_toml(toml).unwrap();

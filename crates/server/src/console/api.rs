@@ -122,6 +122,13 @@ pub fn unauthorized(detail: &str, bad_token: bool) -> Response {
 }
 
 fn failed(failure: Failure) -> Response {
+    if let Failure::Later { why, retry_after } = &failure {
+        let mut response = problem(StatusCode::SERVICE_UNAVAILABLE, why);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        return response;
+    }
     if let Failure::Unavailable(why) = &failure {
         tracing::error!(event = "admin.request", outcome = "failure", error = %why, "the console's API could not answer");
         return problem(
@@ -246,7 +253,9 @@ async fn chain(State(console): State<Arc<Console>>, Path(id): Path<String>) -> R
             pem,
         )
             .into_response(),
-        Err(e) => failed(Failure::of(e, Some("That order has no certificate."))),
+        // The operation's own words tell a missing order from one
+        // without a certificate.
+        Err(e) => failed(Failure::from(e)),
     }
 }
 
@@ -448,7 +457,17 @@ async fn mint_eab(
     let authority = console.generations.authority();
     let minted = async {
         let new: NewCredential = body(&bytes)?;
-        let names = new.names.unwrap_or_default();
+        // Absent: any name. An empty list is not taken for that: a
+        // script whose list of names came out empty meant none.
+        let names = match new.names {
+            Some(names) if names.is_empty() => {
+                return Err(Failure::Bad(
+                    "names: an empty list allows no name; leave names out to allow any name"
+                        .to_owned(),
+                ));
+            }
+            names => names.unwrap_or_default(),
+        };
         if names.len() > MAX_NAMES || names.iter().any(|n| n.len() > 256) {
             return Err(Failure::Bad(format!(
                 "names: at most {MAX_NAMES}, each at most 256 bytes"

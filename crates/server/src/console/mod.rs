@@ -248,6 +248,13 @@ impl Console {
     fn failed(&self, failure: queries::Failure) -> Response {
         match failure {
             queries::Failure::Unavailable(why) => self.unavailable(&why),
+            queries::Failure::Later { why, retry_after } => {
+                let mut response = self.refusal(StatusCode::SERVICE_UNAVAILABLE, &why);
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+                response
+            }
             other => {
                 let (status, why) = other.status_and_words();
                 self.refusal(status, &why)
@@ -642,7 +649,7 @@ async fn asset(State(console): State<Arc<Console>>, Path(file): Path<String>) ->
         .into_iter()
         .find(|a| a.name == file)
     else {
-        return not_found(State(console)).await;
+        return console.refusal(StatusCode::NOT_FOUND, "There is no such page.");
     };
     (
         [
@@ -654,7 +661,15 @@ async fn asset(State(console): State<Arc<Console>>, Path(file): Path<String>) ->
         .into_response()
 }
 
-async fn not_found(State(console): State<Arc<Console>>) -> Response {
+async fn not_found(State(console): State<Arc<Console>>, uri: http::Uri) -> Response {
+    // A script that asked another version of the API reads problem
+    // documents, not pages.
+    if uri.path().starts_with("/api/") {
+        return api::problem(
+            StatusCode::NOT_FOUND,
+            "There is no such API endpoint: the API is under /api/v1/.",
+        );
+    }
     console.refusal(StatusCode::NOT_FOUND, "There is no such page.")
 }
 

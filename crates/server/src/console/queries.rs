@@ -22,6 +22,9 @@ pub enum Failure {
     Conflict(String),
     /// The store did not answer (503).
     Unavailable(String),
+    /// Something beside the store cannot be reached now (503, with its
+    /// own words and Retry-After).
+    Later { why: String, retry_after: u64 },
     /// The server cannot do it as configured (500).
     Broken(String),
 }
@@ -36,6 +39,10 @@ impl Failure {
             }
             OpsError::Refused(why) => Self::Conflict(why),
             OpsError::Unavailable(why) => Self::Unavailable(why),
+            OpsError::Later { words, retry_after } => Self::Later {
+                why: words,
+                retry_after,
+            },
             e @ OpsError::Store(_) => Self::Unavailable(e.to_string()),
             OpsError::Failed(why) => Self::Broken(why),
         }
@@ -50,7 +57,9 @@ impl Failure {
             Self::Bad(why) => (StatusCode::BAD_REQUEST, why),
             Self::NotFound(why) => (StatusCode::NOT_FOUND, why),
             Self::Conflict(why) => (StatusCode::CONFLICT, why),
-            Self::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+            Self::Unavailable(why) | Self::Later { why, .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, why)
+            }
             Self::Broken(why) => (StatusCode::INTERNAL_SERVER_ERROR, why),
         }
     }
@@ -62,9 +71,11 @@ impl From<OpsError> for Failure {
     }
 }
 
-/// A search field as typed, trimmed and bounded.
+/// A search field as typed, trimmed and cut to [`FIELD_MAX`] (no marker:
+/// what is left is still the start of what was typed).
 pub fn field(text: &str) -> String {
-    crate::bounded::truncate(text.trim(), FIELD_MAX)
+    let text = text.trim();
+    text[..text.floor_char_boundary(FIELD_MAX)]
         .trim()
         .to_owned()
 }
@@ -367,7 +378,7 @@ impl MintForm {
         authority: &crate::authority::Authority,
         actor: &str,
     ) -> Result<ops::EabView, Failure> {
-        let names = split_list(&self.names, 16 * 1024, MAX_NAMES);
+        let names = split_list(&self.names, 16 * 1024, MAX_NAMES, "Names")?;
         mint(authority, &self.label, &self.profile, names, actor).await
     }
 }
@@ -399,15 +410,33 @@ pub async fn mint(
     })
 }
 
-/// Items of a list typed into one field: separated by commas or white
-/// space, `text` cut to `bytes` and at most `count` of them.
-pub fn split_list(text: &str, bytes: usize, count: usize) -> Vec<String> {
-    crate::bounded::truncate(text, bytes)
+/// Items of a list typed into one field, separated by commas or white
+/// space. Refused, not cut, past `bytes` or `count` items: a list cut
+/// short would be checked or stored as something other than what was
+/// typed. `what` names the list in the refusal.
+pub fn split_list(
+    text: &str,
+    bytes: usize,
+    count: usize,
+    what: &str,
+) -> Result<Vec<String>, Failure> {
+    let too_many = || {
+        Failure::Bad(format!(
+            "{what}: at most {count}, in at most {bytes} bytes."
+        ))
+    };
+    if text.len() > bytes {
+        return Err(too_many());
+    }
+    let items: Vec<String> = text
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|n| !n.is_empty())
-        .take(count)
         .map(str::to_owned)
-        .collect()
+        .collect();
+    if items.len() > count {
+        return Err(too_many());
+    }
+    Ok(items)
 }
 
 /// Whether `reason` is one RFC 5280 §5.3.1 reason code operators may give.
@@ -459,7 +488,7 @@ impl ExplainQuery {
         let request = crate::admin::explain::ExplainRequest {
             profile,
             client_ip: ip,
-            identifiers: split_list(&field(&self.identifiers), FIELD_MAX, 100),
+            identifiers: split_list(&self.identifiers, 16 * 1024, 100, "Identifiers")?,
             eab: given(&field(&self.eab)).map(str::to_owned),
             account: given(&field(&self.account)).map(str::to_owned),
         };

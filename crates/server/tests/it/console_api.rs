@@ -671,3 +671,116 @@ async fn jobs_are_paged_and_retried_or_cancelled_through_the_api_as_the_operator
     assert_eq!(json(&behind_proxy)["via"], "session");
     console.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_are_taken_whole_or_refused_and_every_path_under_api_answers_a_problem() {
+    let policy = "[policy.checks.lab_names]\ntype = \"identifiers\"\n\
+        allow = [\"*.lab.example.internal\"]\n[[policy.rules]]\nname = \"lab-names-only\"\n\
+        when = \"not lab_names\"\nthen = \"deny\"\nmessage = \"lab names only\"\n";
+    let console = Console::start_with(policy, "bypass = true\n").await;
+    console.create("alice", PASSWORD);
+    let made = console.token("alice", &[]);
+    let bearer = format!("Bearer {}", made["token"].as_str().expect("token"));
+    let auth = [("authorization", bearer.as_str())];
+
+    // Thirty lab names, 750 bytes: each one is explained, none made up
+    // from a cut.
+    let names: Vec<String> = (10..40)
+        .map(|i| format!("h{i}.lab.example.internal"))
+        .collect();
+    let explain = |identifiers: String| {
+        let query = serde_urlencoded::to_string([
+            ("profile", "default"),
+            ("client_ip", "10.0.0.1"),
+            ("identifiers", identifiers.as_str()),
+        ])
+        .expect("query");
+        format!("/policy/explain?{query}")
+    };
+    let allowed = console
+        .api("GET", &explain(names.join(" ")), &auth, "")
+        .await;
+    assert_eq!(
+        allowed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&allowed.body)
+    );
+    assert_eq!(
+        json(&allowed)["decision"],
+        "allowed",
+        "{:?}",
+        json(&allowed)
+    );
+    let many: Vec<String> = (0..101)
+        .map(|i| format!("h{i}.lab.example.internal"))
+        .collect();
+    let refused = console
+        .api("GET", &explain(many.join(" ")), &auth, "")
+        .await;
+    assert_eq!(
+        refused.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    assert!(
+        json(&refused)["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("at most 100"),
+        "{:?}",
+        json(&refused)
+    );
+
+    // An empty list of names is not "any name".
+    let empty = console
+        .api("POST", "/eab", &auth, r#"{"profile":"default","names":[]}"#)
+        .await;
+    assert_eq!(
+        empty.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&empty.body)
+    );
+    assert_eq!(content_type(&empty), "application/problem+json");
+    let listed = json(&console.api("GET", "/eab", &auth, "").await);
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(0),
+        "{listed:?}"
+    );
+    let named = console
+        .api(
+            "POST",
+            "/eab",
+            &auth,
+            r#"{"profile":"default","names":["*.lab.example.internal"]}"#,
+        )
+        .await;
+    assert_eq!(
+        named.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&named.body)
+    );
+
+    // Another version of the API, and a missing order's chain: problems
+    // that say what is missing.
+    let other = raw::request_with(
+        "GET",
+        &format!("{}/api/v2/orders", console.url),
+        &auth,
+        vec![],
+    )
+    .await;
+    assert_eq!(other.status, 404);
+    assert_eq!(content_type(&other), "application/problem+json");
+    let chain = console
+        .api("GET", "/orders/nothing-here/chain", &auth, "")
+        .await;
+    assert_eq!(chain.status, 404);
+    let detail = json(&chain)["detail"].as_str().unwrap_or("").to_owned();
+    assert!(detail.contains("no order"), "{detail}");
+    console.server.stop().await;
+}
