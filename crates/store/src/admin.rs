@@ -2,8 +2,9 @@
 //! off it, in one transaction, refused while something still needs it.
 //! The audit log has no foreign keys, so its rows outlive what they describe.
 
+use crate::audit::insert_audit_in;
 use crate::db::{Conn, args};
-use crate::{Result, Store};
+use crate::{NewAuditRow, Result, Store};
 
 /// What a deletion did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,8 +127,14 @@ async fn delete_orders(conn: &mut Conn<'_>, scope: Scope, id: &str) -> Result<()
 
 impl Store {
     /// Deletes an order with its certificate (expired), relay mapping and
-    /// the authorizations no other order uses.
-    pub async fn delete_order(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
+    /// the authorizations no other order uses; `audit`, its row, is
+    /// written in the same transaction.
+    pub async fn delete_order(
+        &self,
+        id: &str,
+        now: i64,
+        audit: Option<&NewAuditRow<'_>>,
+    ) -> Result<DeleteOutcome> {
         // IMMEDIATE (as every `begin`): these run beside a serving process;
         // taking the write lock first means waiting for it (busy timeout)
         // rather than failing when the server commits between our first
@@ -152,13 +159,21 @@ impl Store {
         }
         delete_orders(&mut tx, Scope::Order, id).await?;
         delete_orphan_authorizations(&mut tx, &account).await?;
+        if let Some(audit) = audit {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
         tx.commit().await?;
         Ok(DeleteOutcome::Deleted)
     }
 
     /// Deletes an account with all its orders, authorizations and expired
-    /// certificates.
-    pub async fn delete_account(&self, id: &str, now: i64) -> Result<DeleteOutcome> {
+    /// certificates; `audit`, its row, is written in the same transaction.
+    pub async fn delete_account(
+        &self,
+        id: &str,
+        now: i64,
+        audit: Option<&NewAuditRow<'_>>,
+    ) -> Result<DeleteOutcome> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         // On PostgreSQL: the account locked first (a write of the account
@@ -187,6 +202,9 @@ impl Store {
         delete_orphan_authorizations(&mut tx, id).await?;
         tx.exec("DELETE FROM accounts WHERE id = ?1", args![id])
             .await?;
+        if let Some(audit) = audit {
+            insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+        }
         tx.commit().await?;
         Ok(DeleteOutcome::Deleted)
     }

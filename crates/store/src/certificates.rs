@@ -255,7 +255,8 @@ impl Store {
     }
 
     /// Revokes once: a second revocation of one serial is `AlreadyRevoked`
-    /// even when both race. `notices` are queued with the revocation.
+    /// even when both race. `notices` are queued, and `audit` (its
+    /// `certificate.revoked` row) written, with the revocation.
     pub async fn revoke_certificate(
         &self,
         profile: &str,
@@ -263,6 +264,7 @@ impl Store {
         reason: Option<i64>,
         now: i64,
         notices: &[NewJob<'_>],
+        audit: Option<&NewAuditRow<'_>>,
     ) -> Result<RevokeOutcome> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
@@ -275,6 +277,9 @@ impl Store {
             .await?;
         if changed == 1 {
             insert_jobs_in(&mut tx, notices).await?;
+            if let Some(audit) = audit {
+                insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+            }
             tx.commit().await?;
             return Ok(RevokeOutcome::Revoked);
         }

@@ -2,7 +2,7 @@
 //! operator and named by accounts at registration.
 
 use crate::db::{Row, args};
-use crate::{Result, Store, StoreError};
+use crate::{NewAuditRow, Result, Store, StoreError};
 
 /// A credential as stored.
 #[derive(Clone, PartialEq, Eq)]
@@ -76,22 +76,24 @@ fn from_row(row: Row<'_>) -> Result<EabRow> {
 }
 
 impl Store {
-    pub async fn insert_eab(&self, new: &NewEab<'_>) -> Result<()> {
-        self.writer()
-            .await?
-            .exec(
-                "INSERT INTO eab_credentials (kid, hmac_key, label, profile, names, created_at)
+    /// Stores a new credential with its `eab.created` row, in one
+    /// transaction: no credential exists that the audit trail does not
+    /// show.
+    pub async fn insert_eab(&self, new: &NewEab<'_>, audit: &NewAuditRow<'_>) -> Result<()> {
+        self.change_audited(
+            "INSERT INTO eab_credentials (kid, hmac_key, label, profile, names, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                args![
-                    new.kid,
-                    new.hmac_key,
-                    new.label,
-                    new.profile,
-                    new.names.map(crate::to_json),
-                    new.now,
-                ],
-            )
-            .await?;
+            args![
+                new.kid,
+                new.hmac_key,
+                new.label,
+                new.profile,
+                new.names.map(crate::to_json),
+                new.now,
+            ],
+            Some(audit),
+        )
+        .await?;
         Ok(())
     }
 
@@ -131,15 +133,14 @@ impl Store {
     }
 
     /// Marks a credential revoked; false if it does not exist or already was.
-    pub async fn revoke_eab(&self, kid: &str, now: i64) -> Result<bool> {
-        Ok(self
-            .writer()
-            .await?
-            .exec(
-                "UPDATE eab_credentials SET revoked_at = ?2 WHERE kid = ?1 AND revoked_at IS NULL",
-                args![kid, now],
-            )
-            .await?
-            == 1)
+    /// Revokes a credential with its audit row, in one transaction; false
+    /// (nothing written) when it is unknown or already revoked.
+    pub async fn revoke_eab(&self, kid: &str, now: i64, audit: &NewAuditRow<'_>) -> Result<bool> {
+        self.change_audited(
+            "UPDATE eab_credentials SET revoked_at = ?2 WHERE kid = ?1 AND revoked_at IS NULL",
+            args![kid, now],
+            Some(audit),
+        )
+        .await
     }
 }

@@ -155,7 +155,7 @@ macro_rules! operator_columns {
 impl Store {
     /// Runs `sql`; when it changed one row, writes `audit` (if any) in the
     /// same transaction. Whether it changed one.
-    async fn change_audited(
+    pub(crate) async fn change_audited(
         &self,
         sql: &'static str,
         args: &[Arg<'_>],

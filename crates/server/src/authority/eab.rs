@@ -148,16 +148,6 @@ impl Authority {
         }
         let kid = crate::ids::eab_kid();
         let key = crate::ids::eab_hmac_key();
-        self.store
-            .insert_eab(&NewEab {
-                kid: &kid,
-                hmac_key: &key,
-                label,
-                profile,
-                names: names.as_deref(),
-                now: self.clock.unix(),
-            })
-            .await?;
         let detail = format!(
             "kid {kid}{}{}",
             label.map(|l| format!(", label {l:?}")).unwrap_or_default(),
@@ -166,7 +156,7 @@ impl Authority {
                 .map(|n| format!(", names {}", n.join(" ")))
                 .unwrap_or_default()
         );
-        self.audit(super::audit::Fact {
+        let fact = super::audit::Fact {
             actor: Some(actor),
             detail: Some(&detail),
             ..super::audit::Fact::new(
@@ -174,8 +164,24 @@ impl Authority {
                 AuditOutcome::Success,
                 profile.unwrap_or(""),
             )
-        })
-        .await;
+        };
+        // The row goes in with the credential: none exists unaudited.
+        let context = self.audit_context(&fact).await;
+        let row = context.row(&fact);
+        self.store
+            .insert_eab(
+                &NewEab {
+                    kid: &kid,
+                    hmac_key: &key,
+                    label,
+                    profile,
+                    names: names.as_deref(),
+                    now: self.clock.unix(),
+                },
+                &row,
+            )
+            .await?;
+        self.metrics.audited(&row);
         let row = self
             .store
             .eab(&kid)
@@ -198,13 +204,8 @@ impl Authority {
             .eab(kid)
             .await?
             .ok_or_else(|| AcmeError::not_found("external account credential"))?;
-        if !self.store.revoke_eab(kid, self.clock.unix()).await? {
-            return Err(AcmeError::malformed(format!(
-                "external account credential {kid} is already revoked"
-            )));
-        }
         let detail = format!("kid {kid}, {} account(s) registered with it", row.accounts);
-        self.audit(super::audit::Fact {
+        let fact = super::audit::Fact {
             actor: Some(actor),
             detail: Some(&detail),
             ..super::audit::Fact::new(
@@ -212,8 +213,19 @@ impl Authority {
                 AuditOutcome::Success,
                 row.profile.as_deref().unwrap_or(""),
             )
-        })
-        .await;
+        };
+        let context = self.audit_context(&fact).await;
+        let audit = context.row(&fact);
+        if !self
+            .store
+            .revoke_eab(kid, self.clock.unix(), &audit)
+            .await?
+        {
+            return Err(AcmeError::malformed(format!(
+                "external account credential {kid} is already revoked"
+            )));
+        }
+        self.metrics.audited(&audit);
         self.store
             .eab(kid)
             .await?

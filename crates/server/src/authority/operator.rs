@@ -6,6 +6,8 @@ use acme_proxy_store::{
     AccountRow, AuditEvent, AuditOutcome, Blocker, CertificateRow, DeleteOutcome,
 };
 
+use acme_proxy_store::NewAuditRow;
+
 use super::certificates::leaf_der;
 use super::{Authority, RevocationSigner};
 use crate::error::{AcmeError, AcmeResult};
@@ -74,11 +76,23 @@ impl Authority {
     /// row stays.
     pub async fn operator_delete_account(&self, id: &str, actor: &str) -> AcmeResult<()> {
         let account = self.account_row(id).await?;
-        let outcome = self.store.delete_account(id, self.clock.unix()).await?;
+        let fact = super::audit::Fact {
+            account: Some(id),
+            actor: Some(actor),
+            ..super::audit::Fact::new(
+                AuditEvent::AccountDeleted,
+                AuditOutcome::Success,
+                &account.profile,
+            )
+        };
+        let context = self.audit_context(&fact).await;
+        let row = context.row(&fact);
+        let outcome = self
+            .store
+            .delete_account(id, self.clock.unix(), Some(&row))
+            .await?;
         self.account_changed(id);
-        let what = ("account", AuditEvent::AccountDeleted);
-        self.deleted(outcome, what, &account.profile, Some(id), None, actor)
-            .await
+        self.deleted(outcome, "account", &row)
     }
 
     /// Deletes an order (with its expired certificate and the
@@ -89,16 +103,23 @@ impl Authority {
             .order(id)
             .await?
             .ok_or_else(|| AcmeError::not_found("order"))?;
-        let outcome = self.store.delete_order(id, self.clock.unix()).await?;
-        self.deleted(
-            outcome,
-            ("order", AuditEvent::OrderDeleted),
-            &order.profile,
-            Some(&order.account_id),
-            Some(id),
-            actor,
-        )
-        .await
+        let fact = super::audit::Fact {
+            account: Some(&order.account_id),
+            actor: Some(actor),
+            order: Some(id),
+            ..super::audit::Fact::new(
+                AuditEvent::OrderDeleted,
+                AuditOutcome::Success,
+                &order.profile,
+            )
+        };
+        let context = self.audit_context(&fact).await;
+        let row = context.row(&fact);
+        let outcome = self
+            .store
+            .delete_order(id, self.clock.unix(), Some(&row))
+            .await?;
+        self.deleted(outcome, "order", &row)
     }
 
     async fn account_row(&self, id: &str) -> AcmeResult<AccountRow> {
@@ -108,17 +129,9 @@ impl Authority {
             .ok_or_else(|| AcmeError::not_found("account"))
     }
 
-    /// Audits a deletion (`account.deleted` / `order.deleted`) or says why
-    /// it was refused.
-    async fn deleted(
-        &self,
-        outcome: DeleteOutcome,
-        (what, event): (&str, AuditEvent),
-        profile: &str,
-        account: Option<&str>,
-        order: Option<&str>,
-        actor: &str,
-    ) -> AcmeResult<()> {
+    /// A deletion's answer: said why it was refused, or, deleted with its
+    /// audit row `row` (`account.deleted` / `order.deleted`), counted.
+    fn deleted(&self, outcome: DeleteOutcome, what: &str, row: &NewAuditRow<'_>) -> AcmeResult<()> {
         match outcome {
             DeleteOutcome::NotFound => Err(AcmeError::not_found(what)),
             DeleteOutcome::Refused(blocker) => {
@@ -134,14 +147,8 @@ impl Authority {
                 Err(AcmeError::malformed(format!("the {what} is kept: {why}")))
             }
             DeleteOutcome::Deleted => {
-                self.audit(super::audit::Fact {
-                    account,
-                    actor: Some(actor),
-                    order,
-                    ..super::audit::Fact::new(event, AuditOutcome::Success, profile)
-                })
-                .await;
-                tracing::info!(event = %event, outcome = "success", profile, account, order, by = actor, "deleted by an operator");
+                self.metrics.audited(row);
+                tracing::info!(event = %row.event, outcome = "success", profile = row.profile, account = row.account_id, order = row.order_id, by = row.actor, "deleted by an operator");
                 Ok(())
             }
         }

@@ -48,7 +48,20 @@ impl Authority {
             RevocationSigner::Operator(actor) => (None, Some((*actor).to_owned())),
         };
         let by_key = matches!(signer, RevocationSigner::CertificateKey(_));
-        let result = self.revoke_checked(profile, signer, cert_der, reason).await;
+        // A revocation's success row goes in with it (`revoke_checked`);
+        // a refusal's or failure's is written here.
+        let Err(e) = self
+            .revoke_checked(
+                profile,
+                signer,
+                cert_der,
+                reason,
+                (account.as_deref(), key_actor.as_deref()),
+            )
+            .await
+        else {
+            return Ok(());
+        };
         // The certificate named, if this profile issued it: its serial and
         // its very DER (one minted with a serial of ours is not ours).
         let (serial, stored) = match X509Certificate::from_der(cert_der) {
@@ -71,11 +84,7 @@ impl Authority {
         // logged at debug, never audited, so that they cannot grow the
         // audit log; an account's refusals, ours (`serverInternal`) and
         // those about a certificate we issued keep their rows.
-        if let Err(e) = &result
-            && by_key
-            && stored.is_none()
-            && super::audit::outcome_of(e) == AuditOutcome::Refused
-        {
+        if by_key && stored.is_none() && super::audit::outcome_of(&e) == AuditOutcome::Refused {
             self.metrics
                 .revocation_refused(&profile.name, e.kind.name());
             tracing::debug!(
@@ -86,7 +95,7 @@ impl Authority {
                 serial = %crate::bounded::value(serial.as_deref().unwrap_or("")),
                 "revocation refused for a certificate this profile did not issue, signed by no account; not audited"
             );
-            return result;
+            return Err(e);
         }
         let identifiers: Option<Vec<RawIdentifier>> = stored
             .as_ref()
@@ -97,32 +106,32 @@ impl Authority {
         // certificate, so `audit list --account` finds it.
         let account = account.or_else(|| stored.map(|c| c.account_id));
         let reason_text = format!("reason {}", reason.unwrap_or(0));
-        let (event, outcome) = match &result {
-            Ok(()) => (AuditEvent::CertificateRevoked, AuditOutcome::Success),
-            Err(e) => (
-                AuditEvent::CertificateRevokeFailed,
-                super::audit::outcome_of(e),
-            ),
-        };
         self.audit(super::audit::Fact {
             account: account.as_deref(),
             actor: key_actor.as_deref(),
             serial: serial.as_deref(),
             identifiers: identifiers.as_deref(),
-            error: result.as_ref().err(),
+            error: Some(&e),
             detail: Some(&reason_text),
-            ..super::audit::Fact::new(event, outcome, &profile.name)
+            ..super::audit::Fact::new(
+                AuditEvent::CertificateRevokeFailed,
+                super::audit::outcome_of(&e),
+                &profile.name,
+            )
         })
         .await;
-        result
+        Err(e)
     }
 
+    /// `(account, actor)`: who asked, for the audit row written with the
+    /// revocation (the account defaults to the certificate's owner).
     async fn revoke_checked(
         &self,
         profile: &Profile,
         signer: RevocationSigner<'_>,
         cert_der: &[u8],
         reason: Option<u64>,
+        (account, actor): (Option<&str>, Option<&str>),
     ) -> AcmeResult<()> {
         let (_, x509) = X509Certificate::from_der(cert_der)
             .map_err(|_| AcmeError::malformed("\"certificate\" is not a DER X.509 certificate"))?;
@@ -240,6 +249,25 @@ impl Authority {
         notice.serial = Some(serial.clone());
         notice.detail = Some(format!("reason {reason}"));
         let outbox = self.notifier.outbox(&notice);
+        // The `certificate.revoked` row is written with the revocation: no
+        // certificate is revoked without the trail saying who did it.
+        let identifiers: Vec<RawIdentifier> =
+            cert.identifiers.iter().map(RawIdentifier::from).collect();
+        let reason_text = format!("reason {reason}");
+        let fact = super::audit::Fact {
+            account: Some(account.unwrap_or(&cert.account_id)),
+            actor,
+            serial: Some(&serial),
+            identifiers: Some(&identifiers),
+            detail: Some(&reason_text),
+            ..super::audit::Fact::new(
+                AuditEvent::CertificateRevoked,
+                AuditOutcome::Success,
+                &profile.name,
+            )
+        };
+        let context = self.audit_context(&fact).await;
+        let audit = context.row(&fact);
         match self
             .store
             .revoke_certificate(
@@ -248,11 +276,13 @@ impl Authority {
                 Some(reason as i64),
                 self.clock.unix(),
                 &outbox.jobs(),
+                Some(&audit),
             )
             .await?
         {
             RevokeOutcome::Revoked => {
                 crash_point!("revocation.stored");
+                self.metrics.audited(&audit);
                 self.notifier.posted(&outbox);
             }
             RevokeOutcome::AlreadyRevoked => {

@@ -784,3 +784,90 @@ async fn lists_are_taken_whole_or_refused_and_every_path_under_api_answers_a_pro
     assert!(detail.contains("no order"), "{detail}");
     console.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_change_whose_audit_row_cannot_be_written_is_not_made() {
+    use instant_acme::{Identifier, NewOrder};
+
+    let console = Console::start("").await;
+    console.create("alice", PASSWORD);
+    let made = console.token("alice", &[]);
+    let bearer = format!("Bearer {}", made["token"].as_str().expect("token"));
+    let auth = [("authorization", bearer.as_str())];
+    // Before the audit log refuses: a credential, a certificate, and an
+    // order left pending.
+    let minted = console
+        .api("POST", "/eab", &auth, r#"{"profile":"default"}"#)
+        .await;
+    assert_eq!(
+        minted.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&minted.body)
+    );
+    let kid = json(&minted)["kid"].as_str().expect("kid").to_owned();
+    let responder = harness::Responder::start().await;
+    let account = client::account(&console.server.directory("default")).await;
+    client::issue(&account, &responder, &["kept.example.test"]).await;
+    let issued = json(&console.api("GET", "/orders?status=valid", &auth, "").await);
+    let issued_id = issued["items"][0]["id"].as_str().expect("id").to_owned();
+    account
+        .new_order(&NewOrder::new(&[Identifier::Dns(
+            "pending.example.test".into(),
+        )]))
+        .await
+        .expect("order");
+    let pending = json(
+        &console
+            .api("GET", "/orders?status=pending", &auth, "")
+            .await,
+    );
+    let pending_id = pending["items"][0]["id"].as_str().expect("id").to_owned();
+
+    harness::refuse_audit_rows(&console.server);
+    let refused = console
+        .api("POST", "/eab", &auth, r#"{"profile":"default"}"#)
+        .await;
+    assert!(
+        refused.status >= 500,
+        "minted unaudited: {}",
+        refused.status
+    );
+    let revoke = console
+        .api("POST", &format!("/eab/{kid}/revoke"), &auth, "")
+        .await;
+    assert!(revoke.status >= 500, "revoked unaudited: {}", revoke.status);
+    let listed = json(&console.api("GET", "/eab", &auth, "").await);
+    let items = listed["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "{listed:?}");
+    assert_eq!(items[0]["kid"], kid.as_str());
+    assert_eq!(items[0]["status"], "valid", "{listed:?}");
+
+    let revoke = console
+        .api(
+            "POST",
+            &format!("/orders/{issued_id}/revoke"),
+            &auth,
+            r#"{"reason":4}"#,
+        )
+        .await;
+    assert!(revoke.status >= 500, "revoked unaudited: {}", revoke.status);
+    let order = json(
+        &console
+            .api("GET", &format!("/orders/{issued_id}"), &auth, "")
+            .await,
+    );
+    assert!(order["certificate"]["serial"].is_string(), "{order:?}");
+    assert!(
+        order["certificate"]["revoked_at"].is_null(),
+        "the certificate was revoked without its row: {order:?}"
+    );
+
+    let deleted = console.cli(&["order", "delete", &pending_id, "--yes"]);
+    assert_ne!(deleted.code, 0, "{deleted:?}");
+    let still = console
+        .api("GET", &format!("/orders/{pending_id}"), &auth, "")
+        .await;
+    assert_eq!(still.status, 200, "deleted without its row");
+    console.server.stop().await;
+}

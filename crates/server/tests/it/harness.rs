@@ -134,6 +134,31 @@ fn psql(url: &str, sql: &str) -> Result<String, String> {
     }
 }
 
+/// Makes `server`'s database refuse every new audit row from now on (a
+/// trigger), so that a test can show which changes are only ever written
+/// together with theirs.
+pub fn refuse_audit_rows(server: &TestServer) {
+    let url = server.running().generations.current().config.database_url();
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        rusqlite::Connection::open(path)
+            .expect("open the database")
+            .execute_batch(
+                "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_log
+                 BEGIN SELECT RAISE(ABORT, 'audit rows refused by the test'); END;",
+            )
+            .expect("the trigger");
+    } else {
+        psql(
+            &url,
+            "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'audit rows refused by the test'; END $$;
+             CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_log
+               FOR EACH ROW EXECUTE FUNCTION refuse_audit();",
+        )
+        .expect("the trigger");
+    }
+}
+
 /// One SQL answer from a PostgreSQL database (psql), for what the store's
 /// API does not say: sessions, locks, leases, counts.
 pub fn psql_scalar(url: &str, sql: &str) -> String {

@@ -814,7 +814,14 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
     };
     // The revocation happens: its notification is queued with it.
     let first = store
-        .revoke_certificate("default", &serial, Some(0), now, std::slice::from_ref(&job))
+        .revoke_certificate(
+            "default",
+            &serial,
+            Some(0),
+            now,
+            std::slice::from_ref(&job),
+            None,
+        )
         .await
         .expect("revoke");
     assert_eq!(first, RevokeOutcome::Revoked);
@@ -831,6 +838,7 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
             Some(0),
             now,
             std::slice::from_ref(&second_key),
+            None,
         )
         .await
         .expect("revoke");

@@ -430,9 +430,9 @@ async fn an_operators_deletion_waits_for_a_finalize_in_progress_and_then_refuses
             let store = store.clone();
             tokio::spawn(async move {
                 if delete_account {
-                    store.delete_account("acct", 1).await
+                    store.delete_account("acct", 1, None).await
                 } else {
-                    store.delete_order(order, 1).await
+                    store.delete_order(order, 1, None).await
                 }
             })
         };
