@@ -309,17 +309,24 @@ pub async fn login(
         Err(e) => return unavailable(&e),
     };
     // A wrong password's attempt stays counted.
-    let Some(operator) = usable.filter(|_| checked != Checked::Wrong) else {
+    // Refused, audited with `why`; the client hears only that the name or
+    // password is wrong.
+    let (authority_ref, console_ref) = (&authority, &console);
+    let wrong = |why: &'static str| {
         logins("refused");
-        authority
-            .audit_row(&audit(AuditOutcome::Refused, "wrong name or password"))
-            .await;
-        return console.page(
-            StatusCode::FORBIDDEN,
-            "login.html",
-            None,
-            minijinja::context! { error => "Wrong name or password." },
-        );
+        let row = audit(AuditOutcome::Refused, why);
+        async move {
+            authority_ref.audit_row(&row).await;
+            console_ref.page(
+                StatusCode::FORBIDDEN,
+                "login.html",
+                None,
+                minijinja::context! { error => "Wrong name or password." },
+            )
+        }
+    };
+    let Some(operator) = usable.filter(|_| checked != Checked::Wrong) else {
+        return wrong("wrong name or password").await;
     };
     console.throttle.refund(&keys, now_ms);
     let stage = if operator.totp_secret.is_some() {
@@ -370,19 +377,8 @@ pub async fn login(
         // login was being checked: the password it proved is no longer
         // the operator's.
         Ok(false) => {
-            logins("refused");
-            authority
-                .audit_row(&audit(
-                    AuditOutcome::Refused,
-                    "the password changed or the operator was disabled during the login",
-                ))
+            return wrong("the password changed or the operator was disabled during the login")
                 .await;
-            return console.page(
-                StatusCode::FORBIDDEN,
-                "login.html",
-                None,
-                minijinja::context! { error => "Wrong name or password." },
-            );
         }
         Err(e) => return console.unavailable(&e),
     }

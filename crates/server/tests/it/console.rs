@@ -1103,7 +1103,6 @@ async fn tls_login(
     origin: &str,
 ) -> (u16, http::Version, bool) {
     use http_body_util::{BodyExt as _, Full};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
 
     let addr: std::net::SocketAddr = console
         .url
@@ -1118,31 +1117,7 @@ async fn tls_login(
         .header("origin", origin)
         .body(Full::new(bytes::Bytes::from(form)))
         .expect("request");
-    let resp = if alpn == b"h2" {
-        // Like a browser over HTTP/2: the authority in `:authority`, no
-        // Host header.
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .expect("h2 handshake");
-        tokio::spawn(conn);
-        sender.send_request(req).await.expect("h2 request")
-    } else {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("http/1.1 handshake");
-        tokio::spawn(conn);
-        let (mut parts, body) = req.into_parts();
-        parts.uri = "/login".parse().expect("path");
-        let host = addr.to_string();
-        parts
-            .headers
-            .insert(http::header::HOST, host.parse().expect("host"));
-        sender
-            .send_request(http::Request::from_parts(parts, body))
-            .await
-            .expect("http/1.1 request")
-    };
+    let resp = crate::tls::send(stream, req).await;
     let status = resp.status().as_u16();
     let version = resp.version();
     let cookie = resp

@@ -52,38 +52,59 @@ fn leaf_serial(path: &Path) -> Vec<u8> {
     pem.parse_x509().expect("parses").raw_serial().to_vec()
 }
 
+/// Sends `req` (an absolute `https://` URI) over an established
+/// connection, h2 or HTTP/1.1 by what ALPN chose: over h2 the authority
+/// travels in `:authority` only, as a browser sends it; over HTTP/1.1 in
+/// a `Host` header.
+pub(crate) async fn send<B>(
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    req: http::Request<B>,
+) -> http::Response<hyper::body::Incoming>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        return sender.send_request(req).await.expect("h2 request");
+    }
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("http/1.1 handshake");
+    tokio::spawn(conn);
+    let (mut parts, body) = req.into_parts();
+    let host = parts.uri.authority().expect("an absolute URI").to_string();
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .expect("a path")
+        .as_str()
+        .parse()
+        .expect("path");
+    parts
+        .headers
+        .insert(http::header::HOST, host.parse().expect("host"));
+    sender
+        .send_request(http::Request::from_parts(parts, body))
+        .await
+        .expect("http/1.1 request")
+}
+
 /// GET `path` over an established connection, h2 or HTTP/1.1 by what ALPN
 /// chose; returns the status and the HTTP version the server answered in.
 pub(crate) async fn get(
     stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     path: &str,
 ) -> (u16, http::Version) {
-    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let req = http::Request::get(format!("https://127.0.0.1{path}"))
         .body(Empty::<Bytes>::new())
         .expect("request");
-    let resp = if h2 {
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .expect("h2 handshake");
-        tokio::spawn(conn);
-        sender.send_request(req).await.expect("h2 request")
-    } else {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("http/1.1 handshake");
-        tokio::spawn(conn);
-        let (mut parts, body) = req.into_parts();
-        parts.uri = path.parse().expect("path");
-        parts
-            .headers
-            .insert(http::header::HOST, "127.0.0.1".parse().expect("host"));
-        sender
-            .send_request(http::Request::from_parts(parts, body))
-            .await
-            .expect("http/1.1 request")
-    };
+    let resp = send(stream, req).await;
     let status = resp.status().as_u16();
     let version = resp.version();
     let _ = resp.into_body().collect().await;
