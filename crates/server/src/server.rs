@@ -810,6 +810,8 @@ pub async fn start_with(
         .register(Arc::new(NonceSweep {
             generations: generations.clone(),
             every: NONCE_SWEEP_EVERY,
+            session_idle: config.admin.session_idle,
+            session_lifetime: config.admin.session_lifetime,
         }))
         .map_err(anyhow::Error::msg)?;
     registry

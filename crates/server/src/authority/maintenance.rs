@@ -1,6 +1,7 @@
 //! Periodic maintenance of the authority's data, as self-rescheduling jobs
 //! (see `jobs::periodic`): the expired-nonce sweep (with the rate-limit
-//! keys that hold nothing back) and CRL re-signing.
+//! keys that hold nothing back and the console's stale sessions) and CRL
+//! re-signing.
 
 use std::time::Duration;
 
@@ -15,6 +16,10 @@ use crate::jobs::{BoxFuture, JobHandler, Outcome, Queue, RetireReason};
 pub struct NonceSweep {
     pub generations: Generations,
     pub every: Duration,
+    /// The console's session limits, as it applies them (`[admin]` is
+    /// read at start-up only).
+    pub session_idle: Duration,
+    pub session_lifetime: Duration,
 }
 
 impl JobHandler for NonceSweep {
@@ -41,6 +46,22 @@ impl JobHandler for NonceSweep {
             // stay for ever.
             if let Err(e) = authority.sweep_rate_limits().await {
                 tracing::error!(event = "ratelimit.sweep", outcome = "failure", error = ?e.internal, "rate-limit sweep failed");
+            }
+            // Console sessions past their idle time or lifetime are
+            // refused when used, and only then deleted: deleted here too,
+            // so that `admin session list` shows live ones, and a limit
+            // raised later does not bring an abandoned one back.
+            let now = clock.unix();
+            let secs = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            if let Err(e) = authority
+                .store()
+                .delete_stale_operator_sessions(
+                    now.saturating_sub(secs(self.session_idle)),
+                    now.saturating_sub(secs(self.session_lifetime)),
+                )
+                .await
+            {
+                tracing::error!(event = "operator.session_sweep", outcome = "failure", error = %e, "stale console sessions could not be deleted");
             }
             Outcome::Reschedule(clock.now() + self.every)
         })

@@ -1281,3 +1281,54 @@ async fn the_right_password_does_not_wipe_the_wrong_totp_codes_counted_on_the_na
     assert_eq!(sixth.status, 429, "{}", text(&sixth));
     console.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_sweep_deletes_sessions_past_their_idle_time() {
+    use acme_proxy::jobs::JobHandler as _;
+
+    let console = Console::start("session_idle = \"1s\"\n").await;
+    console.create("alice", PASSWORD);
+    let (token, _) = console.login("alice", PASSWORD).await;
+    let running = console.server.running();
+    let store = running.authority.store().clone();
+    assert_eq!(
+        store
+            .list_operator_sessions(None)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+    // The sweep as the job runner runs it (every five minutes).
+    let sweep = acme_proxy::authority::NonceSweep {
+        generations: running.generations.clone(),
+        every: Duration::from_secs(300),
+        session_idle: Duration::from_secs(1),
+        session_lifetime: Duration::from_secs(3600),
+    };
+    let job = store
+        .list_jobs(Some("nonce_sweep"), None, None, 1)
+        .await
+        .expect("jobs")
+        .pop()
+        .expect("the periodic sweep's job");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        sweep.run(&job).await;
+        if store
+            .list_operator_sessions(None)
+            .await
+            .expect("list")
+            .is_empty()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle session was never swept"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(console.get("/", Some(&token)).await.status, 303);
+    console.server.stop().await;
+}
