@@ -289,12 +289,13 @@ impl Authority {
             return Outcome::Done;
         }
         // A profile that is not mounted right now (a reload in progress, a
-        // configuration being fixed) is retried, not failed.
+        // configuration being fixed, a profile taken out for a while) is
+        // held, not failed: its waiting costs no attempt.
         let Some(profile) = self.profile(profile_name).cloned() else {
-            return Outcome::Retry(format!("profile {profile_name} is not mounted"));
+            return Outcome::Hold(format!("profile {profile_name} is not mounted"));
         };
         let Some(pool) = profile.signer.issuance().deferred() else {
-            return Outcome::Retry(format!("profile {profile_name} is not a relay profile"));
+            return Outcome::Hold(format!("profile {profile_name} is not a relay profile"));
         };
         // Taken before the gate: a probe's time is the attempt's too.
         let started = tokio::time::Instant::now();
@@ -302,7 +303,7 @@ impl Authority {
             // Sticky: an order stays on the upstream that accepted it.
             Some(url) => {
                 let Some(relay) = pool.upstream(mapping.upstream.as_deref()) else {
-                    return Outcome::Retry(format!(
+                    return Outcome::Hold(format!(
                         "profile {profile_name} has no upstream {:?} (the order's) mounted",
                         mapping.upstream
                     ));

@@ -111,6 +111,12 @@ pub enum Outcome {
     /// run again at this time, or at the deadline if that is sooner. The
     /// claim does not count as an attempt.
     Wait(OffsetDateTime),
+    /// What the job needs is not configured right now (its profile is not
+    /// mounted): tried again after the usual backoff with the reason
+    /// recorded, without counting an attempt, so that it waits however
+    /// long that lasts (up to its deadline) instead of running out of
+    /// attempts.
+    Hold(String),
 }
 
 /// Why a job was retired for good.
@@ -751,6 +757,25 @@ impl Runner {
                 }
                 store
                     .requeue_job(job.id, &self.owner, now, at, None, Attempts::Uncount)
+                    .await
+            }
+            Outcome::Hold(reason) => {
+                let cfg = self.queue.config();
+                let delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
+                let mut next = backoff::later(now, delay);
+                if let Some(deadline) = job.deadline {
+                    next = next.min(deadline);
+                }
+                tracing::info!(event = "job.hold", outcome = "retry", reason = %reason, delay_ms = delay.as_millis() as u64, "the job waits for its configuration; not counted as an attempt");
+                store
+                    .requeue_job(
+                        job.id,
+                        &self.owner,
+                        now,
+                        next,
+                        Some(reason),
+                        Attempts::Uncount,
+                    )
                     .await
             }
             Outcome::Failed(reason) => {

@@ -1393,7 +1393,8 @@ async fn upstream_register_with_external_account_binding_reads_the_key_from_a_fi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_completes_once_it_is() {
+async fn a_relay_whose_profile_is_not_mounted_waits_without_spending_attempts_and_completes_once_it_is()
+ {
     let pki = TestPki::new();
     let Some(pebble) = Pebble::start(&pki, always_valid()) else {
         return;
@@ -1457,6 +1458,34 @@ async fn a_relay_whose_profile_is_not_mounted_is_retried_not_failed_and_complete
         "queued",
         "retried, not failed: {job:?}"
     );
+    // Tried again and again while unmounted (the backoff is at most 1 s
+    // here), without spending its attempts: it waits however long.
+    let mut runs = vec![job.run_at.clone()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while runs.len() < 3 {
+        let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
+            .await
+            .expect("jobs");
+        let again = jobs
+            .into_iter()
+            .find(|j| j.key == order_id)
+            .expect("the relay job");
+        if again.status.as_str() == "running" {
+            // Claimed this instant: the claim counts until it is taken back.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        assert_eq!(again.status.as_str(), "queued", "{again:?}");
+        assert_eq!(
+            again.attempts, job.attempts,
+            "a wait for the profile spent an attempt: {again:?}"
+        );
+        if runs.last() != Some(&again.run_at) {
+            runs.push(again.run_at);
+        }
+        assert!(Instant::now() < deadline, "never tried again: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let row = store.order(&order_id).await.expect("order").expect("row");
     assert_eq!(row.status.as_str(), "processing");
     server.stop().await;
