@@ -665,6 +665,11 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
         &new.database_url_shown(),
     );
     check(
+        "trusted_proxies",
+        &old.trusted_proxies,
+        &new.trusted_proxies,
+    );
+    check(
         "database_password_file",
         &old.database_password_file,
         &new.database_password_file,
@@ -698,6 +703,15 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
         &old.jobs.concurrency,
         &new.jobs.concurrency,
     );
+    // The shown URL hides its password: a change of the password alone
+    // would pass the check of database_url and be ignored.
+    if old.database_url_shown() == new.database_url_shown()
+        && old.database_url() != new.database_url()
+    {
+        changed.push(
+            "the password in database_url changed, which only a restart applies; put the old one back to reload the rest".to_owned(),
+        );
+    }
     changed
 }
 
@@ -895,12 +909,7 @@ pub async fn start_with(
         }
         None => None,
     };
-    tokio::spawn(on_hangup(
-        hangup,
-        Arc::clone(&reloader),
-        terminator.clone(),
-        stop.clone(),
-    ));
+    let hangup_stop = stop.clone();
     let settings = crate::listener::Listener {
         name: "acme",
         tls,
@@ -933,9 +942,9 @@ pub async fn start_with(
         ),
         None => None,
     };
-    let admin_url = match config.admin.listen {
-        Some(at) => Some(
-            serve_console(
+    let (admin_url, admin_terminator) = match config.admin.listen {
+        Some(at) => {
+            let (url, terminator) = serve_console(
                 &config,
                 at,
                 &base_url,
@@ -950,10 +959,23 @@ pub async fn start_with(
                 },
                 stop_admin,
             )
-            .await?,
-        ),
-        None => None,
+            .await?;
+            (Some(url), terminator)
+        }
+        None => (None, None),
     };
+    // SIGHUP re-reads every listener's certificate files, the console's
+    // too, and then the configuration.
+    tokio::spawn(on_hangup(
+        hangup,
+        Arc::clone(&reloader),
+        terminator
+            .iter()
+            .chain(&admin_terminator)
+            .cloned()
+            .collect(),
+        hangup_stop,
+    ));
     tracing::info!(event = "server.started", outcome = "success", %addr, base_url = %base_url, "listening");
     Ok(Running {
         addr,
@@ -982,7 +1004,7 @@ pub async fn start_with(
 async fn on_hangup(
     mut hangup: tokio::signal::unix::Signal,
     reloader: Arc<Reloader>,
-    terminator: Option<Arc<crate::tls::Terminator>>,
+    terminators: Vec<Arc<crate::tls::Terminator>>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -990,7 +1012,7 @@ async fn on_hangup(
             Some(()) = hangup.recv() => {}
             () = crate::listener::stopped(&mut stop) => return,
         }
-        if let Some(terminator) = &terminator {
+        for terminator in &terminators {
             terminator.reload_logged("SIGHUP");
         }
         let loaded = {
@@ -1016,7 +1038,7 @@ async fn on_hangup(
                     )
                     .await;
             }
-            None if terminator.is_none() => tracing::info!(
+            None if terminators.is_empty() => tracing::info!(
                 event = "server.reload",
                 outcome = "nothing",
                 "SIGHUP: nothing to reload (no configuration source, no TLS files)"
@@ -1064,7 +1086,8 @@ async fn serve_metrics(
 }
 
 /// The web console on its own listener, with TLS when `[admin.tls]` is
-/// set (its files watched like the ACME listener's); its URL.
+/// set (its files watched like the ACME listener's, and re-read on
+/// SIGHUP through the terminator returned); its URL.
 async fn serve_console(
     config: &Config,
     at: SocketAddr,
@@ -1073,7 +1096,8 @@ async fn serve_console(
     generations: Generations,
     mut settings: crate::listener::Listener,
     stop: watch::Receiver<bool>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, Option<Arc<crate::tls::Terminator>>)> {
+    let mut reloaded = None;
     if let Some(tls) = &config.admin.tls {
         let terminator = Arc::new(
             crate::tls::Terminator::new(tls, &config.data_dir, base_url, clock.now())
@@ -1086,13 +1110,14 @@ async fn serve_console(
             handshake_timeout: terminator.handshake_timeout,
         });
         tokio::spawn(Arc::clone(&terminator).watch(None, stop.clone()));
+        reloaded = Some(terminator);
     }
     let https = settings.tls.is_some();
     let console = crate::console::Console::new(generations, config.admin.clone(), https).await?;
     let addr = crate::console::serve(console, at, settings, stop).await?;
-    Ok(format!(
-        "{}://{addr}/",
-        if https { "https" } else { "http" }
+    Ok((
+        format!("{}://{addr}/", if https { "https" } else { "http" }),
+        reloaded,
     ))
 }
 
@@ -1178,4 +1203,29 @@ fn refuse_open_secrets(config: &Config) -> Result<(), String> {
         .chain(config.policy_token_files())
         .collect();
     crate::private::refuse_open(&config.data_dir, &config.database_url(), &secrets)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::needs_restart;
+    use crate::config::Config;
+
+    #[test]
+    fn a_new_password_in_the_database_url_needs_a_restart_and_is_not_shown() {
+        let url = |password: &str| {
+            Config::from_toml(&format!(
+                "database_url = \"postgres://acme:{password}@db.internal/acme\"\n"
+            ))
+            .unwrap()
+        };
+        assert!(needs_restart(&url("old-secret"), &url("old-secret")).is_empty());
+        let changed = needs_restart(&url("old-secret"), &url("new-secret")).join("\n");
+        assert!(changed.contains("password in database_url"), "{changed}");
+        assert!(
+            !changed.contains("secret"),
+            "a password in the message: {changed}"
+        );
+    }
 }

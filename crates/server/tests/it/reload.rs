@@ -256,6 +256,21 @@ async fn a_reload_applies_job_tuning_and_refuses_what_only_a_restart_applies() {
         "generation 2 serves on"
     );
     assert_eq!(queue.config().lease, Duration::from_secs(7));
+    // The proxies trusted for the client's address: the listeners' limits
+    // exempt them, and those are made at start-up.
+    let proxied = tuned.replacen(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\ntrusted_proxies = [\"10.9.0.0/16\"]",
+        1,
+    );
+    let refused = running
+        .reload(Config::from_toml(&proxied).expect("config"))
+        .await
+        .expect_err("new trusted proxies need a restart");
+    assert!(
+        refused.0.join("\n").contains("trusted_proxies changed"),
+        "{refused:?}"
+    );
 
     // A signer that does not build refuses the whole file.
     let broken = format!(

@@ -225,13 +225,24 @@ fn sighup_makes_the_server_read_its_certificate_files_again() {
     let files = crate::harness::tempdir();
     let (cert, key) = (files.path().join("tls.pem"), files.path().join("tls.key"));
     let first = replace_files(&pki, &cert, &key);
+    // The console's listener has files of its own.
+    let (admin_cert, admin_key) = (
+        files.path().join("admin.pem"),
+        files.path().join("admin.key"),
+    );
+    let admin_first = replace_files(&pki, &admin_cert, &admin_key);
     let dir = crate::harness::tempdir();
     // Files are not polled within the test: only SIGHUP can reload.
     let text = tls_server_text(
         &dir.path().join("data"),
         &cert,
         &key,
-        "reload_interval = \"1h\"\n",
+        &format!(
+            "reload_interval = \"1h\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[admin.tls]\n\
+             cert = \"{}\"\nkey = \"{}\"\nreload_interval = \"1h\"\n",
+            admin_cert.display(),
+            admin_key.display()
+        ),
     );
     let config = dir.path().join("acme-proxy.toml");
     std::fs::write(&config, text).expect("config");
@@ -246,13 +257,26 @@ fn sighup_makes_the_server_read_its_certificate_files_again() {
         .expect("an https directory URL")
         .parse()
         .expect("address");
+    let log = std::fs::read_to_string(dir.path().join("acme-proxy.log")).expect("the log");
+    let admin_addr: SocketAddr = log
+        .split("the web console is at https://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no console address in the log:\n{log}"))
+        .parse()
+        .expect("the console's address");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let tls = pki.rustls_client_config();
     let served = || runtime.block_on(async { connect(&tls, addr, &[b"http/1.1"]).await.1 });
+    let admin_served =
+        || runtime.block_on(async { connect(&tls, admin_addr, &[b"http/1.1"]).await.1 });
     assert_eq!(served(), first);
+    assert_eq!(admin_served(), admin_first);
     let second = replace_files(&pki, &cert, &key);
+    let admin_second = replace_files(&pki, &admin_cert, &admin_key);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(served(), first, "no reload without the signal");
+    assert_eq!(admin_served(), admin_first, "no reload without the signal");
     let status = std::process::Command::new("kill")
         .arg("-HUP")
         .arg(child.0.id().to_string())
@@ -264,6 +288,13 @@ fn sighup_makes_the_server_read_its_certificate_files_again() {
         assert!(
             Instant::now() < deadline,
             "SIGHUP did not reload the certificate"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    while admin_served() != admin_second {
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not reload the console's certificate"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
