@@ -509,14 +509,10 @@ async fn update(
     };
     match outcome {
         Ok(Authorized {
-            username,
+            username: _,
             fulldomain,
             txt,
         }) => {
-            if let Err(retry_after) = api.updates.take(&username, now) {
-                api.count(endpoint, "limited");
-                return limited(retry_after);
-            }
             let detail = format!("TXT {fulldomain} = {txt}");
             let mut audit = NewAuditRow::new(
                 now,
@@ -567,6 +563,10 @@ async fn update(
             tracing::info!(event = "dns.record_updated", outcome = "refused", reason = %refusal.detail, "acme-dns update refused");
             error(refusal.status, refusal.error)
         }
+        Err(Failure::Limited(retry_after)) => {
+            api.count(endpoint, "limited");
+            limited(retry_after)
+        }
         Err(Failure::Internal(e)) => {
             api.count(endpoint, "failure");
             tracing::error!(event = "dns.record_updated", outcome = "failure", error = %e, "could not check an acme-dns update");
@@ -587,6 +587,8 @@ enum Failure {
         /// Whether the user name is an account's (then it is audited).
         known_user: bool,
     },
+    /// The account's updates per minute are spent (seconds to wait).
+    Limited(u64),
     Internal(anyhow::Error),
 }
 
@@ -626,6 +628,13 @@ async fn authorize(
     };
     if key.is_empty() || key.len() > 128 {
         return Err(known(forbidden("no or malformed X-Api-Key".into())));
+    }
+    // Every attempt on an account counts against its updates per minute,
+    // a wrong key too, and before the key is hashed: wrong keys sent in a
+    // flood would otherwise hold the hashing slots every client's update
+    // waits for, and write an audit row each.
+    if let Err(retry_after) = api.updates.take(&account.username, api.clock.unix()) {
+        return Err(Failure::Limited(retry_after));
     }
     match api.verify(key, &account.password_hash).await {
         Ok(true) => {}

@@ -65,7 +65,8 @@ pub struct DnsApiConfig {
     /// it, 429.
     #[serde(default = "default_dns_registrations_per_hour")]
     pub registrations_per_hour: u32,
-    /// Updates per account per minute; past it, 429.
+    /// Updates per account per minute, those with a wrong key included;
+    /// past it, 429.
     #[serde(default = "default_dns_updates_per_minute")]
     pub updates_per_minute: u32,
 }

@@ -299,7 +299,7 @@ async fn stalled_acme_dns_bodies_take_none_of_the_acme_routes_request_slots() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registrations_and_updates_past_their_limits_get_429_with_retry_after() {
+async fn registrations_and_updates_past_their_limits_get_429_with_retry_after_wrong_keys_counted() {
     let data = harness::tempdir();
     let toml = TestServer::config_text(
         data.path(),
@@ -310,7 +310,7 @@ async fn registrations_and_updates_past_their_limits_get_429_with_retry_after() 
     let server = TestServer::start_in(harness::tempdir(), &toml).await;
     let base = server.base().to_owned();
     let a = registered(&base, "").await;
-    registered(&base, "").await;
+    let b = registered(&base, "").await;
     let r = register(&base, "").await;
     assert_eq!((r.status, error_of(&r).as_str()), (429, "rate_limited"));
     let wait: u64 = r.headers["retry-after"]
@@ -327,6 +327,15 @@ async fn registrations_and_updates_past_their_limits_get_429_with_retry_after() 
     let r = update(&base, &a.username, &a.password, &a.subdomain, &value(3)).await;
     assert_eq!((r.status, error_of(&r).as_str()), (429, "rate_limited"));
     assert!(r.headers.contains_key("retry-after"));
+    // Wrong keys count too (each would cost a hash): after two, the
+    // right one waits as well.
+    let wrong = "x".repeat(40);
+    for _ in 0..2 {
+        let r = update(&base, &b.username, &wrong, &b.subdomain, &value(1)).await;
+        assert_eq!(r.status, 401, "{}", r.problem());
+    }
+    let r = update(&base, &b.username, &b.password, &b.subdomain, &value(1)).await;
+    assert_eq!((r.status, error_of(&r).as_str()), (429, "rate_limited"));
     server.stop().await;
 }
 
