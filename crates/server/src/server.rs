@@ -192,11 +192,7 @@ async fn prepare(
             {
                 continue;
             }
-            SignerConfig::LocalCa(ca) => {
-                LocalCa::load_or_create(name, ca, &config.data_dir, clock.now())
-                    .map(|ca| Arc::new(ca) as Signer)
-                    .map_err(|e| format!("setting up the CA of profile {name}: {e}"))
-            }
+            SignerConfig::LocalCa(ca) => open_local_ca(name, ca, config, clock).await,
             SignerConfig::Custom(custom) => crate::signer::Custom::new(name, custom)
                 .map(|c| Arc::new(c) as Signer)
                 .map_err(|e| format!("setting up the custom signer of profile {name}: {e}")),
@@ -713,6 +709,41 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
         );
     }
     changed
+}
+
+/// Loads (or makes) profile `name`'s embedded CA. A key in a token is
+/// opened by calls into its PKCS#11 module (a session, a login, a test
+/// signature) that may never return when the token stops answering: they
+/// run on a thread of their own and are given up after twice the token's
+/// `timeout`, so that start-up or a reload is refused with the reason
+/// instead of waiting for ever (and every later SIGHUP behind it). A call
+/// given up is left to return on its thread; its key is dropped then.
+async fn open_local_ca(
+    name: &str,
+    ca: &crate::config::LocalCaConfig,
+    config: &Config,
+    clock: &SharedClock,
+) -> Result<Signer, String> {
+    let now = clock.now();
+    let what = format!("setting up the CA of profile {name}");
+    let Some(limit) = ca.pkcs11.as_ref().map(|token| token.timeout * 2) else {
+        return LocalCa::load_or_create(name, ca, &config.data_dir, now)
+            .map(|ca| Arc::new(ca) as Signer)
+            .map_err(|e| format!("{what}: {e}"));
+    };
+    let (owned, ca, data_dir) = (name.to_owned(), ca.clone(), config.data_dir.clone());
+    let opening =
+        tokio::task::spawn_blocking(move || LocalCa::load_or_create(&owned, &ca, &data_dir, now));
+    match tokio::time::timeout(limit, opening).await {
+        Ok(Ok(opened)) => opened
+            .map(|ca| Arc::new(ca) as Signer)
+            .map_err(|e| format!("{what}: {e}")),
+        Ok(Err(e)) => Err(format!("{what}: opening the token's key: {e}")),
+        Err(_) => Err(format!(
+            "{what}: the token did not answer within {} (twice [profiles.{name}.signer.pkcs11] timeout) while its key was opened",
+            humantime::format_duration(limit)
+        )),
+    }
 }
 
 /// Signers plugged in by a program that embeds the server, by profile name.

@@ -390,7 +390,9 @@ pub struct Pkcs11Config {
     /// How long one signing (a certificate or a CRL) may take, waiting for
     /// an earlier one included; past it the request fails and the server
     /// goes on serving. At most 60 s: it runs inside the client's
-    /// finalize request.
+    /// finalize request. Opening the key (at start-up and at each reload:
+    /// a session, a login, a test signature) may take twice it; past that
+    /// the start or the reload is refused.
     #[serde(default = "default_pkcs11_timeout", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub timeout: Duration,

@@ -415,3 +415,48 @@ async fn a_token_that_stops_answering_fails_the_finalize_at_its_timeout_while_th
         "the stuck call returned once the token answered:\n{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_the_token_does_not_answer_is_refused_at_its_timeout_and_the_next_applies() {
+    let Some(token) = Token::new() else {
+        return;
+    };
+    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
+    let dir = crate::harness::tempdir();
+    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
+    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
+    let config = config(
+        dir.path(),
+        &token,
+        &dir.path().join("ca.pem"),
+        &dir.path().join("root.pem"),
+        harness::free_port(),
+        "timeout = \"1s\"",
+    );
+    let (server, directory_url) = harness::spawn_binary(
+        dir.path(),
+        &["serve", "--config", config.to_str().expect("utf-8")],
+        &[("SOFTHSM2_CONF", token.conf())],
+    );
+    let pid = server.0.id();
+    let base = directory_url.trim_end_matches("/profile/default/directory");
+    let directory = crate::raw::directory(&directory_url).await;
+    let log = dir.path().join("acme-proxy.log");
+
+    // Each reload opens the key again (a session, a login, a test
+    // signature): with the token not answering, the reload is refused at
+    // twice the token's timeout, and the running generation serves on.
+    let hang = token.hang();
+    crate::reload::hangup_and_wait(pid, &log, "configuration not reloaded", 1);
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        text.contains("the token did not answer within 2s"),
+        "the refusal says why:\n{text}"
+    );
+    still_serving(base, &directory).await;
+    // The token answers again: the next SIGHUP is not stuck behind the
+    // first, and applies.
+    drop(hang);
+    crate::reload::hangup_and_wait(pid, &log, "configuration reloaded", 1);
+    still_serving(base, &directory).await;
+}

@@ -34,7 +34,7 @@ async fn next_lego_run(finished: &AtomicUsize, seen: usize) -> usize {
 
 /// Sends SIGHUP to `pid` and waits until the log at `log` holds `count`
 /// lines containing `what` (the reload is applied or refused then).
-fn hangup_and_wait(pid: u32, log: &Path, what: &str, count: usize) {
+pub(crate) fn hangup_and_wait(pid: u32, log: &Path, what: &str, count: usize) {
     Command::new("kill")
         .args(["-HUP", &pid.to_string()])
         .status()
