@@ -3,10 +3,8 @@
 //! the ACME requests they mirror, attributed to `operator:NAME`.
 
 use acme_proxy_store::{
-    AccountRow, AuditEvent, AuditOutcome, Blocker, CertificateRow, DeleteOutcome,
+    AccountRow, AuditEvent, AuditOutcome, Blocker, CertificateRow, DeleteOutcome, NewAuditRow,
 };
-
-use acme_proxy_store::NewAuditRow;
 
 use super::certificates::leaf_der;
 use super::{Authority, RevocationSigner};

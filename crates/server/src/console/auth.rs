@@ -308,7 +308,6 @@ pub async fn login(
         Ok(checked) => checked,
         Err(e) => return unavailable(&e),
     };
-    // A wrong password's attempt stays counted.
     // Refused, audited with `why`; the client hears only that the name or
     // password is wrong.
     let (authority_ref, console_ref) = (&authority, &console);
@@ -325,6 +324,7 @@ pub async fn login(
             )
         }
     };
+    // A wrong password's attempt stays counted.
     let Some(operator) = usable.filter(|_| checked != Checked::Wrong) else {
         return wrong("wrong name or password").await;
     };
