@@ -629,11 +629,27 @@ async fn authorize(
     if key.is_empty() || key.len() > 128 {
         return Err(known(forbidden("no or malformed X-Api-Key".into())));
     }
+    let ip = client_ip(ctx);
+    let allowed = account.allow_from.is_empty()
+        || ip.is_some_and(|ip| {
+            account
+                .allow_from
+                .iter()
+                .filter_map(|n| network(n))
+                .any(|n| n.contains(&ip))
+        });
     // Every attempt on an account counts against its updates per minute,
     // a wrong key too, and before the key is hashed: wrong keys sent in a
     // flood would otherwise hold the hashing slots every client's update
-    // waits for, and write an audit row each.
-    if let Err(retry_after) = api.updates.take(&account.username, api.clock.unix()) {
+    // waits for, and write an audit row each. Attempts from outside its
+    // allowfrom count apart, so that they cannot spend the budget of the
+    // client inside.
+    let budget = if allowed {
+        account.username.clone()
+    } else {
+        format!("{}/outside", account.username)
+    };
+    if let Err(retry_after) = api.updates.take(&budget, api.clock.unix()) {
         return Err(Failure::Limited(retry_after));
     }
     match api.verify(key, &account.password_hash).await {
@@ -641,22 +657,12 @@ async fn authorize(
         Ok(false) => return Err(known(forbidden("wrong X-Api-Key".into()))),
         Err(e) => return Err(Failure::Internal(e)),
     }
-    let ip = client_ip(ctx);
-    if !account.allow_from.is_empty() {
-        let allowed = ip.is_some_and(|ip| {
-            account
-                .allow_from
-                .iter()
-                .filter_map(|n| network(n))
-                .any(|n| n.contains(&ip))
-        });
-        if !allowed {
-            return Err(known(forbidden(format!(
-                "address {} is outside the account's allowfrom ({})",
-                ip.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string()),
-                account.allow_from.join(", ")
-            ))));
-        }
+    if !allowed {
+        return Err(known(forbidden(format!(
+            "address {} is outside the account's allowfrom ({})",
+            ip.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string()),
+            account.allow_from.join(", ")
+        ))));
     }
     if let Some(kid) = &account.eab_kid {
         match api.store.eab(kid).await {

@@ -732,8 +732,16 @@ async fn open_local_ca(
             .map_err(|e| format!("{what}: {e}"));
     };
     let (owned, ca, data_dir) = (name.to_owned(), ca.clone(), config.data_dir.clone());
-    let opening =
-        tokio::task::spawn_blocking(move || LocalCa::load_or_create(&owned, &ca, &data_dir, now));
+    // A thread of its own, not the runtime's blocking pool: a runtime
+    // waits for its blocking tasks when it is dropped, so a call stuck in
+    // the module would keep the process from exiting.
+    let (opened, opening) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("pkcs11-open".into())
+        .spawn(move || {
+            let _ = opened.send(LocalCa::load_or_create(&owned, &ca, &data_dir, now));
+        })
+        .map_err(|e| format!("{what}: starting the thread that opens the token's key: {e}"))?;
     match tokio::time::timeout(limit, opening).await {
         Ok(Ok(opened)) => opened
             .map(|ca| Arc::new(ca) as Signer)
@@ -855,8 +863,10 @@ pub async fn start_with(
         .register(Arc::new(NonceSweep {
             generations: generations.clone(),
             every: NONCE_SWEEP_EVERY,
-            session_idle: config.admin.session_idle,
-            session_lifetime: config.admin.session_lifetime,
+            sessions: config
+                .admin
+                .listen
+                .map(|_| (config.admin.session_idle, config.admin.session_lifetime)),
         }))
         .map_err(anyhow::Error::msg)?;
     registry

@@ -693,16 +693,18 @@ async fn order_view(
 /// its HTTP status.
 fn refused(e: crate::error::AcmeError) -> OpsError {
     let status = e.http_status();
-    if status == 503 && e.detail != crate::error::DATABASE_UNAVAILABLE {
-        return OpsError::Later {
-            words: e.detail,
-            retry_after: e.retry_after.unwrap_or(5),
-        };
-    }
+    let retry_after = e.retry_after;
+    let database = e.detail == crate::error::DATABASE_UNAVAILABLE;
     let words = match e.internal {
         Some(internal) => format!("{} ({internal})", e.detail),
         None => e.detail,
     };
+    if status == 503 && !database {
+        return OpsError::Later {
+            words,
+            retry_after: retry_after.unwrap_or(5),
+        };
+    }
     match status {
         404 => OpsError::NotFound(words),
         503 => OpsError::Unavailable(words),

@@ -16,10 +16,13 @@ use crate::jobs::{BoxFuture, JobHandler, Outcome, Queue, RetireReason};
 pub struct NonceSweep {
     pub generations: Generations,
     pub every: Duration,
-    /// The console's session limits, as it applies them (`[admin]` is
-    /// read at start-up only).
-    pub session_idle: Duration,
-    pub session_lifetime: Duration,
+    /// The console's session limits (idle, lifetime) as this process's
+    /// console applies them (`[admin]` is read at start-up only); none
+    /// where no console runs. The sweep is one job for all replicas, run
+    /// by whichever claims it: one without a console deletes no session
+    /// by limits it does not apply (replicas serving the console should
+    /// agree on them).
+    pub sessions: Option<(Duration, Duration)>,
 }
 
 impl JobHandler for NonceSweep {
@@ -53,13 +56,14 @@ impl JobHandler for NonceSweep {
             // raised later does not bring an abandoned one back.
             let now = clock.unix();
             let secs = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-            if let Err(e) = authority
-                .store()
-                .delete_stale_operator_sessions(
-                    now.saturating_sub(secs(self.session_idle)),
-                    now.saturating_sub(secs(self.session_lifetime)),
-                )
-                .await
+            if let Some((idle, lifetime)) = self.sessions
+                && let Err(e) = authority
+                    .store()
+                    .delete_stale_operator_sessions(
+                        now.saturating_sub(secs(idle)),
+                        now.saturating_sub(secs(lifetime)),
+                    )
+                    .await
             {
                 tracing::error!(event = "operator.session_sweep", outcome = "failure", error = %e, "stale console sessions could not be deleted");
             }

@@ -336,12 +336,6 @@ pub async fn login(
     } else {
         SessionStage::Full
     };
-    // The name's earlier failures go only with a whole login: wrong TOTP
-    // codes count on the name too, and the password alone must not wipe
-    // them.
-    if stage == SessionStage::Full {
-        console.throttle.forget(&keys[0]);
-    }
     let token = crate::ids::session_token();
     let hash = token_hash(&token);
     let id = crate::ids::session_id();
@@ -383,6 +377,12 @@ pub async fn login(
         Err(e) => return console.unavailable(&e),
     }
     authority.metrics.audited(&row);
+    // The name's earlier failures go only with a whole login made: wrong
+    // TOTP codes count on the name too, and the password alone must not
+    // wipe them.
+    if stage == SessionStage::Full {
+        console.throttle.forget(&keys[0]);
+    }
     // After the session, which is made only while the hash it was checked
     // against is still the stored one.
     if checked == Checked::RightOutdated {

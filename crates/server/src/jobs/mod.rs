@@ -92,6 +92,9 @@ impl JobSpec {
     }
 }
 
+/// How often a held job ([`Outcome::Hold`]) looks again.
+const HOLD_EVERY: Duration = Duration::from_secs(30);
+
 /// What one attempt concluded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -112,10 +115,10 @@ pub enum Outcome {
     /// claim does not count as an attempt.
     Wait(OffsetDateTime),
     /// What the job needs is not configured right now (its profile is not
-    /// mounted): tried again after the usual backoff with the reason
-    /// recorded, without counting an attempt, so that it waits however
-    /// long that lasts (up to its deadline) instead of running out of
-    /// attempts.
+    /// mounted): tried again every 30 s (the backoff cap, if shorter) with
+    /// the reason recorded, without counting an attempt, so that it waits
+    /// however long that lasts (up to its deadline) instead of running out
+    /// of attempts.
     Hold(String),
 }
 
@@ -760,13 +763,16 @@ impl Runner {
                     .await
             }
             Outcome::Hold(reason) => {
-                let cfg = self.queue.config();
-                let delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
+                // Its attempts do not grow, so neither would its backoff:
+                // a held job looks again every [`HOLD_EVERY`] (or the
+                // backoff cap, if shorter), so that hundreds of them
+                // waiting for a profile do not keep the queue busy.
+                let delay = HOLD_EVERY.min(self.queue.config().backoff_cap);
                 let mut next = backoff::later(now, delay);
                 if let Some(deadline) = job.deadline {
                     next = next.min(deadline);
                 }
-                tracing::info!(event = "job.hold", outcome = "retry", reason = %reason, delay_ms = delay.as_millis() as u64, "the job waits for its configuration; not counted as an attempt");
+                tracing::debug!(event = "job.hold", outcome = "retry", reason = %reason, delay_ms = delay.as_millis() as u64, "the job waits for its configuration; not counted as an attempt");
                 store
                     .requeue_job(
                         job.id,

@@ -1303,8 +1303,7 @@ async fn the_periodic_sweep_deletes_sessions_past_their_idle_time() {
     let sweep = acme_proxy::authority::NonceSweep {
         generations: running.generations.clone(),
         every: Duration::from_secs(300),
-        session_idle: Duration::from_secs(1),
-        session_lifetime: Duration::from_secs(3600),
+        sessions: Some((Duration::from_secs(1), Duration::from_secs(3600))),
     };
     let job = store
         .list_jobs(Some("nonce_sweep"), None, None, 1)

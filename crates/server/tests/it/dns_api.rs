@@ -57,7 +57,28 @@ async fn register(base: &str, body: &str) -> raw::Resp {
 }
 
 async fn update(base: &str, user: &str, key: &str, subdomain: &str, txt: &str) -> raw::Resp {
-    raw::request_with(
+    update_from(
+        "127.0.0.1".parse().expect("ip"),
+        base,
+        user,
+        key,
+        subdomain,
+        txt,
+    )
+    .await
+}
+
+/// [`update`] from the loopback address `from`.
+async fn update_from(
+    from: std::net::IpAddr,
+    base: &str,
+    user: &str,
+    key: &str,
+    subdomain: &str,
+    txt: &str,
+) -> raw::Resp {
+    raw::request_from(
+        from,
         "POST",
         &format!("{base}/acme-dns/update"),
         &[
@@ -336,6 +357,36 @@ async fn registrations_and_updates_past_their_limits_get_429_with_retry_after_wr
     }
     let r = update(&base, &b.username, &b.password, &b.subdomain, &value(1)).await;
     assert_eq!((r.status, error_of(&r).as_str()), (429, "rate_limited"));
+    // Attempts from outside an account's allowfrom count apart: they
+    // cannot spend the budget of the client inside.
+    let inside: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let outside: std::net::IpAddr = "127.0.0.3".parse().expect("ip");
+    let r = raw::request_from(
+        inside,
+        "POST",
+        &format!("{base}/acme-dns/register"),
+        &[("content-type", "application/json")],
+        br#"{"allowfrom":["127.0.0.2/32"]}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.problem());
+    let c = Creds::from(&r.json());
+    let mut outsiders = Vec::new();
+    for _ in 0..3 {
+        let r = update_from(outside, &base, &c.username, &wrong, &c.subdomain, &value(1)).await;
+        outsiders.push(r.status);
+    }
+    assert_eq!(outsiders, [401, 401, 429]);
+    let r = update_from(
+        inside,
+        &base,
+        &c.username,
+        &c.password,
+        &c.subdomain,
+        &value(1),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.problem());
     server.stop().await;
 }
 

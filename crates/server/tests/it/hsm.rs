@@ -460,3 +460,51 @@ async fn a_reload_while_the_token_does_not_answer_is_refused_at_its_timeout_and_
     crate::reload::hangup_and_wait(pid, &log, "configuration reloaded", 1);
     still_serving(base, &directory).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_does_not_answer_at_start_up_stops_it_at_its_timeout_saying_why() {
+    let Some(token) = Token::new() else {
+        return;
+    };
+    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
+    let dir = crate::harness::tempdir();
+    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
+    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
+    let config = config(
+        dir.path(),
+        &token,
+        &dir.path().join("ca.pem"),
+        &dir.path().join("root.pem"),
+        harness::free_port(),
+        "timeout = \"1s\"",
+    );
+    let hang = token.hang();
+    let mut child = Command::new(harness::binary())
+        .args(["serve", "--config", config.to_str().expect("utf-8")])
+        .env("SOFTHSM2_CONF", token.conf())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run acme-proxy");
+    // The call stuck in the module must not keep the process from ending.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("acme-proxy did not exit while the token hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    drop(hang);
+    assert!(!status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert!(
+        stderr.contains("the token did not answer within 2s"),
+        "{stderr}"
+    );
+}
