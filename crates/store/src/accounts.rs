@@ -2,9 +2,10 @@
 
 use acme_proxy_protocol::types::AccountStatus;
 
+use crate::audit::insert_audit_in;
 use crate::db::{Conn, Row, args, col, col_enum};
 use crate::jobs::insert_jobs_in;
-use crate::{NewJob, Result, Store, StoreError, json_vec, to_json};
+use crate::{NewAuditRow, NewJob, Result, Store, StoreError, json_vec, to_json};
 
 /// An account as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,8 +221,14 @@ impl Store {
     /// valid → deactivated (RFC 8555 §7.3.6), guarded. Also deactivates the
     /// account's pending and valid authorizations and invalidates its
     /// unfinished orders, in one transaction: nothing signed by a deactivated
-    /// account may progress. `notices` are queued with the change.
-    pub async fn deactivate_account(&self, id: &str, notices: &[NewJob<'_>]) -> Result<bool> {
+    /// account may progress. `notices` are queued, and `audit` (its
+    /// `account.deactivated` row) written, with the change.
+    pub async fn deactivate_account(
+        &self,
+        id: &str,
+        notices: &[NewJob<'_>],
+        audit: Option<&NewAuditRow<'_>>,
+    ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let changed = tx
@@ -243,6 +250,9 @@ impl Store {
                 args![id],
             ).await?;
             insert_jobs_in(&mut tx, notices).await?;
+            if let Some(audit) = audit {
+                insert_audit_in(&mut tx, audit, self.audit_origin).await?;
+            }
         }
         tx.commit().await?;
         Ok(changed)

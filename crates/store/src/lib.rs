@@ -1073,7 +1073,10 @@ mod tests {
         drop(raw);
         let away = dir.path().join("elsewhere.db");
         std::fs::rename(&path, &away).unwrap();
-        let refused = store.deactivate_account("acct", &[]).await.unwrap_err();
+        let refused = store
+            .deactivate_account("acct", &[], None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(&refused, StoreError::FileGone(p) if *p == path),
             "{refused:?}"
@@ -1082,13 +1085,13 @@ mod tests {
         // A new file at the path is not the one this store opened.
         std::fs::write(&path, b"").unwrap();
         assert!(matches!(
-            store.deactivate_account("acct", &[]).await,
+            store.deactivate_account("acct", &[], None).await,
             Err(StoreError::FileGone(_))
         ));
         std::fs::rename(&away, &path).unwrap();
         // True: the account was still valid, none of the refused writes
         // reached the file.
-        assert!(store.deactivate_account("acct", &[]).await.unwrap());
+        assert!(store.deactivate_account("acct", &[], None).await.unwrap());
         store.close().await;
     }
 

@@ -179,16 +179,9 @@ impl Authority {
         let mut notice = Notice::new(Event::AccountDeactivated, profile, self.clock.unix());
         notice.account = Some(account_id.to_owned());
         let outbox = self.notifier.outbox(&notice);
-        let deactivated = self
-            .store
-            .deactivate_account(account_id, &outbox.jobs())
-            .await?;
-        self.account_changed(account_id);
-        if !deactivated {
-            return Ok(false);
-        }
-        self.notifier.posted(&outbox);
-        self.audit(super::audit::Fact {
+        // The row goes in with the change: no account is deactivated
+        // without the trail saying by whom.
+        let fact = super::audit::Fact {
             account: Some(account_id),
             actor,
             ..super::audit::Fact::new(
@@ -196,8 +189,19 @@ impl Authority {
                 AuditOutcome::Success,
                 profile,
             )
-        })
-        .await;
+        };
+        let context = self.audit_context(&fact).await;
+        let row = context.row(&fact);
+        let deactivated = self
+            .store
+            .deactivate_account(account_id, &outbox.jobs(), Some(&row))
+            .await?;
+        self.account_changed(account_id);
+        if !deactivated {
+            return Ok(false);
+        }
+        self.metrics.audited(&row);
+        self.notifier.posted(&outbox);
         tracing::info!(
             event = "account.deactivated",
             outcome = "success",

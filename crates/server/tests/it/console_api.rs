@@ -869,5 +869,26 @@ async fn an_operators_change_whose_audit_row_cannot_be_written_is_not_made() {
         .api("GET", &format!("/orders/{pending_id}"), &auth, "")
         .await;
     assert_eq!(still.status, 200, "deleted without its row");
+
+    let account_id = order["account"].as_str().expect("account").to_owned();
+    let deactivate = console
+        .api(
+            "POST",
+            &format!("/accounts/{account_id}/deactivate"),
+            &auth,
+            "",
+        )
+        .await;
+    assert!(
+        deactivate.status >= 500,
+        "deactivated unaudited: {}",
+        deactivate.status
+    );
+    let shown = json(
+        &console
+            .api("GET", &format!("/accounts/{account_id}"), &auth, "")
+            .await,
+    );
+    assert_eq!(shown["status"], "valid", "{shown:?}");
     console.server.stop().await;
 }

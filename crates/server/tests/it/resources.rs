@@ -1338,7 +1338,12 @@ async fn an_account_deactivated_by_another_process_gets_401_from_a_write_verifie
     assert_eq!(alice.post(&dir, &alice.url, None).await.status, 200);
 
     let other = Store::open(&db, &StoreOptions::default()).await.unwrap();
-    assert!(other.deactivate_account(&account_id, &[]).await.unwrap());
+    assert!(
+        other
+            .deactivate_account(&account_id, &[], None)
+            .await
+            .unwrap()
+    );
     other.close().await;
 
     let r = alice
