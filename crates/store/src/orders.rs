@@ -308,6 +308,140 @@ macro_rules! authz_with_challenges {
     };
 }
 
+/// The order [`Store::insert_order`] wrote, as it wrote it.
+fn inserted_order(
+    new: &NewOrderRow,
+    status: OrderStatus,
+    authorization_ids: Vec<String>,
+) -> InsertOrder {
+    InsertOrder::Inserted(Box::new(OrderRow {
+        id: new.id.clone(),
+        profile: new.profile.clone(),
+        account_id: new.account_id.clone(),
+        status,
+        identifiers: new.identifiers.clone(),
+        not_before: new.not_before,
+        not_after: new.not_after,
+        expires_at: new.expires_at,
+        error: None,
+        created_at: new.now,
+        certificate_id: None,
+        certificate_profile: new.certificate_profile.clone(),
+        replaces: new.replaces.as_ref().map(|r| r.0.clone()),
+        authorization_ids,
+    }))
+}
+
+/// [`Store::insert_order`] on PostgreSQL for an order whose authorizations
+/// are all new (no reuse asked for): the account's check, the order, its
+/// authorizations, their challenges and the links as one statement, so one
+/// round trip where the transaction takes seven for one name. Each round
+/// trip costs both processes about 57 µs of CPU on a shared 2-core host
+/// (docs/performance.md). Sub-statements of one `WITH` see one snapshot
+/// and none of each other's rows, which nothing here needs: every row is
+/// new, and the foreign keys are checked at the statement's end, after
+/// every row is in. Every insert hangs off `o`, which is empty unless the
+/// account is valid with its key (locked, as `check_in` locks it), so an
+/// account that changed gets nothing written.
+async fn insert_fresh_order_postgres(
+    conn: &mut Conn<'_>,
+    new: &NewOrderRow,
+    account: AccountGuard<'_>,
+) -> Result<InsertOrder> {
+    #[derive(serde::Serialize)]
+    struct Authz<'a> {
+        id: &'a str,
+        kind: &'a str,
+        value: &'a str,
+        wildcard: bool,
+        expires_at: i64,
+    }
+    #[derive(serde::Serialize)]
+    struct Challenge<'a> {
+        id: &'a str,
+        authz_id: &'a str,
+        kind: &'a str,
+        token: &'a str,
+    }
+    let authorizations: Vec<Authz<'_>> = new
+        .authorizations
+        .iter()
+        .map(|a| Authz {
+            id: &a.id,
+            kind: a.identifier.kind.as_str(),
+            value: &a.identifier.value,
+            wildcard: a.wildcard,
+            expires_at: a.expires_at,
+        })
+        .collect();
+    let challenges: Vec<Challenge<'_>> = new
+        .authorizations
+        .iter()
+        .flat_map(|a| {
+            a.challenges.iter().map(|ch| Challenge {
+                id: &ch.id,
+                authz_id: &a.id,
+                kind: ch.kind.as_str(),
+                token: &ch.token,
+            })
+        })
+        .collect();
+    let authorization_ids: Vec<String> = new.authorizations.iter().map(|a| a.id.clone()).collect();
+    let written = conn
+        .scalar::<i64>(
+            "WITH account AS (
+                 SELECT 1 FROM accounts WHERE id = ?16 AND key_thumbprint = ?13 AND status = 'valid' FOR SHARE
+             ), o AS (
+                 INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
+                                     certificate_profile, replaces, replaces_certificate_id, authorization_ids)
+                 SELECT ?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 FROM account
+                 RETURNING id
+             ), a AS (
+                 INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
+                 SELECT x.id, ?2, ?3, x.kind, x.value, x.wildcard, 'pending', x.expires_at, ?8
+                   FROM o, jsonb_to_recordset(?14::jsonb) AS x(id text, kind text, value text, wildcard boolean, expires_at bigint)
+             ), c AS (
+                 INSERT INTO challenges (id, authz_id, type, token, status)
+                 SELECT x.id, x.authz_id, x.kind, x.token, 'pending'
+                   FROM o, ROWS FROM (jsonb_to_recordset(?15::jsonb) AS (id text, authz_id text, kind text, token text))
+                        WITH ORDINALITY AS x(id, authz_id, kind, token, n)
+                  ORDER BY x.n
+             ), l AS (
+                 INSERT INTO order_authorizations (order_id, authz_id, position)
+                 SELECT o.id, x.authz_id, x.n - 1
+                   FROM o, jsonb_array_elements_text(?12::jsonb) WITH ORDINALITY AS x(authz_id, n)
+             )
+             SELECT COUNT(*) FROM o",
+            args![
+                new.id,
+                new.profile,
+                new.account_id,
+                to_json(&new.identifiers),
+                new.not_before,
+                new.not_after,
+                new.expires_at,
+                new.now,
+                new.certificate_profile,
+                new.replaces.as_ref().map(|r| &r.0),
+                new.replaces.as_ref().map(|r| &r.1),
+                to_json(&authorization_ids),
+                account.key_thumbprint,
+                to_json(&authorizations),
+                to_json(&challenges),
+                account.id,
+            ],
+        )
+        .await;
+    match written {
+        Err(e) if e.is_unique_violation_of("replaces_certificate_id", "orders_replacing") => {
+            Ok(InsertOrder::AlreadyReplaced)
+        }
+        Err(e) => Err(e),
+        Ok(Some(1)) => Ok(inserted_order(new, OrderStatus::Pending, authorization_ids)),
+        Ok(_) => Err(StoreError::AccountChanged),
+    }
+}
+
 impl Store {
     /// Creates an order with its authorizations and their challenges, in one
     /// transaction: one single-row `INSERT` per order, new authorization,
@@ -325,6 +459,9 @@ impl Store {
         account: AccountGuard<'_>,
     ) -> Result<InsertOrder> {
         let mut conn = self.writer().await?;
+        if conn.is_postgres() && new.reuse_validated_since.is_none() {
+            return insert_fresh_order_postgres(&mut conn, new, account).await;
+        }
         let mut tx = conn.begin().await?;
         account.check_in(&mut tx).await?;
         // Reusable authorizations are looked up in the transaction that
@@ -436,22 +573,7 @@ impl Store {
             }
         }
         tx.commit().await?;
-        Ok(InsertOrder::Inserted(Box::new(OrderRow {
-            id: new.id.clone(),
-            profile: new.profile.clone(),
-            account_id: new.account_id.clone(),
-            status,
-            identifiers: new.identifiers.clone(),
-            not_before: new.not_before,
-            not_after: new.not_after,
-            expires_at: new.expires_at,
-            error: None,
-            created_at: new.now,
-            certificate_id: None,
-            certificate_profile: new.certificate_profile.clone(),
-            replaces: new.replaces.as_ref().map(|r| r.0.clone()),
-            authorization_ids,
-        })))
+        Ok(inserted_order(new, status, authorization_ids))
     }
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
@@ -1105,9 +1227,111 @@ mod tests {
 
     use crate::test_support::{ACCOUNT, GUARD, TestDb, open_in};
     use crate::{
-        AuditEvent, AuditOutcome, NewAuditRow, NewAuthorization, NewChallenge, NewJob, NewOrderRow,
-        NewUpstreamOrder,
+        AuditEvent, AuditOutcome, InsertOrder, NewAuditRow, NewAuthorization, NewChallenge, NewJob,
+        NewOrderRow, NewUpstreamOrder,
     };
+
+    /// PostgreSQL writes a new order as one statement, SQLite as a
+    /// transaction of several: both give back what was sent, the links in
+    /// the order's order and each authorization's challenges in theirs.
+    #[tokio::test]
+    async fn an_order_of_several_names_is_written_whole_with_links_and_challenges_in_order() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        let name = |value: &str| Identifier {
+            kind: "dns".parse().unwrap(),
+            value: value.to_owned(),
+        };
+        let challenge = |id: &str, kind: &str| NewChallenge {
+            id: id.to_owned(),
+            kind: kind.parse().unwrap(),
+            token: format!("token-{id}"),
+        };
+        // Ids that sort against the order given, so that an engine's own
+        // order (by key) cannot pass for the order sent.
+        let authz = |id: &str, value: &str, wildcard: bool, ids: [&str; 3]| NewAuthorization {
+            id: id.to_owned(),
+            identifier: name(value),
+            wildcard,
+            expires_at: 90,
+            challenges: vec![
+                challenge(ids[0], "http-01"),
+                challenge(ids[1], "dns-01"),
+                challenge(ids[2], "tls-alpn-01"),
+            ],
+        };
+        let order = NewOrderRow {
+            id: "ord".to_owned(),
+            profile: "default".to_owned(),
+            account_id: "acct".to_owned(),
+            identifiers: vec![name("z.example"), name("a.example"), name("m.example")],
+            not_before: Some(5),
+            not_after: None,
+            expires_at: 100,
+            now: 1,
+            authorizations: vec![
+                authz("az-z", "z.example", false, ["z3", "z1", "z2"]),
+                authz("az-a", "a.example", true, ["a2", "a3", "a1"]),
+                authz("az-m", "m.example", false, ["m1", "m3", "m2"]),
+            ],
+            reuse_validated_since: None,
+            certificate_profile: Some("short".to_owned()),
+            replaces: None,
+        };
+        let InsertOrder::Inserted(written) = store.insert_order(&order, GUARD).await.unwrap()
+        else {
+            panic!("not inserted");
+        };
+        let read = store.order("ord").await.unwrap().unwrap();
+        assert_eq!(read, *written);
+        assert_eq!(read.authorization_ids, ["az-z", "az-a", "az-m"]);
+        assert_eq!(read.status, OrderStatus::Pending);
+        assert_eq!(read.not_before, Some(5));
+        assert_eq!(read.certificate_profile.as_deref(), Some("short"));
+        for sent in &order.authorizations {
+            let (authz, challenges) = store
+                .authorization_with_challenges(&sent.id)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(authz.identifier, sent.identifier);
+            assert_eq!(authz.wildcard, sent.wildcard, "{}", sent.id);
+            assert_eq!(authz.status, AuthorizationStatus::Pending);
+            assert_eq!((authz.expires_at, authz.created_at), (90, 1));
+            assert_eq!(
+                (authz.account_id.as_str(), authz.profile.as_str()),
+                ("acct", "default")
+            );
+            let got: Vec<(&str, &str, &str)> = challenges
+                .iter()
+                .map(|c| (c.id.as_str(), c.kind.as_str(), c.token.as_str()))
+                .collect();
+            let want: Vec<(&str, &str, &str)> = sent
+                .challenges
+                .iter()
+                .map(|c| (c.id.as_str(), c.kind.as_str(), c.token.as_str()))
+                .collect();
+            assert_eq!(got, want, "{}", sent.id);
+            assert!(
+                challenges
+                    .iter()
+                    .all(|c| c.status == ChallengeStatus::Pending)
+            );
+        }
+        for (position, id) in ["az-z", "az-a", "az-m"].iter().enumerate() {
+            let sql = format!(
+                "SELECT position FROM order_authorizations WHERE order_id = 'ord' AND authz_id = '{id}'"
+            );
+            assert_eq!(db.scalar(&sql).await, position as i64, "{id}");
+        }
+        assert_eq!(
+            store
+                .pending_authorizations("default", "acct", 2)
+                .await
+                .unwrap(),
+            3
+        );
+    }
 
     /// Found by the state machine's property test: two challenges of one
     /// authorization triggered together, the first failing. The second's
