@@ -11,6 +11,13 @@
 //! or an empty non-terminal (RFC 8020), and the zone's SOA in every
 //! negative answer, its TTL the lesser of the SOA's own and its minimum
 //! (RFC 2308 §3).
+//!
+//! TCP is served here rather than by hickory-server, whose listener
+//! accepts every connection: connections open at once are bounded in total
+//! and per client address (refused at accept past either, as the ACME
+//! listener's are), each closed after `tcp_idle_timeout` without a whole
+//! query, and one answer at a time is written (RFC 7766 §6.2.1 lets a
+//! server answer pipelined queries in turn).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,15 +32,19 @@ use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 
-use crate::config::DnsZoneConfig;
+use hickory_server::net::NetError;
+use hickory_server::net::xfer::Protocol;
+use hickory_server::proto::serialize::binary::{BinDecodable as _, BinDecoder, BinEncoder};
+use hickory_server::zone_handler::{MessageResponse, Queries};
+use tokio::task::JoinSet;
+
+use crate::config::{ConnectionsConfig, DnsZoneConfig};
+use crate::listener::{Listener, Open};
 use crate::metrics::Metrics;
 
 /// The largest UDP answer offered to an EDNS client: the size that passes
 /// without IP fragmentation on common paths (DNS Flag Day 2020).
 const MAX_UDP_PAYLOAD: u16 = 1232;
-
-/// Queued answers per TCP connection.
-const TCP_RESPONSE_BUFFER: usize = 32;
 
 /// The SOA's refresh, retry and expire: no secondary transfers this zone,
 /// so they only have to be sane.
@@ -315,13 +326,23 @@ fn type_label(t: RecordType) -> &'static str {
     }
 }
 
+/// The UDP side's handler: the authority, shared with the TCP side.
+struct Udp(Arc<Authority>);
+
 #[async_trait::async_trait]
-impl RequestHandler for Authority {
+impl RequestHandler for Udp {
     async fn handle_request<R: ResponseHandler, T: hickory_server::net::runtime::Time>(
         &self,
         request: &Request,
-        mut response: R,
+        response: R,
     ) -> ResponseInfo {
+        self.0.reply(request, response).await
+    }
+}
+
+impl Authority {
+    /// Answers `request` through `response`, over either transport.
+    async fn reply<R: ResponseHandler>(&self, request: &Request, mut response: R) -> ResponseInfo {
         let (answer, qtype) = self.respond(request).await;
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.authoritative = answer.authoritative;
@@ -367,7 +388,9 @@ impl RequestHandler for Authority {
 
 /// The running DNS server.
 pub struct DnsServer {
-    server: Server<Authority>,
+    server: Server<Udp>,
+    /// Each address's TCP accept loop, which holds its connections' tasks.
+    tcp: JoinSet<()>,
     /// Where it answers (UDP and TCP on each).
     pub addresses: Vec<SocketAddr>,
 }
@@ -385,22 +408,196 @@ impl DnsServer {
     /// for both, which the log line and `addresses` tell) and starts
     /// answering.
     pub async fn start(config: &DnsZoneConfig, authority: Authority) -> Result<DnsServer, String> {
-        let mut server = Server::new(authority);
+        let authority = Arc::new(authority);
+        let mut server = Server::new(Udp(Arc::clone(&authority)));
+        // One count of open connections for every address.
+        let tcp_bounds = Arc::new(Listener {
+            name: "dns",
+            tls: None,
+            limits: ConnectionsConfig {
+                max_open: config.tcp_max_open,
+                max_open_per_client: config.tcp_max_open_per_client,
+                ..ConnectionsConfig::default()
+            },
+            exempt: Vec::new(),
+            metrics: Arc::clone(&authority.metrics),
+        });
+        let open = Open::new();
+        let mut tcp_loops = JoinSet::new();
         let mut addresses = Vec::new();
         for &addr in &config.listen {
             let (udp, tcp) = bind_both(addr).await?;
             let bound = tcp.local_addr().map_err(|e| e.to_string())?;
             server.register_socket(udp);
-            server.register_listener(tcp, config.tcp_idle_timeout, TCP_RESPONSE_BUFFER);
+            tcp_loops.spawn(serve_tcp(
+                tcp,
+                Arc::clone(&authority),
+                Arc::clone(&tcp_bounds),
+                Arc::clone(&open),
+                config.tcp_idle_timeout,
+            ));
             addresses.push(bound);
         }
-        Ok(DnsServer { server, addresses })
+        Ok(DnsServer {
+            server,
+            tcp: tcp_loops,
+            addresses,
+        })
     }
 
     /// Stops answering.
     pub async fn stop(mut self) {
+        // Aborting an accept loop drops its connections' tasks with it.
+        self.tcp.shutdown().await;
         if let Err(e) = self.server.shutdown_gracefully().await {
             tracing::warn!(event = "dns.stop", error = %e, "the DNS zone stopped with an error");
+        }
+    }
+}
+
+/// Accepts DNS-over-TCP connections on `listener` within `bounds`, each
+/// served by a task of this loop's (dropped with it).
+async fn serve_tcp(
+    listener: tokio::net::TcpListener,
+    authority: Arc<Authority>,
+    bounds: Arc<Listener>,
+    open: Arc<Open>,
+    idle: Duration,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors, typically: pause, don't spin.
+                tracing::warn!(event = "dns.accept", outcome = "failure", error = %e, "a DNS TCP accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let admitted = match open.admit(peer.ip(), &bounds) {
+            Ok(admitted) => admitted,
+            Err(bound) => {
+                // Closed at once (dropped) and counted in
+                // `connections_refused`; not logged line by line.
+                tracing::debug!(event = "dns.connection", outcome = "refused", %peer, bound, "DNS TCP connection refused");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let authority = Arc::clone(&authority);
+        connections.spawn(async move {
+            let _admitted = admitted;
+            serve_tcp_connection(stream, peer, &authority, idle).await;
+        });
+    }
+}
+
+/// One TCP connection's queries, answered in turn until the client closes
+/// it, sends nothing whole for `idle`, or cannot be written to.
+async fn serve_tcp_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    authority: &Authority,
+    idle: Duration,
+) {
+    use tokio::io::AsyncReadExt as _;
+    let (mut reader, writer) = stream.into_split();
+    let answer = TcpAnswer {
+        writer: Arc::new(tokio::sync::Mutex::new(Some(writer))),
+        idle,
+    };
+    loop {
+        // RFC 1035 §4.2.2: each message after its length in two octets.
+        // The length and the message together within `idle`, so that a
+        // client sending a byte at a time holds its place no longer.
+        let read = tokio::time::timeout(idle, async {
+            let length = reader.read_u16().await?;
+            let mut message = vec![0; usize::from(length)];
+            reader.read_exact(&mut message).await?;
+            Ok::<_, std::io::Error>(message)
+        })
+        .await;
+        let Ok(Ok(message)) = read else {
+            break;
+        };
+        // Shorter than a header: not DNS, nothing to answer.
+        let Ok(header) = Header::read(&mut BinDecoder::new(&message)) else {
+            break;
+        };
+        match Request::from_bytes(message, peer, Protocol::Tcp) {
+            // A response sent to a server is dropped, not answered.
+            Ok(request) if request.metadata.message_type == MessageType::Response => {}
+            Ok(request) => {
+                authority.reply(&request, answer.clone()).await;
+            }
+            // A header but no message: FORMERR (RFC 1035 §4.1.1), no
+            // question echoed.
+            Err(_) => {
+                if let Ok(none) = Queries::read(&mut BinDecoder::new(&[]), 0) {
+                    let refusal = MessageResponseBuilder::new(&none, None)
+                        .error_msg(&header.metadata, ResponseCode::FormErr);
+                    let _ = answer.clone().send_response(refusal).await;
+                }
+            }
+        }
+        if answer.writer.lock().await.is_none() {
+            break;
+        }
+    }
+    let _ = answer.writer.lock().await.take();
+    tracing::trace!(event = "dns.connection", outcome = "closed", %peer, "DNS TCP connection closed");
+}
+
+/// Writes answers on one TCP connection, each after its length (RFC 1035
+/// §4.2.2), within the connection's idle time; a write that fails or takes
+/// longer ends the connection (the writer is dropped).
+#[derive(Clone)]
+struct TcpAnswer {
+    writer: Arc<tokio::sync::Mutex<Option<tokio::net::tcp::OwnedWriteHalf>>>,
+    idle: Duration,
+}
+
+#[async_trait::async_trait]
+impl ResponseHandler for TcpAnswer {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        use tokio::io::AsyncWriteExt as _;
+        // Encoded on its own (name compression counts from the message's
+        // first octet), then framed.
+        let mut message = Vec::with_capacity(512);
+        let info = response.destructive_emit(&mut BinEncoder::new(&mut message))?;
+        let length = u16::try_from(message.len())
+            .map_err(|_| NetError::from("a DNS answer longer than 65535 octets"))?;
+        let mut framed = Vec::with_capacity(2 + message.len());
+        framed.extend_from_slice(&length.to_be_bytes());
+        framed.extend_from_slice(&message);
+        let mut writer = self.writer.lock().await;
+        let Some(stream) = writer.as_mut() else {
+            return Err(NetError::from("the DNS TCP connection is closed"));
+        };
+        match tokio::time::timeout(self.idle, stream.write_all(&framed)).await {
+            Ok(Ok(())) => Ok(info),
+            Ok(Err(e)) => {
+                *writer = None;
+                Err(NetError::from(e))
+            }
+            Err(_) => {
+                *writer = None;
+                Err(NetError::from(
+                    "a DNS answer over TCP was not taken in time",
+                ))
+            }
         }
     }
 }

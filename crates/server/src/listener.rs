@@ -46,7 +46,8 @@ pub struct Tls {
 /// One listener's settings.
 #[derive(Clone)]
 pub struct Listener {
-    /// The listener's name in logs and metrics (`acme`, `metrics`).
+    /// The listener's name in logs and metrics (`acme`, `metrics`, and
+    /// `dns` for the DNS zone's TCP connections, which are bounded alike).
     pub name: &'static str,
     pub tls: Option<Tls>,
     pub limits: ConnectionsConfig,
@@ -58,13 +59,13 @@ pub struct Listener {
 /// Connections open now: in total (watched, so that a stop can wait for
 /// zero) and per client address.
 #[derive(Debug)]
-struct Open {
+pub(crate) struct Open {
     total: watch::Sender<usize>,
     per_client: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// One admitted connection; dropping it gives its place back.
-struct Admitted {
+pub(crate) struct Admitted {
     open: Arc<Open>,
     /// The address counted, unless exempt.
     client: Option<IpAddr>,
@@ -96,8 +97,34 @@ impl Drop for Admitted {
 }
 
 impl Open {
-    /// Counts a new connection from `peer`, or says which bound refuses it.
-    fn admit(self: &Arc<Self>, peer: IpAddr, l: &Listener) -> Result<Admitted, &'static str> {
+    pub(crate) fn new() -> Arc<Open> {
+        Arc::new(Open {
+            total: watch::Sender::new(0),
+            per_client: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Counts a new connection from `peer`, or says which bound refuses it
+    /// (counted in `connections_refused`).
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        l: &Listener,
+    ) -> Result<Admitted, &'static str> {
+        let admitted = self.count(peer, l);
+        if let Err(bound) = admitted {
+            l.metrics
+                .connections_refused
+                .get_or_create(&vec![
+                    ("listener", l.name.to_owned()),
+                    ("bound", bound.to_owned()),
+                ])
+                .inc();
+        }
+        admitted
+    }
+
+    fn count(self: &Arc<Self>, peer: IpAddr, l: &Listener) -> Result<Admitted, &'static str> {
         // An IPv4 client on a dual-stack socket arrives as ::ffff:a.b.c.d.
         let peer = peer.to_canonical();
         let exempt = l.exempt.iter().any(|n| n.contains(&peer));
@@ -156,10 +183,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let settings = Arc::new(settings);
-    let open = Arc::new(Open {
-        total: watch::Sender::new(0),
-        per_client: Mutex::new(HashMap::new()),
-    });
+    let open = Open::new();
     let builder = builder(&settings.limits);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -180,14 +204,6 @@ pub async fn serve(
                 // Closed at once (dropped): a client over its share gets
                 // no slot to hold. Counted, not logged line by line, as a
                 // flood would flood the log too.
-                settings
-                    .metrics
-                    .connections_refused
-                    .get_or_create(&vec![
-                        ("listener", settings.name.to_owned()),
-                        ("bound", bound.to_owned()),
-                    ])
-                    .inc();
                 tracing::debug!(event = "http.connection", outcome = "refused", listener = settings.name, %peer, bound, "connection refused");
                 continue;
             }

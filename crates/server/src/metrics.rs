@@ -68,7 +68,8 @@ pub struct Metrics {
     /// or that could not reach it (`unreachable`), by profile and client
     /// (`relay`, `webhook`).
     pub egress_proxy_failures: Family<Labels, Counter>,
-    /// Open connections by listener (`acme`, `metrics`).
+    /// Open connections by listener (`acme`, `metrics`, `dns`: the DNS
+    /// zone's TCP connections).
     pub connections_open: Family<Labels, Gauge>,
     /// Connections closed at accept by listener and the bound that refused
     /// them (`max_open`, `max_open_per_client`).

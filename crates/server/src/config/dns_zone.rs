@@ -38,6 +38,14 @@ pub struct DnsZoneConfig {
     #[serde(default = "default_dns_tcp_idle", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub tcp_idle_timeout: Duration,
+    /// TCP connections open at once, over every `listen` address; past it,
+    /// a new one is closed as soon as it is accepted (UDP is not limited).
+    #[serde(default = "default_dns_tcp_max_open")]
+    pub tcp_max_open: usize,
+    /// TCP connections open at once from one client address; past it, as
+    /// `tcp_max_open`.
+    #[serde(default = "default_dns_tcp_max_open_per_client")]
+    pub tcp_max_open_per_client: usize,
     /// An acme-dns-compatible HTTP API on the ACME listener, under
     /// `/acme-dns` (`POST /acme-dns/register`, `POST /acme-dns/update`),
     /// through which clients that speak it (lego's `acme-dns` provider,
@@ -106,6 +114,16 @@ pub(crate) fn default_dns_tcp_idle() -> Duration {
     Duration::from_secs(10)
 }
 
+/// BIND's `tcp-clients` default: DNS over TCP carries only answers too
+/// large for UDP, which the zone's challenge records rarely are.
+pub(crate) fn default_dns_tcp_max_open() -> usize {
+    150
+}
+
+pub(crate) fn default_dns_tcp_max_open_per_client() -> usize {
+    16
+}
+
 impl DnsZoneConfig {
     /// What is wrong with it, each with what to write instead.
     pub(crate) fn problems(&self) -> Vec<String> {
@@ -168,6 +186,11 @@ impl DnsZoneConfig {
         {
             problems.push(
                 "[dns_zone] tcp_idle_timeout must be between 1s and 2m; write e.g. tcp_idle_timeout = \"10s\"".into(),
+            );
+        }
+        if self.tcp_max_open == 0 || self.tcp_max_open_per_client == 0 {
+            problems.push(
+                "[dns_zone] tcp_max_open and tcp_max_open_per_client must be at least 1; write e.g. tcp_max_open = 150, tcp_max_open_per_client = 16".into(),
             );
         }
         if let Some(api) = &self.api

@@ -43,6 +43,12 @@ fn bounded(toml: String, connections: &str) -> String {
 /// ACME listener reads `n`: every staller has been accepted and is being
 /// read.
 pub(crate) async fn wait_open_connections(server: &TestServer, n: usize) {
+    wait_open_connections_on(server, "acme", n).await;
+}
+
+/// [`wait_open_connections`] for the listener named `listener`.
+pub(crate) async fn wait_open_connections_on(server: &TestServer, listener: &str, n: usize) {
+    let gauge = format!("acme_proxy_connections_open{{listener=\"{listener}\"}}");
     let url = format!(
         "http://{}/metrics",
         server.running().metrics_addr.expect("a metrics listener")
@@ -53,7 +59,7 @@ pub(crate) async fn wait_open_connections(server: &TestServer, n: usize) {
         let body = String::from_utf8_lossy(&body).into_owned();
         let open = body
             .lines()
-            .find(|l| l.starts_with("acme_proxy_connections_open{listener=\"acme\"}"))
+            .find(|l| l.starts_with(&gauge))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<usize>().ok());
         if open == Some(n) {
@@ -61,7 +67,7 @@ pub(crate) async fn wait_open_connections(server: &TestServer, n: usize) {
         }
         assert!(
             Instant::now() < deadline,
-            "connections_open did not reach {n} within 10 s (last {open:?})"
+            "connections_open of {listener} did not reach {n} within 10 s (last {open:?})"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -90,7 +96,7 @@ pub(crate) async fn new_nonce(directory: &str) -> (u16, Duration) {
 
 /// Reads until the peer closes (or errors); returns what was read and how
 /// long it took, failing past `within`.
-async fn until_closed<S: AsyncRead + Unpin>(
+pub(crate) async fn until_closed<S: AsyncRead + Unpin>(
     stream: &mut S,
     within: Duration,
 ) -> (String, Duration) {

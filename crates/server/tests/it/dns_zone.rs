@@ -362,3 +362,158 @@ async fn a_zone_address_that_cannot_be_bound_stops_start_up_with_nothing_left_se
     );
     drop(taken);
 }
+
+/// A query for `name` (`qtype`) as DNS over TCP sends it: the message
+/// after its length in two octets (RFC 1035 §4.2.2), recursion not asked.
+fn tcp_query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+    let mut message = id.to_be_bytes().to_vec();
+    // No flags; one question.
+    message.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.') {
+        message.push(u8::try_from(label.len()).unwrap());
+        message.extend_from_slice(label.as_bytes());
+    }
+    message.push(0);
+    message.extend_from_slice(&qtype.to_be_bytes());
+    message.extend_from_slice(&1u16.to_be_bytes());
+    framed(&message)
+}
+
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut framed = u16::try_from(message.len()).unwrap().to_be_bytes().to_vec();
+    framed.extend_from_slice(message);
+    framed
+}
+
+/// The next answer on a DNS-over-TCP connection: its id, RCODE and
+/// whether it is authoritative.
+async fn tcp_answer(stream: &mut tokio::net::TcpStream) -> (u16, u8, bool) {
+    use tokio::io::AsyncReadExt as _;
+    let within = std::time::Duration::from_secs(5);
+    let length = tokio::time::timeout(within, stream.read_u16())
+        .await
+        .expect("an answer within 5 s")
+        .expect("an answer, not a closed connection");
+    let mut message = vec![0; usize::from(length)];
+    tokio::time::timeout(within, stream.read_exact(&mut message))
+        .await
+        .expect("the whole answer within 5 s")
+        .unwrap();
+    assert!(message[2] & 0x80 != 0, "a response: {message:?}");
+    (
+        u16::from_be_bytes([message[0], message[1]]),
+        message[3] & 0x0f,
+        message[2] & 0x04 != 0,
+    )
+}
+
+/// The value of a counter of the server's metrics, 0 if not yet counted.
+async fn counter(server: &TestServer, series: &str) -> u64 {
+    let url = format!(
+        "http://{}/metrics",
+        server.running().metrics_addr.expect("a metrics listener")
+    );
+    let (_, _, body) = crate::flow::reqwest_get(&url).await;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// hickory-server's own TCP listener accepted every connection, so one
+/// client could hold the process's file descriptors. The zone's TCP side
+/// is bounded per client address and in all, answers pipelined queries in
+/// turn, refuses a malformed one with FORMERR and ignores a response, and
+/// closes a connection that sends nothing whole for its idle time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_closed() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::{Duration, Instant};
+
+    use tokio::io::AsyncWriteExt as _;
+
+    use crate::connections::{until_closed, wait_open_connections_on};
+
+    let data = harness::tempdir();
+    let extra = format!(
+        "{}tcp_max_open = 3\ntcp_max_open_per_client = 2\ntcp_idle_timeout = \"5s\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+        zone_table()
+    );
+    let toml = TestServer::config_text(data.path(), 1, None, &extra);
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let at = server.running().dns_addrs[0];
+    // Other loopback addresses stand for other hosts.
+    let from = |last: u8| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+                0,
+            ))
+            .unwrap();
+        socket.connect(at).await.unwrap()
+    };
+    const SOA: u16 = 6;
+
+    // Two queries in one write: both answered, in turn.
+    let mut a1 = from(2).await;
+    let mut two = tcp_query(1, ZONE, SOA);
+    two.extend(tcp_query(2, &format!("nothing.{ZONE}"), SOA));
+    a1.write_all(&two).await.unwrap();
+    assert_eq!(tcp_answer(&mut a1).await, (1, 0, true));
+    assert_eq!(tcp_answer(&mut a1).await, (2, 3, true), "NXDOMAIN");
+    // A header announcing a question that is not there: FORMERR. A
+    // response sent to the server: dropped, so the next answer is the
+    // next query's.
+    let mut a2 = from(2).await;
+    a2.write_all(&framed(&[0, 9, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]))
+        .await
+        .unwrap();
+    assert_eq!(tcp_answer(&mut a2).await, (9, 1, false), "FORMERR");
+    let mut response = tcp_query(10, ZONE, SOA);
+    response[4] |= 0x80;
+    a2.write_all(&response).await.unwrap();
+    a2.write_all(&tcp_query(11, ZONE, SOA)).await.unwrap();
+    assert_eq!(tcp_answer(&mut a2).await, (11, 0, true));
+    wait_open_connections_on(&server, "dns", 2).await;
+
+    // A third from the same address is closed at once, unanswered.
+    let mut a3 = from(2).await;
+    let (answer, took) = until_closed(&mut a3, Duration::from_secs(3)).await;
+    assert_eq!(answer, "");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Another address is served, up to three in all.
+    let mut b1 = from(3).await;
+    b1.write_all(&tcp_query(20, ZONE, SOA)).await.unwrap();
+    assert_eq!(tcp_answer(&mut b1).await, (20, 0, true));
+    let mut c1 = from(4).await;
+    let (answer, took) = until_closed(&mut c1, Duration::from_secs(3)).await;
+    assert_eq!(answer, "");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    for bound in ["max_open_per_client", "max_open"] {
+        let series =
+            format!("acme_proxy_connections_refused_total{{listener=\"dns\",bound=\"{bound}\"}}");
+        assert_eq!(counter(&server, &series).await, 1, "{series}");
+    }
+
+    // Idle, or sending half a length and no more: closed after the idle
+    // time, not before. Each was last answered within the last 5 s.
+    b1.write_all(&[0]).await.unwrap();
+    let started = Instant::now();
+    for (name, stream) in [("a1", &mut a1), ("a2", &mut a2), ("b1", &mut b1)] {
+        let (answer, _) = until_closed(stream, Duration::from_secs(10)).await;
+        assert_eq!(answer, "", "{name}");
+    }
+    assert!(
+        started.elapsed() > Duration::from_secs(1),
+        "closed at once, not when idle: {:?}",
+        started.elapsed()
+    );
+    // Their places are given back.
+    wait_open_connections_on(&server, "dns", 0).await;
+    let mut again = from(2).await;
+    again.write_all(&tcp_query(30, ZONE, SOA)).await.unwrap();
+    assert_eq!(tcp_answer(&mut again).await, (30, 0, true));
+    server.stop().await;
+}
