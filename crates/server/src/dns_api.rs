@@ -150,12 +150,20 @@ impl DnsApi {
         allow_from: &[IpNet],
         who: Registrant<'_>,
     ) -> anyhow::Result<Registered> {
+        // Before the password is hashed: a registration at the limit costs
+        // no hashing slot. Checked again by the insert.
+        if self.store.dns_account_count().await?
+            >= i64::try_from(self.config.max_accounts).unwrap_or(i64::MAX)
+        {
+            return Err(AccountLimit(self.config.max_accounts).into());
+        }
         let slot = self.hashing_slot().await?;
         register_account(
             &self.store,
             &self.zone,
             allow_from,
             None,
+            Some(self.config.max_accounts),
             who,
             self.clock.unix(),
             Some(slot),
@@ -180,16 +188,35 @@ impl DnsApi {
     }
 }
 
+/// A registration refused because `max_accounts` accounts exist.
+#[derive(Debug)]
+pub struct AccountLimit(pub u64);
+
+impl std::fmt::Display for AccountLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "[dns_zone.api] max_accounts ({}) accounts exist already",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for AccountLimit {}
+
 /// Creates an account for a new name under `zone`, whose updates may come
 /// from `allow_from` (empty: anywhere), bound to the EAB credential
 /// `eab_kid` if any, and audits it as `who`; the password is shown here
 /// only, and kept as its argon2id hash (computed holding `slot`, when
-/// given, until it is done).
+/// given, until it is done). With `max_accounts`, errs with
+/// [`AccountLimit`], writing nothing, once that many exist.
+#[allow(clippy::too_many_arguments)]
 pub async fn register_account(
     store: &Store,
     zone: &str,
     allow_from: &[IpNet],
     eab_kid: Option<&str>,
+    max_accounts: Option<u64>,
     who: Registrant<'_>,
     now: i64,
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -218,7 +245,7 @@ pub async fn register_account(
     if let Some(ctx) = who.context {
         with_context(&mut audit, ctx);
     }
-    store
+    let inserted = store
         .insert_dns_account(
             &NewDnsAccount {
                 username: &username,
@@ -229,9 +256,13 @@ pub async fn register_account(
                 eab_kid,
                 created_at: now,
             },
+            max_accounts,
             &audit,
         )
         .await?;
+    if !inserted {
+        return Err(AccountLimit(max_accounts.unwrap_or_default()).into());
+    }
     Ok(Registered {
         fulldomain: format!("{subdomain}.{zone}"),
         username,
@@ -410,7 +441,8 @@ async fn register(
         return error(StatusCode::BAD_REQUEST, "invalid_allowfrom_cidr");
     };
     // Counted only for a registration about to be made: a request turned
-    // away above costs the client none of its quota.
+    // away above costs the client none of its quota (one refused at
+    // `max_accounts` below does, which bounds its log lines).
     if let Err(retry_after) = api.registrations.take(&limit_key(ip), api.clock.unix()) {
         api.count(endpoint, "limited");
         return limited(retry_after);
@@ -445,6 +477,25 @@ async fn register(
                 })),
             )
                 .into_response()
+        }
+        Err(e) if e.downcast_ref::<AccountLimit>().is_some() => {
+            api.count(endpoint, "refused");
+            // Audited and logged once per refusal, which the per-address
+            // limit above bounds.
+            let detail = e.to_string();
+            let mut audit = NewAuditRow::new(
+                api.clock.unix(),
+                AuditEvent::DnsAccountRegistered,
+                AuditOutcome::Refused,
+                "dns-api:anonymous",
+            );
+            audit.detail = Some(&detail);
+            with_context(&mut audit, &ctx);
+            if let Err(e) = api.store.insert_audit(&audit).await {
+                tracing::error!(event = "dns.account_registered", outcome = "failure", error = %e, "could not audit a refused acme-dns registration");
+            }
+            tracing::warn!(event = "dns.account_registered", outcome = "refused", error = %e, "acme-dns registration refused: the account limit is reached");
+            error(StatusCode::FORBIDDEN, "account_limit")
         }
         Err(e) => {
             api.count(endpoint, "failure");

@@ -197,31 +197,55 @@ impl Store {
 
 impl Store {
     /// Creates an API account and writes `audit`, in one transaction.
+    ///
+    /// With `max_accounts`, only while fewer accounts than that exist (the
+    /// count and the insert are one statement): false, and nothing
+    /// written, at the limit. On PostgreSQL registrations committing
+    /// together may each see the count before the others, so the limit
+    /// can be passed by as many as run at once.
     pub async fn insert_dns_account(
         &self,
         new: &NewDnsAccount<'_>,
+        max_accounts: Option<u64>,
         audit: &NewAuditRow<'_>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        tx.exec(
-            "INSERT INTO dns_api_accounts
-                 (username, password_hash, subdomain, zone, allow_from, eab_kid, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            args![
-                new.username,
-                new.password_hash,
-                new.subdomain,
-                new.zone,
-                to_json(new.allow_from),
-                new.eab_kid,
-                new.created_at
-            ],
-        )
-        .await?;
+        let max = max_accounts.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+        let inserted = tx
+            .exec(
+                "INSERT INTO dns_api_accounts
+                     (username, password_hash, subdomain, zone, allow_from, eab_kid, created_at)
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+                  WHERE ?8 IS NULL OR (SELECT COUNT(*) FROM dns_api_accounts) < ?8",
+                args![
+                    new.username,
+                    new.password_hash,
+                    new.subdomain,
+                    new.zone,
+                    to_json(new.allow_from),
+                    new.eab_kid,
+                    new.created_at,
+                    max
+                ],
+            )
+            .await?;
+        if inserted != 1 {
+            return Ok(false);
+        }
         insert_audit_in(&mut tx, audit, self.audit_origin).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
+    }
+
+    /// How many API accounts there are.
+    pub async fn dns_account_count(&self) -> Result<i64> {
+        Ok(self
+            .reader()
+            .await?
+            .scalar("SELECT COUNT(*) FROM dns_api_accounts", &[])
+            .await?
+            .unwrap_or(0))
     }
 
     /// The API account `username`.
@@ -412,6 +436,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_api_account_past_the_limit_is_not_written_nor_audited() {
+        let (db, store) = TestDb::open().await;
+        let account = |username: &'static str, subdomain: &'static str| crate::NewDnsAccount {
+            username,
+            password_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA",
+            subdomain,
+            zone: "acme.example.test",
+            allow_from: &[],
+            eab_kid: None,
+            created_at: 5,
+        };
+        assert!(
+            store
+                .insert_dns_account(&account("u1", "s1"), Some(1), &audit())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .insert_dns_account(&account("u2", "s2"), Some(1), &audit())
+                .await
+                .unwrap()
+        );
+        assert!(store.dns_account("u2").await.unwrap().is_none());
+        assert_eq!(db.scalar("SELECT count(*) FROM audit_log").await, 1);
+        assert!(
+            store
+                .insert_dns_account(&account("u2", "s2"), Some(2), &audit())
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .insert_dns_account(&account("u3", "s3"), None, &audit())
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.dns_account_count().await.unwrap(), 3);
+        assert_eq!(db.scalar("SELECT count(*) FROM audit_log").await, 3);
+    }
+
+    #[tokio::test]
     async fn an_api_account_keeps_the_two_newest_values_at_its_name_and_takes_them_when_removed() {
         let (db, store) = TestDb::open().await;
         let zone = "acme.example.test";
@@ -425,7 +491,12 @@ mod tests {
             eab_kid: Some("kid-1"),
             created_at: 5,
         };
-        store.insert_dns_account(&account, &audit()).await.unwrap();
+        assert!(
+            store
+                .insert_dns_account(&account, None, &audit())
+                .await
+                .unwrap()
+        );
         let row = store.dns_account("u1").await.unwrap().unwrap();
         assert_eq!(row.fulldomain(), "sub1.acme.example.test");
         assert_eq!(row.allow_from, allow);
@@ -436,7 +507,12 @@ mod tests {
             username: "u2",
             ..account.clone()
         };
-        assert!(store.insert_dns_account(&twin, &audit()).await.is_err());
+        assert!(
+            store
+                .insert_dns_account(&twin, None, &audit())
+                .await
+                .is_err()
+        );
 
         let name = row.fulldomain();
         for (value, at) in [("one", 10), ("two", 11), ("three", 12)] {

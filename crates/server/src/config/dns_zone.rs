@@ -77,6 +77,12 @@ pub struct DnsApiConfig {
     /// past it, 429.
     #[serde(default = "default_dns_updates_per_minute")]
     pub updates_per_minute: u32,
+    /// Accounts the API registers, in all; past it, `POST
+    /// /acme-dns/register` answers 403 `account_limit` (accounts the
+    /// operator adds with `acme-proxy dns account add` are counted, not
+    /// refused).
+    #[serde(default = "default_dns_max_accounts")]
+    pub max_accounts: u64,
 }
 
 /// Who creates accounts of the acme-dns API.
@@ -96,6 +102,10 @@ pub(crate) fn default_dns_registrations_per_hour() -> u32 {
 
 pub(crate) fn default_dns_updates_per_minute() -> u32 {
     30
+}
+
+pub(crate) fn default_dns_max_accounts() -> u64 {
+    10_000
 }
 
 pub(crate) fn default_dns_hostmaster() -> String {
@@ -198,6 +208,13 @@ impl DnsZoneConfig {
         {
             problems.push(
                 "[dns_zone.api] registrations_per_hour and updates_per_minute must be at least 1; write e.g. updates_per_minute = 30 (registration = \"operator\" stops registration through the API)".into(),
+            );
+        }
+        if let Some(api) = &self.api
+            && api.max_accounts == 0
+        {
+            problems.push(
+                "[dns_zone.api] max_accounts must be at least 1; write e.g. max_accounts = 10000 (registration = \"operator\" stops registration through the API)".into(),
             );
         }
         for ns in &self.nameservers {

@@ -706,3 +706,47 @@ async fn an_acme_dns_client_gets_a_name_and_its_wildcard_from_our_ca_through_one
     assert_eq!(served(at, &fulldomain), before);
     server.stop().await;
 }
+
+/// Open registration with no bound on accounts let clients with many
+/// addresses (a /48 holds 65,536 /64s, each with its own hourly quota)
+/// fill the table without end. Past `max_accounts` a registration is
+/// refused before its password is hashed, audited with the reason, and
+/// nothing is written; the operator still adds accounts by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_past_max_accounts_are_refused_and_audited_and_the_operator_still_adds_one() {
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(data.path(), 1, None, &zone_table("max_accounts = 2\n"));
+    let (_etc, config) = config_file(&toml);
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let base = server.base().to_owned();
+    registered(&base, "").await;
+    registered(&base, "").await;
+    // Another address each time: the per-address quota is not what stops it.
+    for last in [2, 3] {
+        let from: std::net::IpAddr = format!("127.0.0.{last}").parse().expect("ip");
+        let r = raw::request_from(
+            from,
+            "POST",
+            &format!("{base}/acme-dns/register"),
+            &[("content-type", "application/json")],
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!((r.status, error_of(&r).as_str()), (403, "account_limit"));
+    }
+    let store = server.running().authority.store().clone();
+    assert_eq!(store.dns_account_count().await.expect("count"), 2);
+    let rows = audit_rows(&config, "dns.account_registered");
+    let refused: Vec<&Value> = rows.iter().filter(|r| r["outcome"] == "refused").collect();
+    assert_eq!(refused.len(), 2, "{rows:?}");
+    assert!(
+        refused[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("max_accounts (2)")),
+        "{rows:?}"
+    );
+    let out = run_cli(&config, &["dns", "account", "add"], &[]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(store.dns_account_count().await.expect("count"), 3);
+    server.stop().await;
+}

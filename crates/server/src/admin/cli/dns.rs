@@ -149,6 +149,8 @@ async fn account(config: &Config, command: AccountCommand) -> anyhow::Result<()>
                     &zone,
                     &networks,
                     eab.as_deref(),
+                    // The operator's own accounts are not limited.
+                    None,
                     crate::dns_api::Registrant {
                         actor: &actor,
                         context: None,
