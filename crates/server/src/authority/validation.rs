@@ -73,11 +73,11 @@ impl JobHandler for ValidationJobs {
             if ch.status != ChallengeStatus::Processing {
                 return Outcome::Done;
             }
+            // A profile taken out by a reload may come back (its orders
+            // are kept for it): the validation waits for it, as a relay
+            // job does, rather than failing the client's challenge.
             let Some(profile) = a.profile(&authz.profile).cloned() else {
-                return Outcome::Failed(format!(
-                    "profile {} is no longer configured",
-                    authz.profile
-                ));
+                return Outcome::Hold(format!("profile {} is not mounted", authz.profile));
             };
             let result = if profile.config.bypass {
                 Ok(())

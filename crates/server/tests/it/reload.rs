@@ -284,3 +284,112 @@ async fn a_reload_applies_job_tuning_and_refuses_what_only_a_restart_applies() {
     assert!(running.generations.authority().profile("custom").is_none());
     server.stop().await;
 }
+
+/// A profile taken out (by a reload or a restart) keeps its orders for when
+/// it comes back, and its relay jobs wait for it; a validation of one of
+/// its challenges failed instead, leaving the client's order invalid when
+/// the profile returned. It waits too now, its attempts unspent, and
+/// completes once the profile is mounted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_is() {
+    const KIND: &str = "challenge_validation";
+    let data = harness::tempdir();
+    // One address for every start: the client's URLs stay valid.
+    let listen = format!("listen = \"{}\"", harness::own_addr());
+    let jobs = "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"500ms\"\n";
+    let toml = |profiles: &str| {
+        TestServer::config_text(data.path(), 1, None, &format!("{profiles}{jobs}"))
+            .replace("listen = \"127.0.0.1:0\"", &listen)
+    };
+    let web =
+        |bypass: bool| format!("[profiles.web]\nchallenges = [\"http-01\"]\nbypass = {bypass}\n");
+
+    // An order of the web profile whose challenge was triggered and whose
+    // process stopped before validating it: processing, with no job.
+    let server = TestServer::start_in(harness::tempdir(), &toml(&web(false))).await;
+    let dir = raw::directory(&server.directory("web")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let r = acct
+        .post(
+            &dir,
+            dir["newOrder"].as_str().expect("newOrder"),
+            Some(&json!({"identifiers": [{"type": "dns", "value": "held.example.test"}]})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let order_url = r.location().expect("order URL");
+    let authz_url = r.json()["authorizations"][0]
+        .as_str()
+        .expect("authorization")
+        .to_owned();
+    let authz = acct.post(&dir, &authz_url, None).await.json();
+    let challenge_url = authz["challenges"][0]["url"]
+        .as_str()
+        .expect("challenge")
+        .to_owned();
+    let challenge_id = challenge_url.rsplit('/').next().expect("id").to_owned();
+    let store = server.running().authority.store().clone();
+    let now = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .expect("clock")
+        .as_secs() as i64;
+    assert!(
+        store
+            .start_challenge(&challenge_id, now)
+            .await
+            .expect("start")
+    );
+    server.stop().await;
+
+    // Restarted without it: recovery queues the validation, which waits
+    // for its profile without spending attempts.
+    let server = TestServer::start_in(harness::tempdir(), &toml("[profiles.default]\n")).await;
+    let store = server.running().authority.store().clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut holds = Vec::new();
+    while holds.len() < 2 {
+        let jobs = acme_proxy::admin::ops::list_jobs(&store, Some(KIND), None, 10)
+            .await
+            .expect("jobs");
+        if let Some(job) = jobs.into_iter().find(|j| j.key == challenge_id)
+            && job.status.as_str() == "queued"
+            && job
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("profile web is not mounted"))
+        {
+            assert_eq!(
+                job.attempts, 0,
+                "a wait for the profile spent an attempt: {job:?}"
+            );
+            if holds.last() != Some(&job.run_at) {
+                holds.push(job.run_at);
+            }
+        }
+        assert!(Instant::now() < deadline, "never held twice: {holds:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ch = store
+        .challenge(&challenge_id)
+        .await
+        .expect("read")
+        .expect("challenge");
+    assert_eq!(ch.status.as_str(), "processing", "{ch:?}");
+    server.stop().await;
+
+    // Mounted again (validation bypassed now, so that no responder is
+    // needed): the same validation completes and the order is ready.
+    let server = TestServer::start_in(harness::tempdir(), &toml(&web(true))).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let order = acct.post(&dir, &order_url, None).await.json();
+        match order["status"].as_str() {
+            Some("ready") => break,
+            Some("pending") => {}
+            other => panic!("the order ended {other:?}: {order}"),
+        }
+        assert!(Instant::now() < deadline, "the held validation never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop().await;
+}
