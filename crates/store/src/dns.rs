@@ -79,9 +79,14 @@ impl Store {
 
     /// Whether any record lies below `name` (then `name` is an empty
     /// non-terminal: it exists, with no data of its own; RFC 8020).
+    ///
+    /// A suffix match scans the table, and any client can ask for any
+    /// missing name: on SQLite it runs on a reader connection, so that a
+    /// flood of such questions never holds the writer every ACME write
+    /// waits for.
     pub async fn dns_has_below(&self, name: &str) -> Result<bool> {
         let suffix = format!(".{name}");
-        self.point_reader()
+        self.reader()
             .await?
             .exists(
                 "SELECT 1 FROM dns_records
@@ -433,6 +438,26 @@ mod tests {
         assert_eq!(store.dns_serial(zone).await.unwrap(), 5);
         assert_eq!(db.scalar("SELECT count(*) FROM audit_log").await, 4);
         store.close().await;
+    }
+
+    #[tokio::test]
+    async fn the_scan_for_names_below_a_missing_name_does_not_wait_for_the_writer() {
+        let (_db, store) = TestDb::open().await;
+        let zone = "acme.example.test";
+        store
+            .add_dns_txt(zone, "a.b.acme.example.test", "v", 1, None)
+            .await
+            .unwrap();
+        // A write transaction in progress holds the writer.
+        let mut writer = store.writer().await.unwrap();
+        let _tx = writer.begin().await.unwrap();
+        let below = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            store.dns_has_below("b.acme.example.test"),
+        )
+        .await
+        .expect("answered while the writer is held");
+        assert!(below.unwrap());
     }
 
     #[tokio::test]
