@@ -78,7 +78,22 @@ pub struct DnsApi {
     in_flight: Arc<tokio::sync::Semaphore>,
     registrations: Limiter,
     updates: Limiter,
+    /// Registrations refused at `max_accounts`: audited at most once a
+    /// minute, with how many were refused since (clients with many
+    /// addresses would otherwise fill the audit log in its place).
+    at_limit: std::sync::Mutex<AtLimit>,
 }
+
+#[derive(Debug, Default)]
+struct AtLimit {
+    /// When the last audit row was written (Unix seconds).
+    audited_at: Option<i64>,
+    /// Refused since, that row's included.
+    refused: u64,
+}
+
+/// How often a registration refused at `max_accounts` is audited.
+const AT_LIMIT_AUDIT_EVERY: i64 = 60;
 
 /// The account a registration created: what the client is told, once.
 pub struct Registered {
@@ -117,6 +132,7 @@ impl DnsApi {
         Self {
             registrations: Limiter::new(Duration::from_secs(3600), config.registrations_per_hour),
             updates: Limiter::new(Duration::from_secs(60), config.updates_per_minute),
+            at_limit: std::sync::Mutex::new(AtLimit::default()),
             config,
             zone,
             store,
@@ -442,7 +458,7 @@ async fn register(
     };
     // Counted only for a registration about to be made: a request turned
     // away above costs the client none of its quota (one refused at
-    // `max_accounts` below does, which bounds its log lines).
+    // `max_accounts` below does).
     if let Err(retry_after) = api.registrations.take(&limit_key(ip), api.clock.unix()) {
         api.count(endpoint, "limited");
         return limited(retry_after);
@@ -480,11 +496,29 @@ async fn register(
         }
         Err(e) if e.downcast_ref::<AccountLimit>().is_some() => {
             api.count(endpoint, "refused");
-            // Audited and logged once per refusal, which the per-address
-            // limit above bounds.
-            let detail = e.to_string();
+            let now = api.clock.unix();
+            let refused = {
+                let mut at_limit = api.at_limit.lock().unwrap_or_else(|p| p.into_inner());
+                at_limit.refused += 1;
+                if at_limit
+                    .audited_at
+                    .is_some_and(|at| now - at < AT_LIMIT_AUDIT_EVERY)
+                {
+                    None
+                } else {
+                    at_limit.audited_at = Some(now);
+                    Some(std::mem::take(&mut at_limit.refused))
+                }
+            };
+            // The others are counted in `dns_api_requests` only.
+            let Some(refused) = refused else {
+                return error(StatusCode::FORBIDDEN, "account_limit");
+            };
+            let detail = format!(
+                "{e}; {refused} registration(s) refused since the last such row (one is written a minute at most)"
+            );
             let mut audit = NewAuditRow::new(
-                api.clock.unix(),
+                now,
                 AuditEvent::DnsAccountRegistered,
                 AuditOutcome::Refused,
                 "dns-api:anonymous",
@@ -494,7 +528,7 @@ async fn register(
             if let Err(e) = api.store.insert_audit(&audit).await {
                 tracing::error!(event = "dns.account_registered", outcome = "failure", error = %e, "could not audit a refused acme-dns registration");
             }
-            tracing::warn!(event = "dns.account_registered", outcome = "refused", error = %e, "acme-dns registration refused: the account limit is reached");
+            tracing::warn!(event = "dns.account_registered", outcome = "refused", error = %e, refused, "acme-dns registrations refused: the account limit is reached");
             error(StatusCode::FORBIDDEN, "account_limit")
         }
         Err(e) => {

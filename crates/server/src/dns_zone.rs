@@ -1,8 +1,8 @@
 //! The embedded authoritative DNS server (`[dns_zone]`): zones that hold
 //! only challenge records (TXT), to which the corporate DNS delegates
 //! `_acme-challenge` names by CNAME, so that dns-01 needs no DNS
-//! credentials. hickory-server frames UDP and TCP and truncates what does
-//! not fit; the answers are ours, from the database on every query, so
+//! credentials. hickory-server frames UDP and truncates what does not
+//! fit; TCP is framed here (below); the answers are ours, from the database on every query, so
 //! that every replica serves the same records and a restart loses none.
 //!
 //! It answers only for its zones (REFUSED elsewhere, no recursion), with
@@ -16,8 +16,9 @@
 //! accepts every connection: connections open at once are bounded in total
 //! and per client address (refused at accept past either, as the ACME
 //! listener's are), each closed after `tcp_idle_timeout` without a whole
-//! query, and one answer at a time is written (RFC 7766 §6.2.1 lets a
-//! server answer pipelined queries in turn).
+//! query, and queries sent together are answered in turn, one at a time
+//! (as hickory-server did; RFC 7766 §6.2.1.1 would rather have them
+//! processed concurrently, which the zone's quick answers do not need).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -576,13 +577,27 @@ impl ResponseHandler for TcpAnswer {
         // Encoded on its own (name compression counts from the message's
         // first octet), then framed.
         let mut message = Vec::with_capacity(512);
-        let info = response.destructive_emit(&mut BinEncoder::new(&mut message))?;
-        let length = u16::try_from(message.len())
-            .map_err(|_| NetError::from("a DNS answer longer than 65535 octets"))?;
+        let encoded = response
+            .destructive_emit(&mut BinEncoder::new(&mut message))
+            .map_err(NetError::from)
+            .and_then(|info| {
+                u16::try_from(message.len())
+                    .map(|length| (info, length))
+                    .map_err(|_| NetError::from("a DNS answer longer than 65535 octets"))
+            });
+        let mut writer = self.writer.lock().await;
+        // An answer that cannot be sent ends the connection, so that the
+        // client asks again instead of waiting for it.
+        let (info, length) = match encoded {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                *writer = None;
+                return Err(e);
+            }
+        };
         let mut framed = Vec::with_capacity(2 + message.len());
         framed.extend_from_slice(&length.to_be_bytes());
         framed.extend_from_slice(&message);
-        let mut writer = self.writer.lock().await;
         let Some(stream) = writer.as_mut() else {
             return Err(NetError::from("the DNS TCP connection is closed"));
         };

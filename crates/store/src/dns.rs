@@ -203,11 +203,11 @@ impl Store {
 impl Store {
     /// Creates an API account and writes `audit`, in one transaction.
     ///
-    /// With `max_accounts`, only while fewer accounts than that exist (the
-    /// count and the insert are one statement): false, and nothing
-    /// written, at the limit. On PostgreSQL registrations committing
-    /// together may each see the count before the others, so the limit
-    /// can be passed by as many as run at once.
+    /// With `max_accounts`, only while fewer accounts than that exist:
+    /// false, and nothing written, at the limit. The count and the insert
+    /// are one statement; on PostgreSQL, where registrations committing
+    /// together (on any replica) would each count before the others,
+    /// they also take one advisory lock in turn.
     pub async fn insert_dns_account(
         &self,
         new: &NewDnsAccount<'_>,
@@ -217,6 +217,13 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         let max = max_accounts.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+        if max.is_some() && tx.is_postgres() {
+            tx.exec(
+                "SELECT pg_advisory_xact_lock(hashtext('acme_proxy.dns_api_accounts.insert'))",
+                &[],
+            )
+            .await?;
+        }
         let inserted = tx
             .exec(
                 "INSERT INTO dns_api_accounts

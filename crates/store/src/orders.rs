@@ -446,10 +446,12 @@ impl Store {
     /// Creates an order with its authorizations and their challenges, in one
     /// transaction: one single-row `INSERT` per order, new authorization,
     /// challenge and order–authorization link (each statement prepared once
-    /// and cached; statements run on this thread, so there is no round trip
-    /// for batching rows to save), with reused authorizations linked
-    /// instead of new ones when `reuse_validated_since` asks for them.
-    /// Returns the order as written.
+    /// and cached; on SQLite statements run on this thread, so there is no
+    /// round trip for batching rows to save), with reused authorizations
+    /// linked instead of new ones when `reuse_validated_since` asks for
+    /// them. On PostgreSQL, when none may be reused, all of it is one
+    /// statement instead ([`insert_fresh_order_postgres`]). Returns the
+    /// order as written.
     ///
     /// Errs with [`StoreError::AccountChanged`], writing nothing, unless
     /// `account` is still valid with its key.

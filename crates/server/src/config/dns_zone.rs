@@ -34,7 +34,9 @@ pub struct DnsZoneConfig {
     #[serde(default = "default_dns_negative_ttl", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub negative_ttl: Duration,
-    /// A TCP connection that sends no query for this long is closed.
+    /// A TCP connection that sends no whole query for this long is closed
+    /// (a query trickled in counts from its first octet), as is one that
+    /// takes no answer for this long.
     #[serde(default = "default_dns_tcp_idle", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub tcp_idle_timeout: Duration,
@@ -77,10 +79,9 @@ pub struct DnsApiConfig {
     /// past it, 429.
     #[serde(default = "default_dns_updates_per_minute")]
     pub updates_per_minute: u32,
-    /// Accounts the API registers, in all; past it, `POST
-    /// /acme-dns/register` answers 403 `account_limit` (accounts the
-    /// operator adds with `acme-proxy dns account add` are counted, not
-    /// refused).
+    /// Accounts in all, those the operator adds with `acme-proxy dns
+    /// account add` included (which it never refuses); at it, `POST
+    /// /acme-dns/register` answers 403 `account_limit`.
     #[serde(default = "default_dns_max_accounts")]
     pub max_accounts: u64,
 }

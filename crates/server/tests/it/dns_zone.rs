@@ -463,6 +463,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     a1.write_all(&two).await.unwrap();
     assert_eq!(tcp_answer(&mut a1).await, (1, 0, true));
     assert_eq!(tcp_answer(&mut a1).await, (2, 3, true), "NXDOMAIN");
+    let a1_answered = Instant::now();
     // A header announcing a question that is not there: FORMERR. A
     // response sent to the server: dropped, so the next answer is the
     // next query's.
@@ -476,6 +477,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     a2.write_all(&response).await.unwrap();
     a2.write_all(&tcp_query(11, ZONE, SOA)).await.unwrap();
     assert_eq!(tcp_answer(&mut a2).await, (11, 0, true));
+    let a2_answered = Instant::now();
     wait_open_connections_on(&server, "dns", 2).await;
 
     // A third from the same address is closed at once, unanswered.
@@ -487,6 +489,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     let mut b1 = from(3).await;
     b1.write_all(&tcp_query(20, ZONE, SOA)).await.unwrap();
     assert_eq!(tcp_answer(&mut b1).await, (20, 0, true));
+    let b1_answered = Instant::now();
     let mut c1 = from(4).await;
     let (answer, took) = until_closed(&mut c1, Duration::from_secs(3)).await;
     assert_eq!(answer, "");
@@ -497,19 +500,37 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
         assert_eq!(counter(&server, &series).await, 1, "{series}");
     }
 
-    // Idle, or sending half a length and no more: closed after the idle
-    // time, not before. Each was last answered within the last 5 s.
-    b1.write_all(&[0]).await.unwrap();
-    let started = Instant::now();
-    for (name, stream) in [("a1", &mut a1), ("a2", &mut a2), ("b1", &mut b1)] {
-        let (answer, _) = until_closed(stream, Duration::from_secs(10)).await;
+    // Idle: closed once the idle time (5 s) has passed since its last
+    // answer, not before. A query trickled in an octet every 300 ms (11 s
+    // for the whole) holds its connection no longer: the time counts from
+    // its first octet, not from each.
+    let (mut b1, mut b1_out) = b1.into_split();
+    let trickle = tokio::spawn(async move {
+        for octet in tcp_query(40, ZONE, SOA) {
+            if b1_out.write_all(&[octet]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    for (name, answered) in [
+        ("a1", a1_answered),
+        ("a2", a2_answered),
+        ("b1", b1_answered),
+    ] {
+        let (answer, _) = match name {
+            "a1" => until_closed(&mut a1, Duration::from_secs(12)).await,
+            "a2" => until_closed(&mut a2, Duration::from_secs(12)).await,
+            _ => until_closed(&mut b1, Duration::from_secs(12)).await,
+        };
         assert_eq!(answer, "", "{name}");
+        let open = answered.elapsed();
+        assert!(
+            (Duration::from_millis(4500)..Duration::from_secs(8)).contains(&open),
+            "{name} closed {open:?} after its last answer, not at the idle time"
+        );
     }
-    assert!(
-        started.elapsed() > Duration::from_secs(1),
-        "closed at once, not when idle: {:?}",
-        started.elapsed()
-    );
+    trickle.abort();
     // Their places are given back.
     wait_open_connections_on(&server, "dns", 0).await;
     let mut again = from(2).await;
