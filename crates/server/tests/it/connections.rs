@@ -73,6 +73,19 @@ pub(crate) async fn wait_open_connections_on(server: &TestServer, listener: &str
     }
 }
 
+/// A TCP connection to `to` from 127.0.0.`last`: another loopback
+/// address stands for another host.
+pub(crate) async fn connect_from(last: u8, to: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+            0,
+        ))
+        .unwrap();
+    socket.connect(to).await.unwrap()
+}
+
 /// Sends `bytes` on a new connection to `addr` and keeps it open.
 async fn stall(addr: SocketAddr, bytes: &[u8]) -> tokio::net::TcpStream {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -257,17 +270,7 @@ async fn one_client_address_holds_at_most_its_share_of_connections() {
     );
     let server = TestServer::start_in(dir, &toml).await;
     let addr = server.running().addr;
-    // Another loopback address stands for another host.
-    let from = |last: u8| async move {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
-                0,
-            ))
-            .unwrap();
-        socket.connect(addr).await.unwrap()
-    };
+    let from = |last: u8| connect_from(last, addr);
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut c = from(2).await;

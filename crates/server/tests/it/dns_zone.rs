@@ -428,12 +428,11 @@ async fn counter(server: &TestServer, series: &str) -> u64 {
 /// closes a connection that sends nothing whole for its idle time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_closed() {
-    use std::net::{IpAddr, Ipv4Addr};
     use std::time::{Duration, Instant};
 
     use tokio::io::AsyncWriteExt as _;
 
-    use crate::connections::{until_closed, wait_open_connections_on};
+    use crate::connections::{connect_from, until_closed, wait_open_connections_on};
 
     let data = harness::tempdir();
     let extra = format!(
@@ -443,17 +442,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     let toml = TestServer::config_text(data.path(), 1, None, &extra);
     let server = TestServer::start_in(harness::tempdir(), &toml).await;
     let at = server.running().dns_addrs[0];
-    // Other loopback addresses stand for other hosts.
-    let from = |last: u8| async move {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
-                0,
-            ))
-            .unwrap();
-        socket.connect(at).await.unwrap()
-    };
+    let from = |last: u8| connect_from(last, at);
     const SOA: u16 = 6;
 
     // Two queries in one write: both answered, in turn.
