@@ -78,22 +78,61 @@ pub struct DnsApi {
     in_flight: Arc<tokio::sync::Semaphore>,
     registrations: Limiter,
     updates: Limiter,
-    /// Registrations refused at `max_accounts`: audited at most once a
-    /// minute, with how many were refused since (clients with many
-    /// addresses would otherwise fill the audit log in its place).
+    /// Registrations refused at `max_accounts`, for their audit rows.
     at_limit: std::sync::Mutex<AtLimit>,
 }
 
+/// Registrations refused at `max_accounts`, audited without letting a
+/// flood of them (clients with many addresses) fill the audit log in the
+/// accounts' place: the first refusal of a minute gets a row at once, the
+/// others of that minute one row together when the minute ends.
 #[derive(Debug, Default)]
 struct AtLimit {
-    /// When the last audit row was written (Unix seconds).
-    audited_at: Option<i64>,
-    /// Refused since, that row's included.
-    refused: u64,
+    /// When the minute began (Unix seconds): its first refusal's row.
+    since: Option<i64>,
+    /// Refused since then without a row of their own.
+    unrecorded: u64,
 }
 
-/// How often a registration refused at `max_accounts` is audited.
-const AT_LIMIT_AUDIT_EVERY: i64 = 60;
+/// What to write for one refusal.
+#[derive(Debug, PartialEq, Eq)]
+enum AtLimitRow {
+    /// A row now.
+    Now,
+    /// None now; the minute's row in this many seconds.
+    Later(u64),
+    /// None: counted for the row already on its way.
+    Counted,
+}
+
+/// The minute of [`AtLimit`].
+const AT_LIMIT_MINUTE: i64 = 60;
+
+impl AtLimit {
+    fn refused(&mut self, now: i64) -> AtLimitRow {
+        match self.since {
+            Some(since) if now - since < AT_LIMIT_MINUTE => {
+                self.unrecorded += 1;
+                if self.unrecorded == 1 {
+                    AtLimitRow::Later(u64::try_from(since + AT_LIMIT_MINUTE - now).unwrap_or(0))
+                } else {
+                    AtLimitRow::Counted
+                }
+            }
+            _ => {
+                self.since = Some(now);
+                AtLimitRow::Now
+            }
+        }
+    }
+
+    /// The refusals the minute's row tells of; the next refusal starts a
+    /// new minute.
+    fn take(&mut self) -> u64 {
+        self.since = None;
+        std::mem::take(&mut self.unrecorded)
+    }
+}
 
 /// The account a registration created: what the client is told, once.
 pub struct Registered {
@@ -497,38 +536,52 @@ async fn register(
         Err(e) if e.downcast_ref::<AccountLimit>().is_some() => {
             api.count(endpoint, "refused");
             let now = api.clock.unix();
-            let refused = {
-                let mut at_limit = api.at_limit.lock().unwrap_or_else(|p| p.into_inner());
-                at_limit.refused += 1;
-                if at_limit
-                    .audited_at
-                    .is_some_and(|at| now - at < AT_LIMIT_AUDIT_EVERY)
-                {
-                    None
-                } else {
-                    at_limit.audited_at = Some(now);
-                    Some(std::mem::take(&mut at_limit.refused))
+            let row = api
+                .at_limit
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .refused(now);
+            match row {
+                AtLimitRow::Now => {
+                    let detail = e.to_string();
+                    let mut audit = NewAuditRow::new(
+                        now,
+                        AuditEvent::DnsAccountRegistered,
+                        AuditOutcome::Refused,
+                        "dns-api:anonymous",
+                    );
+                    audit.detail = Some(&detail);
+                    with_context(&mut audit, &ctx);
+                    at_limit_row(&api, &audit).await;
                 }
-            };
-            // The others are counted in `dns_api_requests` only.
-            let Some(refused) = refused else {
-                return error(StatusCode::FORBIDDEN, "account_limit");
-            };
-            let detail = format!(
-                "{e}; {refused} registration(s) refused since the last such row (one is written a minute at most)"
-            );
-            let mut audit = NewAuditRow::new(
-                now,
-                AuditEvent::DnsAccountRegistered,
-                AuditOutcome::Refused,
-                "dns-api:anonymous",
-            );
-            audit.detail = Some(&detail);
-            with_context(&mut audit, &ctx);
-            if let Err(e) = api.store.insert_audit(&audit).await {
-                tracing::error!(event = "dns.account_registered", outcome = "failure", error = %e, "could not audit a refused acme-dns registration");
+                // The rest of the minute's refusals, told in one row when
+                // it ends (one lost only if the process stops before;
+                // `dns_api_requests` counts each).
+                AtLimitRow::Later(seconds) => {
+                    let api = Arc::clone(&api);
+                    let reason = e.to_string();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(seconds)).await;
+                        let refused = api
+                            .at_limit
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .take();
+                        let detail = format!(
+                            "{reason}; {refused} more registration(s) refused within the minute"
+                        );
+                        let mut audit = NewAuditRow::new(
+                            api.clock.unix(),
+                            AuditEvent::DnsAccountRegistered,
+                            AuditOutcome::Refused,
+                            "dns-api:anonymous",
+                        );
+                        audit.detail = Some(&detail);
+                        at_limit_row(&api, &audit).await;
+                    });
+                }
+                AtLimitRow::Counted => {}
             }
-            tracing::warn!(event = "dns.account_registered", outcome = "refused", error = %e, refused, "acme-dns registrations refused: the account limit is reached");
             error(StatusCode::FORBIDDEN, "account_limit")
         }
         Err(e) => {
@@ -537,6 +590,20 @@ async fn register(
             unavailable()
         }
     }
+}
+
+/// Writes and logs an audit row of registrations refused at
+/// `max_accounts`.
+async fn at_limit_row(api: &DnsApi, audit: &NewAuditRow<'_>) {
+    if let Err(e) = api.store.insert_audit(audit).await {
+        tracing::error!(event = "dns.account_registered", outcome = "failure", error = %e, "could not audit a refused acme-dns registration");
+    }
+    tracing::warn!(
+        event = "dns.account_registered",
+        outcome = "refused",
+        detail = audit.detail.unwrap_or_default(),
+        "acme-dns registration refused: the account limit is reached"
+    );
 }
 
 /// Why an update was refused: the answer and the audit row's detail.
@@ -857,6 +924,24 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn refusals_at_the_account_limit_get_a_row_at_once_then_one_for_the_rest_of_the_minute() {
+        let mut at = AtLimit::default();
+        assert_eq!(at.refused(100), AtLimitRow::Now);
+        assert_eq!(at.refused(110), AtLimitRow::Later(50));
+        assert_eq!(at.refused(120), AtLimitRow::Counted);
+        assert_eq!(at.refused(159), AtLimitRow::Counted);
+        assert_eq!(at.take(), 3);
+        // A new minute: its first refusal has its row at once again.
+        assert_eq!(at.refused(161), AtLimitRow::Now);
+        assert_eq!(
+            at.refused(230),
+            AtLimitRow::Now,
+            "past the minute, none pending"
+        );
+        assert_eq!(at.take(), 0);
+    }
 
     #[test]
     fn json_keys_are_matched_in_any_case_as_acme_dns_clients_send_them() {

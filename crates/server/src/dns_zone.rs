@@ -2,7 +2,7 @@
 //! only challenge records (TXT), to which the corporate DNS delegates
 //! `_acme-challenge` names by CNAME, so that dns-01 needs no DNS
 //! credentials. hickory-server frames UDP and truncates what does not
-//! fit; TCP is framed here (below); the answers are ours, from the database on every query, so
+//! fit, and TCP is framed here (below); the answers are ours, from the database on every query, so
 //! that every replica serves the same records and a restart loses none.
 //!
 //! It answers only for its zones (REFUSED elsewhere, no recursion), with

@@ -507,6 +507,7 @@ mod tests {
         );
         assert_eq!(store.dns_account_count().await.unwrap(), 3);
         assert_eq!(db.scalar("SELECT count(*) FROM audit_log").await, 3);
+        store.close().await;
     }
 
     #[tokio::test]

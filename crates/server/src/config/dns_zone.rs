@@ -34,9 +34,9 @@ pub struct DnsZoneConfig {
     #[serde(default = "default_dns_negative_ttl", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub negative_ttl: Duration,
-    /// A TCP connection that sends no whole query for this long is closed
-    /// (a query trickled in counts from its first octet), as is one that
-    /// takes no answer for this long.
+    /// A TCP connection that sends no whole query for this long (counted
+    /// from its start or its previous answer, however the query trickles
+    /// in) is closed, as is one that takes no answer for this long.
     #[serde(default = "default_dns_tcp_idle", deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub tcp_idle_timeout: Duration,

@@ -737,15 +737,17 @@ async fn registrations_past_max_accounts_are_refused_and_audited_and_the_operato
     }
     let store = server.running().authority.store().clone();
     assert_eq!(store.dns_account_count().await.expect("count"), 2);
-    // One audit row a minute at most: a flood of refusals from many
-    // addresses must not fill the audit log in the accounts' place.
+    // The first refusal has its row at once; the rest of its minute get
+    // one row together when the minute ends (unit-tested in dns_api.rs):
+    // a flood of refusals from many addresses must not fill the audit log
+    // in the accounts' place.
     let rows = audit_rows(&config, "dns.account_registered");
     let refused: Vec<&Value> = rows.iter().filter(|r| r["outcome"] == "refused").collect();
     assert_eq!(refused.len(), 1, "{rows:?}");
     assert!(
-        refused[0]["detail"].as_str().is_some_and(
-            |d| d.contains("max_accounts (2)") && d.contains("1 registration(s) refused")
-        ),
+        refused[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("max_accounts (2)")),
         "{rows:?}"
     );
     let out = run_cli(&config, &["dns", "account", "add"], &[]);

@@ -449,6 +449,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     let mut a1 = from(2).await;
     let mut two = tcp_query(1, ZONE, SOA);
     two.extend(tcp_query(2, &format!("nothing.{ZONE}"), SOA));
+    let a1_sent = Instant::now();
     a1.write_all(&two).await.unwrap();
     assert_eq!(tcp_answer(&mut a1).await, (1, 0, true));
     assert_eq!(tcp_answer(&mut a1).await, (2, 3, true), "NXDOMAIN");
@@ -464,6 +465,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     let mut response = tcp_query(10, ZONE, SOA);
     response[4] |= 0x80;
     a2.write_all(&response).await.unwrap();
+    let a2_sent = Instant::now();
     a2.write_all(&tcp_query(11, ZONE, SOA)).await.unwrap();
     assert_eq!(tcp_answer(&mut a2).await, (11, 0, true));
     let a2_answered = Instant::now();
@@ -476,6 +478,7 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     assert!(took < Duration::from_secs(1), "{took:?}");
     // Another address is served, up to three in all.
     let mut b1 = from(3).await;
+    let b1_sent = Instant::now();
     b1.write_all(&tcp_query(20, ZONE, SOA)).await.unwrap();
     assert_eq!(tcp_answer(&mut b1).await, (20, 0, true));
     let b1_answered = Instant::now();
@@ -490,22 +493,29 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
     }
 
     // Idle: closed once the idle time (5 s) has passed since its last
-    // answer, not before. A query trickled in an octet every 300 ms (11 s
-    // for the whole) holds its connection no longer: the time counts from
-    // its first octet, not from each.
+    // answer, not before: not within 5 s of its last query being sent
+    // (the server's time starts after it answers), and within 8 s of the
+    // answer. A query trickled in an octet every 300 ms (11 s for the
+    // whole) holds its connection no longer: the time counts from the
+    // previous answer, not from each octet.
     let (mut b1, mut b1_out) = b1.into_split();
-    let trickle = tokio::spawn(async move {
-        for octet in tcp_query(40, ZONE, SOA) {
-            if b1_out.write_all(&[octet]).await.is_err() {
-                break;
+    let trickled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let trickle = tokio::spawn({
+        let trickled = std::sync::Arc::clone(&trickled);
+        async move {
+            for octet in tcp_query(40, ZONE, SOA) {
+                if b1_out.write_all(&[octet]).await.is_err() {
+                    break;
+                }
+                trickled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     });
-    for (name, answered) in [
-        ("a1", a1_answered),
-        ("a2", a2_answered),
-        ("b1", b1_answered),
+    for (name, sent, answered) in [
+        ("a1", a1_sent, a1_answered),
+        ("a2", a2_sent, a2_answered),
+        ("b1", b1_sent, b1_answered),
     ] {
         let (answer, _) = match name {
             "a1" => until_closed(&mut a1, Duration::from_secs(12)).await,
@@ -513,13 +523,17 @@ async fn dns_over_tcp_is_bounded_per_client_and_in_all_and_idle_connections_are_
             _ => until_closed(&mut b1, Duration::from_secs(12)).await,
         };
         assert_eq!(answer, "", "{name}");
-        let open = answered.elapsed();
         assert!(
-            (Duration::from_millis(4500)..Duration::from_secs(8)).contains(&open),
-            "{name} closed {open:?} after its last answer, not at the idle time"
+            sent.elapsed() >= Duration::from_secs(5) && answered.elapsed() < Duration::from_secs(8),
+            "{name} closed {:?} after its last answer, not at the idle time",
+            answered.elapsed()
         );
     }
     trickle.abort();
+    assert!(
+        trickled.load(std::sync::atomic::Ordering::Relaxed) >= 10,
+        "the trickle was under way when its connection closed"
+    );
     // Their places are given back.
     wait_open_connections_on(&server, "dns", 0).await;
     let mut again = from(2).await;

@@ -347,6 +347,7 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
     let store = server.running().authority.store().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut holds = Vec::new();
+    let mut held = None;
     while holds.len() < 2 {
         let jobs = acme_proxy::admin::ops::list_jobs(&store, Some(KIND), None, 10)
             .await
@@ -365,6 +366,7 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
             if holds.last() != Some(&job.run_at) {
                 holds.push(job.run_at);
             }
+            held = Some(job.id);
         }
         assert!(Instant::now() < deadline, "never held twice: {holds:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -391,5 +393,24 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
         assert!(Instant::now() < deadline, "the held validation never ran");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Completed by the job that was held, not a new one.
+    let store = server.running().authority.store().clone();
+    let jobs = acme_proxy::admin::ops::list_jobs(&store, Some(KIND), None, 10)
+        .await
+        .expect("jobs");
+    let job = jobs
+        .iter()
+        .find(|j| j.key == challenge_id)
+        .expect("the validation job");
+    assert_eq!(
+        (Some(job.id), job.status.as_str()),
+        (held, "done"),
+        "{jobs:?}"
+    );
+    assert_eq!(
+        jobs.iter().filter(|j| j.key == challenge_id).count(),
+        1,
+        "{jobs:?}"
+    );
     server.stop().await;
 }
