@@ -29,6 +29,10 @@ pub(crate) enum Arg<'a> {
     Text(Option<&'a str>),
     Bool(bool),
     Bytes(Option<&'a [u8]>),
+    /// PostgreSQL's `text[]` and `bigint[]`, for statements only it runs
+    /// (`unnest(?1::text[])` writes many rows with one statement text).
+    Texts(&'a [&'a str]),
+    Ints(&'a [i64]),
 }
 
 /// A value that can be a statement's argument, borrowed.
@@ -128,6 +132,11 @@ impl ToSql for Arg<'_> {
             Arg::Text(Some(v)) => ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes())),
             Arg::Bytes(Some(v)) => ToSqlOutput::Borrowed(ValueRef::Blob(v)),
             Arg::Int(None) | Arg::Text(None) | Arg::Bytes(None) => ToSqlOutput::Owned(Value::Null),
+            Arg::Texts(_) | Arg::Ints(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "arrays are arguments of PostgreSQL's statements only".into(),
+                ));
+            }
         })
     }
 }
@@ -154,6 +163,8 @@ fn bind<'q>(
             Arg::Text(v) => query.bind(v),
             Arg::Bool(v) => query.bind(v),
             Arg::Bytes(v) => query.bind(v),
+            Arg::Texts(v) => query.bind(v),
+            Arg::Ints(v) => query.bind(v),
         };
     }
     query

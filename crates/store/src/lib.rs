@@ -4,7 +4,8 @@
 //! rows, and every multi-row change as one transaction. Status transitions
 //! are *guarded* statements (`UPDATE … WHERE status = 'ready'`) whose row
 //! count tells the caller whether it won a race; nonce consumption is one
-//! `INSERT` whose row count says whether the nonce was fresh.
+//! `INSERT` (on PostgreSQL shared by the uses that arrive together) whose
+//! rows say whether the nonce was fresh.
 //!
 //! Architecture Invariant: the store never reads the clock. Every function
 //! that depends on time takes `now` (Unix seconds) from its caller.
@@ -93,6 +94,10 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("the store is closed")]
     Closed,
+    /// The error of a statement written for several callers at once (nonce
+    /// uses that arrived together): each of them gets it.
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
     /// Something only the other engine can do.
     #[error("{0}")]
     NotOnThisEngine(&'static str),
@@ -117,6 +122,7 @@ impl StoreError {
     /// A `UNIQUE` constraint refused the write (someone else's row won).
     pub(crate) fn is_unique_violation(&self) -> bool {
         match self {
+            StoreError::Shared(e) => e.is_unique_violation(),
             StoreError::Db(rusqlite::Error::SqliteFailure(e, _)) => {
                 e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
                     || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
@@ -132,6 +138,7 @@ impl StoreError {
     /// may be retried later, and nothing was written.
     pub fn is_unavailable(&self) -> bool {
         match self {
+            StoreError::Shared(e) => e.is_unavailable(),
             StoreError::Pg(e) | StoreError::Open(e) => match e {
                 sqlx::Error::PoolTimedOut
                 | sqlx::Error::PoolClosed
@@ -219,6 +226,8 @@ struct PgDb {
     /// sqlx's pool of one, for what needs a sqlx pool: migrations, the
     /// job runner's `LISTEN` (which keeps its connection) and `db copy`.
     sqlx: sqlx::PgPool,
+    /// Nonce uses waiting to be written, and whether a task writes them.
+    nonces: Arc<nonces::NonceWrites>,
 }
 
 /// A SQLite file's connections.
@@ -689,7 +698,11 @@ async fn postgres_db(url: &str, options: &StoreOptions, read_only: bool) -> Resu
         options.max_connections.saturating_sub(1).max(1),
         options.acquire_timeout,
     )?;
-    Ok(PgDb { pool, sqlx })
+    Ok(PgDb {
+        pool,
+        sqlx,
+        nonces: Arc::default(),
+    })
 }
 
 /// Migrations whose comments were reworded after release, with the

@@ -202,27 +202,49 @@ fn config(
     path
 }
 
+/// A token, a CA certificate for its key (and the test root) in a new
+/// directory, and a configuration that signs with them.
+struct Setup {
+    token: Token,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Setup {
+    /// `pkcs11` as in [`config`]; None where the tools are missing (only
+    /// outside CI).
+    fn new(http_port: u16, pkcs11: &str) -> Option<Setup> {
+        let token = Token::new()?;
+        let (ca_pem, root_pem) = intermediate_for(&token.public_key());
+        let dir = crate::harness::tempdir();
+        std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
+        std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
+        let config = config(
+            dir.path(),
+            &token,
+            &dir.path().join("ca.pem"),
+            &dir.path().join("root.pem"),
+            http_port,
+            pkcs11,
+        );
+        Some(Setup { token, dir, config })
+    }
+
+    fn config(&self) -> &str {
+        self.config.to_str().expect("utf-8")
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_ca_signs_with_a_key_that_exists_only_in_a_softhsm2_token() {
-    let Some(token) = Token::new() else {
+    let responder = Responder::start().await;
+    let Some(setup) = Setup::new(responder.port, "") else {
         return;
     };
-    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
-    let dir = crate::harness::tempdir();
-    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
-    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
-    let responder = Responder::start().await;
-    let config = config(
-        dir.path(),
-        &token,
-        &dir.path().join("ca.pem"),
-        &dir.path().join("root.pem"),
-        responder.port,
-        "",
-    );
+    let token = &setup.token;
     let (_server, directory) = harness::spawn_binary(
-        dir.path(),
-        &["serve", "--config", config.to_str().expect("utf-8")],
+        setup.dir.path(),
+        &["serve", "--config", setup.config()],
         &[("SOFTHSM2_CONF", token.conf())],
     );
     let account = client::account(&directory).await;
@@ -325,24 +347,13 @@ async fn still_serving(base: &str, directory: &serde_json::Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_that_stops_answering_fails_the_finalize_at_its_timeout_while_the_server_keeps_serving()
  {
-    let Some(token) = Token::new() else {
+    let Some(setup) = Setup::new(harness::free_port(), "timeout = \"1s\"") else {
         return;
     };
-    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
-    let dir = crate::harness::tempdir();
-    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
-    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
-    let config = config(
-        dir.path(),
-        &token,
-        &dir.path().join("ca.pem"),
-        &dir.path().join("root.pem"),
-        harness::free_port(),
-        "timeout = \"1s\"",
-    );
+    let (token, dir) = (&setup.token, &setup.dir);
     let (_server, directory_url) = harness::spawn_binary(
         dir.path(),
-        &["serve", "--config", config.to_str().expect("utf-8")],
+        &["serve", "--config", setup.config()],
         &[
             ("SOFTHSM2_CONF", token.conf()),
             ("TOKIO_WORKER_THREADS", "1".to_owned()),
@@ -418,24 +429,13 @@ async fn a_token_that_stops_answering_fails_the_finalize_at_its_timeout_while_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_while_the_token_does_not_answer_is_refused_at_its_timeout_and_the_next_applies() {
-    let Some(token) = Token::new() else {
+    let Some(setup) = Setup::new(harness::free_port(), "timeout = \"1s\"") else {
         return;
     };
-    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
-    let dir = crate::harness::tempdir();
-    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
-    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
-    let config = config(
-        dir.path(),
-        &token,
-        &dir.path().join("ca.pem"),
-        &dir.path().join("root.pem"),
-        harness::free_port(),
-        "timeout = \"1s\"",
-    );
+    let (token, dir) = (&setup.token, &setup.dir);
     let (server, directory_url) = harness::spawn_binary(
         dir.path(),
-        &["serve", "--config", config.to_str().expect("utf-8")],
+        &["serve", "--config", setup.config()],
         &[("SOFTHSM2_CONF", token.conf())],
     );
     let pid = server.0.id();
@@ -463,25 +463,13 @@ async fn a_reload_while_the_token_does_not_answer_is_refused_at_its_timeout_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_that_does_not_answer_at_start_up_stops_it_at_its_timeout_saying_why() {
-    let Some(token) = Token::new() else {
+    let Some(setup) = Setup::new(harness::free_port(), "timeout = \"1s\"") else {
         return;
     };
-    let (ca_pem, root_pem) = intermediate_for(&token.public_key());
-    let dir = crate::harness::tempdir();
-    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
-    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
-    let config = config(
-        dir.path(),
-        &token,
-        &dir.path().join("ca.pem"),
-        &dir.path().join("root.pem"),
-        harness::free_port(),
-        "timeout = \"1s\"",
-    );
-    let hang = token.hang();
+    let hang = setup.token.hang();
     let mut child = Command::new(harness::binary())
-        .args(["serve", "--config", config.to_str().expect("utf-8")])
-        .env("SOFTHSM2_CONF", token.conf())
+        .args(["serve", "--config", setup.config()])
+        .env("SOFTHSM2_CONF", setup.token.conf())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
