@@ -40,7 +40,7 @@ use hickory_server::zone_handler::{MessageResponse, Queries};
 use tokio::task::JoinSet;
 
 use crate::config::{ConnectionsConfig, DnsZoneConfig};
-use crate::listener::{Listener, Open};
+use crate::listener::{AcceptFailures, Listener, Open};
 use crate::metrics::Metrics;
 
 /// The largest UDP answer offered to an EDNS client: the size that passes
@@ -466,14 +466,13 @@ async fn serve_tcp(
     idle: Duration,
 ) {
     let mut connections = JoinSet::new();
+    let mut failures = AcceptFailures::default();
     loop {
         while connections.try_join_next().is_some() {}
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
-                // Out of file descriptors, typically: pause, don't spin.
-                tracing::warn!(event = "dns.accept", outcome = "failure", error = %e, "a DNS TCP accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                failures.failed(&bounds, &e).await;
                 continue;
             }
         };

@@ -56,6 +56,52 @@ pub struct Listener {
     pub metrics: Arc<Metrics>,
 }
 
+/// How often a listener whose accepts keep failing logs it. Out of file
+/// descriptors, every accept fails until a connection closes, and the loop
+/// retries ten times a second: a line each would flood the log just when
+/// someone floods the listener.
+const ACCEPT_FAILURES_LOGGED_EVERY: Duration = Duration::from_secs(60);
+
+/// How long an accept loop pauses after a failed accept, rather than spin.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// One listener's failed accepts: each counted in `accept_failures`, the
+/// first logged at once and the rest at most once a minute, with how many
+/// there were.
+#[derive(Debug, Default)]
+pub(crate) struct AcceptFailures {
+    logged_at: Option<Instant>,
+    unlogged: u64,
+}
+
+impl AcceptFailures {
+    /// Counts a failure at `now`; how many failures to log now, if a line
+    /// is due.
+    fn count(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        match self.logged_at {
+            Some(at) if now.saturating_duration_since(at) < ACCEPT_FAILURES_LOGGED_EVERY => None,
+            _ => {
+                self.logged_at = Some(now);
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
+    }
+
+    /// Counts and perhaps logs a failed accept of `l`, then pauses before
+    /// the next.
+    pub(crate) async fn failed(&mut self, l: &Listener, e: &std::io::Error) {
+        l.metrics
+            .accept_failures
+            .get_or_create(&vec![("listener", l.name.to_owned())])
+            .inc();
+        if let Some(failures) = self.count(Instant::now()) {
+            tracing::warn!(event = "connection.accept", outcome = "failure", listener = l.name, error = %e, failures, "accepts failed (counted in accept_failures_total; logged at most once a minute)");
+        }
+        tokio::time::sleep(ACCEPT_RETRY).await;
+    }
+}
+
 /// Connections open now: in total (watched, so that a stop can wait for
 /// zero) and per client address.
 #[derive(Debug)]
@@ -185,15 +231,14 @@ pub async fn serve(
     let settings = Arc::new(settings);
     let open = Open::new();
     let builder = builder(&settings.limits);
+    let mut failures = AcceptFailures::default();
     loop {
         let (tcp, peer) = tokio::select! {
             () = stopped(&mut stop) => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // Out of file descriptors, typically: pause, don't spin.
-                    tracing::warn!(event = "http.accept", outcome = "failure", listener = settings.name, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    failures.failed(&settings, &e).await;
                     continue;
                 }
             },
@@ -398,4 +443,34 @@ async fn idle_for(activity: &Activity, timeout: Duration) {
 /// Resolves once `stop` is set (the watch guard is not held across awaits).
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::AcceptFailures;
+
+    #[test]
+    fn failing_accepts_are_logged_at_once_then_at_most_once_a_minute_with_their_count() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut failures = AcceptFailures::default();
+        assert_eq!(failures.count(at(0)), Some(1), "the first at once");
+        // Ten a second for a minute: not a line each.
+        for ms in (100..60_000).step_by(100) {
+            assert_eq!(failures.count(at(ms)), None, "at {ms} ms");
+        }
+        assert_eq!(
+            failures.count(at(60_000)),
+            Some(600),
+            "a minute on, one line counting the 599 silent ones and itself"
+        );
+        assert_eq!(failures.count(at(60_100)), None);
+        assert_eq!(
+            failures.count(at(300_000)),
+            Some(2),
+            "after a quiet spell, at once"
+        );
+    }
 }

@@ -74,6 +74,9 @@ pub struct Metrics {
     /// Connections closed at accept by listener and the bound that refused
     /// them (`max_open`, `max_open_per_client`).
     pub connections_refused: Family<Labels, Counter>,
+    /// Accepts that failed, by listener (out of file descriptors,
+    /// typically).
+    pub accept_failures: Family<Labels, Counter>,
     /// Queries the embedded DNS zone answered, by type and response code.
     pub dns_queries: Family<Labels, Counter>,
     /// Requests to the acme-dns API by endpoint (`register`, `update`) and
@@ -117,6 +120,7 @@ impl Metrics {
             egress_proxy_failures: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
+            accept_failures: Family::default(),
             dns_queries: Family::default(),
             dns_api_requests: Family::default(),
             admin_requests: Family::default(),
@@ -228,6 +232,11 @@ impl Metrics {
             "connections_refused",
             "Connections closed as soon as accepted, by listener and the bound that refused them",
             m.connections_refused.clone(),
+        );
+        r.register(
+            "accept_failures",
+            "Accepts that failed, by listener (out of file descriptors, typically)",
+            m.accept_failures.clone(),
         );
         r.register(
             "jobs",

@@ -430,3 +430,96 @@ async fn over_tls_and_http2_stalled_streams_take_no_request_slot_either() {
     drop(h1);
     server.stop().await;
 }
+
+/// The server's open file descriptors.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .count()
+}
+
+/// `acme_proxy_accept_failures_total` of `listener`, read from `metrics`.
+async fn accept_failures(metrics: &str, listener: &str) -> u64 {
+    let (_, _, body) = crate::flow::reqwest_get(&format!("{metrics}/metrics")).await;
+    let counter = format!("acme_proxy_accept_failures_total{{listener=\"{listener}\"}} ");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(&counter))
+        .map_or(0, |v| v.trim().parse().expect("a count"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_file_descriptors_logs_failing_accepts_once_counts_each_and_recovers() {
+    assert!(harness::require_program("prlimit"), "prlimit (util-linux)");
+    let dir = crate::harness::tempdir();
+    let config = dir.path().join("acme-proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n{METRICS}[profiles.default]\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let mut serve = harness::under_umask_022();
+    serve
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .current_dir(dir.path());
+    let log = dir.path().join("acme-proxy.log");
+    let (server, printed) = harness::spawn_serving_printed(serve, &log);
+    let find = |prefix: &str| {
+        printed
+            .iter()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in {printed:?}"))
+            .trim()
+            .to_owned()
+    };
+    let addr: SocketAddr = find("acme-proxy is listening on").parse().unwrap();
+    let metrics = find("metrics:").trim_end_matches("/metrics").to_owned();
+    let pid = server.0.id();
+    assert_eq!(accept_failures(&metrics, "acme").await, 0);
+
+    // Room for two more descriptors: the third connection and those after
+    // it wait in the listen queue while every accept fails (EMFILE).
+    let limit = open_files(pid) + 2;
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={limit}:")])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let failing = "accepts failed";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap().contains(failing) {
+        assert!(Instant::now() < deadline, "no accept failed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Kept out of descriptors for a while: a retry every 100 ms, each a
+    // failure, none a line of its own.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(held);
+
+    // The closed connections give their descriptors back: served again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let health = tokio::time::timeout(
+            Duration::from_secs(2),
+            raw::request("GET", &format!("http://{addr}/health"), None, Vec::new()),
+        )
+        .await;
+        if matches!(health, Ok(ref r) if r.status == 200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not served again");
+    }
+    let failures = accept_failures(&metrics, "acme").await;
+    assert!(failures >= 10, "{failures} failed accepts in 1.5 s");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<_> = text.lines().filter(|l| l.contains(failing)).collect();
+    assert_eq!(lines.len(), 1, "{failures} failures logged as {lines:#?}");
+    assert!(lines[0].contains("Too many open files"), "{}", lines[0]);
+}

@@ -1340,7 +1340,20 @@ pub fn spawn_binary(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (Child
 
 /// Spawns `cmd` (an `acme-proxy serve`), its stderr into the file `log`,
 /// and waits for the default profile's directory URL it prints.
-pub fn spawn_serving(mut cmd: Command, log: &Path) -> (ChildGuard, String) {
+pub fn spawn_serving(cmd: Command, log: &Path) -> (ChildGuard, String) {
+    let (guard, printed) = spawn_serving_printed(cmd, log);
+    let url = printed
+        .iter()
+        .find_map(|line| line.split("ACME directory (default): ").nth(1))
+        .expect("the directory line")
+        .trim()
+        .to_owned();
+    (guard, url)
+}
+
+/// [`spawn_serving`], returning every line printed up to the default
+/// profile's directory URL (the listeners' addresses among them).
+pub fn spawn_serving_printed(mut cmd: Command, log: &Path) -> (ChildGuard, Vec<String>) {
     use std::io::{BufRead, BufReader};
     cmd.stdout(Stdio::piped())
         .stderr(std::fs::File::create(log).expect("log file"));
@@ -1349,13 +1362,16 @@ pub fn spawn_serving(mut cmd: Command, log: &Path) -> (ChildGuard, String) {
     let guard = ChildGuard(child);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut printed = Vec::new();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(url) = line.split("ACME directory (default): ").nth(1) {
-                let _ = tx.send(url.trim().to_owned());
+            let last = line.contains("ACME directory (default): ");
+            printed.push(line);
+            if last {
+                let _ = tx.send(std::mem::take(&mut printed));
             }
         }
     });
-    let url = rx
+    let printed = rx
         .recv_timeout(Duration::from_secs(30))
         .unwrap_or_else(|e| {
             panic!(
@@ -1363,7 +1379,7 @@ pub fn spawn_serving(mut cmd: Command, log: &Path) -> (ChildGuard, String) {
                 std::fs::read_to_string(log).unwrap_or_default()
             )
         });
-    (guard, url)
+    (guard, printed)
 }
 
 /// A webhook receiver: records every request (headers and body) and
