@@ -662,6 +662,7 @@ async fn update(
     match outcome {
         Ok(Authorized {
             username: _,
+            zone,
             fulldomain,
             txt,
         }) => {
@@ -676,7 +677,7 @@ async fn update(
             with_context(&mut audit, &ctx);
             match api
                 .store
-                .rotate_dns_txt(&api.zone, &fulldomain, &txt, now, &audit)
+                .rotate_dns_txt(&zone, &fulldomain, &txt, now, &audit)
                 .await
             {
                 Ok(()) => {
@@ -729,6 +730,9 @@ async fn update(
 
 struct Authorized {
     username: String,
+    /// The account's zone (the first configured when it registered),
+    /// whose serial the update moves on.
+    zone: String,
     fulldomain: String,
     txt: String,
 }
@@ -858,6 +862,7 @@ async fn authorize(
     }
     Ok(Authorized {
         username: account.username.clone(),
+        zone: account.zone.clone(),
         fulldomain: account.fulldomain(),
         txt: body.txt,
     })

@@ -755,3 +755,54 @@ async fn registrations_past_max_accounts_are_refused_and_audited_and_the_operato
     assert_eq!(store.dns_account_count().await.expect("count"), 3);
     server.stop().await;
 }
+
+/// The SOA serial `at` serves for `zone`.
+fn soa_serial(at: SocketAddr, zone: &str) -> u32 {
+    let out = Command::new("dig")
+        .arg(format!("@{}", at.ip()))
+        .args(["-p", &at.port().to_string(), "+norec", "+short", "+time=5"])
+        .args([zone, "SOA"])
+        .output()
+        .expect("run dig");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // mname rname serial refresh retry expire minimum
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no SOA for {zone}: {out:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_moves_the_serial_of_the_accounts_own_zone_after_the_zones_are_reordered() {
+    if !harness::require_program("dig") {
+        return;
+    }
+    const OTHER: &str = "other.zone.test";
+    let data = harness::tempdir();
+    let first = TestServer::config_text(data.path(), 1, None, &zone_table(""));
+    let server = TestServer::start_in(harness::tempdir(), &first).await;
+    let a = registered(server.base(), "").await;
+    assert_eq!(a.fulldomain, format!("{}.{ZONE}", a.subdomain));
+    server.stop().await;
+
+    // Restarted with another zone listed first ([dns_zone] takes a
+    // restart): new accounts go there, this one stays where it was.
+    let second = first.replace(
+        &format!("zones = [\"{ZONE}\"]"),
+        &format!("zones = [\"{OTHER}\", \"{ZONE}\"]"),
+    );
+    assert_ne!(first, second);
+    let server = TestServer::start_in(harness::tempdir(), &second).await;
+    let base = server.base().to_owned();
+    let at = server.running().dns_addrs[0];
+    let b = registered(&base, "").await;
+    assert_eq!(b.fulldomain, format!("{}.{OTHER}", b.subdomain));
+
+    let (own, other) = (soa_serial(at, ZONE), soa_serial(at, OTHER));
+    let r = update(&base, &a.username, &a.password, &a.subdomain, &value(1)).await;
+    assert_eq!(r.status, 200, "{}", r.problem());
+    assert_eq!(served(at, &a.fulldomain), [value(1)]);
+    assert_eq!(soa_serial(at, ZONE), own + 1, "the changed zone's serial");
+    assert_eq!(soa_serial(at, OTHER), other, "a zone that did not change");
+    server.stop().await;
+}
