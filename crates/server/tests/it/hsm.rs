@@ -214,8 +214,14 @@ impl Setup {
     /// `pkcs11` as in [`config`]; None where the tools are missing (only
     /// outside CI).
     fn new(http_port: u16, pkcs11: &str) -> Option<Setup> {
+        Self::with_ca_key(None, http_port, pkcs11)
+    }
+
+    /// [`Setup::new`], with the CA certificate made for `spki` if given
+    /// instead of the token's key.
+    fn with_ca_key(spki: Option<&[u8]>, http_port: u16, pkcs11: &str) -> Option<Setup> {
         let token = Token::new()?;
-        let (ca_pem, root_pem) = intermediate_for(&token.public_key());
+        let (ca_pem, root_pem) = intermediate_for(spki.unwrap_or(&token.public_key()));
         let dir = crate::harness::tempdir();
         std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
         std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
@@ -275,26 +281,18 @@ async fn the_embedded_ca_signs_with_a_key_that_exists_only_in_a_softhsm2_token()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ca_certificate_whose_key_is_not_the_tokens_stops_start_up() {
-    let Some(token) = Token::new() else {
-        return;
-    };
     // A CA certificate for some other key.
     let other = KeyPair::generate().expect("key");
-    let (ca_pem, root_pem) = intermediate_for(&other.subject_public_key_info());
-    let dir = crate::harness::tempdir();
-    std::fs::write(dir.path().join("ca.pem"), &ca_pem).expect("ca.pem");
-    std::fs::write(dir.path().join("root.pem"), &root_pem).expect("root.pem");
-    let config = config(
-        dir.path(),
-        &token,
-        &dir.path().join("ca.pem"),
-        &dir.path().join("root.pem"),
+    let Some(setup) = Setup::with_ca_key(
+        Some(&other.subject_public_key_info()),
         harness::free_port(),
         "",
-    );
+    ) else {
+        return;
+    };
     let out = Command::new(harness::binary())
-        .args(["serve", "--config", config.to_str().expect("utf-8")])
-        .env("SOFTHSM2_CONF", token.conf())
+        .args(["serve", "--config", setup.config()])
+        .env("SOFTHSM2_CONF", setup.token.conf())
         .output()
         .expect("run acme-proxy");
     assert!(!out.status.success());
