@@ -174,6 +174,7 @@ impl StoreError {
     pub(crate) fn is_unique_violation_of(&self, column: &str, index: &str) -> bool {
         self.is_unique_violation()
             && match self {
+                StoreError::Shared(e) => e.is_unique_violation_of(column, index),
                 StoreError::Db(rusqlite::Error::SqliteFailure(_, Some(message))) => {
                     message.contains(column)
                 }

@@ -141,7 +141,7 @@ impl TestDb {
     }
 
     /// A PostgreSQL connection of its own to the database.
-    async fn postgres(&self) -> sqlx::PgConnection {
+    pub(crate) async fn postgres(&self) -> sqlx::PgConnection {
         <sqlx::PgConnection as sqlx::Connection>::connect(&self.url)
             .await
             .unwrap()
