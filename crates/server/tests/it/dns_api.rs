@@ -28,16 +28,21 @@ fn value(n: u8) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([n; 32])
 }
 
-/// The TXT values the zone serves at `name`, sorted.
-fn served(at: SocketAddr, name: &str) -> Vec<String> {
+/// What `dig +short` prints for `name`'s records of `qtype` at `at`.
+fn dig_short(at: SocketAddr, name: &str, qtype: &str) -> String {
     let out = Command::new("dig")
         .arg(format!("@{}", at.ip()))
         .args(["-p", &at.port().to_string(), "+norec", "+short", "+time=5"])
-        .args([name, "TXT"])
+        .args([name, qtype])
         .output()
         .expect("run dig");
-    assert!(out.status.success(), "dig {name}: {out:?}");
-    let mut values: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    assert!(out.status.success(), "dig {name} {qtype}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The TXT values the zone serves at `name`, sorted.
+fn served(at: SocketAddr, name: &str) -> Vec<String> {
+    let mut values: Vec<String> = dig_short(at, name, "TXT")
         .lines()
         .map(|l| l.trim_matches('"').to_owned())
         .filter(|l| !l.is_empty())
@@ -758,18 +763,12 @@ async fn registrations_past_max_accounts_are_refused_and_audited_and_the_operato
 
 /// The SOA serial `at` serves for `zone`.
 fn soa_serial(at: SocketAddr, zone: &str) -> u32 {
-    let out = Command::new("dig")
-        .arg(format!("@{}", at.ip()))
-        .args(["-p", &at.port().to_string(), "+norec", "+short", "+time=5"])
-        .args([zone, "SOA"])
-        .output()
-        .expect("run dig");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = dig_short(at, zone, "SOA");
     // mname rname serial refresh retry expire minimum
     text.split_whitespace()
         .nth(2)
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no SOA for {zone}: {out:?}"))
+        .unwrap_or_else(|| panic!("no SOA for {zone}: {text:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
