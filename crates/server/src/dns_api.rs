@@ -37,6 +37,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::forwarded::client_network;
 use crate::authority::RequestContext;
 use crate::clock::SharedClock;
 use crate::config::{DnsApiConfig, DnsRegistration};
@@ -434,14 +435,11 @@ pub fn network(text: &str) -> Option<IpNet> {
 }
 
 /// What a client's registrations are counted under: its address, or its
-/// /64 for IPv6 (one host is commonly given a whole /64).
+/// /64 for IPv6 ([`client_network`]).
 fn limit_key(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-        }
+    match client_network(ip) {
+        IpNet::V4(v4) => v4.addr().to_string(),
+        v6 => v6.to_string(),
     }
 }
 

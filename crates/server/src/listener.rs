@@ -25,10 +25,12 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::api::forwarded::client_network;
 use crate::config::ConnectionsConfig;
 use crate::metrics::Metrics;
 
@@ -103,18 +105,19 @@ impl AcceptFailures {
 }
 
 /// Connections open now: in total (watched, so that a stop can wait for
-/// zero) and per client address.
+/// zero) and per client (an IPv4 address or an IPv6 /64:
+/// [`client_network`]).
 #[derive(Debug)]
 pub(crate) struct Open {
     total: watch::Sender<usize>,
-    per_client: Mutex<HashMap<IpAddr, usize>>,
+    per_client: Mutex<HashMap<IpNet, usize>>,
 }
 
 /// One admitted connection; dropping it gives its place back.
 pub(crate) struct Admitted {
     open: Arc<Open>,
-    /// The address counted, unless exempt.
-    client: Option<IpAddr>,
+    /// The client counted, unless exempt.
+    client: Option<IpNet>,
     listener: &'static str,
     metrics: Arc<Metrics>,
 }
@@ -177,13 +180,14 @@ impl Open {
         let client = if exempt {
             None
         } else {
+            let client = client_network(peer);
             let mut per = self.per_client.lock().unwrap_or_else(|p| p.into_inner());
-            let n = per.entry(peer).or_insert(0);
+            let n = per.entry(client).or_insert(0);
             if *n >= l.limits.max_open_per_client {
                 return Err("max_open_per_client");
             }
             *n += 1;
-            Some(peer)
+            Some(client)
         };
         let mut admitted = false;
         self.total.send_if_modified(|n| {
@@ -447,9 +451,50 @@ pub async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::net::IpAddr;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::AcceptFailures;
+    use super::{AcceptFailures, Listener, Open};
+    use crate::config::ConnectionsConfig;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn an_ipv6_client_is_held_to_its_share_across_its_64_and_an_ipv4_one_across_both_spellings() {
+        let l = Listener {
+            name: "acme",
+            tls: None,
+            limits: ConnectionsConfig {
+                max_open_per_client: 2,
+                ..ConnectionsConfig::default()
+            },
+            exempt: Vec::new(),
+            metrics: Arc::new(Metrics::new(Default::default())),
+        };
+        let open = Open::new();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // Three addresses of one /64: a new address per connection does
+        // not buy a new share.
+        let first = open.admit(ip("2001:db8:1:2::1"), &l).unwrap();
+        let _second = open.admit(ip("2001:db8:1:2:aaaa::7"), &l).unwrap();
+        assert_eq!(
+            open.admit(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"), &l).err(),
+            Some("max_open_per_client")
+        );
+        let _next_64 = open.admit(ip("2001:db8:1:3::1"), &l).unwrap();
+        drop(first);
+        let _again = open.admit(ip("2001:db8:1:2::9"), &l).unwrap();
+        // An IPv4 client on a dual-stack socket is the same client.
+        let _v4 = open.admit(ip("192.0.2.1"), &l).unwrap();
+        let _mapped = open.admit(ip("::ffff:192.0.2.1"), &l).unwrap();
+        assert_eq!(
+            open.admit(ip("192.0.2.1"), &l).err(),
+            Some("max_open_per_client")
+        );
+        let _neighbour = open.admit(ip("192.0.2.2"), &l).unwrap();
+    }
 
     #[test]
     fn failing_accepts_are_logged_at_once_then_at_most_once_a_minute_with_their_count() {

@@ -99,9 +99,18 @@ fn parse_node(text: &str) -> Option<IpAddr> {
 /// IPv4-mapped IPv6 addresses (a dual-stack listener's view of an IPv4
 /// peer) compared and recorded as IPv4.
 fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+    ip.to_canonical()
+}
+
+/// What counts as one client wherever clients are counted (open
+/// connections, registrations, new accounts): its IPv4 address, or the /64
+/// of its IPv6 address, since one host is commonly given a whole /64 and
+/// could otherwise take a new address per connection. An IPv4 client on a
+/// dual-stack socket (`::ffff:a.b.c.d`) is counted by its IPv4 address.
+pub fn client_network(ip: IpAddr) -> IpNet {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => ipnet::Ipv4Net::from(v4).into(),
+        IpAddr::V6(v6) => ipnet::Ipv6Net::new_assert(v6, 64).trunc().into(),
     }
 }
 
@@ -110,6 +119,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_client_is_its_ipv4_address_or_its_ipv6_64() {
+        let net = |s: &str| client_network(s.parse().unwrap()).to_string();
+        assert_eq!(net("192.0.2.7"), "192.0.2.7/32");
+        assert_eq!(net("::ffff:192.0.2.7"), "192.0.2.7/32");
+        assert_eq!(net("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::/64");
+        assert_eq!(net("::1"), "::/64");
+    }
 
     fn headers(name: &str, values: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();

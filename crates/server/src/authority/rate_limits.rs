@@ -334,11 +334,9 @@ impl Authority {
         else {
             return Ok(());
         };
-        let who = match ip.to_canonical() {
-            IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) => ipnet::Ipv6Net::new(v6, 64)
-                .map(|n| n.trunc().to_string())
-                .unwrap_or_else(|_| v6.to_string()),
+        let who = match crate::api::forwarded::client_network(ip) {
+            ipnet::IpNet::V4(v4) => v4.addr().to_string(),
+            v6 => v6.to_string(),
         };
         let want = Want {
             limit: Limit::NewAccounts,

@@ -11,8 +11,9 @@ pub struct ConnectionsConfig {
     /// Connections open at once on one listener; past it, new ones are
     /// closed as soon as they are accepted.
     pub max_open: usize,
-    /// Connections open at once from one client address (not counted for
-    /// the addresses of `trusted_proxies`, which carry many clients).
+    /// Connections open at once from one client: an IPv4 address, or an
+    /// IPv6 /64, which one host commonly holds whole (not counted for the
+    /// addresses of `trusted_proxies`, which carry many clients).
     pub max_open_per_client: usize,
     /// Time to send a whole request head, from the connection's start or
     /// the end of the previous request (HTTP/1.1's keep-alive idle time).
