@@ -16,6 +16,8 @@
 //!   copy back.
 //! - **Identity sequences** (job and audit ids, challenge order) are moved
 //!   past the copied values, so new rows get new ids.
+//! - **Analyzed.** The copied tables' planner statistics are gathered in
+//!   the same transaction.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -292,6 +294,13 @@ impl Store {
                 digest: written.hex(),
             });
         }
+        // Statistics for the planner, committed with the rows (ANALYZE may
+        // run in a transaction): a server started on the copy plans on them
+        // at once instead of on a guess until autovacuum's first ANALYZE.
+        sqlx::query(audited(format!("ANALYZE {}", TABLES.join(", "))))
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::Pg)?;
         tx.commit().await.map_err(StoreError::Pg)?;
         Ok(copied)
     }

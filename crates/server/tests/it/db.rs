@@ -175,7 +175,8 @@ async fn db_copy_moves_a_sqlite_installation_to_postgres_which_serves_the_same_o
     server.stop().await;
 
     // The new configuration: PostgreSQL, its password in a file.
-    let (url, password) = crate::postgres::without_password(&harness::fresh_postgres_database());
+    let database = harness::fresh_postgres_database();
+    let (url, password) = crate::postgres::without_password(&database);
     let secret = home.path().join("database-password");
     std::fs::write(&secret, format!("{password}\n")).unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -227,6 +228,15 @@ async fn db_copy_moves_a_sqlite_installation_to_postgres_which_serves_the_same_o
     assert_eq!(rows("accounts"), accounts.len() as u64);
     assert!(rows("audit_log") >= (ORDERS + REVOKED) as u64, "{copied:?}");
     eprintln!("{}", copied.stdout);
+
+    // The copy left the planner statistics of what it wrote.
+    assert_eq!(
+        harness::psql_scalar(
+            &database,
+            "SELECT reltuples::bigint FROM pg_class WHERE relname = 'orders'"
+        ),
+        ORDERS.to_string()
+    );
 
     // Copying again is refused: the target is no longer empty.
     let again = harness::run_cli(&config, &["db", "copy", "--from", &from], &[]);
