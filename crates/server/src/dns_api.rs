@@ -437,7 +437,7 @@ pub fn network(text: &str) -> Option<IpNet> {
 /// What a client's registrations are counted under: its address, or its
 /// /64 for IPv6 ([`client_network`]).
 fn limit_key(ip: IpAddr) -> String {
-    match client_network(ip) {
+    match client_network(ip, 64) {
         IpNet::V4(v4) => v4.addr().to_string(),
         v6 => v6.to_string(),
     }

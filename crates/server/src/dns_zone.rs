@@ -408,7 +408,13 @@ impl DnsServer {
     /// Binds every `listen` address on UDP and TCP (port 0: one port free
     /// for both, which the log line and `addresses` tell) and starts
     /// answering.
-    pub async fn start(config: &DnsZoneConfig, authority: Authority) -> Result<DnsServer, String> {
+    /// `ipv6_client_prefix`: `[connections]`'s, what one client is for
+    /// `tcp_max_open_per_client`.
+    pub async fn start(
+        config: &DnsZoneConfig,
+        ipv6_client_prefix: u8,
+        authority: Authority,
+    ) -> Result<DnsServer, String> {
         let authority = Arc::new(authority);
         let mut server = Server::new(Udp(Arc::clone(&authority)));
         // One count of open connections for every address.
@@ -418,6 +424,7 @@ impl DnsServer {
             limits: ConnectionsConfig {
                 max_open: config.tcp_max_open,
                 max_open_per_client: config.tcp_max_open_per_client,
+                ipv6_client_prefix,
                 ..ConnectionsConfig::default()
             },
             exempt: Vec::new(),

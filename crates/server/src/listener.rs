@@ -105,7 +105,7 @@ impl AcceptFailures {
 }
 
 /// Connections open now: in total (watched, so that a stop can wait for
-/// zero) and per client (an IPv4 address or an IPv6 /64:
+/// zero) and per client (an IPv4 address or an IPv6 network:
 /// [`client_network`]).
 #[derive(Debug)]
 pub(crate) struct Open {
@@ -180,7 +180,7 @@ impl Open {
         let client = if exempt {
             None
         } else {
-            let client = client_network(peer);
+            let client = client_network(peer, l.limits.ipv6_client_prefix);
             let mut per = self.per_client.lock().unwrap_or_else(|p| p.into_inner());
             let n = per.entry(client).or_insert(0);
             if *n >= l.limits.max_open_per_client {
@@ -461,20 +461,30 @@ mod tests {
     use crate::config::ConnectionsConfig;
     use crate::metrics::Metrics;
 
-    #[test]
-    fn an_ipv6_client_is_held_to_its_share_across_its_64_and_an_ipv4_one_across_both_spellings() {
-        let l = Listener {
+    /// A listener allowing `per_client` connections to one client, an IPv6
+    /// client being a network of `ipv6_prefix` bits.
+    fn listener(per_client: usize, ipv6_prefix: u8) -> Listener {
+        Listener {
             name: "acme",
             tls: None,
             limits: ConnectionsConfig {
-                max_open_per_client: 2,
+                max_open_per_client: per_client,
+                ipv6_client_prefix: ipv6_prefix,
                 ..ConnectionsConfig::default()
             },
             exempt: Vec::new(),
             metrics: Arc::new(Metrics::new(Default::default())),
-        };
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_client_is_held_to_its_share_across_its_64_and_an_ipv4_one_across_both_spellings() {
+        let l = listener(2, 64);
         let open = Open::new();
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         // Three addresses of one /64: a new address per connection does
         // not buy a new share.
         let first = open.admit(ip("2001:db8:1:2::1"), &l).unwrap();
@@ -494,6 +504,18 @@ mod tests {
             Some("max_open_per_client")
         );
         let _neighbour = open.admit(ip("192.0.2.2"), &l).unwrap();
+    }
+
+    #[test]
+    fn with_an_ipv6_client_prefix_of_128_each_address_has_a_share_of_its_own() {
+        let l = listener(1, 128);
+        let open = Open::new();
+        let _a = open.admit(ip("2001:db8:1:2::1"), &l).unwrap();
+        let _b = open.admit(ip("2001:db8:1:2::2"), &l).unwrap();
+        assert_eq!(
+            open.admit(ip("2001:db8:1:2::1"), &l).err(),
+            Some("max_open_per_client")
+        );
     }
 
     #[test]

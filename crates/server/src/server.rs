@@ -916,9 +916,13 @@ pub async fn start_with(
                 Arc::clone(&authority.metrics),
             )
             .map_err(anyhow::Error::msg)?;
-            let dns = crate::dns_zone::DnsServer::start(zone, answers)
-                .await
-                .map_err(anyhow::Error::msg)?;
+            let dns = crate::dns_zone::DnsServer::start(
+                zone,
+                config.connections.ipv6_client_prefix,
+                answers,
+            )
+            .await
+            .map_err(anyhow::Error::msg)?;
             for at in &dns.addresses {
                 tracing::info!(event = "dns.started", outcome = "success", %at, zones = %zone.zones.join(","), "the DNS zone answers");
             }

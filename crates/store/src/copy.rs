@@ -294,9 +294,10 @@ impl Store {
                 digest: written.hex(),
             });
         }
-        // Statistics for the planner, committed with the rows (ANALYZE may
-        // run in a transaction): a server started on the copy plans on them
-        // at once instead of on a guess until autovacuum's first ANALYZE.
+        // Statistics for the planner, gathered in the copy's transaction
+        // (ANALYZE may run in one, and counts the rows it wrote): a server
+        // started on the copy plans on them at once instead of on a guess
+        // until autovacuum's first ANALYZE.
         sqlx::query(audited(format!("ANALYZE {}", TABLES.join(", "))))
             .execute(&mut *tx)
             .await

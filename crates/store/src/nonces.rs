@@ -369,6 +369,96 @@ mod tests {
         }
     }
 
+    /// Another session's lock on `used_nonces`, held until [`release`]:
+    /// a record's statement waits for it.
+    async fn hold_used_nonces(db: &TestDb) -> sqlx::PgConnection {
+        let mut holder = db.postgres().await;
+        sqlx::raw_sql("BEGIN; LOCK TABLE used_nonces IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        holder
+    }
+
+    async fn release(mut holder: sqlx::PgConnection) {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+    }
+
+    /// Whether a fresh use is accepted; it must be answered within 5 s.
+    async fn the_next_use_is_written(store: &crate::Store) -> bool {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            store.use_nonce("next", 10),
+        )
+        .await
+        .expect("the next use is answered")
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn on_postgres_a_writer_dropped_mid_statement_answers_the_uses_queued_behind_it_and_the_next_starts_another()
+     {
+        if !on_postgres() {
+            return;
+        }
+        let (db, store) = TestDb::open().await;
+        let holder = hold_used_nonces(&db).await;
+        // The writer is started on a runtime of its own, shut down while
+        // its statement waits: the writer task is dropped, as when the
+        // server stops or the task panics.
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let first = other.spawn({
+            let store = store.clone();
+            async move { store.use_nonce("first", 10).await }
+        });
+        // Well within WRITE_TIMEOUT, after which the writer would answer
+        // by itself.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while db
+            .scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()
+                   AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO used_nonces%'",
+            )
+            .await
+            == 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first record never waited on the lock"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // Queued behind the statement, on this runtime.
+        let queued = tokio::spawn({
+            let store = store.clone();
+            async move { store.use_nonce("queued", 10).await }
+        });
+        let crate::Backend::Postgres(pg) = &store.backend else {
+            unreachable!("on PostgreSQL")
+        };
+        while pg.nonces.pending().uses.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never queued");
+            tokio::task::yield_now().await;
+        }
+        other.shutdown_background();
+        assert!(first.await.unwrap_err().is_cancelled());
+        let queued = tokio::time::timeout(std::time::Duration::from_secs(5), queued)
+            .await
+            .expect("the use queued behind the dropped writer is answered")
+            .unwrap();
+        assert!(matches!(queued, Err(StoreError::Closed)), "{queued:?}");
+        release(holder).await;
+        // The dropped writer left no one believing it still writes.
+        assert!(the_next_use_is_written(&store).await);
+    }
+
     #[tokio::test]
     async fn on_postgres_a_nonce_record_stuck_past_its_time_answers_unavailable_and_the_next_is_written()
      {
@@ -377,11 +467,7 @@ mod tests {
         }
         let (db, store) = TestDb::open().await;
         // Another session holds the table: the record's statement waits.
-        let mut holder = db.postgres().await;
-        sqlx::raw_sql("BEGIN; LOCK TABLE used_nonces IN ACCESS EXCLUSIVE MODE")
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        let holder = hold_used_nonces(&db).await;
         let started = std::time::Instant::now();
         let refused = store.use_nonce("stuck", 10).await.unwrap_err();
         assert!(refused.is_unavailable(), "{refused}");
@@ -390,19 +476,8 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        sqlx::raw_sql("ROLLBACK")
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        release(holder).await;
         // The writer was not stuck with it.
-        assert!(
-            tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                store.use_nonce("next", 10)
-            )
-            .await
-            .expect("the next use is written")
-            .unwrap()
-        );
+        assert!(the_next_use_is_written(&store).await);
     }
 }

@@ -103,14 +103,19 @@ fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 /// What counts as one client wherever clients are counted (open
-/// connections, registrations, new accounts): its IPv4 address, or the /64
-/// of its IPv6 address, since one host is commonly given a whole /64 and
-/// could otherwise take a new address per connection. An IPv4 client on a
-/// dual-stack socket (`::ffff:a.b.c.d`) is counted by its IPv4 address.
-pub fn client_network(ip: IpAddr) -> IpNet {
+/// connections, registrations, new accounts): its IPv4 address, or its
+/// IPv6 address's network of `ipv6_prefix` bits (at most 128) — 64 for
+/// registrations and new accounts, since one host is commonly given a
+/// whole /64 and could otherwise take a new address per attempt. An IPv4
+/// client on a dual-stack socket (`::ffff:a.b.c.d`) is counted by its IPv4
+/// address.
+pub fn client_network(ip: IpAddr, ipv6_prefix: u8) -> IpNet {
     match ip.to_canonical() {
         IpAddr::V4(v4) => ipnet::Ipv4Net::from(v4).into(),
-        IpAddr::V6(v6) => ipnet::Ipv6Net::new_assert(v6, 64).trunc().into(),
+        IpAddr::V6(v6) => ipnet::Ipv6Net::new(v6, ipv6_prefix)
+            .unwrap_or_else(|_| ipnet::Ipv6Net::from(v6))
+            .trunc()
+            .into(),
     }
 }
 
@@ -121,12 +126,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_client_is_its_ipv4_address_or_its_ipv6_64() {
-        let net = |s: &str| client_network(s.parse().unwrap()).to_string();
-        assert_eq!(net("192.0.2.7"), "192.0.2.7/32");
-        assert_eq!(net("::ffff:192.0.2.7"), "192.0.2.7/32");
-        assert_eq!(net("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::/64");
-        assert_eq!(net("::1"), "::/64");
+    fn a_client_is_its_ipv4_address_or_its_ipv6_network() {
+        let net = |s: &str, bits| client_network(s.parse().unwrap(), bits).to_string();
+        assert_eq!(net("192.0.2.7", 64), "192.0.2.7/32");
+        assert_eq!(net("::ffff:192.0.2.7", 64), "192.0.2.7/32");
+        assert_eq!(
+            net("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 64),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(net("::1", 64), "::/64");
+        assert_eq!(
+            net("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 128),
+            "2001:db8:1:2:aaaa:bbbb:cccc:dddd/128"
+        );
+        assert_eq!(net("::ffff:192.0.2.7", 128), "192.0.2.7/32");
     }
 
     fn headers(name: &str, values: &[&str]) -> HeaderMap {

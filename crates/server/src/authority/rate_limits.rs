@@ -334,7 +334,7 @@ impl Authority {
         else {
             return Ok(());
         };
-        let who = match crate::api::forwarded::client_network(ip) {
+        let who = match crate::api::forwarded::client_network(ip, 64) {
             ipnet::IpNet::V4(v4) => v4.addr().to_string(),
             v6 => v6.to_string(),
         };

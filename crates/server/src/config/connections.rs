@@ -12,9 +12,15 @@ pub struct ConnectionsConfig {
     /// closed as soon as they are accepted.
     pub max_open: usize,
     /// Connections open at once from one client: an IPv4 address, or an
-    /// IPv6 /64, which one host commonly holds whole (not counted for the
+    /// IPv6 network of `ipv6_client_prefix` bits (not counted for the
     /// addresses of `trusted_proxies`, which carry many clients).
     pub max_open_per_client: usize,
+    /// The IPv6 prefix counted as one client by `max_open_per_client`
+    /// (and the DNS zone's `tcp_max_open_per_client`), 32 to 128: 64
+    /// because one host is commonly given a whole /64 and could take a new
+    /// address per connection; 128 where many hosts share a /64 (a LAN
+    /// segment with SLAAC addresses) and each should have its own share.
+    pub ipv6_client_prefix: u8,
     /// Time to send a whole request head, from the connection's start or
     /// the end of the previous request (HTTP/1.1's keep-alive idle time).
     #[serde(deserialize_with = "duration")]
@@ -47,6 +53,7 @@ impl Default for ConnectionsConfig {
         Self {
             max_open: 4096,
             max_open_per_client: 256,
+            ipv6_client_prefix: 64,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),

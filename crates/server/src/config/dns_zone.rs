@@ -44,8 +44,9 @@ pub struct DnsZoneConfig {
     /// a new one is closed as soon as it is accepted (UDP is not limited).
     #[serde(default = "default_dns_tcp_max_open")]
     pub tcp_max_open: usize,
-    /// TCP connections open at once from one client (an IPv4 address or
-    /// an IPv6 /64); past it, as `tcp_max_open`.
+    /// TCP connections open at once from one client (an IPv4 address, or
+    /// an IPv6 network of `[connections] ipv6_client_prefix` bits); past
+    /// it, as `tcp_max_open`.
     #[serde(default = "default_dns_tcp_max_open_per_client")]
     pub tcp_max_open_per_client: usize,
     /// An acme-dns-compatible HTTP API on the ACME listener, under

@@ -807,6 +807,12 @@ impl Config {
             problems.push(
                 "connections.max_open, connections.max_open_per_client and connections.h2_max_concurrent_streams must be at least 1; write e.g. max_open_per_client = 64".into());
         }
+        if !(32..=128).contains(&c.ipv6_client_prefix) {
+            problems.push(format!(
+                "connections.ipv6_client_prefix is {}: it must be 32 to 128; write ipv6_client_prefix = 64 (a host per /64) or 128 (a host per address)",
+                c.ipv6_client_prefix
+            ));
+        }
         for (key, value) in [
             ("header_read_timeout", c.header_read_timeout),
             ("body_read_timeout", c.body_read_timeout),
@@ -1361,6 +1367,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_attempts"), "{err}");
+    }
+
+    #[test]
+    fn an_ipv6_client_prefix_outside_32_to_128_is_refused_saying_what_to_write() {
+        for bits in [0, 31, 129] {
+            let err = Config::from_toml(&format!("[connections]\nipv6_client_prefix = {bits}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("connections.ipv6_client_prefix is") && err.contains("write"),
+                "{err}"
+            );
+        }
+        for bits in [32, 64, 128] {
+            let config =
+                Config::from_toml(&format!("[connections]\nipv6_client_prefix = {bits}")).unwrap();
+            assert_eq!(config.connections.ipv6_client_prefix, bits);
+        }
     }
 
     #[test]
