@@ -37,7 +37,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::forwarded::client_network;
+use crate::api::forwarded::{IPV6_HOST_PREFIX, client_network};
 use crate::authority::RequestContext;
 use crate::clock::SharedClock;
 use crate::config::{DnsApiConfig, DnsRegistration};
@@ -437,7 +437,7 @@ pub fn network(text: &str) -> Option<IpNet> {
 /// What a client's registrations are counted under: its address, or its
 /// /64 for IPv6 ([`client_network`]).
 fn limit_key(ip: IpAddr) -> String {
-    match client_network(ip, 64) {
+    match client_network(ip, IPV6_HOST_PREFIX) {
         IpNet::V4(v4) => v4.addr().to_string(),
         v6 => v6.to_string(),
     }

@@ -102,13 +102,17 @@ fn canonical(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
 }
 
+/// The IPv6 prefix one host is commonly given whole: what registrations,
+/// new accounts and console logins are counted under, since such a host
+/// could otherwise take a new address per attempt.
+pub const IPV6_HOST_PREFIX: u8 = 64;
+
 /// What counts as one client wherever clients are counted (open
-/// connections, registrations, new accounts): its IPv4 address, or its
-/// IPv6 address's network of `ipv6_prefix` bits (at most 128) — 64 for
-/// registrations and new accounts, since one host is commonly given a
-/// whole /64 and could otherwise take a new address per attempt. An IPv4
-/// client on a dual-stack socket (`::ffff:a.b.c.d`) is counted by its IPv4
-/// address.
+/// connections, registrations, new accounts, console logins): its IPv4
+/// address, or its IPv6 address's network of `ipv6_prefix` bits (at most
+/// 128; [`IPV6_HOST_PREFIX`] but where the operator sets the connections'
+/// own). An IPv4 client on a dual-stack socket (`::ffff:a.b.c.d`) is
+/// counted by its IPv4 address.
 pub fn client_network(ip: IpAddr, ipv6_prefix: u8) -> IpNet {
     match ip.to_canonical() {
         IpAddr::V4(v4) => ipnet::Ipv4Net::from(v4).into(),

@@ -334,7 +334,10 @@ impl Authority {
         else {
             return Ok(());
         };
-        let who = match crate::api::forwarded::client_network(ip, 64) {
+        let who = match crate::api::forwarded::client_network(
+            ip,
+            crate::api::forwarded::IPV6_HOST_PREFIX,
+        ) {
             ipnet::IpNet::V4(v4) => v4.addr().to_string(),
             v6 => v6.to_string(),
         };

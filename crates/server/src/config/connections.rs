@@ -53,7 +53,7 @@ impl Default for ConnectionsConfig {
         Self {
             max_open: 4096,
             max_open_per_client: 256,
-            ipv6_client_prefix: 64,
+            ipv6_client_prefix: crate::api::forwarded::IPV6_HOST_PREFIX,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),

@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde::Deserialize;
 
 use super::{Console, SESSION_COOKIE, Session};
+use crate::api::forwarded::{IPV6_HOST_PREFIX, client_network};
 use crate::passwords::Checked;
 
 /// Wrong passwords allowed per name and per address within [`WINDOW_MS`];
@@ -151,6 +152,17 @@ fn cleared_cookie() -> HeaderValue {
     )
 }
 
+/// What a login attempt is throttled under: the name tried, and the
+/// client it came from — an IPv4 address, or an IPv6 /64, so that a host
+/// holding a /64 does not get a fresh allowance from each of its
+/// addresses.
+fn throttle_keys(name: &str, peer: SocketAddr) -> [String; 2] {
+    [
+        format!("name:{name}"),
+        format!("address:{}", client_network(peer.ip(), IPV6_HOST_PREFIX)),
+    ]
+}
+
 /// An `operator.login` audit row.
 fn login_row<'a>(
     at: i64,
@@ -240,7 +252,7 @@ pub async fn login(
     } else {
         "anonymous".to_owned()
     };
-    let client_ip = peer.ip().to_string();
+    let client_ip = peer.ip().to_canonical().to_string();
     let user_agent = user_agent_of(&headers);
     let audit = |outcome, detail| {
         login_row(
@@ -253,7 +265,7 @@ pub async fn login(
         )
     };
     let logins = |outcome: &str| count_login(&authority, outcome);
-    let keys = [format!("name:{name}"), format!("address:{}", peer.ip())];
+    let keys = throttle_keys(&name, peer);
     if let Err(wait) = console.throttle.attempt(&keys, now_ms) {
         logins("throttled");
         authority
@@ -453,7 +465,7 @@ pub async fn login_totp(
     let clock = &authority.clock;
     let store = authority.store();
     let actor = session.actor();
-    let client_ip = peer.ip().to_string();
+    let client_ip = peer.ip().to_canonical().to_string();
     let user_agent = user_agent_of(&headers);
     let row = |outcome, detail| {
         login_row(
@@ -473,10 +485,7 @@ pub async fn login_totp(
             minijinja::context! { error },
         )
     };
-    let keys = [
-        format!("name:{}", session.operator),
-        format!("address:{}", peer.ip()),
-    ];
+    let keys = throttle_keys(&session.operator, peer);
     let now_ms = clock.unix_ms();
     if let Err(wait) = console.throttle.attempt(&keys, now_ms) {
         count_login(&authority, "throttled");
@@ -737,4 +746,27 @@ pub async fn logout(
         .headers_mut()
         .insert(header::SET_COOKIE, cleared_cookie());
     response.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::throttle_keys;
+
+    #[test]
+    fn logins_are_throttled_per_ipv6_64_and_per_ipv4_address_however_spelled() {
+        let keys = |peer: &str| throttle_keys("alice", peer.parse().unwrap());
+        assert_eq!(
+            keys("[2001:db8:1:2::1]:1"),
+            keys("[2001:db8:1:2:ffff::9]:2")
+        );
+        assert_ne!(
+            keys("[2001:db8:1:2::1]:1")[1],
+            keys("[2001:db8:1:3::1]:1")[1]
+        );
+        assert_eq!(keys("192.0.2.7:1"), keys("[::ffff:192.0.2.7]:2"));
+        assert_ne!(keys("192.0.2.7:1")[1], keys("192.0.2.8:1")[1]);
+        assert_eq!(keys("192.0.2.7:1")[0], "name:alice");
+    }
 }
