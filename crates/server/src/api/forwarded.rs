@@ -24,13 +24,14 @@ impl Forwarding {
     }
 
     fn trusts(&self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
+        // A dual-stack listener's view of an IPv4 peer, compared as IPv4.
+        let ip = ip.to_canonical();
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 
     /// The address to audit for a request from `peer`.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        let mut client = canonical(peer);
+        let mut client = peer.to_canonical();
         if !self.trusts(client) {
             return client;
         }
@@ -40,7 +41,7 @@ impl Forwarding {
                 // the hop that forwarded it is as far as we know.
                 None => return client,
                 Some(ip) => {
-                    client = canonical(ip);
+                    client = ip.to_canonical();
                     if !self.trusts(client) {
                         return client;
                     }
@@ -94,12 +95,6 @@ fn parse_node(text: &str) -> Option<IpAddr> {
     text.strip_prefix('[')
         .and_then(|t| t.strip_suffix(']'))
         .and_then(|t| t.parse().ok())
-}
-
-/// IPv4-mapped IPv6 addresses (a dual-stack listener's view of an IPv4
-/// peer) compared and recorded as IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
 }
 
 /// The IPv6 prefix one host is commonly given whole: what registrations,
