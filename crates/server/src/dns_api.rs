@@ -37,7 +37,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::forwarded::{IPV6_HOST_PREFIX, client_network};
+use crate::api::forwarded::client_key;
 use crate::authority::RequestContext;
 use crate::clock::SharedClock;
 use crate::config::{DnsApiConfig, DnsRegistration};
@@ -434,15 +434,6 @@ pub fn network(text: &str) -> Option<IpNet> {
         .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
-/// What a client's registrations are counted under: its address, or its
-/// /64 for IPv6 ([`client_network`]).
-fn limit_key(ip: IpAddr) -> String {
-    match client_network(ip, IPV6_HOST_PREFIX) {
-        IpNet::V4(v4) => v4.addr().to_string(),
-        v6 => v6.to_string(),
-    }
-}
-
 fn client_ip(ctx: &RequestContext) -> Option<IpAddr> {
     ctx.client_ip.as_deref().and_then(|ip| ip.parse().ok())
 }
@@ -496,7 +487,7 @@ async fn register(
     // Counted only for a registration about to be made: a request turned
     // away above costs the client none of its quota (one refused at
     // `max_accounts` below does).
-    if let Err(retry_after) = api.registrations.take(&limit_key(ip), api.clock.unix()) {
+    if let Err(retry_after) = api.registrations.take(&client_key(ip), api.clock.unix()) {
         api.count(endpoint, "limited");
         return limited(retry_after);
     }
@@ -999,15 +990,5 @@ mod tests {
         assert_eq!(l.take("b", 31), Err(49));
         assert_eq!(l.take("c", 31), Err(59));
         assert!(l.take("a", 31).is_ok());
-    }
-
-    #[test]
-    fn ipv6_clients_are_counted_by_their_64() {
-        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:bbbb::7".parse().unwrap();
-        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(limit_key(a), limit_key(b));
-        assert_ne!(limit_key(a), limit_key(other));
-        assert_eq!(limit_key("192.0.2.7".parse().unwrap()), "192.0.2.7");
     }
 }

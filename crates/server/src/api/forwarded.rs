@@ -118,6 +118,16 @@ pub fn client_network(ip: IpAddr, ipv6_prefix: u8) -> IpNet {
     }
 }
 
+/// The text a client is counted under where a count is kept by key (the
+/// new-account rate limit, acme-dns registrations, console logins): its
+/// IPv4 address, or its IPv6 /64 ([`IPV6_HOST_PREFIX`]) in CIDR notation.
+pub fn client_key(ip: IpAddr) -> String {
+    match client_network(ip, IPV6_HOST_PREFIX) {
+        IpNet::V4(v4) => v4.addr().to_string(),
+        v6 => v6.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -139,6 +149,16 @@ mod tests {
             "2001:db8:1:2:aaaa:bbbb:cccc:dddd/128"
         );
         assert_eq!(net("::ffff:192.0.2.7", 128), "192.0.2.7/32");
+    }
+
+    #[test]
+    fn a_client_is_counted_under_its_ipv4_address_or_its_ipv6_64_however_spelled() {
+        let key = |s: &str| client_key(s.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), "192.0.2.7");
+        assert_eq!(key("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::7"));
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 
     fn headers(name: &str, values: &[&str]) -> HeaderMap {

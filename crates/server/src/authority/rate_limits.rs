@@ -334,13 +334,7 @@ impl Authority {
         else {
             return Ok(());
         };
-        let who = match crate::api::forwarded::client_network(
-            ip,
-            crate::api::forwarded::IPV6_HOST_PREFIX,
-        ) {
-            ipnet::IpNet::V4(v4) => v4.addr().to_string(),
-            v6 => v6.to_string(),
-        };
+        let who = crate::api::forwarded::client_key(ip);
         let want = Want {
             limit: Limit::NewAccounts,
             key: format!("new_accounts:address:{who}"),

@@ -2,7 +2,7 @@
 //! hashed), sessions, and the cookie.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde::Deserialize;
 
 use super::{Console, SESSION_COOKIE, Session};
-use crate::api::forwarded::{IPV6_HOST_PREFIX, client_network};
+use crate::api::forwarded::{Forwarding, client_key};
 use crate::passwords::Checked;
 
 /// Wrong passwords allowed per name and per address within [`WINDOW_MS`];
@@ -152,14 +152,24 @@ fn cleared_cookie() -> HeaderValue {
     )
 }
 
+/// Who is logging in: the peer, or behind a reverse proxy of
+/// `trusted_proxies` the client it forwarded for — as the ACME API reads
+/// it, so that logins through one proxy are neither audited as the proxy
+/// nor throttled together.
+fn client_of(console: &Console, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
+    let config = &console.generations.current().config;
+    Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header)
+        .client_ip(peer.ip(), headers)
+}
+
 /// What a login attempt is throttled under: the name tried, and the
 /// client it came from — an IPv4 address, or an IPv6 /64, so that a host
 /// holding a /64 does not get a fresh allowance from each of its
 /// addresses.
-fn throttle_keys(name: &str, peer: SocketAddr) -> [String; 2] {
+fn throttle_keys(name: &str, client: IpAddr) -> [String; 2] {
     [
         format!("name:{name}"),
-        format!("address:{}", client_network(peer.ip(), IPV6_HOST_PREFIX)),
+        format!("address:{}", client_key(client)),
     ]
 }
 
@@ -252,7 +262,8 @@ pub async fn login(
     } else {
         "anonymous".to_owned()
     };
-    let client_ip = peer.ip().to_canonical().to_string();
+    let client = client_of(&console, peer, &headers);
+    let client_ip = client.to_string();
     let user_agent = user_agent_of(&headers);
     let audit = |outcome, detail| {
         login_row(
@@ -265,7 +276,7 @@ pub async fn login(
         )
     };
     let logins = |outcome: &str| count_login(&authority, outcome);
-    let keys = throttle_keys(&name, peer);
+    let keys = throttle_keys(&name, client);
     if let Err(wait) = console.throttle.attempt(&keys, now_ms) {
         logins("throttled");
         authority
@@ -465,7 +476,8 @@ pub async fn login_totp(
     let clock = &authority.clock;
     let store = authority.store();
     let actor = session.actor();
-    let client_ip = peer.ip().to_canonical().to_string();
+    let client = client_of(&console, peer, &headers);
+    let client_ip = client.to_string();
     let user_agent = user_agent_of(&headers);
     let row = |outcome, detail| {
         login_row(
@@ -485,7 +497,7 @@ pub async fn login_totp(
             minijinja::context! { error },
         )
     };
-    let keys = throttle_keys(&session.operator, peer);
+    let keys = throttle_keys(&session.operator, client);
     let now_ms = clock.unix_ms();
     if let Err(wait) = console.throttle.attempt(&keys, now_ms) {
         count_login(&authority, "throttled");
@@ -755,18 +767,12 @@ mod tests {
     use super::throttle_keys;
 
     #[test]
-    fn logins_are_throttled_per_ipv6_64_and_per_ipv4_address_however_spelled() {
-        let keys = |peer: &str| throttle_keys("alice", peer.parse().unwrap());
-        assert_eq!(
-            keys("[2001:db8:1:2::1]:1"),
-            keys("[2001:db8:1:2:ffff::9]:2")
-        );
-        assert_ne!(
-            keys("[2001:db8:1:2::1]:1")[1],
-            keys("[2001:db8:1:3::1]:1")[1]
-        );
-        assert_eq!(keys("192.0.2.7:1"), keys("[::ffff:192.0.2.7]:2"));
-        assert_ne!(keys("192.0.2.7:1")[1], keys("192.0.2.8:1")[1]);
-        assert_eq!(keys("192.0.2.7:1")[0], "name:alice");
+    fn logins_are_throttled_per_name_and_per_client_network() {
+        let keys = |client: &str| throttle_keys("alice", client.parse().unwrap());
+        assert_eq!(keys("2001:db8:1:2::1"), keys("2001:db8:1:2:ffff::9"));
+        assert_ne!(keys("2001:db8:1:2::1")[1], keys("2001:db8:1:3::1")[1]);
+        assert_eq!(keys("192.0.2.7"), keys("::ffff:192.0.2.7"));
+        assert_ne!(keys("192.0.2.7")[1], keys("192.0.2.8")[1]);
+        assert_eq!(keys("192.0.2.7")[0], "name:alice");
     }
 }

@@ -30,13 +30,21 @@ impl Console {
 
     /// With `profile` as the default profile's settings.
     pub(crate) async fn start_with(admin: &str, profile: &str) -> Console {
+        Self::start_with_top("", admin, profile).await
+    }
+
+    /// With `top` as the configuration's first, top-level lines.
+    async fn start_with_top(top: &str, admin: &str, profile: &str) -> Console {
         let dir = harness::tempdir();
-        let toml = TestServer::config_text(
-            dir.path(),
-            1,
-            None,
-            &format!("[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n[profiles.default]\n{profile}"),
-        );
+        let toml = top.to_owned()
+            + &TestServer::config_text(
+                dir.path(),
+                1,
+                None,
+                &format!(
+                    "[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n[profiles.default]\n{profile}"
+                ),
+            );
         let (etc, config) = harness::config_file(&toml);
         let server = TestServer::start_in(dir, &toml).await;
         let url = server
@@ -95,16 +103,31 @@ impl Console {
     }
 
     async fn login_from(&self, from: IpAddr, name: &str, password: &str) -> raw::Resp {
+        self.login_forwarded(from, None, name, password).await
+    }
+
+    /// A login from `from`, saying it forwards for `client` if given.
+    async fn login_forwarded(
+        &self,
+        from: IpAddr,
+        client: Option<&str>,
+        name: &str,
+        password: &str,
+    ) -> raw::Resp {
         let form = serde_urlencoded::to_string([("username", name), ("password", password)])
             .expect("form");
+        let mut headers = vec![
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("origin", self.url.as_str()),
+        ];
+        if let Some(client) = client {
+            headers.push(("x-forwarded-for", client));
+        }
         raw::request_from(
             from,
             "POST",
             &format!("{}/login", self.url),
-            &[
-                ("content-type", "application/x-www-form-urlencoded"),
-                ("origin", &self.url),
-            ],
+            &headers,
             form.into_bytes(),
         )
         .await
@@ -513,6 +536,65 @@ async fn the_sixth_wrong_password_in_a_minute_is_refused_before_hashing_and_unkn
         metrics.contains("acme_proxy_admin_logins_total{outcome=\"throttled\"} 3"),
         "{metrics}"
     );
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_logins_are_throttled_and_audited_by_the_client_it_forwarded_for() {
+    let console =
+        Console::start_with_top("trusted_proxies = [\"127.0.0.6\"]\n", "", "bypass = true\n").await;
+    console.create("alice", PASSWORD);
+    let proxy: IpAddr = "127.0.0.6".parse().expect("ip");
+    // Five wrong passwords through the proxy for one client: that client's
+    // allowance is spent, not the proxy's.
+    for _ in 0..5 {
+        let resp = console
+            .login_forwarded(proxy, Some("192.0.2.10"), "nobody", "not the password")
+            .await;
+        assert_eq!(resp.status, 403, "{}", text(&resp));
+    }
+    let resp = console
+        .login_forwarded(proxy, Some("192.0.2.10"), "carol", "not the password")
+        .await;
+    assert_eq!(resp.status, 429, "{}", text(&resp));
+    let resp = console
+        .login_forwarded(proxy, Some("192.0.2.20"), "alice", PASSWORD)
+        .await;
+    assert_eq!(resp.status, 303, "{}", text(&resp));
+    // A peer that is not a trusted proxy is itself the client, whatever
+    // it claims.
+    let resp = console
+        .login_forwarded(
+            "127.0.0.7".parse().expect("ip"),
+            Some("192.0.2.30"),
+            "alice",
+            PASSWORD,
+        )
+        .await;
+    assert_eq!(resp.status, 303, "{}", text(&resp));
+    let logins = console.audit("operator.login").await;
+    let seen = |outcome: &str| -> Vec<&str> {
+        logins
+            .iter()
+            .filter(|r| r["outcome"] == outcome)
+            .filter_map(|r| r["client_ip"].as_str())
+            .collect()
+    };
+    let mut succeeded = seen("success");
+    succeeded.sort_unstable();
+    assert_eq!(succeeded, ["127.0.0.7", "192.0.2.20"], "{logins:#?}");
+    // Five wrong passwords and the throttled sixth.
+    assert_eq!(seen("refused"), ["192.0.2.10"; 6], "{logins:#?}");
+    let sessions = console.cli(&["admin", "session", "list", "--json"]);
+    let sessions: serde_json::Value = serde_json::from_str(&sessions.stdout).expect("JSON");
+    let mut from: Vec<&str> = sessions
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|s| s["client_ip"].as_str())
+        .collect();
+    from.sort_unstable();
+    assert_eq!(from, ["127.0.0.7", "192.0.2.20"], "{sessions:#}");
     console.server.stop().await;
 }
 
