@@ -585,6 +585,7 @@ impl Reloader {
                         ),
                     )
                     .await;
+                self.release_held_jobs(&authority).await;
                 Ok(number)
             }
             Err(refused) => {
@@ -599,6 +600,31 @@ impl Reloader {
                     )
                     .await;
                 Err(refused)
+            }
+        }
+    }
+
+    /// Jobs held for what the configuration lacked (a profile not
+    /// mounted) look again now rather than at their next look, up to
+    /// half a minute away: the new one may have it.
+    async fn release_held_jobs(&self, authority: &Authority) {
+        match authority
+            .store()
+            .release_held_jobs(authority.clock.unix_ms())
+            .await
+        {
+            Ok(0) => {}
+            Ok(released) => {
+                tracing::info!(
+                    event = "jobs.released",
+                    released,
+                    "held jobs look again under the new configuration"
+                );
+                self.lasting.queue.nudge();
+            }
+            // They look again at their time anyway.
+            Err(e) => {
+                tracing::warn!(event = "jobs.released", error = %e, "held jobs could not be made due; they look again at their time")
             }
         }
     }

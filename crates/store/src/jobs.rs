@@ -234,6 +234,15 @@ impl JobWakeups {
     }
 }
 
+/// What a held job's `last_error` starts with: the mark
+/// [`Store::release_held_jobs`] finds it by (no `%` or `_`, which `LIKE`
+/// would read as wildcards).
+macro_rules! held_prefix {
+    () => {
+        "held: "
+    };
+}
+
 /// What a requeued job's attempt count becomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attempts {
@@ -450,6 +459,42 @@ impl Store {
             )
             .await?
             == 1)
+    }
+
+    /// running → queued at `run_at`, its claim uncounted, for a job that
+    /// waits for the configuration (its profile not mounted, say) rather
+    /// than for time to pass. It is marked held, with `reason`, so that a
+    /// new configuration can make it due at once
+    /// ([`Store::release_held_jobs`]).
+    pub async fn hold_job(
+        &self,
+        id: i64,
+        owner: &str,
+        now: i64,
+        run_at: i64,
+        reason: &str,
+    ) -> Result<bool> {
+        let marked = format!("{}{reason}", held_prefix!());
+        self.requeue_job(id, owner, now, run_at, Some(&marked), Attempts::Uncount)
+            .await
+    }
+
+    /// Makes every held job ([`Store::hold_job`]) due at `now`, on every
+    /// replica (PostgreSQL's wake-up trigger fires), and says how many:
+    /// after a reload what they waited for may be there. One still
+    /// waiting is held again, costing one look and no attempt.
+    pub async fn release_held_jobs(&self, now: i64) -> Result<u64> {
+        self.writer()
+            .await?
+            .exec(
+                concat!(
+                    "UPDATE jobs SET run_at = ?1 WHERE status = 'queued' AND run_at > ?1 AND last_error LIKE '",
+                    held_prefix!(),
+                    "%'"
+                ),
+                args![now],
+            )
+            .await
     }
 
     /// running → retiring with its reason, if `owner` still holds the job.

@@ -773,16 +773,7 @@ impl Runner {
                     next = next.min(deadline);
                 }
                 tracing::debug!(event = "job.hold", outcome = "retry", reason = %reason, delay_ms = delay.as_millis() as u64, "the job waits for its configuration; not counted as an attempt");
-                store
-                    .requeue_job(
-                        job.id,
-                        &self.owner,
-                        now,
-                        next,
-                        Some(reason),
-                        Attempts::Uncount,
-                    )
-                    .await
+                store.hold_job(job.id, &self.owner, now, next, reason).await
             }
             Outcome::Failed(reason) => {
                 return self

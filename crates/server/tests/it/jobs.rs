@@ -975,6 +975,79 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
 }
 
 #[tokio::test]
+async fn releasing_held_jobs_makes_only_those_waiting_for_the_configuration_due() {
+    let dir = crate::harness::tempdir();
+    let store = open_store(dir.path()).await;
+    let t = 1_700_000_000_000_i64;
+    for key in ["held", "backing-off"] {
+        let new = NewJob {
+            kind: KIND,
+            key,
+            payload: "{}",
+            run_at: t,
+            deadline: None,
+            max_attempts: 5,
+            fair_key: None,
+        };
+        store.insert_job(&new, t).await.unwrap();
+    }
+    let claimed = store
+        .claim_jobs("a", &[(KIND, 10)], t, 1000, 8)
+        .await
+        .unwrap();
+    let id = |key: &str| claimed.iter().find(|j| j.key == key).expect(key).id;
+    let (held, backing_off) = (id("held"), id("backing-off"));
+    // Both next look half a minute on: one held for its profile, one
+    // after a failed attempt.
+    let later = t + 30_000;
+    assert!(
+        store
+            .hold_job(held, "a", t + 10, later, "profile web is not mounted")
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .requeue_job(
+                backing_off,
+                "a",
+                t + 10,
+                later,
+                Some("the upstream answered 503"),
+                acme_proxy_store::Attempts::Keep,
+            )
+            .await
+            .unwrap()
+    );
+    let row = store.job(held).await.unwrap().unwrap();
+    assert_eq!(
+        (row.attempts, row.last_error.as_deref()),
+        (0, Some("held: profile web is not mounted"))
+    );
+
+    assert_eq!(store.release_held_jobs(t + 100).await.unwrap(), 1);
+    let run_at = |id| {
+        let store = store.clone();
+        async move { store.job(id).await.unwrap().unwrap().run_at }
+    };
+    assert_eq!(
+        (run_at(held).await, run_at(backing_off).await),
+        (t + 100, later)
+    );
+    let due = store
+        .claim_jobs("a", &[(KIND, 10)], t + 100, 1000, 8)
+        .await
+        .unwrap();
+    assert_eq!(
+        due.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [held],
+        "only the held job is due; the other keeps its backoff"
+    );
+    // Nothing held is left to release.
+    assert_eq!(store.release_held_jobs(t + 200).await.unwrap(), 0);
+}
+
+#[tokio::test]
 async fn a_registry_refuses_two_handlers_for_one_kind_and_a_runner_never_claims_a_kind_it_has_no_handler_for()
  {
     let dir = crate::harness::tempdir();

@@ -285,28 +285,12 @@ async fn a_reload_applies_job_tuning_and_refuses_what_only_a_restart_applies() {
     server.stop().await;
 }
 
-/// A profile taken out (by a reload or a restart) keeps its orders for when
-/// it comes back, and its relay jobs wait for it; a validation of one of
-/// its challenges failed instead, leaving the client's order invalid when
-/// the profile returned. It waits too now, its attempts unspent, and
-/// completes once the profile is mounted again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_is() {
-    const KIND: &str = "challenge_validation";
-    let data = harness::tempdir();
-    // One address for every start: the client's URLs stay valid.
-    let listen = format!("listen = \"{}\"", harness::own_addr());
-    let jobs = "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"500ms\"\n";
-    let toml = |profiles: &str| {
-        TestServer::config_text(data.path(), 1, None, &format!("{profiles}{jobs}"))
-            .replace("listen = \"127.0.0.1:0\"", &listen)
-    };
-    let web =
-        |bypass: bool| format!("[profiles.web]\nchallenges = [\"http-01\"]\nbypass = {bypass}\n");
-
-    // An order of the web profile whose challenge was triggered and whose
-    // process stopped before validating it: processing, with no job.
-    let server = TestServer::start_in(harness::tempdir(), &toml(&web(false))).await;
+/// An order of the web profile (served by `toml`) whose challenge was
+/// triggered and whose process stopped before validating it: processing,
+/// with no job. Returns the client, its directory, the order's URL and the
+/// challenge's id.
+async fn processing_without_a_job(toml: &str) -> (Acct, serde_json::Value, String, String) {
+    let server = TestServer::start_in(harness::tempdir(), toml).await;
     let dir = raw::directory(&server.directory("web")).await;
     let acct = Acct::create(&dir, Key::p256()).await;
     let r = acct
@@ -340,6 +324,51 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
             .expect("start")
     );
     server.stop().await;
+    (acct, dir, order_url, challenge_id)
+}
+
+/// The validation job of `challenge_id` once it is queued, held for its
+/// profile `web`; fails after 20 s.
+async fn held_validation(store: &Store, challenge_id: &str) -> acme_proxy_store::JobRow {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let jobs = acme_proxy::admin::ops::list_jobs(store, Some("challenge_validation"), None, 10)
+            .await
+            .expect("jobs");
+        if let Some(job) = jobs.into_iter().find(|j| j.key == challenge_id)
+            && job.status.as_str() == "queued"
+            && job
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("profile web is not mounted"))
+        {
+            return store.job(job.id).await.expect("read").expect("the job");
+        }
+        assert!(Instant::now() < deadline, "the validation was never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A profile taken out (by a reload or a restart) keeps its orders for when
+/// it comes back, and its relay jobs wait for it; a validation of one of
+/// its challenges failed instead, leaving the client's order invalid when
+/// the profile returned. It waits too now, its attempts unspent, and
+/// completes once the profile is mounted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_is() {
+    const KIND: &str = "challenge_validation";
+    let data = harness::tempdir();
+    // One address for every start: the client's URLs stay valid.
+    let listen = format!("listen = \"{}\"", harness::own_addr());
+    let jobs = "[jobs]\nbackoff_base = \"100ms\"\nbackoff_cap = \"500ms\"\n";
+    let toml = |profiles: &str| {
+        TestServer::config_text(data.path(), 1, None, &format!("{profiles}{jobs}"))
+            .replace("listen = \"127.0.0.1:0\"", &listen)
+    };
+    let web =
+        |bypass: bool| format!("[profiles.web]\nchallenges = [\"http-01\"]\nbypass = {bypass}\n");
+
+    let (acct, dir, order_url, challenge_id) = processing_without_a_job(&toml(&web(false))).await;
 
     // Restarted without it: recovery queues the validation, which waits
     // for its profile without spending attempts.
@@ -412,5 +441,62 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
         1,
         "{jobs:?}"
     );
+    server.stop().await;
+}
+
+/// A held job looks again every 30 s; a reload that mounts its profile
+/// again makes it look at once, on the server that reloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_mounts_the_profile_again_runs_its_held_validation_at_once() {
+    let data = harness::tempdir();
+    let listen = format!("listen = \"{}\"", harness::own_addr());
+    let toml = |profiles: &str| {
+        TestServer::config_text(data.path(), 1, None, profiles)
+            .replace("listen = \"127.0.0.1:0\"", &listen)
+    };
+    let web =
+        |bypass: bool| format!("[profiles.web]\nchallenges = [\"http-01\"]\nbypass = {bypass}\n");
+    let (acct, dir, order_url, challenge_id) = processing_without_a_job(&toml(&web(false))).await;
+
+    // Started without the profile, the default job tuning: the recovered
+    // validation is held until its next look, 30 s on.
+    let server = TestServer::start_in(harness::tempdir(), &toml("[profiles.default]\n")).await;
+    let running = server.running();
+    let store = running.authority.store().clone();
+    let held = held_validation(&store, &challenge_id).await;
+    let now_ms = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .expect("clock")
+        .as_millis() as i64;
+    assert!(
+        held.run_at - now_ms > 20_000,
+        "held for its next look in half a minute: {held:?}"
+    );
+
+    // Mounted again by a reload (validation bypassed now): the order is
+    // ready within a few seconds, long before that look.
+    let started = Instant::now();
+    running
+        .reload(
+            Config::from_toml(&toml(&format!("[profiles.default]\n{}", web(true))))
+                .expect("config"),
+        )
+        .await
+        .expect("reloaded");
+    loop {
+        let order = acct.post(&dir, &order_url, None).await.json();
+        match order["status"].as_str() {
+            Some("ready") => break,
+            Some("pending") => {}
+            other => panic!("the order ended {other:?}: {order}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the held validation waited for its next look"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let job = store.job(held.id).await.expect("read").expect("the job");
+    assert_eq!(job.status.as_str(), "done", "{job:?}");
     server.stop().await;
 }
