@@ -510,7 +510,7 @@ mod tests {
             // challenge to move: one of `acct`'s, so only `acct` rekeyed is
             // refused as changed; for the other ids it is not theirs.
             let bypassed = store
-                .bypass_challenge("o1-ch", "default", 1, 50, stale)
+                .bypass_challenge("o1-ch", "default", &["http-01"], 1, 50, stale)
                 .await;
             if stale.id == "acct" {
                 assert!(
@@ -536,7 +536,7 @@ mod tests {
         db.exec("UPDATE accounts SET status = 'deactivated' WHERE id = 'acct'")
             .await;
         let bypassed = store
-            .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+            .bypass_challenge("o1-ch", "default", &["http-01"], 1, 50, GUARD)
             .await;
         assert!(
             matches!(bypassed, Err(StoreError::AccountChanged)),
@@ -577,15 +577,21 @@ mod tests {
         };
         db.exec("UPDATE accounts SET status = 'valid' WHERE id = 'gone'")
             .await;
-        for (profile, account) in [("other", GUARD), ("default", other)] {
+        // Nor once the profile no longer offers the challenge's type.
+        for (profile, offered, account) in [
+            ("other", &["http-01"][..], GUARD),
+            ("default", &["http-01"][..], other),
+            ("default", &["dns-01", "tls-alpn-01"][..], GUARD),
+            ("default", &[][..], GUARD),
+        ] {
             let refused = store
-                .bypass_challenge("o1-ch", profile, 1, 50, account)
+                .bypass_challenge("o1-ch", profile, offered, 1, 50, account)
                 .await
                 .unwrap();
-            assert!(refused.is_none(), "{profile}: {refused:?}");
+            assert!(refused.is_none(), "{profile} {offered:?}: {refused:?}");
         }
         let (challenge, authz) = store
-            .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+            .bypass_challenge("o1-ch", "default", &["http-01"], 1, 50, GUARD)
             .await
             .unwrap()
             .unwrap();
@@ -598,7 +604,7 @@ mod tests {
         // A second trigger finds it valid: nothing to do.
         assert!(
             store
-                .bypass_challenge("o1-ch", "default", 1, 50, GUARD)
+                .bypass_challenge("o1-ch", "default", &["http-01"], 1, 50, GUARD)
                 .await
                 .unwrap()
                 .is_none()

@@ -848,9 +848,12 @@ impl Store {
     /// for tests. One transaction, on the writer only, for the whole
     /// trigger (RFC 8555 §7.5.1): the challenge must be pending, of an
     /// authorization of `account` at `profile` that is pending and
-    /// unexpired. Returns the challenge and its authorization as the
-    /// transaction left them; `None`, and nothing written, when any of that
-    /// does not hold, for the caller to read what to answer. When it holds,
+    /// unexpired, and of a type in `offered` (the profile's challenge types
+    /// now: a reload may have taken one away since the authorization was
+    /// made; at most three, one per type). Returns the challenge and its
+    /// authorization as the transaction left them; `None`, and nothing
+    /// written, when any of that does not hold, for the caller to read what
+    /// to answer. When it holds,
     /// [`StoreError::AccountChanged`] (nothing written) unless `account` is
     /// still valid with its key — checked only then, so that every other
     /// case is answered as it would be without the guard.
@@ -858,10 +861,13 @@ impl Store {
         &self,
         challenge_id: &str,
         profile: &str,
+        offered: &[&str],
         now: i64,
         valid_until: i64,
         account: AccountGuard<'_>,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
+        // Unused places are NULL, which `IN` never matches.
+        let offered = |i: usize| offered.get(i).copied();
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         // Not `RETURNING authz_id`, which SQLite serves through a temporary
@@ -869,11 +875,19 @@ impl Store {
         let moved = tx
             .exec(
                 "UPDATE challenges SET status = 'valid', validated_at = ?2
-             WHERE id = ?1 AND status = 'pending'
+             WHERE id = ?1 AND status = 'pending' AND type IN (?5, ?6, ?7)
                AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
                            AND a.status = 'pending' AND a.expires_at > ?2
                            AND a.account_id = ?3 AND a.profile = ?4)",
-                args![challenge_id, now, account.id, profile],
+                args![
+                    challenge_id,
+                    now,
+                    account.id,
+                    profile,
+                    offered(0),
+                    offered(1),
+                    offered(2)
+                ],
             )
             .await?;
         if moved == 0 {

@@ -512,13 +512,27 @@ impl Authority {
         let valid_until = now + profile.config.authorization_lifetime.as_secs() as i64;
         if profile.config.bypass {
             // The trigger as it usually is — a pending challenge of this
-            // account's, its authorization pending and unexpired — in one
-            // write transaction, without reading the challenge first; the
-            // store writes nothing in every other case, answered from the
-            // read below as without bypass.
+            // account's, of a type the profile offers, its authorization
+            // pending and unexpired — in one write transaction, without
+            // reading the challenge first; the store writes nothing in
+            // every other case, answered from the read below as without
+            // bypass.
+            let offered: Vec<&str> = profile
+                .config
+                .challenges
+                .iter()
+                .map(|c| c.as_str())
+                .collect();
             let bypassed = self
                 .store
-                .bypass_challenge(id, &profile.name, now, valid_until, super::guard(account))
+                .bypass_challenge(
+                    id,
+                    &profile.name,
+                    &offered,
+                    now,
+                    valid_until,
+                    super::guard(account),
+                )
                 .await
                 .map_err(|e| self.guarded_write_error(account, e))?;
             if let Some((ch, authz)) = bypassed {
@@ -543,10 +557,14 @@ impl Authority {
                 "the authorization is {status} and no longer accepts challenge responses"
             )));
         }
+        if let Some(refused) = not_offered(profile, &ch) {
+            return Err(refused);
+        }
         if profile.config.bypass {
             // Statuses only move forward, and owner, profile and expiry do
             // not change: a challenge the bypass above did not move cannot
-            // be pending with its authorization pending and unexpired now.
+            // be pending, of an offered type, with its authorization
+            // pending and unexpired now.
             return Err(AcmeError::internal(format!(
                 "challenge {id} is pending with a pending authorization, yet the bypass did not move it"
             )));
@@ -809,4 +827,31 @@ fn check_identifier(
             ),
         )),
     }
+}
+
+/// Why `ch` may not be validated at `profile` now, if it may not: its type
+/// is no longer among the profile's `challenges` (a reload took it away
+/// after the authorization was made). The operator turned that method
+/// off, so it proves nothing from then on — the client answers another
+/// challenge, or orders again.
+pub(super) fn not_offered(profile: &Profile, ch: &ChallengeRow) -> Option<AcmeError> {
+    if profile.config.challenges.contains(&ch.kind) {
+        return None;
+    }
+    let offered: Vec<&str> = profile
+        .config
+        .challenges
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    Some(AcmeError::malformed(format!(
+        "profile {} no longer validates {}; it offers {}",
+        profile.name,
+        ch.kind,
+        if offered.is_empty() {
+            "none".to_owned()
+        } else {
+            offered.join(", ")
+        }
+    )))
 }

@@ -79,7 +79,12 @@ impl JobHandler for ValidationJobs {
             let Some(profile) = a.profile(&authz.profile).cloned() else {
                 return Outcome::Hold(format!("profile {} is not mounted", authz.profile));
             };
-            let result = if profile.config.bypass {
+            let result = if let Some(refused) = super::orders::not_offered(&profile, &ch) {
+                // Triggered while the profile offered it; the method has
+                // been turned off since, so it settles nothing valid.
+                tracing::info!(event = "validation.finished", outcome = "invalid", profile = %profile.name, challenge = %ch.id, kind = %ch.kind, error = %refused.detail, "validation refused: the type is no longer offered");
+                Err(Problem::new(refused.kind, refused.detail))
+            } else if profile.config.bypass {
                 Ok(())
             } else {
                 let target = ValidationTarget {

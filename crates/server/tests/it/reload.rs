@@ -500,3 +500,130 @@ async fn a_reload_that_mounts_the_profile_again_runs_its_held_validation_at_once
     assert_eq!(job.status.as_str(), "done", "{job:?}");
     server.stop().await;
 }
+
+/// A challenge type a reload takes out of a profile validates nothing
+/// from then on, even for authorizations made while it was offered: a
+/// response to it is refused, and the types still offered work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenge_type_a_reload_took_away_is_refused_and_the_others_still_validate() {
+    let dir = harness::tempdir();
+    let web = |types: &str| {
+        TestServer::config_text(
+            dir.path(),
+            1,
+            None,
+            &format!("[profiles.web]\nchallenges = [{types}]\nbypass = true\n"),
+        )
+    };
+    let server = TestServer::start_in(harness::tempdir(), &web("\"http-01\", \"dns-01\"")).await;
+    let running = server.running();
+    let directory = raw::directory(&server.directory("web")).await;
+    let acct = Acct::create(&directory, Key::p256()).await;
+    let r = acct
+        .post(
+            &directory,
+            directory["newOrder"].as_str().expect("newOrder"),
+            Some(&json!({"identifiers": [{"type": "dns", "value": "taken.example.test"}]})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let order_url = r.location().expect("order URL");
+    let authz_url = r.json()["authorizations"][0]
+        .as_str()
+        .expect("authorization")
+        .to_owned();
+    let authz = acct.post(&directory, &authz_url, None).await.json();
+    let url_of = |kind: &str| {
+        authz["challenges"]
+            .as_array()
+            .expect("challenges")
+            .iter()
+            .find(|c| c["type"] == kind)
+            .and_then(|c| c["url"].as_str())
+            .unwrap_or_else(|| panic!("no {kind} challenge: {authz}"))
+            .to_owned()
+    };
+
+    running
+        .reload(Config::from_toml(&web("\"dns-01\"")).expect("config"))
+        .await
+        .expect("reloaded");
+    let refused = acct
+        .post(&directory, &url_of("http-01"), Some(&json!({})))
+        .await;
+    let problem = refused.json();
+    assert_eq!(
+        (refused.status, problem["type"].as_str()),
+        (400, Some("urn:ietf:params:acme:error:malformed")),
+        "{problem}"
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no longer validates http-01") && d.contains("dns-01")),
+        "{problem}"
+    );
+    let authz_now = acct.post(&directory, &authz_url, None).await.json();
+    assert_eq!(authz_now["status"], "pending", "{authz_now}");
+
+    let answered = acct
+        .post(&directory, &url_of("dns-01"), Some(&json!({})))
+        .await;
+    assert_eq!(answered.json()["status"], "valid", "{}", answered.json());
+    let order = acct.post(&directory, &order_url, None).await.json();
+    assert_eq!(order["status"], "ready", "{order}");
+    server.stop().await;
+}
+
+/// A validation held while its profile was out, which comes back without
+/// the challenge's type, settles invalid, saying why, rather than valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_settles_invalid() {
+    let data = harness::tempdir();
+    let listen = format!("listen = \"{}\"", harness::own_addr());
+    let toml = |profiles: &str| {
+        TestServer::config_text(data.path(), 1, None, profiles)
+            .replace("listen = \"127.0.0.1:0\"", &listen)
+    };
+    let (acct, dir, order_url, challenge_id) = processing_without_a_job(&toml(
+        "[profiles.web]\nchallenges = [\"http-01\"]\nbypass = false\n",
+    ))
+    .await;
+    let server = TestServer::start_in(harness::tempdir(), &toml("[profiles.default]\n")).await;
+    let running = server.running();
+    let store = running.authority.store().clone();
+    let held = held_validation(&store, &challenge_id).await;
+
+    // Back with dns-01 only, validation bypassed: without the check the
+    // held http-01 validation would be marked valid.
+    running
+        .reload(
+            Config::from_toml(&toml(
+                "[profiles.default]\n[profiles.web]\nchallenges = [\"dns-01\"]\nbypass = true\n",
+            ))
+            .expect("config"),
+        )
+        .await
+        .expect("reloaded");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let order = loop {
+        let order = acct.post(&dir, &order_url, None).await.json();
+        if order["status"] != "pending" {
+            break order;
+        }
+        assert!(Instant::now() < deadline, "the held validation never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(order["status"], "invalid", "{order}");
+    let ch = store
+        .challenge(&challenge_id)
+        .await
+        .expect("read")
+        .expect("challenge");
+    assert_eq!(ch.status.as_str(), "invalid", "{ch:?}");
+    let error = format!("{:?}", ch.error);
+    assert!(error.contains("no longer validates http-01"), "{error}");
+    let job = store.job(held.id).await.expect("read").expect("the job");
+    assert_eq!(job.status.as_str(), "done", "{job:?}");
+    server.stop().await;
+}
