@@ -49,9 +49,6 @@ pub struct Running {
     pub base_url: String,
     /// The certificate the ACME listener serves, with `[tls]`.
     pub tls_cert: Option<std::path::PathBuf>,
-    /// The authority of the configuration the server started with (see
-    /// [`Running::generations`] for the one in force).
-    pub authority: Arc<Authority>,
     pub runner: Arc<Runner>,
     /// The configuration generations: the current one serves.
     pub generations: Generations,
@@ -64,6 +61,12 @@ pub struct Running {
 }
 
 impl Running {
+    /// The authority of the configuration in force (a reload replaces it;
+    /// the one it replaced is dropped once nothing started on it runs).
+    pub fn authority(&self) -> Arc<Authority> {
+        self.generations.authority()
+    }
+
     /// The directory URL of a profile.
     pub fn directory_url(&self, profile: &str) -> String {
         Urls::new(&self.base_url, profile).directory()
@@ -115,7 +118,7 @@ impl Running {
         if let Some(dns) = self.dns {
             dns.stop().await;
         }
-        self.authority.close().await;
+        self.generations.authority().close().await;
         tracing::info!(event = "server.shutdown", outcome = "success", "stopped");
     }
 }
@@ -1059,7 +1062,6 @@ pub async fn start_with(
             .unwrap_or_default(),
         dns,
         base_url,
-        authority,
         runner,
         generations,
         reloader,

@@ -178,7 +178,7 @@ async fn operators_list_show_revoke_and_delete_through_the_cli_and_destructive_c
 
     // Two records of used nonces past their expiry: both go, the
     // unexpired ones stay.
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let live = store.used_nonce_count().await.expect("count");
     for value in ["expired-nonce-1", "expired-nonce-2"] {
         assert!(store.use_nonce(value, 1).await.expect("insert"));
@@ -265,7 +265,7 @@ async fn after_admin_commands_every_audit_counter_equals_the_table_and_actors_na
     crate::metrics::assert_audit_counters_match_the_table(&server, &samples).await;
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(None, 10_000)
         .await

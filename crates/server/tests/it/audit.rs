@@ -211,7 +211,7 @@ async fn the_clients_reverse_name_is_audited_when_its_dns_has_one() {
     client::account_with_header(&server.directory("default"), FORWARDED).await;
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(Some("account.created"), 1)
         .await
@@ -248,7 +248,7 @@ async fn a_dns_server_that_never_answers_delays_an_audited_request_by_the_bound_
     );
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(Some("account.created"), 1)
         .await
@@ -294,7 +294,7 @@ async fn rows_past_the_audit_retention_are_swept_and_newer_ones_kept() {
     }
     store.close().await;
     let server = TestServer::start_in(dir, &toml).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let rows = store
@@ -377,7 +377,7 @@ async fn a_refused_new_order_with_many_and_huge_identifiers_writes_a_bounded_aud
         ids.push(json!({"type": "dns", "value": huge}));
         json!({ "identifiers": ids })
     };
-    let store = &server.running().authority.store();
+    let store = &server.running().authority().store().clone();
     // 101 identifiers: refused as too many, before any is looked at; 100
     // with the huge one: refused for it, the problem detail quoting it.
     for (count, problem) in [(100, "rejectedIdentifier"), (99, "rejectedIdentifier")] {
@@ -444,7 +444,7 @@ async fn revocations_signed_by_no_account_for_certificates_never_issued_are_coun
     )
     .await;
     let dir = raw::directory(&server.directory("default")).await;
-    let authority = &server.running().authority;
+    let authority = &server.running().authority();
     let refused = |reason: &str| {
         authority
             .metrics

@@ -747,7 +747,7 @@ async fn in_chromium_a_relay_order_held_by_an_upstream_fault_is_cancelled_from_t
         "the cancelled relay's order ends invalid: {:?}",
         relayed.result
     );
-    let store = relaying.server.running().authority.store().clone();
+    let store = relaying.server.running().authority().store().clone();
     let failed = acme_proxy::admin::ops::list_audit(
         &store,
         &acme_proxy_store::AuditFilter {

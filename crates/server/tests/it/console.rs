@@ -311,7 +311,7 @@ async fn an_operator_made_with_the_cli_logs_in_sees_the_dashboard_and_logs_out()
     let created = console.audit("operator.created").await;
     assert_eq!(created[0]["actor"], "operator:root-operator");
 
-    let metrics = console.server.running().authority.render_metrics().await;
+    let metrics = console.server.running().authority().render_metrics().await;
     assert!(
         metrics.contains("acme_proxy_admin_logins_total{outcome=\"success\"} 1"),
         "{metrics}"
@@ -531,7 +531,7 @@ async fn the_sixth_wrong_password_in_a_minute_is_refused_before_hashing_and_unkn
             .any(|r| r["detail"].as_str().unwrap_or("").starts_with("throttled")),
         "{throttled:#?}"
     );
-    let metrics = console.server.running().authority.render_metrics().await;
+    let metrics = console.server.running().authority().render_metrics().await;
     assert!(
         metrics.contains("acme_proxy_admin_logins_total{outcome=\"throttled\"} 3"),
         "{metrics}"
@@ -1087,7 +1087,7 @@ async fn a_password_hashed_with_older_parameters_is_rehashed_with_todays_at_logi
     use argon2::password_hash::{PasswordHasher, SaltString};
     let console = Console::start("").await;
     console.create("alice", PASSWORD);
-    let store = console.server.running().authority.store().clone();
+    let store = console.server.running().authority().store().clone();
     let today = store
         .operator("alice")
         .await
@@ -1145,13 +1145,13 @@ async fn a_session_in_use_ends_at_its_absolute_lifetime() {
     console.create("alice", PASSWORD);
     let (cookie, _) = console.login("alice", PASSWORD).await;
     let started = Instant::now();
-    let store = console.server.running().authority.store().clone();
+    let store = console.server.running().authority().store().clone();
     let digest = ring::digest::digest(&ring::digest::SHA256, cookie.as_bytes());
     let deadline = started + Duration::from_secs(15);
     loop {
         // In use all along (a use is written at most once a minute, so
         // write it here): never idle, only old.
-        let now = console.server.running().authority.clock.unix();
+        let now = console.server.running().authority().clock.unix();
         store
             .touch_operator_session(digest.as_ref(), now)
             .await
@@ -1372,7 +1372,7 @@ async fn the_periodic_sweep_deletes_sessions_past_their_idle_time() {
     console.create("alice", PASSWORD);
     let (token, _) = console.login("alice", PASSWORD).await;
     let running = console.server.running();
-    let store = running.authority.store().clone();
+    let store = running.authority().store().clone();
     assert_eq!(
         store
             .list_operator_sessions(None)

@@ -550,8 +550,8 @@ async fn jobs_are_paged_and_retried_or_cancelled_through_the_api_as_the_operator
     let bearer = format!("Bearer {}", made["token"].as_str().expect("token"));
     let auth = [("authorization", bearer.as_str())];
     // Jobs of a kind no runner takes, far in the future: they stay queued.
-    let store = console.server.running().authority.store().clone();
-    let now = console.server.running().authority.clock.unix();
+    let store = console.server.running().authority().store().clone();
+    let now = console.server.running().authority().clock.unix();
     let mut ids = Vec::new();
     for i in 0..4 {
         let key = format!("job-{i}");

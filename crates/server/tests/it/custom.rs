@@ -700,7 +700,7 @@ async fn the_crl_refresh_skips_a_custom_profile_without_a_crl_program_and_fails_
         "[profiles.default]\n[profiles.legacy.signer]\ntype = \"custom\"\ncommand = \"/bin/true\"\n",
     )
     .await;
-    let authority = &server.running().authority;
+    let authority = &server.running().authority();
     assert_eq!(authority.refresh_stale_crls().await, 0, "no profile failed");
     assert!(
         authority.store().crl("default").await.unwrap().is_some(),

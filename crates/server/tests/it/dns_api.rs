@@ -740,7 +740,7 @@ async fn registrations_past_max_accounts_are_refused_and_audited_and_the_operato
         .await;
         assert_eq!((r.status, error_of(&r).as_str()), (403, "account_limit"));
     }
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     assert_eq!(store.dns_account_count().await.expect("count"), 2);
     // The first refusal has its row at once; the rest of its minute get
     // one row together when the minute ends (unit-tested in dns_api.rs):

@@ -463,7 +463,7 @@ message = "NetBox does not give this name to your address"
             && said.contains("NetBox does not give this name to your address"),
         "lego reports the refusal\n{said}"
     );
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let rows = store
         .audit_recent(Some("order.refused"), 1)
         .await
@@ -559,7 +559,7 @@ message = "NetBox does not give this name to your address"
         "{}",
         out.stdout
     );
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     for line in [
         "acme_proxy_policy_decisions_total{stage=\"new_order\",rule=\"own-names-only\",decision=\"deny\"} 1",
         "acme_proxy_policy_decisions_total{stage=\"new_order\",rule=\"own-names-only\",decision=\"undecided\"} 1",

@@ -33,7 +33,7 @@ pub(crate) async fn assert_audit_counters_match_the_table(
 ) -> BTreeMap<String, f64> {
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(None, 10_000)
         .await

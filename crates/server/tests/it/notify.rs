@@ -143,7 +143,7 @@ async fn webhooks_are_told_of_accounts_issuance_and_revocation_with_templated_bo
     assert_eq!(issued.body["identifiers"][0], "notified.example.test");
     assert!(issued.body["serial"].is_string() && issued.body["not_after"].is_string());
     // The chat webhook subscribed to issuance only, and got Slack's shape.
-    deliveries_settled(server.running().authority.store()).await;
+    deliveries_settled(server.running().authority().store()).await;
     let chat_got = chat.received();
     assert_eq!(chat_got.len(), 1, "{chat_got:#?}");
     let text = chat_got[0].body["text"]
@@ -167,7 +167,7 @@ async fn a_receiver_that_is_down_is_retried_and_gets_the_notification_once_it_is
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     // Nothing listens yet: the account.created delivery keeps failing.
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
@@ -221,7 +221,7 @@ async fn an_operators_cancel_of_a_notification_is_audited_as_theirs_even_without
     let (_etc, config) = harness::config_file(&toml);
     let server = TestServer::start_in(dir, &toml).await;
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let id = loop {
         let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
@@ -293,7 +293,7 @@ async fn a_receiver_that_refuses_is_not_retried_and_the_lost_notification_is_aud
     );
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let audited = first_notification_failed(&store).await;
     let detail = audited.detail.unwrap_or_default();
     assert!(
@@ -366,7 +366,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
             got.len() >= 4
         })
         .await;
-    deliveries_settled(server.running().authority.store()).await;
+    deliveries_settled(server.running().authority().store()).await;
     let got = receiver.received();
     assert_eq!(
         got.len(),
@@ -382,7 +382,7 @@ async fn a_receiver_answering_503_three_times_then_200_gets_exactly_one_delivery
             "{r:?}"
         );
     }
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
         .await
         .expect("jobs");
@@ -456,7 +456,7 @@ async fn a_script_gets_the_notice_on_stdin_in_a_cleared_environment_and_exit_75_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The script has finished writing once its delivery is done.
-    deliveries_settled(server.running().authority.store()).await;
+    deliveries_settled(server.running().authority().store()).await;
     let notice: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).expect("output")).expect("JSON");
     assert_eq!(notice["event"], "account.created");
@@ -487,7 +487,7 @@ async fn a_failing_script_is_not_retried_and_its_first_error_line_is_audited() {
     );
     let server = TestServer::start(harness::free_port(), None, &extra).await;
     client::account(&server.directory("default")).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let row = first_notification_failed(&store).await;
     let detail = row.detail.unwrap_or_default();
     assert!(detail.contains("ticket system says no"), "{detail}");
@@ -627,7 +627,7 @@ async fn issue_with_email(email: &str, name: &str) -> (TestServer, String) {
     let server = TestServer::start(responder.port, None, &extra).await;
     let account = client::account(&server.directory("default")).await;
     client::issue(&account, &responder, &[name]).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let issued = store
         .audit_recent(Some("certificate.issued"), 1)
         .await
@@ -678,7 +678,7 @@ async fn an_smtp_server_receives_the_templated_issuance_mail_over_plain_smtp() {
     assert!(!mails[0].tls);
     // Subscribed to issuance only: account.created was never queued for it.
     let jobs = acme_proxy::admin::ops::list_jobs(
-        server.running().authority.store(),
+        server.running().authority().store(),
         Some("notify_delivery"),
         None,
         100,
@@ -728,7 +728,7 @@ async fn an_smtp_server_whose_certificate_is_not_trusted_gets_nothing_and_the_ma
         sink.addr.port()
     );
     let (server, _) = issue_with_email(&email, "untrusted.example.test").await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let job = loop {
         let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("notify_delivery"), None, 10)
@@ -787,7 +787,7 @@ async fn a_notification_is_queued_by_the_transaction_that_records_its_change_and
         TestServer::start(responder.port, None, "[profiles.default]\nbypass = true\n").await;
     let account = client::account(&server.directory("default")).await;
     client::issue(&account, &responder, &["outbox.example.test"]).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let issued = store
         .audit_recent(Some("certificate.issued"), 1)
         .await

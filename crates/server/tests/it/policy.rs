@@ -279,7 +279,7 @@ async fn a_refused_identifier_among_permitted_ones_is_the_only_subproblem_and_is
             "identifier": {"type": "dns", "value": "www.other.test"},
         }])
     );
-    let authority = &server.running().authority;
+    let authority = &server.running().authority();
     let rows = authority
         .store()
         .audit_recent(Some("order.refused"), 1)
@@ -344,7 +344,7 @@ async fn after_a_reload_finalize_refuses_a_name_with_bad_csr_and_warn_mode_lets_
         .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["status"], "valid");
-    let authority = server.running().authority.clone();
+    let authority = server.running().authority().clone();
     let rows = authority
         .store()
         .audit_recent(Some("policy.warned"), 5)
@@ -360,7 +360,7 @@ async fn after_a_reload_finalize_refuses_a_name_with_bad_csr_and_warn_mode_lets_
             "policy allow (rule not-other-teams-names in warn mode would deny) at finalize: rule not-other-teams-names; checks: other_team=true"
         )
     );
-    assert_counted(&server.running().authority, &["acme_proxy_policy_decisions_total{stage=\"finalize\",rule=\"not-other-teams-names\",decision=\"warn\"} 1"]).await;
+    assert_counted(&server.running().authority(), &["acme_proxy_policy_decisions_total{stage=\"finalize\",rule=\"not-other-teams-names\",decision=\"warn\"} 1"]).await;
     server.stop().await;
 }
 
@@ -414,7 +414,7 @@ message = "not approved"
     );
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(Some("order.refused"), 1)
         .await
@@ -569,7 +569,7 @@ mode = "warn"
         r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
         Some("10")
     );
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let undecided = store
         .audit_recent(Some("policy.undecided"), 10)
         .await
@@ -595,7 +595,7 @@ mode = "warn"
         .expect("audit");
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].client_ip.as_deref(), Some("127.0.0.1"));
-    assert_counted(&server.running().authority, &[
+    assert_counted(&server.running().authority(), &[
         "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"closed-to-all\",decision=\"deny\"} 2",
         "acme_proxy_policy_decisions_total{stage=\"connection\",rule=\"watch-default\",decision=\"warn\"} 2",
     ])
@@ -670,7 +670,7 @@ message = "only hosts named in lab.test"
             String::from_utf8_lossy(&r.body)
         );
     }
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let rows = store
         .audit_recent(Some("policy.refused"), 10)
         .await

@@ -128,7 +128,7 @@ async fn the_sixth_order_in_a_window_of_five_waits_across_a_restart_until_an_ove
     }
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(Some("ratelimit.reset"), 5)
         .await
@@ -139,7 +139,7 @@ async fn the_sixth_order_in_a_window_of_five_waits_across_a_restart_until_an_ove
         rows[0].detail.as_deref(),
         Some(format!("rate limit key {key}").as_str())
     );
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     let line = "acme_proxy_rate_limited_total{limit=\"new_orders_per_account\"} 1";
     assert!(metrics.contains(line), "{line} in\n{metrics}");
     server.stop().await;
@@ -178,7 +178,7 @@ async fn an_address_past_its_new_accounts_is_refused_and_the_refusal_audited() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let rows = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(Some("account.refused"), 5)
         .await
@@ -321,7 +321,7 @@ async fn a_name_that_failed_validation_too_often_is_refused_for_that_account_onl
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(
         refused_by(
-            &server.running().authority,
+            &server.running().authority(),
             "failed_validations_per_account_and_name"
         )
         .await,
@@ -426,7 +426,7 @@ async fn certificates_per_registered_domain_and_duplicates_are_refused_at_new_or
     new_order(&dir, &other, "v.example.org")
         .await
         .assert_refused(429, "rateLimited", "another account at example.org");
-    let authority = &server.running().authority;
+    let authority = &server.running().authority();
     assert_eq!(
         refused_by(authority, "duplicate_certificates").await,
         "acme_proxy_rate_limited_total{limit=\"duplicate_certificates\"} 1"
@@ -474,7 +474,7 @@ async fn pending_authorizations_are_bounded_per_account_and_an_override_raises_t
         .assert_refused(429, "rateLimited", "past the raised bound");
     assert_eq!(
         refused_by(
-            &server.running().authority,
+            &server.running().authority(),
             "pending_authorizations_per_account"
         )
         .await,

@@ -159,7 +159,7 @@ async fn recover_requeues_a_processing_challenge_whose_job_was_lost_without_dupl
     let acct = Acct::create(&dir, Key::p256()).await;
     let (chall, order_url) = pending_challenge(&dir, &acct, &responder, "lost.example.test").await;
     let id = chall.rsplit('/').next().unwrap().to_owned();
-    let authority = &server.running().authority;
+    let authority = &server.running().authority();
     // The state change without its job, as if the process died between them.
     assert!(
         authority

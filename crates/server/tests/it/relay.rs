@@ -515,7 +515,7 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
     // where the request came from.
     let audit = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_for_order(&relayed.local_id())
         .await
@@ -542,7 +542,7 @@ async fn http01_strategy_pebble_fetches_the_key_authorization_from_our_root_rout
     assert!(err.to_string().contains("dns01"), "{err}");
     let refused = server
         .running()
-        .authority
+        .authority()
         .store()
         .audit_recent(Some("order.refused"), 10)
         .await
@@ -1030,7 +1030,7 @@ async fn a_stated_refusal_ends_the_order_invalid_after_exactly_one_abandon_with_
         !error.contains("upstream says no"),
         "the client must not see the upstream's words: {error}"
     );
-    let store = &server.running().authority.store();
+    let store = &server.running().authority().store().clone();
     let failed = the_one_issue_failure(store, &relayed).await;
     assert!(
         failed
@@ -1092,7 +1092,7 @@ async fn an_upstream_authorization_turned_invalid_ends_the_order_invalid_with_th
     )
     .await;
     assert!(relayed.result.is_err(), "the order must end invalid");
-    let failed = the_one_issue_failure(server.running().authority.store(), &relayed).await;
+    let failed = the_one_issue_failure(server.running().authority().store(), &relayed).await;
     let detail = failed.detail.as_deref().unwrap_or("");
     assert!(detail.contains("Invalid"), "{detail}");
     server.stop().await;
@@ -1113,7 +1113,7 @@ async fn an_operator_cancels_a_stuck_relay_and_the_order_is_invalid_naming_them(
         let account = account.clone();
         async move { relay_issue(&account, &["stuck.example.test"], Duration::from_secs(30)).await }
     });
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let job = {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -1430,7 +1430,7 @@ async fn a_relay_whose_profile_is_not_mounted_waits_without_spending_attempts_an
     )
     .replace("listen = \"127.0.0.1:0\"", &listen);
     let server = TestServer::start_in(crate::harness::tempdir(), &unmounted).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let job = loop {
         let jobs = acme_proxy::admin::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
@@ -1528,7 +1528,7 @@ async fn a_relay_that_exhausts_its_attempts_is_abandoned_once_and_never_left_pro
     )
     .await;
     assert!(relayed.result.is_err(), "the order must end invalid");
-    let failed = the_one_issue_failure(server.running().authority.store(), &relayed).await;
+    let failed = the_one_issue_failure(server.running().authority().store(), &relayed).await;
     let detail = failed.detail.as_deref().unwrap_or("");
     assert!(detail.contains("gave up after 3 attempts"), "{detail}");
     // One newOrder inside finalize, then one per attempt.
@@ -1608,7 +1608,7 @@ async fn an_upstream_refusal_at_finalize_reaches_the_client_generically_once_aud
     assert_eq!(client::problem_type(&err), "serverInternal");
     assert!(!err.to_string().contains("upstream says no"), "{err}");
     let local_id = order.url().rsplit('/').next().expect("id").to_owned();
-    let store = &server.running().authority.store();
+    let store = &server.running().authority().store().clone();
     assert_eq!(
         store
             .order(&local_id)
@@ -2476,7 +2476,7 @@ async fn a_budget_of_ten_upstream_orders_a_minute_issues_thirty_finalizes_over_t
             "{within} upstream orders within 58 s from the {i}th"
         );
     }
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     assert!(
         metrics
             .lines()
@@ -2519,7 +2519,7 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
         .find(|r| r.3 == 429)
         .expect("the upstream's 429")
         .0;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let now_ms = {
         use acme_proxy::clock::Clock;
         SystemClock.unix_ms()
@@ -2555,7 +2555,7 @@ async fn an_upstream_429_with_retry_after_pauses_every_relay_of_the_profile_unti
         "each order created upstream once: {:?}",
         proxy.requests()
     );
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     assert!(
         metrics
             .lines()
@@ -2625,7 +2625,7 @@ async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_whi
         assert!(relayed.result.is_err(), "the upstream validation must fail");
     }
     assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 2);
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let now_ms = {
         use acme_proxy::clock::Clock;
         SystemClock.unix_ms()
@@ -2675,7 +2675,7 @@ async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_whi
         "the held order went {} ms before its window freed",
         frees_at_ms - went_ms
     );
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     assert!(
         metric(
             &metrics,
@@ -2739,7 +2739,7 @@ async fn two_upstream_authorizations_in_flight_hold_a_third_order_until_one_sett
     proxy.set_always(Match::PathContains(FINALIZE), None);
     all_valid(&account, urls, Instant::now() + Duration::from_secs(60)).await;
     assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 3);
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     assert!(
         metric(
             &metrics,
@@ -2785,7 +2785,7 @@ async fn an_open_breaker_answers_a_revocation_503_at_once_and_its_own_probe_clos
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The order is given up: no relay waits on the upstream any more.
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let order_id = order.url().rsplit('/').next().expect("id").to_owned();
     let job = acme_proxy::admin::ops::list_jobs(&store, Some("signer_relay_issue"), None, 10)
         .await
@@ -2997,7 +2997,7 @@ async fn an_upstream_that_stops_answering_opens_its_breaker_and_only_one_probe_a
     assert!(closed["next_probe"].is_null(), "{closed}");
 
     // Each transition counted; the state read from the database.
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     let transitions = |to: &str| {
         metric(
             &metrics,
@@ -3063,7 +3063,7 @@ async fn two_upstream_certificates_a_minute_per_registered_domain_hold_back_a_th
     let started = Instant::now();
     let urls = finalize_all(ready).await;
     // Each domain's places, kept in the database.
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let now_ms = {
         use acme_proxy::clock::Clock;
         SystemClock.unix_ms()
@@ -3097,7 +3097,7 @@ async fn two_upstream_certificates_a_minute_per_registered_domain_hold_back_a_th
         offsets[3] >= Duration::from_secs(28),
         "the third order of example.test went at {offsets:?}"
     );
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     assert!(
         metrics.lines().any(|l| l.starts_with(
             "acme_proxy_rate_limited_total{limit=\"upstream_certificates_per_domain\"} "
@@ -3219,7 +3219,7 @@ async fn new_orders_go_to_the_fallback_while_the_preferred_upstream_is_down_and_
     assert_eq!((a.count(NEW_ORDER), b.count(NEW_ORDER)), (3, 3));
 
     // Each of A's transitions is counted under its name.
-    let metrics = server.running().authority.render_metrics().await;
+    let metrics = server.running().authority().render_metrics().await;
     let transitions = |to: &str| {
         metric(
             &metrics,
@@ -3306,7 +3306,7 @@ async fn an_order_moves_to_the_fallback_past_failover_after_only_if_its_finalize
         a.requests()
     );
     assert_eq!((b.count(NEW_ORDER), b.count(FINALIZE)), (1, 1));
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let mapping = store
         .upstream_order(&moved.local_id())
         .await
@@ -3370,7 +3370,7 @@ async fn a_refusal_listed_in_failover_on_passes_the_order_to_the_next_upstream()
     );
     assert_eq!((a.count(NEW_ORDER), a.count(FINALIZE)), (0, 0));
     assert_eq!((b.count(NEW_ORDER), b.count(FINALIZE)), (1, 1));
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let mapping = store
         .upstream_order(&relayed.local_id())
         .await

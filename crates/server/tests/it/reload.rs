@@ -312,7 +312,7 @@ async fn processing_without_a_job(toml: &str) -> (Acct, serde_json::Value, Strin
         .expect("challenge")
         .to_owned();
     let challenge_id = challenge_url.rsplit('/').next().expect("id").to_owned();
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let now = std::time::SystemTime::UNIX_EPOCH
         .elapsed()
         .expect("clock")
@@ -373,7 +373,7 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
     // Restarted without it: recovery queues the validation, which waits
     // for its profile without spending attempts.
     let server = TestServer::start_in(harness::tempdir(), &toml("[profiles.default]\n")).await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut holds = Vec::new();
     let mut held = None;
@@ -423,7 +423,7 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Completed by the job that was held, not a new one.
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let jobs = acme_proxy::admin::ops::list_jobs(&store, Some(KIND), None, 10)
         .await
         .expect("jobs");
@@ -462,7 +462,7 @@ async fn a_reload_that_mounts_the_profile_again_runs_its_held_validation_at_once
     // validation is held until its next look, 30 s on.
     let server = TestServer::start_in(harness::tempdir(), &toml("[profiles.default]\n")).await;
     let running = server.running();
-    let store = running.authority.store().clone();
+    let store = running.authority().store().clone();
     let held = held_validation(&store, &challenge_id).await;
     let now_ms = std::time::SystemTime::UNIX_EPOCH
         .elapsed()
@@ -591,7 +591,7 @@ async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_set
     .await;
     let server = TestServer::start_in(harness::tempdir(), &toml("[profiles.default]\n")).await;
     let running = server.running();
-    let store = running.authority.store().clone();
+    let store = running.authority().store().clone();
     let held = held_validation(&store, &challenge_id).await;
 
     // Back with dns-01 only, validation bypassed: without the check the
@@ -625,5 +625,36 @@ async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_set
     assert!(error.contains("no longer validates http-01"), "{error}");
     let job = store.job(held.id).await.expect("read").expect("the job");
     assert_eq!(job.status.as_str(), "done", "{job:?}");
+    server.stop().await;
+}
+
+/// The generation a reload replaced — its profiles and signers, a token's
+/// session among them — is let go once nothing started on it runs, rather
+/// than kept for the life of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_lets_the_generation_it_replaced_go() {
+    let dir = harness::tempdir();
+    let toml = TestServer::config_text(dir.path(), 1, None, "");
+    let server = TestServer::start_in(harness::tempdir(), &toml).await;
+    let running = server.running();
+    let first = Arc::downgrade(&running.authority());
+    // Served by the first generation, on a connection the client keeps.
+    let directory = raw::directory(&server.directory("default")).await;
+    assert!(directory["newOrder"].is_string(), "{directory}");
+    running
+        .reload(Config::from_toml(&toml).expect("config"))
+        .await
+        .expect("reloaded");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first.upgrade().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "generation 1's authority is still held after the reload"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The server goes on under the new one.
+    let directory = raw::directory(&server.directory("default")).await;
+    assert!(directory["newOrder"].is_string(), "{directory}");
     server.stop().await;
 }

@@ -47,7 +47,7 @@ async fn two_servers_signing_one_profiles_crl_at_once_never_sign_two_crls_with_o
     let signers: Vec<_> = [&first, &second]
         .iter()
         .flat_map(|server| {
-            let authority = std::sync::Arc::clone(&server.running().authority);
+            let authority = std::sync::Arc::clone(&server.running().authority());
             (0..10).map(move |_| {
                 let authority = std::sync::Arc::clone(&authority);
                 tokio::spawn(async move {

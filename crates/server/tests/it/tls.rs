@@ -386,7 +386,7 @@ async fn audited_address_through_a_proxy(trusted: &str) -> String {
         ("x-forwarded-for", "203.0.113.66"),
     )
     .await;
-    let store = server.running().authority.store().clone();
+    let store = server.running().authority().store().clone();
     let rows = store
         .audit_recent(Some("account.created"), 1)
         .await
