@@ -588,7 +588,8 @@ impl Reloader {
                         ),
                     )
                     .await;
-                self.release_held_jobs(&authority).await;
+                self.lasting.queue.configuration_changed();
+                self.release_held_jobs(&self.generations.authority()).await;
                 Ok(number)
             }
             Err(refused) => {
@@ -1028,7 +1029,13 @@ pub async fn start_with(
                     name: "admin",
                     tls: None,
                     limits: config.connections.clone(),
-                    exempt: config.trusted_proxies.clone(),
+                    // The console's own proxies carry many clients too.
+                    exempt: config
+                        .trusted_proxies
+                        .iter()
+                        .chain(&config.admin.trusted_proxies)
+                        .copied()
+                        .collect(),
                     metrics: Arc::clone(&authority.metrics),
                 },
                 stop_admin,

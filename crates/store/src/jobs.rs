@@ -235,13 +235,8 @@ impl JobWakeups {
 }
 
 /// What a held job's `last_error` starts with: the mark
-/// [`Store::release_held_jobs`] finds it by (no `%` or `_`, which `LIKE`
-/// would read as wildcards).
-macro_rules! held_prefix {
-    () => {
-        "held: "
-    };
-}
+/// [`Store::release_held_jobs`] finds it by.
+const HELD_PREFIX: &str = "held: ";
 
 /// What a requeued job's attempt count becomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -474,7 +469,7 @@ impl Store {
         run_at: i64,
         reason: &str,
     ) -> Result<bool> {
-        let marked = format!("{}{reason}", held_prefix!());
+        let marked = format!("{HELD_PREFIX}{reason}");
         self.requeue_job(id, owner, now, run_at, Some(&marked), Attempts::Uncount)
             .await
     }
@@ -484,15 +479,13 @@ impl Store {
     /// after a reload what they waited for may be there. One still
     /// waiting is held again, costing one look and no attempt.
     pub async fn release_held_jobs(&self, now: i64) -> Result<u64> {
+        // Compared exactly: SQLite's LIKE would ignore ASCII case.
         self.writer()
             .await?
             .exec(
-                concat!(
-                    "UPDATE jobs SET run_at = ?1 WHERE status = 'queued' AND run_at > ?1 AND last_error LIKE '",
-                    held_prefix!(),
-                    "%'"
-                ),
-                args![now],
+                "UPDATE jobs SET run_at = ?1, updated_at = ?1
+                 WHERE status = 'queued' AND run_at > ?1 AND substr(last_error, 1, length(?2)) = ?2",
+                args![now, HELD_PREFIX],
             )
             .await
     }

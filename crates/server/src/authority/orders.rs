@@ -517,6 +517,7 @@ impl Authority {
             // reading the challenge first; the store writes nothing in
             // every other case, answered from the read below as without
             // bypass.
+            // At most one of each type (the configuration names each once).
             let offered: Vec<&str> = profile
                 .config
                 .challenges
@@ -832,8 +833,10 @@ fn check_identifier(
 /// Why `ch` may not be validated at `profile` now, if it may not: its type
 /// is no longer among the profile's `challenges` (a reload took it away
 /// after the authorization was made). The operator turned that method
-/// off, so it proves nothing from then on — the client answers another
-/// challenge, or orders again.
+/// off, so it proves nothing from then on: a response to it is refused
+/// (the client answers another challenge of the authorization), and a
+/// validation already under way fails, which ends the authorization and
+/// its orders (the client orders again).
 pub(super) fn not_offered(profile: &Profile, ch: &ChallengeRow) -> Option<AcmeError> {
     if profile.config.challenges.contains(&ch.kind) {
         return None;

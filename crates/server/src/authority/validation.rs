@@ -79,11 +79,12 @@ impl JobHandler for ValidationJobs {
             let Some(profile) = a.profile(&authz.profile).cloned() else {
                 return Outcome::Hold(format!("profile {} is not mounted", authz.profile));
             };
-            let result = if let Some(refused) = super::orders::not_offered(&profile, &ch) {
+            let refused = super::orders::not_offered(&profile, &ch);
+            let result = if let Some(refused) = &refused {
                 // Triggered while the profile offered it; the method has
                 // been turned off since, so it settles nothing valid.
                 tracing::info!(event = "validation.finished", outcome = "invalid", profile = %profile.name, challenge = %ch.id, kind = %ch.kind, error = %refused.detail, "validation refused: the type is no longer offered");
-                Err(Problem::new(refused.kind, refused.detail))
+                Err(Problem::new(refused.kind, refused.detail.clone()))
             } else if profile.config.bypass {
                 Ok(())
             } else {
@@ -156,8 +157,9 @@ impl JobHandler for ValidationJobs {
                 Ok(()) => crate::notify::Outbox::default(),
             };
             // Counted before the failure is visible: a new order that
-            // follows it sees the count.
-            if result.is_err() {
+            // follows it sees the count. Not when the operator turned the
+            // method off: that is no failure of the client's.
+            if result.is_err() && refused.is_none() {
                 a.count_failed_validation(&account, &authz.identifier.value)
                     .await;
             }

@@ -26,6 +26,15 @@ pub struct AdminConfig {
     #[serde(deserialize_with = "duration")]
     #[schemars(schema_with = "reference::duration")]
     pub session_lifetime: Duration,
+    /// Reverse proxies in front of the console whose forwarded header
+    /// (`forwarded_header`) is believed for who logs in: the address
+    /// throttled, audited and shown in `admin session list`. Apart from
+    /// the top-level `trusted_proxies`, which are the ACME listener's: a
+    /// proxy trusted there does not get to name the console's clients.
+    /// Empty: the peer is the client.
+    #[serde(deserialize_with = "addresses_or_networks")]
+    #[schemars(schema_with = "reference::networks")]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl Default for AdminConfig {
@@ -36,6 +45,7 @@ impl Default for AdminConfig {
             require_totp: false,
             session_idle: Duration::from_secs(30 * 60),
             session_lifetime: Duration::from_secs(12 * 3600),
+            trusted_proxies: Vec::new(),
         }
     }
 }

@@ -412,6 +412,22 @@ impl Config {
                     "profiles.{name}.challenges is empty; write challenges = [\"http-01\"]"
                 ));
             }
+            // Each type once, in the order written (the order offered).
+            let mut once: Vec<&str> = Vec::new();
+            let mut twice = None;
+            for kind in profile.challenges.iter().map(|c| c.as_str()) {
+                if once.contains(&kind) {
+                    twice = twice.or(Some(kind));
+                } else {
+                    once.push(kind);
+                }
+            }
+            if let Some(twice) = twice {
+                problems.push(format!(
+                    "profiles.{name}.challenges names {twice} more than once; write each type once: challenges = [{}]",
+                    once.iter().map(|t| format!("\"{t}\"")).collect::<Vec<_>>().join(", ")
+                ));
+            }
             for (hook_name, hook) in &profile.notify.webhooks {
                 check_webhook(name, hook_name, hook).unwrap_or_else(|e| problems.push(reason(e)));
                 if let Some(egress) = &hook.egress {
@@ -1132,6 +1148,19 @@ mod tests {
         assert_eq!(
             one,
             "configuration: profiles.default.challenges is empty; write challenges = [\"http-01\"]"
+        );
+    }
+
+    #[test]
+    fn a_challenge_type_named_twice_is_refused_saying_what_to_write() {
+        let e = Config::from_toml(
+            "[profiles.web]\nchallenges = [\"dns-01\", \"http-01\", \"dns-01\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "configuration: profiles.web.challenges names dns-01 more than once; write each type once: challenges = [\"dns-01\", \"http-01\"]"
         );
     }
 

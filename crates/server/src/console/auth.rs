@@ -153,13 +153,13 @@ fn cleared_cookie() -> HeaderValue {
 }
 
 /// Who is logging in: the peer, or behind a reverse proxy of
-/// `trusted_proxies` the client it forwarded for — as the ACME API reads
-/// it, so that logins through one proxy are neither audited as the proxy
-/// nor throttled together.
+/// `[admin] trusted_proxies` the client it forwarded for, so that logins
+/// through one proxy are neither audited as the proxy nor throttled
+/// together. Not the ACME listener's `trusted_proxies`: a host trusted to
+/// forward ACME requests could otherwise name a new client on each guess.
 fn client_of(console: &Console, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
-    let config = &console.generations.current().config;
-    Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header)
-        .client_ip(peer.ip(), headers)
+    let header = console.generations.current().config.forwarded_header;
+    Forwarding::new(console.settings.trusted_proxies.clone(), header).client_ip(peer.ip(), headers)
 }
 
 /// What a login attempt is throttled under: the name tried, and the

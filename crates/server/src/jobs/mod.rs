@@ -276,6 +276,9 @@ pub struct Queue {
     config: std::sync::RwLock<Arc<JobsConfig>>,
     pub observer: Arc<JobCounters>,
     wake: Notify,
+    /// How many times the configuration was replaced: a job held under
+    /// one configuration that has been replaced since looks again at once.
+    configurations: std::sync::atomic::AtomicU64,
 }
 
 impl Queue {
@@ -286,7 +289,22 @@ impl Queue {
             config: std::sync::RwLock::new(Arc::new(config)),
             observer: Arc::new(JobCounters::default()),
             wake: Notify::new(),
+            configurations: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A new configuration is in force (called once it serves): an
+    /// attempt that started before and is held for what the old one
+    /// lacked is made due at once, not at its next look — the release
+    /// of held jobs that follows a reload may have run before it ended.
+    pub fn configuration_changed(&self) {
+        self.configurations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn configuration(&self) -> u64 {
+        self.configurations
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The job tuning now in force.
@@ -678,6 +696,7 @@ impl Runner {
         let budget = handler
             .budget(job)
             .unwrap_or(self.queue.config().attempt_budget);
+        let configuration = self.queue.configuration();
         let attempt = {
             let handler = Arc::clone(&handler);
             let job = job.clone();
@@ -729,15 +748,18 @@ impl Runner {
             }
         };
         crash_point!("job.ran");
-        self.settle(&handler, job, outcome).await;
+        self.settle(&handler, job, outcome, configuration).await;
         crash_point!("job.settled");
     }
 
+    /// Records `outcome` of an attempt that started under `configuration`
+    /// (see [`Queue::configuration_changed`]).
     async fn settle(
         self: &Arc<Self>,
         handler: &Arc<dyn JobHandler>,
         job: &JobRow,
         outcome: Outcome,
+        configuration: u64,
     ) {
         let store = &self.queue.store;
         let now = self.queue.clock.unix_ms();
@@ -767,7 +789,13 @@ impl Runner {
                 // a held job looks again every [`HOLD_EVERY`] (or the
                 // backoff cap, if shorter), so that hundreds of them
                 // waiting for a profile do not keep the queue busy.
-                let delay = HOLD_EVERY.min(self.queue.config().backoff_cap);
+                // Held under a configuration replaced meanwhile: look
+                // again under the new one now.
+                let delay = if self.queue.configuration() == configuration {
+                    HOLD_EVERY.min(self.queue.config().backoff_cap)
+                } else {
+                    Duration::ZERO
+                };
                 let mut next = backoff::later(now, delay);
                 if let Some(deadline) = job.deadline {
                     next = next.min(deadline);

@@ -541,8 +541,14 @@ async fn the_sixth_wrong_password_in_a_minute_is_refused_before_hashing_and_unkn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_trusted_proxy_logins_are_throttled_and_audited_by_the_client_it_forwarded_for() {
-    let console =
-        Console::start_with_top("trusted_proxies = [\"127.0.0.6\"]\n", "", "bypass = true\n").await;
+    // 127.0.0.6 fronts the console; 127.0.0.7 is trusted by the ACME
+    // listener only.
+    let console = Console::start_with_top(
+        "trusted_proxies = [\"127.0.0.7\"]\n",
+        "trusted_proxies = [\"127.0.0.6\"]",
+        "bypass = true\n",
+    )
+    .await;
     console.create("alice", PASSWORD);
     let proxy: IpAddr = "127.0.0.6".parse().expect("ip");
     // Five wrong passwords through the proxy for one client: that client's
@@ -561,8 +567,8 @@ async fn behind_a_trusted_proxy_logins_are_throttled_and_audited_by_the_client_i
         .login_forwarded(proxy, Some("192.0.2.20"), "alice", PASSWORD)
         .await;
     assert_eq!(resp.status, 303, "{}", text(&resp));
-    // A peer that is not a trusted proxy is itself the client, whatever
-    // it claims.
+    // A peer that is not one of the console's proxies is itself the
+    // client, whatever it claims, even a proxy the ACME listener trusts.
     let resp = console
         .login_forwarded(
             "127.0.0.7".parse().expect("ip"),

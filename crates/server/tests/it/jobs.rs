@@ -1013,7 +1013,8 @@ async fn releasing_held_jobs_makes_only_those_waiting_for_the_configuration_due(
                 "a",
                 t + 10,
                 later,
-                Some("the upstream answered 503"),
+                // Not a hold, however it is spelled.
+                Some("Held: the upstream answered 503"),
                 acme_proxy_store::Attempts::Keep,
             )
             .await
@@ -1045,6 +1046,76 @@ async fn releasing_held_jobs_makes_only_those_waiting_for_the_configuration_due(
     );
     // Nothing held is left to release.
     assert_eq!(store.release_held_jobs(t + 200).await.unwrap(), 0);
+}
+
+/// A handler that always holds its job, as for a profile not mounted;
+/// when `reload` is set, a new configuration comes into force during the
+/// attempt (a reload whose release of held jobs ran before it ended).
+struct Holds {
+    queue: std::sync::OnceLock<Arc<Queue>>,
+    reload: std::sync::atomic::AtomicBool,
+}
+
+impl JobHandler for Holds {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            if self.reload.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.queue.get().expect("the queue").configuration_changed();
+            }
+            Outcome::Hold("profile web is not mounted".into())
+        })
+    }
+
+    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+        Box::pin(async move { panic!("a held job was abandoned: {job:?}, {reason:?}") })
+    }
+}
+
+#[tokio::test]
+async fn a_job_held_under_a_configuration_replaced_during_its_attempt_looks_again_at_once() {
+    let dir = crate::harness::tempdir();
+    let clock = manual_clock();
+    let handler = Arc::new(Holds {
+        queue: std::sync::OnceLock::new(),
+        reload: std::sync::atomic::AtomicBool::new(false),
+    });
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|_| {}),
+        vec![handler.clone()],
+    );
+    handler.queue.set(Arc::clone(&queue)).expect("set once");
+    let id = queue
+        .enqueue(JobSpec::new(KIND, "k", json!({})))
+        .await
+        .unwrap()
+        .id();
+    let next_look = || async { job(&queue, id).await.run_at - clock.unix_ms() };
+
+    // Held with nothing changed: it looks again in 30 s.
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(next_look().await, 30_000);
+    clock.advance(Duration::from_secs(30));
+    // Held while a reload came into force: due at once.
+    handler
+        .reload
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(next_look().await, 0);
+    let row = job(&queue, id).await;
+    assert_eq!(
+        (row.status.as_str(), row.attempts),
+        ("queued", 0),
+        "a hold spends no attempt: {row:?}"
+    );
+    // It looks again under the new configuration, and is held as usual.
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(next_look().await, 30_000);
 }
 
 #[tokio::test]

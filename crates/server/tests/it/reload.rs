@@ -599,7 +599,8 @@ async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_set
     running
         .reload(
             Config::from_toml(&toml(
-                "[profiles.default]\n[profiles.web]\nchallenges = [\"dns-01\"]\nbypass = true\n",
+                "[profiles.default]\n[profiles.web]\nchallenges = [\"dns-01\"]\nbypass = true\n\
+                 [rate_limits]\nfailed_validations_per_account_and_name = \"1/1h\"\n",
             ))
             .expect("config"),
         )
@@ -625,6 +626,21 @@ async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_set
     assert!(error.contains("no longer validates http-01"), "{error}");
     let job = store.job(held.id).await.expect("read").expect("the job");
     assert_eq!(job.status.as_str(), "done", "{job:?}");
+    // Not the client's failure: the name may be ordered again at once,
+    // one failed validation an hour allowed.
+    let again = acct
+        .post(
+            &dir,
+            dir["newOrder"].as_str().expect("newOrder"),
+            Some(&json!({"identifiers": [{"type": "dns", "value": "held.example.test"}]})),
+        )
+        .await;
+    assert_eq!(
+        again.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
     server.stop().await;
 }
 
