@@ -518,12 +518,7 @@ impl Authority {
             // every other case, answered from the read below as without
             // bypass.
             // At most one of each type (the configuration names each once).
-            let offered: Vec<&str> = profile
-                .config
-                .challenges
-                .iter()
-                .map(|c| c.as_str())
-                .collect();
+            let offered = offered(profile);
             let bypassed = self
                 .store
                 .bypass_challenge(
@@ -841,12 +836,7 @@ pub(super) fn not_offered(profile: &Profile, ch: &ChallengeRow) -> Option<AcmeEr
     if profile.config.challenges.contains(&ch.kind) {
         return None;
     }
-    let offered: Vec<&str> = profile
-        .config
-        .challenges
-        .iter()
-        .map(|c| c.as_str())
-        .collect();
+    let offered = offered(profile);
     Some(AcmeError::malformed(format!(
         "profile {} no longer validates {}; it offers {}",
         profile.name,
@@ -857,4 +847,15 @@ pub(super) fn not_offered(profile: &Profile, ch: &ChallengeRow) -> Option<AcmeEr
             offered.join(", ")
         }
     )))
+}
+
+/// The challenge types `profile` offers now, as written in its
+/// configuration.
+fn offered(profile: &Profile) -> Vec<&str> {
+    profile
+        .config
+        .challenges
+        .iter()
+        .map(|c| c.as_str())
+        .collect()
 }

@@ -285,19 +285,18 @@ async fn a_reload_applies_job_tuning_and_refuses_what_only_a_restart_applies() {
     server.stop().await;
 }
 
-/// An order of the web profile (served by `toml`) whose challenge was
-/// triggered and whose process stopped before validating it: processing,
-/// with no job. Returns the client, its directory, the order's URL and the
-/// challenge's id.
-async fn processing_without_a_job(toml: &str) -> (Acct, serde_json::Value, String, String) {
-    let server = TestServer::start_in(harness::tempdir(), toml).await;
-    let dir = raw::directory(&server.directory("web")).await;
-    let acct = Acct::create(&dir, Key::p256()).await;
+/// A new order of `acct` for `name`: its URL, its authorization's URL
+/// and the authorization as first read.
+async fn order_one(
+    acct: &Acct,
+    dir: &serde_json::Value,
+    name: &str,
+) -> (String, String, serde_json::Value) {
     let r = acct
         .post(
-            &dir,
+            dir,
             dir["newOrder"].as_str().expect("newOrder"),
-            Some(&json!({"identifiers": [{"type": "dns", "value": "held.example.test"}]})),
+            Some(&json!({"identifiers": [{"type": "dns", "value": name}]})),
         )
         .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
@@ -306,7 +305,19 @@ async fn processing_without_a_job(toml: &str) -> (Acct, serde_json::Value, Strin
         .as_str()
         .expect("authorization")
         .to_owned();
-    let authz = acct.post(&dir, &authz_url, None).await.json();
+    let authz = acct.post(dir, &authz_url, None).await.json();
+    (order_url, authz_url, authz)
+}
+
+/// An order of the web profile (served by `toml`) whose challenge was
+/// triggered and whose process stopped before validating it: processing,
+/// with no job. Returns the client, its directory, the order's URL and the
+/// challenge's id.
+async fn processing_without_a_job(toml: &str) -> (Acct, serde_json::Value, String, String) {
+    let server = TestServer::start_in(harness::tempdir(), toml).await;
+    let dir = raw::directory(&server.directory("web")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let (order_url, _, authz) = order_one(&acct, &dir, "held.example.test").await;
     let challenge_url = authz["challenges"][0]["url"]
         .as_str()
         .expect("challenge")
@@ -519,20 +530,7 @@ async fn a_challenge_type_a_reload_took_away_is_refused_and_the_others_still_val
     let running = server.running();
     let directory = raw::directory(&server.directory("web")).await;
     let acct = Acct::create(&directory, Key::p256()).await;
-    let r = acct
-        .post(
-            &directory,
-            directory["newOrder"].as_str().expect("newOrder"),
-            Some(&json!({"identifiers": [{"type": "dns", "value": "taken.example.test"}]})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-    let order_url = r.location().expect("order URL");
-    let authz_url = r.json()["authorizations"][0]
-        .as_str()
-        .expect("authorization")
-        .to_owned();
-    let authz = acct.post(&directory, &authz_url, None).await.json();
+    let (order_url, authz_url, authz) = order_one(&acct, &directory, "taken.example.test").await;
     let url_of = |kind: &str| {
         authz["challenges"]
             .as_array()
@@ -628,19 +626,7 @@ async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_set
     assert_eq!(job.status.as_str(), "done", "{job:?}");
     // Not the client's failure: the name may be ordered again at once,
     // one failed validation an hour allowed.
-    let again = acct
-        .post(
-            &dir,
-            dir["newOrder"].as_str().expect("newOrder"),
-            Some(&json!({"identifiers": [{"type": "dns", "value": "held.example.test"}]})),
-        )
-        .await;
-    assert_eq!(
-        again.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&again.body)
-    );
+    order_one(&acct, &dir, "held.example.test").await;
     server.stop().await;
 }
 
