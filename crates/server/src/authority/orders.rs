@@ -836,16 +836,12 @@ pub(super) fn not_offered(profile: &Profile, ch: &ChallengeRow) -> Option<AcmeEr
     if profile.config.challenges.contains(&ch.kind) {
         return None;
     }
-    let offered = offered(profile);
+    // Never empty: the configuration refuses a profile without challenges.
     Some(AcmeError::malformed(format!(
         "profile {} no longer validates {}; it offers {}",
         profile.name,
         ch.kind,
-        if offered.is_empty() {
-            "none".to_owned()
-        } else {
-            offered.join(", ")
-        }
+        offered(profile).join(", ")
     )))
 }
 
