@@ -11,7 +11,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::{self, AppState, Urls};
+use crate::api::{self, Admission, AppState, Urls};
 use crate::authority::{
     Authority, CrlRefresh, FinalizeWatch, Lasting, NonceSweep, Profile, RelayJobs, UpstreamProbes,
     ValidationJobs,
@@ -516,13 +516,18 @@ async fn authority_for(
 
 /// The routes of a generation: the ACME API over `authority`, with the
 /// request limits `config` sets.
-fn routes_for(config: &Config, authority: Arc<Authority>, base_url: &str) -> axum::Router {
+fn routes_for(
+    config: &Config,
+    authority: Arc<Authority>,
+    base_url: &str,
+    admission: &Arc<Admission>,
+) -> axum::Router {
     api::router(Arc::new(AppState::new(
         authority,
         base_url.to_owned(),
         config.max_body_bytes,
         config.connections.body_read_timeout,
-        config.max_in_flight,
+        Arc::clone(admission),
         api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
     )))
 }
@@ -540,6 +545,8 @@ struct Reloader {
     plugged: Signers,
     job_retention: watch::Sender<Option<Duration>>,
     audit_retention: watch::Sender<Option<Duration>>,
+    /// The ACME routes' `max_in_flight` slots, shared by every generation.
+    admission: Arc<Admission>,
     /// One reload at a time.
     busy: tokio::sync::Mutex<()>,
     /// Where a SIGHUP reads the configuration again.
@@ -572,6 +579,7 @@ impl Reloader {
                     .send_replace(Some(next.config.jobs.retention));
                 self.audit_retention
                     .send_replace(next.config.audit.retention);
+                self.admission.set_limit(next.config.max_in_flight);
                 // In force before it is announced: whoever reads the log
                 // line (an operator, a script after `systemctl reload`)
                 // and then asks is answered by the new generation.
@@ -657,7 +665,12 @@ impl Reloader {
         .await?;
         Ok(Generation {
             number: current.number + 1,
-            router: routes_for(&config, Arc::clone(&authority), &self.base_url),
+            router: routes_for(
+                &config,
+                Arc::clone(&authority),
+                &self.base_url,
+                &self.admission,
+            ),
             authority,
             config: Arc::new(config),
         })
@@ -842,9 +855,10 @@ pub async fn start_with(
         .count_cli_audit_after(store.last_audit_id().await?)
         .await;
     authority.refresh_stale_crls().await;
+    let admission = Admission::new(config.max_in_flight);
     let generations = Generations::new(Generation {
         number: 1,
-        router: routes_for(&config, Arc::clone(&authority), &base_url),
+        router: routes_for(&config, Arc::clone(&authority), &base_url, &admission),
         authority: Arc::clone(&authority),
         config: Arc::new(config.clone()),
     });
@@ -859,6 +873,7 @@ pub async fn start_with(
         plugged: kept_plugged,
         job_retention,
         audit_retention,
+        admission,
         busy: tokio::sync::Mutex::new(()),
         source: std::sync::Mutex::new(None),
     });

@@ -13,6 +13,7 @@ pub mod urls;
 mod verify;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use axum::Router;
@@ -21,7 +22,6 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http::{HeaderValue, Method, header};
-use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use crate::authority::{Authority, Profile, RequestContext};
@@ -37,7 +37,7 @@ pub struct AppState {
     pub max_body: usize,
     /// Time a request body may take to arrive (`connections.body_read_timeout`).
     pub body_read_timeout: std::time::Duration,
-    admission: Arc<Semaphore>,
+    admission: Arc<Admission>,
     /// Whose forwarded header is believed for the client's address.
     pub forwarding: forwarded::Forwarding,
 }
@@ -50,7 +50,7 @@ impl AppState {
         base_url: String,
         max_body: usize,
         body_read_timeout: std::time::Duration,
-        max_in_flight: usize,
+        admission: Arc<Admission>,
         forwarding: forwarded::Forwarding,
     ) -> Self {
         Self {
@@ -58,7 +58,7 @@ impl AppState {
             base_url,
             max_body,
             body_read_timeout,
-            admission: Arc::new(Semaphore::new(max_in_flight)),
+            admission,
             forwarding,
         }
     }
@@ -233,12 +233,58 @@ async fn policy_gate(State(app): State<App>, req: Request, next: Next) -> Respon
     next.run(Request::from_parts(parts, body)).await
 }
 
+/// The `max_in_flight` slots of the ACME routes, one set for the whole
+/// process: a reload's new generation takes its slots from the same count
+/// as the requests still finishing on the one it replaced, so that the
+/// bound holds across the swap instead of doubling while they drain. The
+/// limit is the generation in force's, set when it is swapped in.
+#[derive(Debug)]
+pub struct Admission {
+    limit: AtomicUsize,
+    taken: AtomicUsize,
+}
+
+/// One request's slot, given back when the response is made.
+struct Slot(Arc<Admission>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Admission {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit: AtomicUsize::new(limit),
+            taken: AtomicUsize::new(0),
+        })
+    }
+
+    /// From now on at most `limit` requests are admitted at once. Slots
+    /// already taken past a lower limit are kept to the end of their
+    /// requests; no new one is admitted until the count is below it.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Release);
+    }
+
+    fn try_take(self: &Arc<Self>) -> Option<Slot> {
+        let limit = self.limit.load(Ordering::Acquire);
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(Arc::clone(self)))
+    }
+}
+
 /// Sheds load instead of queueing without bound: past `max_in_flight`
 /// requests, answer 503 with `Retry-After` at once.
 async fn admission(State(app): State<App>, req: Request, next: Next) -> Response {
-    match Arc::clone(&app.admission).try_acquire_owned() {
-        Ok(_permit) => next.run(req).await,
-        Err(_) => {
+    match app.admission.try_take() {
+        Some(_slot) => next.run(req).await,
+        None => {
             let mut e = AcmeError::new(
                 acme_proxy_protocol::ProblemType::ServerInternal,
                 "the server is at capacity; retry after the indicated delay",
