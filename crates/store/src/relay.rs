@@ -264,19 +264,29 @@ impl Store {
         Ok(found.and_then(|(url, upstream)| Some((url?, upstream))))
     }
 
-    /// Records that the upstream finalize of `order_id` is about to be
-    /// sent (before it is: a crash between the two leaves an order that
-    /// does not move, which is safe). From then on it stays where it is.
-    pub async fn mark_upstream_finalize(&self, order_id: &str, now_ms: i64) -> Result<()> {
-        self.writer()
+    /// Records that the upstream finalize of `order_id` at its upstream
+    /// order `upstream_url` is about to be sent (before it is: a crash
+    /// between the two leaves an order that does not move, which is safe).
+    /// From then on it stays where it is. False, and nothing written, when
+    /// the order no longer waits there: a runner whose lease lapsed must
+    /// not finalize at an upstream another runner has moved the order off,
+    /// or after it was settled.
+    pub async fn mark_upstream_finalize(
+        &self,
+        order_id: &str,
+        upstream_url: &str,
+        now_ms: i64,
+    ) -> Result<bool> {
+        Ok(self
+            .writer()
             .await?
             .exec(
-                "UPDATE upstream_orders SET finalize_sent_at = ?2
-                 WHERE order_id = ?1 AND finalize_sent_at IS NULL",
-                args![order_id, now_ms],
+                "UPDATE upstream_orders SET finalize_sent_at = COALESCE(finalize_sent_at, ?2)
+                 WHERE order_id = ?1 AND status = 'processing' AND upstream_url = ?3",
+                args![order_id, now_ms, upstream_url],
             )
-            .await?;
-        Ok(())
+            .await?
+            == 1)
     }
 
     /// Moves the relayed order `order_id` off its upstream `from_name`
@@ -586,6 +596,80 @@ mod tests {
         assert!(
             store
                 .reserve_upstream_authorizations("c", "default", "A", 1, 2)
+                .await
+                .unwrap()
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_upstream_finalize_is_marked_only_while_the_order_waits_at_that_upstream_order() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        db.exec(
+            "INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('o', 'default', 'acct', 'processing', '[]', 100, 1);
+             INSERT INTO upstream_orders (order_id, profile, account_id, csr_der, status, created_at, updated_at)
+                 VALUES ('o', 'default', 'acct', '\\x00', 'processing', 1, 1);",
+        )
+        .await;
+        let sent_at = |store: &crate::Store| {
+            let store = store.clone();
+            async move {
+                store
+                    .reader()
+                    .await
+                    .unwrap()
+                    .scalar::<Option<i64>>(
+                        "SELECT finalize_sent_at FROM upstream_orders WHERE order_id = 'o'",
+                        crate::db::args![],
+                    )
+                    .await
+                    .unwrap()
+                    .flatten()
+            }
+        };
+        // No upstream order yet: nothing to finalize.
+        assert!(
+            !store
+                .mark_upstream_finalize("o", "https://a/order/1", 5)
+                .await
+                .unwrap()
+        );
+        store
+            .set_upstream_url("o", "A", "https://a/order/1", 2)
+            .await
+            .unwrap();
+        // Another upstream order's runner (one whose lease lapsed while the
+        // order moved on) is refused, and nothing is written.
+        assert!(
+            !store
+                .mark_upstream_finalize("o", "https://b/order/9", 5)
+                .await
+                .unwrap()
+        );
+        assert_eq!(sent_at(&store).await, None);
+        assert!(
+            store
+                .mark_upstream_finalize("o", "https://a/order/1", 6)
+                .await
+                .unwrap()
+        );
+        assert_eq!(sent_at(&store).await, Some(6));
+        // Sent again after a crash: still there, the first time kept.
+        assert!(
+            store
+                .mark_upstream_finalize("o", "https://a/order/1", 9)
+                .await
+                .unwrap()
+        );
+        assert_eq!(sent_at(&store).await, Some(6));
+        // Settled: no finalize any more.
+        db.exec("UPDATE upstream_orders SET status = 'valid' WHERE order_id = 'o'")
+            .await;
+        assert!(
+            !store
+                .mark_upstream_finalize("o", "https://a/order/1", 9)
                 .await
                 .unwrap()
         );

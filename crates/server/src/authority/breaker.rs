@@ -347,9 +347,13 @@ impl JobHandler for UpstreamProbes {
         })
     }
 
-    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         tracing::warn!(event = "relay.breaker", outcome = "failure", reason = %reason, "an upstream's probe job was retired; relays still probe when they run");
-        Box::pin(async {})
+        Box::pin(async { Ok(()) })
     }
 
     /// Queues the probe of every mounted upstream whose breaker is not

@@ -743,7 +743,11 @@ impl JobHandler for FinalizeWatch {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             tracing::error!(
                 event = "finalize.watch_retired",
@@ -752,6 +756,7 @@ impl JobHandler for FinalizeWatch {
                 reason = %reason,
                 "the watch of a finalize was retired; if the order stays processing, the next start watches it again"
             );
+            Ok(())
         })
     }
 

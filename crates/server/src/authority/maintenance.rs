@@ -71,9 +71,13 @@ impl JobHandler for NonceSweep {
         })
     }
 
-    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         log_abandon(self.kind(), reason);
-        Box::pin(async {})
+        Box::pin(async { Ok(()) })
     }
 
     fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
@@ -101,9 +105,13 @@ impl JobHandler for CrlRefresh {
         })
     }
 
-    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         log_abandon(self.kind(), reason);
-        Box::pin(async {})
+        Box::pin(async { Ok(()) })
     }
 
     fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {

@@ -405,13 +405,25 @@ impl Authority {
         let store = self.store.clone();
         let clock = std::sync::Arc::clone(&self.clock);
         let id = order_id.to_owned();
+        let at = url.clone();
         let before_finalize = move || -> crate::jobs::BoxFuture<'static, Result<(), String>> {
-            let (store, clock, id) = (store.clone(), std::sync::Arc::clone(&clock), id.clone());
+            let (store, clock, id, at) = (
+                store.clone(),
+                std::sync::Arc::clone(&clock),
+                id.clone(),
+                at.clone(),
+            );
             Box::pin(async move {
-                store
-                    .mark_upstream_finalize(&id, clock.unix_ms())
+                match store
+                    .mark_upstream_finalize(&id, &at, clock.unix_ms())
                     .await
-                    .map_err(|e| e.to_string())
+                {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(format!(
+                        "the order no longer waits at upstream order {at} (moved or settled meanwhile); its finalize is not sent there"
+                    )),
+                    Err(e) => Err(e.to_string()),
+                }
             })
         };
         let collected = match self
@@ -826,10 +838,13 @@ impl Authority {
     }
 
     /// Retires a relay for good: order invalid with a generic problem,
-    /// mapping invalid with the real reason, audit row. Idempotent.
-    async fn abandon_relay(&self, order_id: &str, reason: &RetireReason) {
-        let mapping = self.store.upstream_order(order_id).await.ok().flatten();
-        let order = self.store.order(order_id).await.ok().flatten();
+    /// mapping invalid with the real reason, audit row. Idempotent. `Err`
+    /// when the database did not answer: nothing was written.
+    async fn abandon_relay(&self, order_id: &str, reason: &RetireReason) -> Result<(), String> {
+        let unread =
+            |e: acme_proxy_store::StoreError| format!("reading relayed order {order_id}: {e}");
+        let mapping = self.store.upstream_order(order_id).await.map_err(unread)?;
+        let order = self.store.order(order_id).await.map_err(unread)?;
         let asked: Option<Vec<RawIdentifier>> = order
             .as_ref()
             .map(|o| o.identifiers.iter().map(RawIdentifier::from).collect());
@@ -891,14 +906,9 @@ impl Authority {
                 );
             }
             Ok(false) => {}
-            Err(e) => tracing::error!(
-                event = "relay.abandoned",
-                outcome = "failure",
-                order = %order_id,
-                error = %e,
-                "could not record the abandoned relay"
-            ),
+            Err(e) => return Err(format!("recording the abandoned relay of {order_id}: {e}")),
         }
+        Ok(())
     }
 }
 
@@ -989,13 +999,20 @@ impl JobHandler for RelayJobs {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            if let Some((order, _)) = order_of(job) {
-                self.generations
-                    .authority()
-                    .abandon_relay(&order, reason)
-                    .await;
+            match order_of(job) {
+                Some((order, _)) => {
+                    self.generations
+                        .authority()
+                        .abandon_relay(&order, reason)
+                        .await
+                }
+                None => Ok(()),
             }
         })
     }

@@ -176,10 +176,16 @@ impl JobHandler for ValidationJobs {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let a = &self.generations.authority();
-            let Some(id) = challenge_id(job) else { return };
+            let Some(id) = challenge_id(job) else {
+                return Ok(());
+            };
             let problem = Problem::new(
                 ProblemType::ServerInternal,
                 "the server could not complete this validation; create a new order to try again",
@@ -198,10 +204,9 @@ impl JobHandler for ValidationJobs {
                     "validation retired; the challenge is invalid"
                 ),
                 Ok(false) => {}
-                Err(e) => {
-                    tracing::error!(event = "validation.abandoned", outcome = "failure", challenge = %id, error = %e, "could not mark the challenge invalid")
-                }
+                Err(e) => return Err(format!("marking challenge {id} invalid: {e}")),
             }
+            Ok(())
         })
     }
 

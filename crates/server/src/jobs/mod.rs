@@ -27,7 +27,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use acme_proxy_store::{Attempts, Enqueued, JobRow, JobStatus, NewJob, Store, StoreError};
 use time::OffsetDateTime;
@@ -181,8 +181,15 @@ pub trait JobHandler: Send + Sync + 'static {
 
     fn run<'a>(&'a self, job: &'a JobRow) -> BoxFuture<'a, Outcome>;
 
-    /// Called once when the job is retired for good.
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()>;
+    /// Called when the job is retired for good, until it returns `Ok`: on
+    /// `Err` (its writes failed: the database is away) the job stays
+    /// retiring and is retired again once its lease lapses, so that what
+    /// abandon records (an order made invalid, say) is not lost.
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>>;
 
     /// Called at start-up: re-queue whatever should be running.
     fn recover<'a>(&'a self, _queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {
@@ -653,8 +660,14 @@ impl Runner {
             // Never claimed: the claim names only registered kinds.
             return;
         };
-        if let Ok(mut h) = self.held.lock() {
-            h.insert(job.id);
+        let fresh = self.held.lock().map_or(true, |mut h| h.insert(job.id));
+        if !fresh {
+            // An attempt of this job is still running here: its lease
+            // lapsed (a stall, a clock jump) and this runner's own claim
+            // took it again. That claim renewed the lease for the attempt
+            // running; a second one would do the job's work twice.
+            tracing::warn!(event = "job.claimed_again", outcome = "retry", id = job.id, kind = %job.kind, "a job this runner is still running was claimed again; the running attempt keeps it");
+            return;
         }
         let span = tracing::info_span!("job", id = job.id, kind = %job.kind, key = %job.key, attempt = job.attempts);
         tracing::Instrument::instrument(self.execute_inner(handler, &job), span).await;
@@ -707,6 +720,7 @@ impl Runner {
         // live on detached.
         let _stop_attempt = AbortOnDrop(attempt.abort_handle());
         let lease = self.queue.config().lease;
+        let mut renewed = Instant::now();
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
         let budget_over = tokio::time::sleep(budget);
@@ -727,7 +741,7 @@ impl Runner {
                 _ = heartbeat.tick() => {
                     let now = self.queue.clock.unix_ms();
                     match self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
-                        Ok(Some(None)) => {}
+                        Ok(Some(None)) => renewed = Instant::now(),
                         Ok(Some(Some(actor))) => {
                             attempt_abort.abort();
                             return self.retire(&handler, job, RetireReason::Cancelled { actor }).await;
@@ -736,6 +750,13 @@ impl Runner {
                             // Another runner holds it now: stop, settle nothing.
                             attempt_abort.abort();
                             tracing::warn!(event = "job.lease_lost", outcome = "failure", "lease lost; attempt stopped");
+                            return;
+                        }
+                        Err(e) if lease_lapsing(renewed, lease) => {
+                            // Another runner may take the job once the
+                            // lease lapses: stop before, settle nothing.
+                            attempt_abort.abort();
+                            tracing::warn!(event = "job.lease_lost", outcome = "failure", error = %e, unrenewed_ms = renewed.elapsed().as_millis() as u64, "the lease could not be renewed before it lapses; attempt stopped");
                             return;
                         }
                         Err(e) => {
@@ -892,27 +913,45 @@ impl Runner {
             .budget(job)
             .unwrap_or(self.queue.config().attempt_budget);
         let lease = self.queue.config().lease;
+        let mut renewed = Instant::now();
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
         let over = tokio::time::sleep(budget);
         tokio::pin!(abandon, over);
+        // Not retired unless abandon did its work: the job stays retiring
+        // and is taken again (here or elsewhere) once its lease lapses.
+        let again = "the job stays retiring and is retired again once its lease lapses";
         loop {
             tokio::select! {
                 result = &mut abandon => {
-                    if let Err(e) = result {
-                        tracing::error!(event = "job.abandon", outcome = "failure", error = %e, "abandon panicked");
+                    match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::error!(event = "job.abandon", outcome = "failure", error = %e, "abandon failed; {again}");
+                            return;
+                        }
+                        // A panic would only come again: retired as it is.
+                        Err(e) => tracing::error!(event = "job.abandon", outcome = "failure", error = %e, "abandon panicked"),
                     }
                     break;
                 }
                 () = &mut over => {
-                    tracing::error!(event = "job.abandon", outcome = "failure", "abandon exceeded the attempt budget; the job is retired anyway");
-                    break;
+                    tracing::error!(event = "job.abandon", outcome = "failure", "abandon exceeded the attempt budget; {again}");
+                    return;
                 }
                 _ = heartbeat.tick() => {
                     let now = self.queue.clock.unix_ms();
-                    if let Ok(None) = self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
-                        tracing::warn!(event = "job.lease_lost", outcome = "failure", "lease lost during abandon");
-                        return;
+                    match self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
+                        Ok(Some(_)) => renewed = Instant::now(),
+                        Ok(None) => {
+                            tracing::warn!(event = "job.lease_lost", outcome = "failure", "lease lost during abandon");
+                            return;
+                        }
+                        Err(e) if lease_lapsing(renewed, lease) => {
+                            tracing::warn!(event = "job.lease_lost", outcome = "failure", error = %e, "the lease could not be renewed before it lapses; abandon stopped");
+                            return;
+                        }
+                        Err(e) => tracing::warn!(event = "job.heartbeat", outcome = "failure", error = %e, "lease renewal failed"),
                     }
                 }
             }
@@ -930,6 +969,14 @@ impl Runner {
             tracing::error!(event = "job.retire", outcome = "failure", error = %e, "could not mark the job retired");
         }
     }
+}
+
+/// Whether a lease last renewed at `renewed` is within a third of its
+/// length of lapsing: the holder stops then, leaving that third for the
+/// stop to take effect before another runner may claim the job (with
+/// beats every third of a lease, after two renewals failed in a row).
+fn lease_lapsing(renewed: Instant, lease: Duration) -> bool {
+    renewed.elapsed() >= lease * 2 / 3
 }
 
 /// Aborts a spawned task when dropped.

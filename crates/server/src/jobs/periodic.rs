@@ -109,9 +109,13 @@ impl JobHandler for Retention {
         })
     }
 
-    fn abandon<'a>(&'a self, _job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         log_abandon(self.kind(), reason);
-        Box::pin(async {})
+        Box::pin(async { Ok(()) })
     }
 
     fn recover<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), String>> {

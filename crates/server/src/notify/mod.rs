@@ -440,7 +440,11 @@ impl JobHandler for NotifyJobs {
 
     /// A notification given up on is audited: the operator learns what was
     /// not told.
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let n = &Arc::clone(&self.generations.authority().notifier);
             let payload: Option<Payload> = serde_json::from_str(&job.payload).ok();
@@ -463,13 +467,12 @@ impl JobHandler for NotifyJobs {
                     &actor,
                 )
             };
-            match n.store.insert_audit(&audit).await {
-                Ok(()) => n.metrics.audited(&audit),
-                Err(e) => {
-                    tracing::error!(event = "audit.write", outcome = "failure", error = %e, "could not audit a failed notification")
-                }
+            if let Err(e) = n.store.insert_audit(&audit).await {
+                return Err(format!("auditing the notification given up: {e}"));
             }
+            n.metrics.audited(&audit);
             tracing::warn!(event = "notify.abandoned", outcome = "failure", reason = %detail, "notification given up");
+            Ok(())
         })
     }
 }

@@ -83,6 +83,8 @@ struct Scripted {
     scripts: Mutex<HashMap<String, VecDeque<Outcome>>>,
     calls: Mutex<Vec<String>>,
     abandons: Arc<Mutex<Vec<(String, RetireReason)>>>,
+    /// How many more times each key's abandon fails (its writes refused).
+    failing_abandons: Mutex<HashMap<String, usize>>,
 }
 
 impl Scripted {
@@ -92,6 +94,7 @@ impl Scripted {
             scripts: Mutex::default(),
             calls: Mutex::default(),
             abandons: Arc::default(),
+            failing_abandons: Mutex::default(),
         })
     }
 
@@ -139,12 +142,24 @@ impl JobHandler for Scripted {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.abandons
                 .lock()
                 .unwrap()
                 .push((job.key.clone(), reason.clone()));
+            let mut failing = self.failing_abandons.lock().unwrap();
+            match failing.get_mut(&job.key) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    Err("the database refused the write (scripted)".to_owned())
+                }
+                _ => Ok(()),
+            }
         })
     }
 }
@@ -218,7 +233,11 @@ impl JobHandler for Exclusive {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             panic!("job {} abandoned: {reason}", job.key);
         })
@@ -615,12 +634,17 @@ impl JobHandler for Unruly {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.abandons
                 .lock()
                 .unwrap()
                 .push((job.key.clone(), reason.clone()));
+            Ok(())
         })
     }
 }
@@ -1070,7 +1094,11 @@ impl JobHandler for Holds {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move { panic!("a held job was abandoned: {job:?}, {reason:?}") })
     }
 }
@@ -1214,7 +1242,11 @@ impl JobHandler for Sleeper {
         })
     }
 
-    fn abandon<'a>(&'a self, job: &'a JobRow, reason: &'a RetireReason) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move { panic!("job {} abandoned: {reason}", job.key) })
     }
 }
@@ -1352,4 +1384,239 @@ async fn on_postgres_a_job_queued_by_another_process_wakes_the_runner_long_befor
     .await;
     stop.send(true).unwrap();
     running.await.expect("the runner stops");
+}
+
+// ---------------------------------------------------------------------------
+// Leases that lapse under their holder, and abandons that fail
+
+/// An abandon whose writes fail is not the end of the job: it stays
+/// retiring, and once its lease lapses it is retired again, until the
+/// abandon has done its work (an order made invalid, an audit row).
+#[tokio::test]
+async fn an_abandon_that_fails_leaves_the_job_retiring_and_is_run_again_once_its_lease_lapses() {
+    let dir = crate::harness::tempdir();
+    let clock = manual_clock();
+    let handler = Scripted::new(KIND);
+    handler.script("fails", [Outcome::Failed("no".into())]);
+    handler
+        .failing_abandons
+        .lock()
+        .unwrap()
+        .insert("fails".to_owned(), 1);
+    let lease = Duration::from_secs(30);
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|c| c.lease = lease),
+        vec![handler.clone()],
+    );
+    let id = queue
+        .enqueue(JobSpec::new(KIND, "fails", json!({})))
+        .await
+        .unwrap()
+        .id();
+
+    assert_eq!(runner.run_due().await, 1);
+    assert_eq!(handler.abandons().len(), 1);
+    let row = job(&queue, id).await;
+    assert_eq!(
+        (row.status.as_str(), row.lease_owner.as_deref()),
+        ("retiring", Some(runner.owner())),
+        "not retired while its abandon failed: {row:?}"
+    );
+    // Not before its lease lapses: a second abandon at once would only
+    // meet the same refusal.
+    assert_eq!(runner.run_due().await, 0);
+    clock.advance(lease);
+    assert_eq!(runner.run_due().await, 1);
+    let abandons = handler.abandons();
+    assert_eq!(abandons.len(), 2, "{abandons:?}");
+    match &abandons[1].1 {
+        RetireReason::Resumed(why) if why.contains("no") => {}
+        other => panic!("the second abandon's reason: {other:?}"),
+    }
+    let row = job(&queue, id).await;
+    assert_eq!(row.status.as_str(), "failed", "{row:?}");
+    assert_eq!(handler.calls_for("fails"), 1, "the job itself ran once");
+    // Retired now: nothing more to do.
+    clock.advance(lease * 2);
+    assert_eq!(runner.run_due().await, 0);
+    assert_eq!(handler.abandons().len(), 2);
+}
+
+/// Runs until told to finish; counts its attempts.
+struct Gated {
+    started: AtomicUsize,
+    finish: tokio::sync::Semaphore,
+}
+
+impl JobHandler for Gated {
+    fn kind(&self) -> &'static str {
+        "test.gated"
+    }
+
+    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            let _go = self.finish.acquire().await.expect("the gate");
+            Outcome::Done
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        job: &'a JobRow,
+        reason: &'a RetireReason,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { panic!("job {} abandoned: {reason}", job.key) })
+    }
+}
+
+/// A lease can lapse under the runner still running the job (the clock
+/// jumps, the process stalls past it), and that runner's own next claim
+/// can take the job again, under the same owner. It must not start a
+/// second attempt beside the first: the job's work would be done twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_claims_again_a_job_it_is_still_running_does_not_run_it_twice() {
+    let dir = crate::harness::tempdir();
+    let clock = manual_clock();
+    let handler = Arc::new(Gated {
+        started: AtomicUsize::new(0),
+        finish: tokio::sync::Semaphore::new(0),
+    });
+    let lease = Duration::from_secs(30);
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        clock.clone(),
+        config(|c| c.lease = lease),
+        vec![handler.clone()],
+    );
+    let id = queue
+        .enqueue(JobSpec::new("test.gated", "once", json!({})))
+        .await
+        .unwrap()
+        .id();
+    let first = tokio::spawn({
+        let runner = Arc::clone(&runner);
+        async move { runner.run_due().await }
+    });
+    let h = Arc::clone(&handler);
+    eventually(Duration::from_secs(10), "the attempt to start", || {
+        let h = Arc::clone(&h);
+        async move { h.started.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    // The lease lapses by the queue's clock; the heartbeat (every ten
+    // seconds of real time here) has not renewed it.
+    clock.advance(lease * 2);
+    let again = tokio::time::timeout(Duration::from_secs(10), runner.run_due()).await;
+    assert_eq!(
+        handler.started.load(Ordering::SeqCst),
+        1,
+        "a second attempt of the job started beside the first"
+    );
+    assert_eq!(again.expect("the second claim returned at once"), 1);
+    let row = job(&queue, id).await;
+    assert_eq!(
+        (row.status.as_str(), row.lease_owner.as_deref()),
+        ("running", Some(runner.owner()))
+    );
+    assert!(
+        row.lease_until.is_some_and(|until| until > clock.unix_ms()),
+        "the claim renewed the lease for the attempt running: {row:?}"
+    );
+    // The first attempt settles the job as usual.
+    handler.finish.add_permits(1);
+    assert_eq!(first.await.expect("the first claim"), 1);
+    assert_eq!(job(&queue, id).await.status.as_str(), "done");
+    assert_eq!(handler.started.load(Ordering::SeqCst), 1);
+}
+
+/// Makes the job table of the store at `dir` (see [`open_store`]) refuse
+/// every update: lease renewals fail from now on, as they do while the
+/// database is away.
+fn refuse_job_updates(dir: &std::path::Path) {
+    if crate::harness::on_postgres() {
+        let url = std::fs::read_to_string(dir.join("postgres-url")).expect("the database");
+        crate::harness::psql_scalar(
+            &url,
+            "CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'job updates refused by the test'; END $$;
+             CREATE TRIGGER refuse_jobs BEFORE UPDATE ON jobs
+               FOR EACH ROW EXECUTE FUNCTION refuse_jobs();",
+        );
+    } else {
+        rusqlite::Connection::open(dir.join("jobs.db"))
+            .expect("open the database")
+            .execute_batch(
+                "CREATE TRIGGER refuse_jobs BEFORE UPDATE ON jobs
+                 BEGIN SELECT RAISE(ABORT, 'job updates refused by the test'); END;",
+            )
+            .expect("the trigger");
+    }
+}
+
+/// A runner that cannot renew a lease stops the attempt before the lease
+/// lapses, rather than run on while another runner may take the job and
+/// run it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_lapses() {
+    let dir = crate::harness::tempdir();
+    let handler = Arc::new(Sleeper {
+        started: AtomicUsize::new(0),
+        dropped: Arc::default(),
+    });
+    let lease = Duration::from_millis(900);
+    let (queue, runner) = runner_with(
+        open_store(dir.path()).await,
+        Arc::new(SystemClock),
+        config(|c| {
+            c.lease = lease;
+            c.attempt_budget = Duration::from_secs(7200);
+        }),
+        vec![handler.clone()],
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    let looping = tokio::spawn(Arc::clone(&runner).run(stop_rx, Duration::from_millis(100)));
+    queue
+        .enqueue(JobSpec::new("test.sleeper", "zzz", json!({})))
+        .await
+        .unwrap();
+    let h = Arc::clone(&handler);
+    eventually(Duration::from_secs(10), "the attempt to start", || {
+        let h = Arc::clone(&h);
+        async move { h.started.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    // Renewals work so far: the attempt outlives several leases.
+    tokio::time::sleep(lease * 3).await;
+    assert!(
+        !handler.dropped.load(Ordering::SeqCst),
+        "stopped while renewing"
+    );
+    let refused_at = std::time::Instant::now();
+    refuse_job_updates(dir.path());
+    let dropped = Arc::clone(&handler.dropped);
+    eventually(
+        Duration::from_secs(10),
+        "the attempt to be stopped once its lease could not be renewed",
+        || {
+            let dropped = Arc::clone(&dropped);
+            async move { dropped.load(Ordering::SeqCst) }
+        },
+    )
+    .await;
+    // Within a lease of the last renewal, at most a third of one before
+    // the refusals began.
+    assert!(
+        refused_at.elapsed() < lease + lease / 3 + Duration::from_millis(300),
+        "stopped only after {:?}",
+        refused_at.elapsed()
+    );
+    assert_eq!(handler.started.load(Ordering::SeqCst), 1);
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), looping)
+        .await
+        .expect("the runner stops")
+        .expect("the runner did not panic");
 }
