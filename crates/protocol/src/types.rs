@@ -406,7 +406,34 @@ pub struct Finalize {
 pub struct Revocation {
     pub certificate: String,
     #[serde(default)]
-    pub reason: Option<u64>,
+    pub reason: Option<ReasonCode>,
+}
+
+/// A revocation reason code as the client wrote it (RFC 8555 §7.6, RFC
+/// 5280 §5.3.1). Any JSON number is read, so that one no reason has (-1,
+/// 1.5, 2^64) is refused as `badRevocationReason`, as §7.6 asks, rather
+/// than as a payload that does not parse.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct ReasonCode(serde_json::Number);
+
+impl ReasonCode {
+    /// The code, if the number is one a reason can have.
+    pub fn code(&self) -> Option<u64> {
+        self.0.as_u64()
+    }
+}
+
+impl From<u64> for ReasonCode {
+    fn from(code: u64) -> Self {
+        Self(code.into())
+    }
+}
+
+impl std::fmt::Display for ReasonCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// The inner payload of a keyChange request (RFC 8555 §7.3.5).

@@ -28,6 +28,16 @@ impl Authority {
             .account_by_key(&profile.name, &thumbprint)
             .await?
         {
+            // §7.3.6: a deactivated (or operator-revoked) account's key
+            // authorizes nothing more, so it does not even learn the
+            // account back; Boulder and Pebble answer `unauthorized` too.
+            if existing.status != AccountStatus::Valid {
+                let e = AcmeError::deactivated_account(format!(
+                    "the account of this key is {}; create an account with another key",
+                    existing.status.as_str()
+                ));
+                return Err(self.account_refused(profile, &thumbprint, e).await);
+            }
             // §7.3.1: an existing key returns the existing account, 200.
             return Ok((existing, false));
         }

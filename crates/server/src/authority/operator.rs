@@ -2,6 +2,7 @@
 //! admin later): the same state changes, audit rows and notifications as
 //! the ACME requests they mirror, attributed to `operator:NAME`.
 
+use acme_proxy_protocol::types::ReasonCode;
 use acme_proxy_store::{
     AccountRow, AuditEvent, AuditOutcome, Blocker, CertificateRow, DeleteOutcome, NewAuditRow,
 };
@@ -61,8 +62,13 @@ impl Authority {
         })?;
         let der = leaf_der(&cert.chain_pem)
             .ok_or_else(|| AcmeError::internal("the stored chain has no certificate"))?;
-        self.revoke(profile, RevocationSigner::Operator(actor), &der, reason)
-            .await?;
+        self.revoke(
+            profile,
+            RevocationSigner::Operator(actor),
+            &der,
+            reason.map(ReasonCode::from),
+        )
+        .await?;
         self.store
             .certificate(&cert_id)
             .await?

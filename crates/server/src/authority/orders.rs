@@ -689,6 +689,11 @@ impl Authority {
         };
         let mut faults = Vec::new();
         let mut checked = std::collections::HashSet::new();
+        // One deadline for all the lookups, not one each: the names are the
+        // client's, whose name servers may never answer, and the request
+        // holds one of `max_in_flight` slots meanwhile. A name not looked up
+        // in time is unknown, as a timeout is.
+        let deadline = tokio::time::Instant::now() + self.validators.timeout;
         for id in identifiers.iter().filter(|i| i.kind == IdentifierType::Dns) {
             let base = id.value.trim_start_matches("*.");
             if !checked.insert(base.to_owned()) {
@@ -698,8 +703,8 @@ impl Authority {
             let name = format!("_acme-challenge.{base}.");
             let want = format!("{}.", crate::dns_zone::delegation_target(zone, &id.value));
             let record = crate::dns_zone::delegation_record(zone, &id.value);
-            let lookup = tokio::time::timeout(
-                self.validators.timeout,
+            let lookup = tokio::time::timeout_at(
+                deadline,
                 self.validators
                     .resolver
                     .lookup(name.as_str(), RecordType::CNAME),
@@ -716,7 +721,7 @@ impl Authority {
                     continue;
                 }
                 Err(_) => {
-                    tracing::warn!(event = "order.delegation", outcome = "unknown", %name, "the dns-01 delegation lookup timed out");
+                    tracing::warn!(event = "order.delegation", outcome = "unknown", %name, "the dns-01 delegation lookups of this order ran out of time");
                     continue;
                 }
             };

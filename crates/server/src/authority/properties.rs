@@ -411,7 +411,12 @@ impl World {
                 let der = leaf_der(&c.chain_pem).expect("a leaf");
                 let row = signer.row.clone();
                 let done = a
-                    .revoke(&profile, RevocationSigner::Account(&row), &der, Some(4))
+                    .revoke(
+                        &profile,
+                        RevocationSigner::Account(&row),
+                        &der,
+                        Some(4.into()),
+                    )
                     .await;
                 refused_cleanly(&mut self.refused, step, done)?;
             }

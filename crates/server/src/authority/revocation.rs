@@ -3,7 +3,7 @@
 //! says whether, and how, it publishes a CRL.
 
 use acme_proxy_protocol::ProblemType;
-use acme_proxy_protocol::types::{Identifier, RawIdentifier};
+use acme_proxy_protocol::types::{Identifier, RawIdentifier, ReasonCode};
 use acme_proxy_store::{AccountRow, AuditEvent, AuditOutcome, CrlRow, RevokeOutcome};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -38,7 +38,7 @@ impl Authority {
         profile: &Profile,
         signer: RevocationSigner<'_>,
         cert_der: &[u8],
-        reason: Option<u64>,
+        reason: Option<ReasonCode>,
     ) -> AcmeResult<()> {
         let (account, key_actor) = match &signer {
             RevocationSigner::Account(a) => (Some(a.id.clone()), None),
@@ -55,7 +55,7 @@ impl Authority {
                 profile,
                 signer,
                 cert_der,
-                reason,
+                reason.as_ref(),
                 (account.as_deref(), key_actor.as_deref()),
             )
             .await
@@ -105,7 +105,7 @@ impl Authority {
         // Revoked by its key or an operator: the row is about the owner's
         // certificate, so `audit list --account` finds it.
         let account = account.or_else(|| stored.map(|c| c.account_id));
-        let reason_text = format!("reason {}", reason.unwrap_or(0));
+        let reason_text = format!("reason {}", reason.unwrap_or(ReasonCode::from(0)));
         self.audit(super::audit::Fact {
             account: account.as_deref(),
             actor: key_actor.as_deref(),
@@ -130,19 +130,25 @@ impl Authority {
         profile: &Profile,
         signer: RevocationSigner<'_>,
         cert_der: &[u8],
-        reason: Option<u64>,
+        reason: Option<&ReasonCode>,
         (account, actor): (Option<&str>, Option<&str>),
     ) -> AcmeResult<()> {
         let (_, x509) = X509Certificate::from_der(cert_der)
             .map_err(|_| AcmeError::malformed("\"certificate\" is not a DER X.509 certificate"))?;
         let serial = hex::encode(x509.raw_serial());
-        let reason = reason.unwrap_or(0);
-        if !CLIENT_REASONS.contains(&reason) {
-            return Err(AcmeError::new(
-                ProblemType::BadRevocationReason,
-                format!("reason {reason} is not accepted; use one of {CLIENT_REASONS:?}"),
-            ));
-        }
+        // Absent: 0, unspecified (§7.6).
+        let reason = reason
+            .map_or(Some(0), ReasonCode::code)
+            .filter(|code| CLIENT_REASONS.contains(code))
+            .ok_or_else(|| {
+                AcmeError::new(
+                    ProblemType::BadRevocationReason,
+                    format!(
+                        "reason {} is not accepted; use one of {CLIENT_REASONS:?}",
+                        reason.map_or_else(|| "0".to_owned(), ToString::to_string)
+                    ),
+                )
+            })?;
         let cert = self
             .store
             .certificate_by_serial(&profile.name, &serial)

@@ -494,6 +494,28 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
         401,
         "unauthorized",
     ));
+    // §7.3.6: no further request authorized by its key, newAccount with
+    // the key itself included (Boulder and Pebble answer 401 too).
+    for (name, payload) in [
+        (
+            "deactivated account's key at newAccount",
+            json!({"termsOfServiceAgreed": true}),
+        ),
+        (
+            "deactivated account's key at newAccount, onlyReturnExisting",
+            json!({"onlyReturnExisting": true}),
+        ),
+    ] {
+        let h =
+            json!({"alg": gone.key.alg(), "jwk": gone.key.jwk, "nonce": n!(), "url": new_account});
+        cases.push(case(
+            name,
+            &new_account,
+            forged(&gone.key, h, Some(&payload)),
+            401,
+            "unauthorized",
+        ));
+    }
 
     // Payloads.
     cases.push(case(

@@ -2422,6 +2422,39 @@ async fn dns01_delegated_obtains_a_wildcard_through_a_cname_to_our_own_zone_with
         "{:?}",
         zone_txt(at, target)
     );
+
+    // A resolver that never answers (the names' servers dropping every
+    // query): the lookups of one newOrder share one validation timeout,
+    // so that a client's names cannot hold the request (and one of
+    // `max_in_flight`) for a timeout each. Unanswered, they refuse
+    // nothing: the upstream decides.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("a silent resolver");
+    let third = second
+        .replace(
+            &format!("dns_resolvers = [\"{}\"]", bind.addr),
+            &format!("dns_resolvers = [\"{}\"]", silent.local_addr().unwrap()),
+        )
+        .replace("timeout = \"5s\"", "timeout = \"2s\"");
+    assert_ne!(third, second);
+    server
+        .running()
+        .reload(Config::from_toml(&third).expect("the configuration"))
+        .await
+        .expect("reloaded");
+    let names: Vec<Identifier> = (0..4)
+        .map(|i| Identifier::Dns(format!("slow{i}.lab.test")))
+        .collect();
+    let started = Instant::now();
+    account
+        .new_order(&NewOrder::new(&names))
+        .await
+        .expect("unanswered lookups refuse nothing");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "newOrder took {:?} for four names with a 2 s timeout",
+        started.elapsed()
+    );
+    drop(silent);
     server.stop().await;
 }
 

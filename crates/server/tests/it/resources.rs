@@ -857,6 +857,18 @@ async fn a_certificate_is_revoked_by_a_request_signed_with_its_own_key_and_the_c
     assert_problem(&r, 400, "badRevocationReason", "reason 7 (unassigned)");
     let r = jwk_post(&dir, &cert_key, &revoke, Some(&revocation(leaf, Some(2)))).await;
     assert_problem(&r, 400, "badRevocationReason", "reason 2 (cACompromise)");
+    // Numbers no reason code has: refused as a reason, not as a payload
+    // that does not parse (§7.6).
+    for (reason, what) in [
+        (json!(-1), "reason -1"),
+        (json!(4.0), "reason 4.0"),
+        (json!(18_446_744_073_709_551_616.0_f64), "reason 2^64"),
+    ] {
+        let mut payload = revocation(leaf, None);
+        payload["reason"] = reason;
+        let r = jwk_post(&dir, &cert_key, &revoke, Some(&payload)).await;
+        assert_problem(&r, 400, "badRevocationReason", what);
+    }
     assert!(
         crl_entries(&server).await.is_empty(),
         "nothing is revoked yet"
