@@ -549,6 +549,24 @@ impl Store {
         ).await? == 1)
     }
 
+    /// Takes back the attempt a claim counted, when `owner` claimed a job
+    /// whose attempt it is still running (its lease had lapsed): the
+    /// claim renewed the lease and starts nothing. False if `owner` does
+    /// not hold it running.
+    pub async fn uncount_claim(&self, id: i64, owner: &str) -> Result<bool> {
+        Ok(self
+            .writer()
+            .await?
+            .exec(
+                "UPDATE jobs SET attempts = attempts - 1
+                 WHERE id = ?1 AND lease_owner = ?2 AND status = 'running' AND attempts > 0
+                   AND cancel_requested_by IS NULL",
+                args![id, owner],
+            )
+            .await?
+            == 1)
+    }
+
     pub async fn job(&self, id: i64) -> Result<Option<JobRow>> {
         self.reader()
             .await?

@@ -36,7 +36,9 @@ impl Authority {
                     "the account of this key is {}; create an account with another key",
                     existing.status.as_str()
                 ));
-                return Err(self.account_refused(profile, &thumbprint, e).await);
+                return Err(self
+                    .account_refused(profile, &thumbprint, Some(&existing.id), e)
+                    .await);
             }
             // §7.3.1: an existing key returns the existing account, 200.
             return Ok((existing, false));
@@ -62,10 +64,10 @@ impl Authority {
             Ok(b) => b,
             // A refused binding is someone trying to register without
             // the operator's leave: worth a row.
-            Err(e) => return Err(self.account_refused(profile, &thumbprint, e).await),
+            Err(e) => return Err(self.account_refused(profile, &thumbprint, None, e).await),
         };
         if let Err(e) = self.take_new_account_place().await {
-            return Err(self.account_refused(profile, &thumbprint, e).await);
+            return Err(self.account_refused(profile, &thumbprint, None, e).await);
         }
         let eab_kid = binding.as_ref().map(|b| b.kid.as_str());
         let jwk_json = jwk.to_value().to_string();
@@ -114,16 +116,20 @@ impl Authority {
         Ok((row, created))
     }
 
-    /// Audits the refusal `e` of a new account for the key `thumbprint`
-    /// (there is no account to name yet), and returns it.
+    /// Audits the refusal `e` of newAccount for the key `thumbprint`, and
+    /// returns it. `account`: the account that key already has (one no
+    /// longer valid), so that `audit list --account` finds the row; none
+    /// when there is no account to name yet.
     async fn account_refused(
         &self,
         profile: &Profile,
         thumbprint: &str,
+        account: Option<&str>,
         e: AcmeError,
     ) -> AcmeError {
         let actor = format!("key:{thumbprint}");
         self.audit(super::audit::Fact {
+            account,
             actor: Some(&actor),
             error: Some(&e),
             ..super::audit::Fact::new(

@@ -653,6 +653,24 @@ impl Runner {
         }
     }
 
+    /// Renews the lease of job `id`, last renewed at `renewed`, as
+    /// [`Store::renew_job_lease`] does; a renewal that has not answered
+    /// by the time the holder must stop (see [`lease_lapsing`]) is an
+    /// error, so that a database that hangs cannot keep an attempt
+    /// running past its lease.
+    async fn renew(&self, id: i64, renewed: Instant) -> Result<Option<Option<String>>, String> {
+        let lease = self.queue.config().lease;
+        let now = self.queue.clock.unix_ms();
+        let renewal =
+            self.queue
+                .store
+                .renew_job_lease(id, &self.owner, now, lease.as_millis() as i64);
+        match tokio::time::timeout_at((renewed + lease * 2 / 3).into(), renewal).await {
+            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Err(_) => Err("the renewal did not answer before the lease was due to lapse".into()),
+        }
+    }
+
     /// One claimed job: retire it, or run one attempt under heartbeat and
     /// budget, then settle.
     async fn execute(self: &Arc<Self>, job: JobRow) {
@@ -667,8 +685,16 @@ impl Runner {
             // took it again. That claim renewed the lease for the attempt
             // running; a second one would do the job's work twice.
             tracing::warn!(event = "job.claimed_again", outcome = "retry", id = job.id, kind = %job.kind, "a job this runner is still running was claimed again; the running attempt keeps it");
+            // The claim counted an attempt that does not run.
+            if let Err(e) = self.queue.store.uncount_claim(job.id, &self.owner).await {
+                tracing::warn!(event = "job.claimed_again", outcome = "failure", id = job.id, error = %e, "the claim's attempt could not be taken back");
+            }
             return;
         }
+        // A panic below must not leave the job marked as running here,
+        // which would keep this runner from ever running it again. (An
+        // abort at shutdown leaves it, for its lease to be given back.)
+        let _unheld_on_panic = UnheldOnPanic(&self.held, job.id);
         let span = tracing::info_span!("job", id = job.id, kind = %job.kind, key = %job.key, attempt = job.attempts);
         tracing::Instrument::instrument(self.execute_inner(handler, &job), span).await;
         if let Ok(mut h) = self.held.lock() {
@@ -677,10 +703,14 @@ impl Runner {
     }
 
     async fn execute_inner(self: &Arc<Self>, handler: Arc<dyn JobHandler>, job: &JobRow) {
+        // About when the claim took the lease (its last renewal so far).
+        let claimed = Instant::now();
         let now = self.queue.clock.unix_ms();
         if job.status == JobStatus::Retiring {
             let reason = RetireReason::Resumed(job.last_error.clone().unwrap_or_default());
-            return self.abandon_and_finish(&handler, job, &reason).await;
+            return self
+                .abandon_and_finish(&handler, job, &reason, claimed)
+                .await;
         }
         if let Some(actor) = &job.cancel_requested_by {
             return self
@@ -690,12 +720,13 @@ impl Runner {
                     RetireReason::Cancelled {
                         actor: actor.clone(),
                     },
+                    claimed,
                 )
                 .await;
         }
         if job.deadline.is_some_and(|d| now >= d) {
             return self
-                .retire(&handler, job, RetireReason::DeadlinePassed)
+                .retire(&handler, job, RetireReason::DeadlinePassed, claimed)
                 .await;
         }
         if job.attempts > job.max_attempts {
@@ -703,7 +734,7 @@ impl Runner {
                 attempts: job.attempts - 1,
                 last_error: job.last_error.clone().unwrap_or_default(),
             };
-            return self.retire(&handler, job, reason).await;
+            return self.retire(&handler, job, reason, claimed).await;
         }
 
         let budget = handler
@@ -720,7 +751,7 @@ impl Runner {
         // live on detached.
         let _stop_attempt = AbortOnDrop(attempt.abort_handle());
         let lease = self.queue.config().lease;
-        let mut renewed = Instant::now();
+        let mut renewed = claimed;
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
         let budget_over = tokio::time::sleep(budget);
@@ -739,12 +770,12 @@ impl Runner {
                     break Outcome::Retry(format!("the attempt exceeded its budget of {budget:?}"));
                 }
                 _ = heartbeat.tick() => {
-                    let now = self.queue.clock.unix_ms();
-                    match self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
-                        Ok(Some(None)) => renewed = Instant::now(),
+                    let asked = Instant::now();
+                    match self.renew(job.id, renewed).await {
+                        Ok(Some(None)) => renewed = asked,
                         Ok(Some(Some(actor))) => {
                             attempt_abort.abort();
-                            return self.retire(&handler, job, RetireReason::Cancelled { actor }).await;
+                            return self.retire(&handler, job, RetireReason::Cancelled { actor }, asked).await;
                         }
                         Ok(None) => {
                             // Another runner holds it now: stop, settle nothing.
@@ -769,18 +800,21 @@ impl Runner {
             }
         };
         crash_point!("job.ran");
-        self.settle(&handler, job, outcome, configuration).await;
+        self.settle(&handler, job, outcome, configuration, renewed)
+            .await;
         crash_point!("job.settled");
     }
 
     /// Records `outcome` of an attempt that started under `configuration`
-    /// (see [`Queue::configuration_changed`]).
+    /// (see [`Queue::configuration_changed`]) and whose lease was last
+    /// renewed at `renewed`.
     async fn settle(
         self: &Arc<Self>,
         handler: &Arc<dyn JobHandler>,
         job: &JobRow,
         outcome: Outcome,
         configuration: u64,
+        renewed: Instant,
     ) {
         let store = &self.queue.store;
         let now = self.queue.clock.unix_ms();
@@ -826,7 +860,7 @@ impl Runner {
             }
             Outcome::Failed(reason) => {
                 return self
-                    .retire(handler, job, RetireReason::Failed(reason.clone()))
+                    .retire(handler, job, RetireReason::Failed(reason.clone()), renewed)
                     .await;
             }
             Outcome::Retry(reason) | Outcome::RetryAfter(_, reason) => {
@@ -835,7 +869,7 @@ impl Runner {
                         attempts: job.attempts,
                         last_error: reason.clone(),
                     };
-                    return self.retire(handler, job, reason).await;
+                    return self.retire(handler, job, reason, renewed).await;
                 }
                 let cfg = self.queue.config();
                 let mut delay = backoff(job.attempts, cfg.backoff_base, cfg.backoff_cap, jitter());
@@ -877,6 +911,7 @@ impl Runner {
         handler: &Arc<dyn JobHandler>,
         job: &JobRow,
         reason: RetireReason,
+        renewed: Instant,
     ) {
         let now = self.queue.clock.unix_ms();
         match self
@@ -885,7 +920,10 @@ impl Runner {
             .begin_retire_job(job.id, &self.owner, now, &reason.to_string())
             .await
         {
-            Ok(true) => self.abandon_and_finish(handler, job, &reason).await,
+            Ok(true) => {
+                self.abandon_and_finish(handler, job, &reason, renewed)
+                    .await
+            }
             Ok(false) => {}
             Err(e) => {
                 tracing::error!(event = "job.retire", outcome = "failure", error = %e, "could not retire the job; it will be reclaimed")
@@ -893,13 +931,15 @@ impl Runner {
         }
     }
 
+    /// Runs `abandon` under the lease last renewed at `renewed`, then
+    /// marks the job retired.
     async fn abandon_and_finish(
         self: &Arc<Self>,
         handler: &Arc<dyn JobHandler>,
         job: &JobRow,
         reason: &RetireReason,
+        renewed: Instant,
     ) {
-        tracing::warn!(event = "job.abandoned", outcome = "failure", reason = %reason, "job retired for good");
         let abandon = {
             let handler = Arc::clone(handler);
             let job = job.clone();
@@ -913,7 +953,7 @@ impl Runner {
             .budget(job)
             .unwrap_or(self.queue.config().attempt_budget);
         let lease = self.queue.config().lease;
-        let mut renewed = Instant::now();
+        let mut renewed = renewed;
         let mut heartbeat = tokio::time::interval(lease / 3);
         heartbeat.tick().await;
         let over = tokio::time::sleep(budget);
@@ -940,9 +980,9 @@ impl Runner {
                     return;
                 }
                 _ = heartbeat.tick() => {
-                    let now = self.queue.clock.unix_ms();
-                    match self.queue.store.renew_job_lease(job.id, &self.owner, now, lease.as_millis() as i64).await {
-                        Ok(Some(_)) => renewed = Instant::now(),
+                    let asked = Instant::now();
+                    match self.renew(job.id, renewed).await {
+                        Ok(Some(_)) => renewed = asked,
                         Ok(None) => {
                             tracing::warn!(event = "job.lease_lost", outcome = "failure", "lease lost during abandon");
                             return;
@@ -956,6 +996,7 @@ impl Runner {
                 }
             }
         }
+        tracing::warn!(event = "job.abandoned", outcome = "failure", reason = %reason, "job retired for good");
         self.queue.observer.abandoned(&job.kind);
         let cancelled = matches!(reason, RetireReason::Cancelled { .. })
             || job.cancel_requested_by.is_some() && matches!(reason, RetireReason::Resumed(_));
@@ -971,12 +1012,26 @@ impl Runner {
     }
 }
 
-/// Whether a lease last renewed at `renewed` is within a third of its
-/// length of lapsing: the holder stops then, leaving that third for the
-/// stop to take effect before another runner may claim the job (with
-/// beats every third of a lease, after two renewals failed in a row).
+/// Whether a holder whose lease was last renewed at `renewed` (asked
+/// then) must stop rather than wait for another beat: with beats every
+/// third of a lease, this is the second renewal in a row that failed,
+/// about two thirds of a lease after the last one, leaving a third for the
+/// stop to take effect before another runner may claim the job.
 fn lease_lapsing(renewed: Instant, lease: Duration) -> bool {
-    renewed.elapsed() >= lease * 2 / 3
+    renewed.elapsed() >= lease / 2
+}
+
+/// Takes job `.1` off the runner's `held` set if dropped while panicking.
+struct UnheldOnPanic<'a>(&'a Mutex<HashSet<i64>>, i64);
+
+impl Drop for UnheldOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Ok(mut held) = self.0.lock()
+        {
+            held.remove(&self.1);
+        }
+    }
 }
 
 /// Aborts a spawned task when dropped.

@@ -1518,8 +1518,13 @@ async fn a_runner_that_claims_again_a_job_it_is_still_running_does_not_run_it_tw
     assert_eq!(again.expect("the second claim returned at once"), 1);
     let row = job(&queue, id).await;
     assert_eq!(
-        (row.status.as_str(), row.lease_owner.as_deref()),
-        ("running", Some(runner.owner()))
+        (
+            row.status.as_str(),
+            row.lease_owner.as_deref(),
+            row.attempts
+        ),
+        ("running", Some(runner.owner()), 1),
+        "the claim that ran nothing counts no attempt"
     );
     assert!(
         row.lease_until.is_some_and(|until| until > clock.unix_ms()),
@@ -1556,19 +1561,73 @@ fn refuse_job_updates(dir: &std::path::Path) {
     }
 }
 
-/// A runner that cannot renew a lease stops the attempt before the lease
-/// lapses, rather than run on while another runner may take the job and
-/// run it too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_lapses() {
+/// Holds a lock on every job row of the PostgreSQL database at `url`
+/// until dropped (a psql session in a transaction): a lease renewal then
+/// waits, as it does on a database that hangs.
+fn lock_job_rows(url: &str) -> crate::harness::ChildGuard {
+    use std::io::Write;
+    let mut psql = std::process::Command::new("psql")
+        .args(["-X", "-q"])
+        .arg(url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run psql");
+    psql.stdin
+        .as_mut()
+        .expect("psql's input")
+        .write_all(
+            b"BEGIN;
+SELECT id FROM jobs FOR UPDATE;
+",
+        )
+        .expect("ask psql");
+    let held = crate::harness::ChildGuard(psql);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::harness::psql_count(
+        url,
+        "SELECT COUNT(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+          WHERE c.relname = 'jobs' AND l.mode = 'RowShareLock' AND l.granted",
+    ) == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "psql took no lock on the jobs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    held
+}
+
+/// How a runner's lease renewals stop working.
+enum Renewals {
+    /// Refused at once (the database answers with an error).
+    Refused,
+    /// Never answered while the test holds the rows (on PostgreSQL,
+    /// whatever the suite's backend: SQLite's own wait for a lock is
+    /// bounded by its busy timeout, on the calling thread).
+    Hanging,
+}
+
+/// A runner whose lease renewals stop working (as `how` says) stops the
+/// attempt before the lease lapses, rather than run on while another
+/// runner may take the job and run it too.
+async fn an_attempt_is_stopped_before_its_lease_lapses_when_renewals(how: Renewals) {
     let dir = crate::harness::tempdir();
     let handler = Arc::new(Sleeper {
         started: AtomicUsize::new(0),
         dropped: Arc::default(),
     });
     let lease = Duration::from_millis(900);
+    let postgres = matches!(how, Renewals::Hanging).then(crate::harness::fresh_postgres_database);
+    let store = match &postgres {
+        Some(url) => Store::open(url, &StoreOptions::default())
+            .await
+            .expect("open the store"),
+        None => open_store(dir.path()).await,
+    };
     let (queue, runner) = runner_with(
-        open_store(dir.path()).await,
+        store,
         Arc::new(SystemClock),
         config(|c| {
             c.lease = lease;
@@ -1594,8 +1653,14 @@ async fn an_attempt_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_la
         !handler.dropped.load(Ordering::SeqCst),
         "stopped while renewing"
     );
-    let refused_at = std::time::Instant::now();
-    refuse_job_updates(dir.path());
+    let _locked = match how {
+        Renewals::Refused => {
+            refuse_job_updates(dir.path());
+            None
+        }
+        Renewals::Hanging => Some(lock_job_rows(postgres.as_deref().expect("PostgreSQL"))),
+    };
+    let failing_since = std::time::Instant::now();
     let dropped = Arc::clone(&handler.dropped);
     eventually(
         Duration::from_secs(10),
@@ -1606,17 +1671,29 @@ async fn an_attempt_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_la
         },
     )
     .await;
-    // Within a lease of the last renewal, at most a third of one before
-    // the refusals began.
+    // Two thirds of a lease after the last renewal, which was at most a
+    // third of one before the renewals began to fail: within a lease of
+    // that (twice that, for a loaded machine).
     assert!(
-        refused_at.elapsed() < lease + lease / 3 + Duration::from_millis(300),
+        failing_since.elapsed() < lease * 2,
         "stopped only after {:?}",
-        refused_at.elapsed()
+        failing_since.elapsed()
     );
     assert_eq!(handler.started.load(Ordering::SeqCst), 1);
     stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), looping)
+    drop(_locked);
+    tokio::time::timeout(Duration::from_secs(20), looping)
         .await
         .expect("the runner stops")
         .expect("the runner did not panic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_lease_renewals_are_refused_is_stopped_before_the_lease_lapses() {
+    an_attempt_is_stopped_before_its_lease_lapses_when_renewals(Renewals::Refused).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_an_attempt_whose_lease_renewals_hang_is_stopped_before_the_lease_lapses() {
+    an_attempt_is_stopped_before_its_lease_lapses_when_renewals(Renewals::Hanging).await;
 }

@@ -588,5 +588,24 @@ async fn forged_and_malformed_requests_get_the_right_problem_and_a_fresh_nonce()
     )
     .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+
+    // The deactivated account's key at newAccount is refused on the
+    // record, in rows naming the account.
+    let gone_id = gone.url.rsplit('/').next().expect("an account id");
+    let rows = server
+        .running()
+        .authority()
+        .store()
+        .audit_recent(Some("account.refused"), 10)
+        .await
+        .expect("audit");
+    let about_gone = rows
+        .iter()
+        .filter(|r| {
+            r.account_id.as_deref() == Some(gone_id)
+                && r.problem_type.as_deref() == Some("unauthorized")
+        })
+        .count();
+    assert_eq!(about_gone, 2, "{rows:?}");
     server.stop().await;
 }
