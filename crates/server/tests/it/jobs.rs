@@ -1213,11 +1213,40 @@ async fn a_registry_refuses_two_handlers_for_one_kind_and_a_runner_never_claims_
 // ---------------------------------------------------------------------------
 // Shutdown
 
-/// Sleeps for an hour; says when an attempt starts and when its future is
-/// dropped (cancelled).
+/// Runs until told to finish (tests that never tell it: for ever); says
+/// when an attempt starts and when its future is dropped (cancelled).
 struct Sleeper {
     started: AtomicUsize,
     dropped: Arc<AtomicBool>,
+    finish: tokio::sync::Semaphore,
+}
+
+impl Sleeper {
+    fn new() -> Arc<Self> {
+        Arc::new(Sleeper {
+            started: AtomicUsize::new(0),
+            dropped: Arc::default(),
+            finish: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    /// Waits (at most 10 s) for the first attempt to start.
+    async fn wait_started(self: &Arc<Self>) {
+        eventually(Duration::from_secs(10), "the attempt to start", || {
+            let this = Arc::clone(self);
+            async move { this.started.load(Ordering::SeqCst) == 1 }
+        })
+        .await;
+    }
+
+    /// Waits (at most `within`) for an attempt's future to be dropped.
+    async fn wait_dropped(self: &Arc<Self>, within: Duration, what: &str) {
+        eventually(within, what, || {
+            let dropped = Arc::clone(&self.dropped);
+            async move { dropped.load(Ordering::SeqCst) }
+        })
+        .await;
+    }
 }
 
 struct SetOnDrop(Arc<AtomicBool>);
@@ -1237,7 +1266,7 @@ impl JobHandler for Sleeper {
         Box::pin(async move {
             let _guard = SetOnDrop(Arc::clone(&self.dropped));
             self.started.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_secs(3600)).await;
+            let _go = self.finish.acquire().await.expect("the gate");
             Outcome::Done
         })
     }
@@ -1258,10 +1287,7 @@ async fn shut_down_during_an_attempt(
     dir: &std::path::Path,
     grace: Duration,
 ) -> (Arc<Queue>, i64, Arc<Sleeper>) {
-    let handler = Arc::new(Sleeper {
-        started: AtomicUsize::new(0),
-        dropped: Arc::default(),
-    });
+    let handler = Sleeper::new();
     let (queue, runner) = runner_with(
         open_store(dir).await,
         Arc::new(SystemClock),
@@ -1278,12 +1304,7 @@ async fn shut_down_during_an_attempt(
         .await
         .unwrap()
         .id();
-    let h = Arc::clone(&handler);
-    eventually(Duration::from_secs(10), "the attempt to start", || {
-        let h = Arc::clone(&h);
-        async move { h.started.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    handler.wait_started().await;
     let row = job(&queue, id).await;
     assert_eq!(
         (
@@ -1324,16 +1345,12 @@ async fn graceful_shutdown_stops_the_attempts_whose_leases_it_gives_back() {
     let (queue, id, handler) =
         shut_down_during_an_attempt(dir.path(), Duration::from_millis(200)).await;
     assert_eq!(job(&queue, id).await.status.as_str(), "queued");
-    let dropped = Arc::clone(&handler.dropped);
-    eventually(
-        Duration::from_secs(2),
-        "the interrupted attempt to be cancelled after its lease was released",
-        || {
-            let dropped = Arc::clone(&dropped);
-            async move { dropped.load(Ordering::SeqCst) }
-        },
-    )
-    .await;
+    handler
+        .wait_dropped(
+            Duration::from_secs(2),
+            "the interrupted attempt to be cancelled after its lease was released",
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1444,34 +1461,6 @@ async fn an_abandon_that_fails_leaves_the_job_retiring_and_is_run_again_once_its
     assert_eq!(handler.abandons().len(), 2);
 }
 
-/// Runs until told to finish; counts its attempts.
-struct Gated {
-    started: AtomicUsize,
-    finish: tokio::sync::Semaphore,
-}
-
-impl JobHandler for Gated {
-    fn kind(&self) -> &'static str {
-        "test.gated"
-    }
-
-    fn run<'a>(&'a self, _job: &'a JobRow) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            self.started.fetch_add(1, Ordering::SeqCst);
-            let _go = self.finish.acquire().await.expect("the gate");
-            Outcome::Done
-        })
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        job: &'a JobRow,
-        reason: &'a RetireReason,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move { panic!("job {} abandoned: {reason}", job.key) })
-    }
-}
-
 /// A lease can lapse under the runner still running the job (the clock
 /// jumps, the process stalls past it), and that runner's own next claim
 /// can take the job again, under the same owner. It must not start a
@@ -1480,10 +1469,7 @@ impl JobHandler for Gated {
 async fn a_runner_that_claims_again_a_job_it_is_still_running_does_not_run_it_twice() {
     let dir = crate::harness::tempdir();
     let clock = manual_clock();
-    let handler = Arc::new(Gated {
-        started: AtomicUsize::new(0),
-        finish: tokio::sync::Semaphore::new(0),
-    });
+    let handler = Sleeper::new();
     let lease = Duration::from_secs(30);
     let (queue, runner) = runner_with(
         open_store(dir.path()).await,
@@ -1492,7 +1478,7 @@ async fn a_runner_that_claims_again_a_job_it_is_still_running_does_not_run_it_tw
         vec![handler.clone()],
     );
     let id = queue
-        .enqueue(JobSpec::new("test.gated", "once", json!({})))
+        .enqueue(JobSpec::new("test.sleeper", "once", json!({})))
         .await
         .unwrap()
         .id();
@@ -1500,12 +1486,7 @@ async fn a_runner_that_claims_again_a_job_it_is_still_running_does_not_run_it_tw
         let runner = Arc::clone(&runner);
         async move { runner.run_due().await }
     });
-    let h = Arc::clone(&handler);
-    eventually(Duration::from_secs(10), "the attempt to start", || {
-        let h = Arc::clone(&h);
-        async move { h.started.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    handler.wait_started().await;
     // The lease lapses by the queue's clock; the heartbeat (every ten
     // seconds of real time here) has not renewed it.
     clock.advance(lease * 2);
@@ -1614,10 +1595,7 @@ enum Renewals {
 /// runner may take the job and run it too.
 async fn an_attempt_is_stopped_before_its_lease_lapses_when_renewals(how: Renewals) {
     let dir = crate::harness::tempdir();
-    let handler = Arc::new(Sleeper {
-        started: AtomicUsize::new(0),
-        dropped: Arc::default(),
-    });
+    let handler = Sleeper::new();
     let lease = Duration::from_millis(900);
     let postgres = matches!(how, Renewals::Hanging).then(crate::harness::fresh_postgres_database);
     let store = match &postgres {
@@ -1641,12 +1619,7 @@ async fn an_attempt_is_stopped_before_its_lease_lapses_when_renewals(how: Renewa
         .enqueue(JobSpec::new("test.sleeper", "zzz", json!({})))
         .await
         .unwrap();
-    let h = Arc::clone(&handler);
-    eventually(Duration::from_secs(10), "the attempt to start", || {
-        let h = Arc::clone(&h);
-        async move { h.started.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    handler.wait_started().await;
     // Renewals work so far: the attempt outlives several leases.
     tokio::time::sleep(lease * 3).await;
     assert!(
@@ -1661,16 +1634,12 @@ async fn an_attempt_is_stopped_before_its_lease_lapses_when_renewals(how: Renewa
         Renewals::Hanging => Some(lock_job_rows(postgres.as_deref().expect("PostgreSQL"))),
     };
     let failing_since = std::time::Instant::now();
-    let dropped = Arc::clone(&handler.dropped);
-    eventually(
-        Duration::from_secs(10),
-        "the attempt to be stopped once its lease could not be renewed",
-        || {
-            let dropped = Arc::clone(&dropped);
-            async move { dropped.load(Ordering::SeqCst) }
-        },
-    )
-    .await;
+    handler
+        .wait_dropped(
+            Duration::from_secs(10),
+            "the attempt to be stopped once its lease could not be renewed",
+        )
+        .await;
     // Two thirds of a lease after the last renewal, which was at most a
     // third of one before the renewals began to fail: within a lease of
     // that (twice that, for a loaded machine).

@@ -285,27 +285,34 @@ async fn http_01_follows_redirects_only_to_allowed_ports_and_not_forever() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
-    // The only slot is held by a finalize whose signer takes its time: an
-    // operator's program that sleeps (a request still arriving holds no
-    // slot: its body is read before admission).
-    let files = crate::harness::tempdir();
-    let script = files.path().join("slow.sh");
-    std::fs::write(&script, "#!/bin/sh\ncat >/dev/null\nsleep 3\nexit 1\n").unwrap();
+/// The `[profiles.default]` of a bypass profile whose signer is an
+/// operator's program that takes `seconds` to refuse every CSR, its files
+/// in `files`: a finalize that holds its request slot that long.
+pub(crate) fn slow_refusing_profile(files: &std::path::Path, seconds: u32) -> String {
+    let script = files.join("slow.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\ncat >/dev/null\nsleep {seconds}\nexit 1\n"),
+    )
+    .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_pem = files.path().join("ca.pem");
+    let ca_pem = files.join("ca.pem");
     std::fs::write(&ca_pem, ca.self_signed(&ca_key).unwrap().pem()).unwrap();
-    let server = TestServer::start_with_toml(&format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\nmax_in_flight = 1\n[profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"custom\"\ncommand = \"{}\"\nca_cert = \"{}\"\n",
+    format!(
+        "[profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"custom\"\ncommand = \"{}\"\nca_cert = \"{}\"\n",
         script.display(),
         ca_pem.display()
-    ))
-    .await;
-    let dir = raw::directory(&server.directory("default")).await;
+    )
+}
+
+/// Finalizes a new ready order of a new account at `directory` (the
+/// profile of [`slow_refusing_profile`]) in the background: the finalize's
+/// answer, once its signer has refused.
+pub(crate) async fn finalize_in_background(directory: &str) -> tokio::task::JoinHandle<raw::Resp> {
+    let dir = raw::directory(directory).await;
     let acct = Acct::create(&dir, Key::p256()).await;
     let (_, finalize) = ready_order(&dir, &acct, "slow.example.test").await;
     let nonce = raw::nonce(&dir).await;
@@ -314,7 +321,21 @@ async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
         &protected,
         Some(&json!({"csr": csr_for("slow.example.test")})),
     );
-    let slow = tokio::spawn(async move { raw::post(&finalize, &body).await });
+    tokio::spawn(async move { raw::post(&finalize, &body).await })
+}
+
+#[tokio::test]
+async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
+    // The only slot is held by a finalize whose signer takes its time: an
+    // operator's program that sleeps (a request still arriving holds no
+    // slot: its body is read before admission).
+    let files = crate::harness::tempdir();
+    let server = TestServer::start_with_toml(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\nmax_in_flight = 1\n{}",
+        slow_refusing_profile(files.path(), 3)
+    ))
+    .await;
+    let slow = finalize_in_background(&server.directory("default")).await;
     let new_order = format!("{}/profile/default/new-order", server.base());
     // Shed as soon as the finalize holds the slot.
     let deadline = Instant::now() + Duration::from_secs(2);

@@ -667,46 +667,20 @@ async fn a_reload_lets_the_generation_it_replaced_go() {
 /// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_running_across_a_reload_keeps_its_slot_and_the_new_limit_applies_at_once() {
-    use crate::concurrency::{csr_for, ready_order};
     // The only slot is held by a finalize whose signer, an operator's
     // program, takes its time and then refuses.
     let files = harness::tempdir();
-    let script = files.path().join("slow.sh");
-    std::fs::write(&script, "#!/bin/sh\ncat >/dev/null\nsleep 8\nexit 1\n").unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_pem = files.path().join("ca.pem");
-    std::fs::write(&ca_pem, ca.self_signed(&ca_key).unwrap().pem()).unwrap();
+    let profile = crate::operations::slow_refusing_profile(files.path(), 8);
     let dir = harness::tempdir();
     let toml = |slots: usize| {
         format!(
             "max_in_flight = {slots}\n{}",
-            TestServer::config_text(
-                dir.path(),
-                1,
-                None,
-                &format!(
-                    "[profiles.default]\nbypass = true\n[profiles.default.signer]\ntype = \"custom\"\ncommand = \"{}\"\nca_cert = \"{}\"\n",
-                    script.display(),
-                    ca_pem.display()
-                ),
-            )
+            TestServer::config_text(dir.path(), 1, None, &profile)
         )
     };
     let server = TestServer::start_in(harness::tempdir(), &toml(1)).await;
     let running = server.running();
-    let dir_doc = raw::directory(&server.directory("default")).await;
-    let acct = Acct::create(&dir_doc, Key::p256()).await;
-    let (_, finalize) = ready_order(&dir_doc, &acct, "slow.example.test").await;
-    let nonce = raw::nonce(&dir_doc).await;
-    let protected = json!({"alg": "ES256", "kid": acct.url, "nonce": nonce, "url": finalize});
-    let body = acct.key.sign(
-        &protected,
-        Some(&json!({"csr": csr_for("slow.example.test")})),
-    );
-    let slow = tokio::spawn(async move { raw::post(&finalize, &body).await });
+    let slow = crate::operations::finalize_in_background(&server.directory("default")).await;
     // A malformed newOrder: 400 once admitted, 503 when shed.
     let new_order = format!("{}/profile/default/new-order", server.base());
     let ask = || async {
