@@ -58,6 +58,7 @@ pub use copy::TableCopy;
 pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};
 pub use eab::{EabRow, NewEab};
 pub use jobs::{Attempts, Enqueued, JobCounts, JobRow, JobStatus, JobWakeups, NewJob};
+pub use nonces::USED_NONCE_GRACE;
 pub use operators::{
     NewOperatorSession, OperatorRow, OperatorSessionRow, OperatorTokenRow, SessionStage,
 };

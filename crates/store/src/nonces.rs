@@ -187,6 +187,13 @@ fn answer(batch: Vec<Use>, written: std::result::Result<HashSet<String>, Arc<Sto
     }
 }
 
+/// How long (seconds) the record of a used nonce outlives the nonce's
+/// expiry. Replicas judge expiry by their own clocks: one whose clock is
+/// behind the sweeper's still accepts a nonce the sweeper thinks expired,
+/// and must still find that it was used. Clocks kept by NTP are well
+/// within this.
+pub const USED_NONCE_GRACE: i64 = 300;
+
 impl Store {
     /// The key nonces are signed with: `candidate` if no process stored one
     /// before, else the stored one (one statement decides, so processes
@@ -233,17 +240,22 @@ impl Store {
             == 1)
     }
 
-    /// Forgets used nonces that have expired (they are refused for their
-    /// expiry anyway); returns how many.
+    /// Forgets used nonces that expired more than [`USED_NONCE_GRACE`]
+    /// seconds before `now` (they are refused for their expiry anyway);
+    /// returns how many.
     pub async fn sweep_nonces(&self, now: i64) -> Result<u64> {
         Ok(self
             .writer()
             .await?
-            .exec("DELETE FROM used_nonces WHERE expires_at <= ?1", args![now])
+            .exec(
+                "DELETE FROM used_nonces WHERE expires_at <= ?1",
+                args![now.saturating_sub(USED_NONCE_GRACE)],
+            )
             .await? as u64)
     }
 
-    /// Used, unexpired nonces recorded (for the CLI and tests).
+    /// Records of used nonces (each kept until [`USED_NONCE_GRACE`] past
+    /// its expiry), for the CLI and tests.
     pub async fn used_nonce_count(&self) -> Result<i64> {
         Ok(self
             .reader()
@@ -269,12 +281,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_nonce_is_used_once_and_its_record_goes_when_it_expires() {
+    async fn a_nonce_is_used_once_and_its_record_goes_a_grace_after_it_expires() {
         let (_db, store) = TestDb::open().await;
         assert!(store.use_nonce("n", 10).await.unwrap());
         assert!(!store.use_nonce("n", 10).await.unwrap(), "replayed");
         assert!(store.use_nonce("m", 20).await.unwrap());
-        assert_eq!(store.sweep_nonces(10).await.unwrap(), 1);
+        assert_eq!(store.sweep_nonces(10).await.unwrap(), 0);
+        assert_eq!(
+            store
+                .sweep_nonces(10 + super::USED_NONCE_GRACE)
+                .await
+                .unwrap(),
+            1
+        );
         assert_eq!(store.used_nonce_count().await.unwrap(), 1);
     }
 

@@ -988,9 +988,9 @@ pub async fn delete_order(authority: &Authority, id: &str, actor: &str) -> Resul
         .map_err(refused)
 }
 
-/// Deletes the records of used nonces that have expired now (the server
-/// also does every few minutes); returns how many were deleted and how
-/// many remain.
+/// Deletes the records of used nonces that expired more than
+/// `USED_NONCE_GRACE` ago (the server also does every few minutes);
+/// returns how many were deleted and how many remain.
 pub async fn nonce_cleanup(store: &Store, clock: &dyn Clock) -> Result<(u64, i64), OpsError> {
     let deleted = store.sweep_nonces(clock.unix()).await?;
     Ok((deleted, store.used_nonce_count().await?))

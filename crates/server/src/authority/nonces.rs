@@ -328,7 +328,16 @@ mod tests {
         let later = n.issue(&store, 20).await.unwrap();
         assert!(n.consume(&store, &soon, 5).await.unwrap());
         assert!(n.consume(&store, &later, 5).await.unwrap());
-        assert_eq!(n.sweep(&store, 15).await.unwrap(), 1);
+        // Expired by the sweeper's clock, but not by that of a replica 6 s
+        // behind it, which must still find it used.
+        assert_eq!(n.sweep(&store, 15).await.unwrap(), 0);
+        assert!(
+            !n.consume(&store, &soon, 9).await.unwrap(),
+            "replayed at a replica whose clock is behind"
+        );
+        let grace = acme_proxy_store::USED_NONCE_GRACE;
+        assert_eq!(n.sweep(&store, 10 + grace - 1).await.unwrap(), 0);
+        assert_eq!(n.sweep(&store, 10 + grace).await.unwrap(), 1);
         assert_eq!(n.count(&store).await.unwrap(), 1);
         assert!(!n.consume(&store, &later, 15).await.unwrap(), "still used");
     }

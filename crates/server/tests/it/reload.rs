@@ -670,7 +670,7 @@ async fn a_request_running_across_a_reload_keeps_its_slot_and_the_new_limit_appl
     // The only slot is held by a finalize whose signer, an operator's
     // program, takes its time and then refuses.
     let files = harness::tempdir();
-    let profile = crate::operations::slow_refusing_profile(files.path(), 8);
+    let profile = crate::operations::slow_refusing_profile(files.path(), 15);
     let dir = harness::tempdir();
     let toml = |slots: usize| {
         format!(
@@ -693,8 +693,15 @@ async fn a_request_running_across_a_reload_keeps_its_slot_and_the_new_limit_appl
         .await
         .status
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while ask().await != 503 {
+        if slow.is_finished() {
+            panic!(
+                "the finalize was answered before it was seen holding the slot: {:?}",
+                slow.await
+                    .map(|r| (r.status, String::from_utf8_lossy(&r.body).into_owned()))
+            );
+        }
         assert!(
             Instant::now() < deadline,
             "the finalize never held the slot"
