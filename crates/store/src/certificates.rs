@@ -61,6 +61,20 @@ pub struct CrlRow {
     pub this_update: i64,
     pub next_update: i64,
     pub der: Vec<u8>,
+    /// The profile's revocation count it was signed with
+    /// ([`RevokedList::revocations`]); None for a CRL stored before counts
+    /// were kept.
+    pub revocations: Option<i64>,
+}
+
+/// What a CRL signed now lists, and the revocation count it covers: both
+/// read in one snapshot, so a count means exactly these revocations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevokedList {
+    pub entries: Vec<RevokedEntry>,
+    /// Every revocation the profile has had, expired certificates and
+    /// deleted ones included: it only grows.
+    pub revocations: i64,
 }
 
 macro_rules! cert_columns {
@@ -276,6 +290,14 @@ impl Store {
             )
             .await?;
         if changed == 1 {
+            // Counted in the revocation's transaction: a CRL read with a
+            // count sees every revocation that count includes.
+            tx.exec(
+                "INSERT INTO revocation_counts (profile, revoked) VALUES (?1, 1)
+                 ON CONFLICT (profile) DO UPDATE SET revoked = revocation_counts.revoked + 1",
+                args![profile],
+            )
+            .await?;
             insert_jobs_in(&mut tx, notices).await?;
             if let Some(audit) = audit {
                 insert_audit_in(&mut tx, audit, self.audit_origin).await?;
@@ -296,30 +318,53 @@ impl Store {
         })
     }
 
-    /// Every revoked, not yet expired certificate of a profile, for its CRL.
-    pub async fn revoked_entries(&self, profile: &str, now: i64) -> Result<Vec<RevokedEntry>> {
-        self.reader().await?.all(
-            "SELECT serial, revoked_at, revocation_reason FROM certificates
-             WHERE profile = ?1 AND revoked_at IS NOT NULL AND not_after > ?2 ORDER BY revoked_at, serial",
+    /// Every revoked, not yet expired certificate of a profile, for its
+    /// CRL, with the revocation count they make up (one statement: one
+    /// snapshot on either engine).
+    pub async fn revoked_entries(&self, profile: &str, now: i64) -> Result<RevokedList> {
+        let rows = self.reader().await?.all(
+            "SELECT n.revoked, c.serial, c.revoked_at, c.revocation_reason
+             FROM (SELECT COALESCE((SELECT revoked FROM revocation_counts WHERE profile = ?1), 0) AS revoked) n
+             LEFT JOIN certificates c
+               ON c.profile = ?1 AND c.revoked_at IS NOT NULL AND c.not_after > ?2
+             ORDER BY c.revoked_at, c.serial",
             args![profile, now],
             |row| {
-                Ok(RevokedEntry {
-                    serial: row.get("serial")?,
-                    revoked_at: row.get("revoked_at")?,
-                    reason: row.get("revocation_reason")?,
-                })
+                let revocations: i64 = row.get("revoked")?;
+                let serial: Option<String> = row.get("serial")?;
+                let entry = match serial {
+                    Some(serial) => Some(RevokedEntry {
+                        serial,
+                        revoked_at: row.get("revoked_at")?,
+                        reason: row.get("revocation_reason")?,
+                    }),
+                    None => None,
+                };
+                Ok((revocations, entry))
             },
-        ).await
+        ).await?;
+        // The outer row is always there: one row with no certificate when
+        // nothing is listed.
+        let revocations = rows
+            .first()
+            .map(|(n, _)| *n)
+            .ok_or_else(|| StoreError::Corrupt("no revocation count returned".into()))?;
+        Ok(RevokedList {
+            entries: rows.into_iter().filter_map(|(_, e)| e).collect(),
+            revocations,
+        })
     }
 
-    /// When the most recent revocation of a profile happened.
-    pub async fn latest_revocation(&self, profile: &str) -> Result<Option<i64>> {
-        // An aggregate: always one row, NULL when nothing is revoked.
-        Ok(self.reader().await?.scalar::<Option<i64>>(
-            "SELECT MAX(revoked_at) FROM certificates WHERE profile = ?1 AND revoked_at IS NOT NULL",
-            args![profile],
-        ).await?
-        .ok_or(rusqlite::Error::QueryReturnedNoRows)?)
+    /// How many revocations the profile has had ([`RevokedList::revocations`]).
+    pub async fn revocations(&self, profile: &str) -> Result<i64> {
+        self.reader()
+            .await?
+            .scalar::<i64>(
+                "SELECT COALESCE((SELECT revoked FROM revocation_counts WHERE profile = ?1), 0)",
+                args![profile],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("no revocation count returned".into()))
     }
 
     /// The newest CRL of a profile.
@@ -327,7 +372,7 @@ impl Store {
         self.reader()
             .await?
             .one(
-                "SELECT number, this_update, next_update, der FROM crls WHERE profile = ?1",
+                "SELECT number, this_update, next_update, der, revocations FROM crls WHERE profile = ?1",
                 args![profile],
                 |row| {
                     Ok(CrlRow {
@@ -335,6 +380,7 @@ impl Store {
                         this_update: row.get("this_update")?,
                         next_update: row.get("next_update")?,
                         der: row.get("der")?,
+                        revocations: row.get("revocations")?,
                     })
                 },
             )
@@ -368,11 +414,12 @@ impl Store {
     /// returns whether it was stored.
     pub async fn store_crl(&self, profile: &str, crl: &CrlRow) -> Result<bool> {
         Ok(self.writer().await?.exec(
-            "INSERT INTO crls (profile, number, this_update, next_update, der) VALUES (?1, ?2, ?3, ?4, ?5)
+            "INSERT INTO crls (profile, number, this_update, next_update, der, revocations)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (profile) DO UPDATE SET number = excluded.number, this_update = excluded.this_update,
-                 next_update = excluded.next_update, der = excluded.der
+                 next_update = excluded.next_update, der = excluded.der, revocations = excluded.revocations
              WHERE excluded.number > crls.number",
-            args![profile, crl.number, crl.this_update, crl.next_update, crl.der],
+            args![profile, crl.number, crl.this_update, crl.next_update, crl.der, crl.revocations],
         ).await? == 1)
     }
 }
@@ -503,6 +550,70 @@ mod tests {
         );
         store.close().await;
     }
+
+    #[tokio::test]
+    async fn each_revocation_counts_once_read_with_the_crl_entries_and_deleting_certificates_keeps_the_count()
+     {
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
+            "{ACCOUNT}
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('o1', 'p', 'acct', 'pending', '[]', 2, 1),
+                        ('o2', 'p', 'acct', 'pending', '[]', 2, 1),
+                        ('o3', 'q', 'acct', 'pending', '[]', 2, 1);
+             INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem,
+                     identifiers, not_before, not_after, created_at)
+                 VALUES ('c1', 'p', 'o1', 'acct', '01', 'pem', '[]', 0, 100, 0),
+                        ('c2', 'p', 'o2', 'acct', '02', 'pem', '[]', 0, 1000, 0),
+                        ('c3', 'q', 'o3', 'acct', '03', 'pem', '[]', 0, 1000, 0);"
+        ))
+        .await;
+        let none = store.revoked_entries("p", 50).await.unwrap();
+        assert_eq!((none.entries.len(), none.revocations), (0, 0));
+        let revoke = |profile: &'static str, serial: &'static str, at: i64| {
+            let store = store.clone();
+            async move {
+                store
+                    .revoke_certificate(profile, serial, Some(1), at, &[], None)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(revoke("p", "02", 20).await, super::RevokeOutcome::Revoked);
+        assert_eq!(revoke("p", "01", 10).await, super::RevokeOutcome::Revoked);
+        // Refused revocations count nothing.
+        assert_eq!(
+            revoke("p", "01", 30).await,
+            super::RevokeOutcome::AlreadyRevoked
+        );
+        assert_eq!(revoke("p", "09", 30).await, super::RevokeOutcome::NotFound);
+        assert_eq!(revoke("q", "03", 30).await, super::RevokeOutcome::Revoked);
+
+        let listed = store.revoked_entries("p", 50).await.unwrap();
+        let serials: Vec<_> = listed.entries.iter().map(|e| e.serial.as_str()).collect();
+        assert_eq!((serials, listed.revocations), (vec!["01", "02"], 2));
+        assert_eq!(listed.entries[0].revoked_at, 10);
+        // Past c1's expiry it is no longer listed, but still counted.
+        let later = store.revoked_entries("p", 500).await.unwrap();
+        let serials: Vec<_> = later.entries.iter().map(|e| e.serial.as_str()).collect();
+        assert_eq!((serials, later.revocations), (vec!["02"], 2));
+        db.exec("DELETE FROM certificates WHERE id = 'c1'").await;
+        assert_eq!(store.revocations("p").await.unwrap(), 2);
+        assert_eq!(store.revocations("q").await.unwrap(), 1);
+        assert_eq!(store.revocations("r").await.unwrap(), 0);
+
+        // A CRL keeps the count it was signed with.
+        let crl = crate::CrlRow {
+            number: 1,
+            this_update: 50,
+            next_update: 150,
+            der: vec![1],
+            revocations: Some(2),
+        };
+        assert!(store.store_crl("p", &crl).await.unwrap());
+        assert_eq!(store.crl("p").await.unwrap(), Some(crl));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_processes_taking_crl_numbers_at_once_never_get_the_same_one_and_follow_the_stored_crl()
      {
@@ -520,6 +631,7 @@ mod tests {
                     this_update: 1,
                     next_update: 2,
                     der: vec![0],
+                    revocations: None,
                 },
             )
             .await

@@ -39,6 +39,7 @@ const TABLES: &[&str] = &[
     "certificates",
     "crls",
     "crl_numbers",
+    "revocation_counts",
     "jobs",
     "upstream_accounts",
     "upstream_orders",

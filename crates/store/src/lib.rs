@@ -53,7 +53,9 @@ pub use audit::{
     AuditEvent, AuditFilter, AuditOrigin, AuditOutcome, AuditRow, DayCount, NewAuditRow,
 };
 pub use breakers::{BreakerFailure, BreakerRow, BreakerState};
-pub use certificates::{CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry};
+pub use certificates::{
+    CertificateRow, CrlRow, NewCertificateRow, RevokeOutcome, RevokedEntry, RevokedList,
+};
 pub use copy::TableCopy;
 pub use dns::{DnsAccountRow, DnsRecordRow, NewDnsAccount};
 pub use eab::{EabRow, NewEab};

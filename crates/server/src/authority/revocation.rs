@@ -310,7 +310,7 @@ impl Authority {
         );
         // The CRL should list the serial before we answer. If re-signing
         // fails the revocation still stands (it is recorded): the periodic
-        // check re-signs any CRL older than the newest revocation, so the
+        // check re-signs any CRL missing a revocation (counted), so the
         // client is not told "failed" for something that happened.
         if !matches!(profile.signer.crl(), Crl::Signed { .. }) {
             return Ok(());
@@ -348,9 +348,9 @@ impl Authority {
             }
         };
         let now = self.clock.unix();
-        let latest = self.store.latest_revocation(&profile.name).await?;
+        let revocations = self.store.revocations(&profile.name).await?;
         match self.store.crl(&profile.name).await? {
-            Some(row) if !crl_needs_refresh(&row, now, validity, latest) => Ok(row.der),
+            Some(row) if !crl_needs_refresh(&row, now, validity, revocations) => Ok(row.der),
             _ => self.refresh_crl(profile).await,
         }
     }
@@ -370,13 +370,13 @@ impl Authority {
         // number never lists fewer of them.
         let number = self.store.reserve_crl_number(&profile.name).await?;
         crash_point!("crl.number_reserved");
-        let entries = self
+        let listed = self
             .store
             .revoked_entries(&profile.name, now.unix_timestamp())
             .await?;
         let (der, next_update) = profile
             .signer
-            .sign_crl(number, now, &entries)
+            .sign_crl(number, now, &listed.entries)
             .await
             .map_err(AcmeError::internal)?;
         let stored = self
@@ -388,6 +388,7 @@ impl Authority {
                     this_update: now.unix_timestamp(),
                     next_update: next_update.unix_timestamp(),
                     der: der.clone(),
+                    revocations: Some(listed.revocations),
                 },
             )
             .await?;
@@ -403,7 +404,7 @@ impl Authority {
             outcome = "success",
             profile = %profile.name,
             number,
-            entries = entries.len(),
+            entries = listed.entries.len(),
             "CRL signed"
         );
         Ok(der)
@@ -436,45 +437,49 @@ impl Authority {
 }
 
 /// A CRL is re-signed once half of its validity has passed, so relying
-/// parties always find one well before nextUpdate — and at once if a
-/// revocation is not older than it (`latest_revocation`, Unix seconds): a
-/// revocation in the same second as the CRL may have missed it, and costs
-/// at most a re-sign during that second.
-pub fn crl_needs_refresh(
-    row: &CrlRow,
-    now: i64,
-    validity: i64,
-    latest_revocation: Option<i64>,
-) -> bool {
-    now >= row.next_update - validity / 2 || latest_revocation.is_some_and(|r| r >= row.this_update)
+/// parties always find one well before nextUpdate — and at once if the
+/// profile has had a revocation it does not list: its count of
+/// revocations (`revocations`) is above the one the CRL was signed with.
+/// Counts, not times: the replica that revoked and the one that signed may
+/// disagree on the time, and a revocation stamped before the CRL's
+/// thisUpdate by a clock running behind may still be missing from it.
+pub fn crl_needs_refresh(row: &CrlRow, now: i64, validity: i64, revocations: i64) -> bool {
+    now >= row.next_update - validity / 2
+        || row.revocations.is_none_or(|listed| listed < revocations)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A CRL signed at `next_update - 100` listing 3 revocations.
     fn row(next_update: i64) -> CrlRow {
         CrlRow {
             number: 1,
             this_update: next_update - 100,
             next_update,
             der: vec![],
+            revocations: Some(3),
         }
     }
 
     #[test]
     fn a_crl_is_re_signed_once_half_its_life_has_passed() {
-        assert!(!crl_needs_refresh(&row(1100), 1000, 100, None));
-        assert!(!crl_needs_refresh(&row(1100), 1049, 100, None));
-        assert!(crl_needs_refresh(&row(1100), 1050, 100, None));
-        assert!(crl_needs_refresh(&row(1100), 2000, 100, None));
+        assert!(!crl_needs_refresh(&row(1100), 1000, 100, 3));
+        assert!(!crl_needs_refresh(&row(1100), 1049, 100, 3));
+        assert!(crl_needs_refresh(&row(1100), 1050, 100, 3));
+        assert!(crl_needs_refresh(&row(1100), 2000, 100, 3));
     }
 
     #[test]
-    fn a_crl_older_than_the_newest_revocation_is_re_signed_at_once() {
-        // row(1100) was signed at 1000.
-        assert!(!crl_needs_refresh(&row(1100), 1010, 100, Some(999)));
-        assert!(crl_needs_refresh(&row(1100), 1010, 100, Some(1000)));
-        assert!(crl_needs_refresh(&row(1100), 1010, 100, Some(1005)));
+    fn a_crl_missing_a_revocation_is_re_signed_at_once_whatever_the_clocks_said() {
+        assert!(!crl_needs_refresh(&row(1100), 1010, 100, 3));
+        assert!(crl_needs_refresh(&row(1100), 1010, 100, 4));
+        // Signed before counts were kept: re-signed once.
+        let unknown = CrlRow {
+            revocations: None,
+            ..row(1100)
+        };
+        assert!(crl_needs_refresh(&unknown, 1010, 100, 0));
     }
 }

@@ -1203,8 +1203,18 @@ impl TestServer {
         toml: &str,
         plugged: acme_proxy::server::Signers,
     ) -> TestServer {
+        Self::start_in_on(dir, toml, plugged, Arc::new(SystemClock)).await
+    }
+
+    /// [`Self::start_in_with`] on `clock`.
+    pub async fn start_in_on(
+        dir: tempfile::TempDir,
+        toml: &str,
+        plugged: acme_proxy::server::Signers,
+        clock: acme_proxy::clock::SharedClock,
+    ) -> TestServer {
         let config = Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-        let running = acme_proxy::server::start_with(config, Arc::new(SystemClock), plugged)
+        let running = acme_proxy::server::start_with(config, clock, plugged)
             .await
             .expect("server starts");
         TestServer {

@@ -96,10 +96,10 @@ fn csr_with_key(names: &[&str], key: &Key) -> String {
 }
 
 /// An issued certificate: its URL, its order's URL and the leaf's DER.
-struct Issued {
-    cert_url: String,
+pub(crate) struct Issued {
+    pub(crate) cert_url: String,
     order_url: String,
-    leaf: Vec<u8>,
+    pub(crate) leaf: Vec<u8>,
 }
 
 /// Finalizes a ready order with `csr` and downloads the certificate.
@@ -139,14 +139,14 @@ fn dns_order(names: &[&str]) -> Value {
 
 /// Orders, validates (bypass), finalizes and downloads a certificate for
 /// `names`, whose key is `cert_key`.
-async fn issue(dir: &Value, acct: &Acct, names: &[&str], cert_key: &Key) -> Issued {
+pub(crate) async fn issue(dir: &Value, acct: &Acct, names: &[&str], cert_key: &Key) -> Issued {
     let (order_url, finalize) = ready_order_for(dir, acct, &dns_order(names)).await;
     let csr = csr_with_key(names, cert_key);
     finalize_and_download(dir, acct, order_url, &finalize, csr).await
 }
 
 /// The serials the profile's CRL lists, with their reason codes.
-async fn crl_entries(server: &TestServer) -> Vec<(Vec<u8>, Option<u8>)> {
+pub(crate) async fn crl_entries(server: &TestServer) -> Vec<(Vec<u8>, Option<u8>)> {
     let r = raw::request(
         "GET",
         &format!("{}/profile/default/crl", server.base()),
@@ -162,7 +162,7 @@ async fn crl_entries(server: &TestServer) -> Vec<(Vec<u8>, Option<u8>)> {
         .collect()
 }
 
-fn serial(der: &[u8]) -> Vec<u8> {
+pub(crate) fn serial(der: &[u8]) -> Vec<u8> {
     X509Certificate::from_der(der)
         .unwrap()
         .1

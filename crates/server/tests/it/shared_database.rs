@@ -125,3 +125,59 @@ async fn a_nonce_one_server_issued_is_accepted_once_by_another_on_the_same_datab
     second.stop().await;
     first.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_stamped_before_the_stored_crl_by_a_clock_behind_is_listed_when_the_crl_is_next_served()
+ {
+    use crate::raw::{self, Acct, Key};
+    use crate::resources::{crl_entries, issue, serial};
+    use acme_proxy::clock::ManualClock;
+
+    // This server's clock is two minutes ahead of the replica that will
+    // revoke: its CRL's thisUpdate is later than that revocation's time.
+    let ahead = std::sync::Arc::new(ManualClock::starting_now());
+    ahead.advance(std::time::Duration::from_secs(120));
+    let data = harness::tempdir();
+    let toml = TestServer::config_text(data.path(), 1, None, "[profiles.default]\nbypass = true\n");
+    let server = TestServer::start_in_on(data, &toml, Default::default(), ahead).await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let acct = Acct::create(&dir, Key::p256()).await;
+    let issued = issue(&dir, &acct, &["behind.example.test"], &Key::p256()).await;
+    let authority = server.running().authority();
+    let profile = authority.profile("default").expect("profile").clone();
+    let signed = authority.refresh_crl(&profile).await.expect("a CRL");
+    assert!(crl_entries(&server).await.is_empty());
+
+    // Another replica, its clock behind, revokes and dies before it can
+    // re-sign the CRL: only the revocation is stored.
+    let store = authority.store();
+    let cert_id = issued.cert_url.rsplit('/').next().expect("an id");
+    let cert = store
+        .certificate(cert_id)
+        .await
+        .unwrap()
+        .expect("the certificate");
+    let revoked = store
+        .revoke_certificate(
+            "default",
+            &cert.serial,
+            Some(1),
+            acme_proxy::clock::Clock::unix(&acme_proxy::clock::SystemClock),
+            &[],
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(revoked, acme_proxy_store::RevokeOutcome::Revoked);
+
+    // The CRL next served is a new one that lists it.
+    let listed = crl_entries(&server).await;
+    assert_eq!(
+        listed.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(),
+        vec![serial(&issued.leaf)],
+        "the CRL still lists {listed:?}"
+    );
+    let served = crate::flow::crl_der(server.base()).await;
+    assert!(crl_number(&served) > crl_number(&signed));
+    server.stop().await;
+}
