@@ -293,10 +293,11 @@ pub async fn new_order(
             let req = app
                 .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
                 .await?;
-            let payload: NewOrder = req.payload()?;
+            let account = req.account()?;
+            let payload = req.payload::<NewOrder>();
             let row = app
                 .authority
-                .new_order(&p, req.account()?, &payload)
+                .new_order(&p, account, payload.as_ref().map_err(Clone::clone))
                 .await?;
             let urls = app.urls(&p.name);
             Ok(Reply::json(201, &documents::order(&urls, &row)).location(urls.order(&row.id)))
@@ -351,23 +352,25 @@ pub async fn finalize(
             let req = app
                 .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
                 .await?;
-            let payload: Finalize = req.payload()?;
+            let account = req.account()?;
             // §7.4: "the base64url-encoded version of the DER format", with
             // §6.1's rule that a value with trailing '=' MUST be rejected.
             // An encoding fault is the request's (malformed); badCSR is for
             // a CSR that decodes but is unacceptable.
-            let csr = base64url::decode(&payload.csr).map_err(|_| {
-                AcmeError::malformed(
-                    "\"csr\" is not the unpadded base64url of a DER CSR (RFC 8555 §7.4, §6.1)",
-                )
-            })?;
+            let csr = req.payload::<Finalize>().and_then(|payload| {
+                base64url::decode(&payload.csr).map_err(|_| {
+                    AcmeError::malformed(
+                        "\"csr\" is not the unpadded base64url of a DER CSR (RFC 8555 §7.4, §6.1)",
+                    )
+                })
+            });
             let row = app
                 .authority
                 .finalize(
                     &p,
-                    req.account()?,
+                    account,
                     &id,
-                    &csr,
+                    csr.as_deref().map_err(Clone::clone),
                     &ctx.map(|c| c.0).unwrap_or_default(),
                 )
                 .await?;
@@ -492,19 +495,22 @@ pub async fn revoke_cert(
             let req = app
                 .verify(&p, &headers, &uri, body, KeyMode::Either)
                 .await?;
-            let payload: Revocation = req.payload()?;
+            let payload = req.payload::<Revocation>();
+            let reason = payload.as_ref().ok().and_then(|p| p.reason.clone());
             // §7.6: base64url DER, unpadded as §6.1 requires.
-            let der = base64url::decode(&payload.certificate).map_err(|_| {
-                AcmeError::malformed(
-                    "\"certificate\" is not the unpadded base64url of a DER certificate (RFC 8555 §7.6, §6.1)",
-                )
-            })?;
+            let der = payload.and_then(|payload| {
+                base64url::decode(&payload.certificate).map_err(|_| {
+                    AcmeError::malformed(
+                        "\"certificate\" is not the unpadded base64url of a DER certificate (RFC 8555 §7.6, §6.1)",
+                    )
+                })
+            });
             let signer = match &req.account {
                 Some(acct) => RevocationSigner::Account(acct),
                 None => RevocationSigner::CertificateKey(req.key.thumbprint_b64()),
             };
             app.authority
-                .revoke(&p, signer, &der, payload.reason)
+                .revoke(&p, signer, der.as_deref().map_err(Clone::clone), reason)
                 .await?;
             Ok(Reply::empty(StatusCode::OK))
         }

@@ -141,18 +141,24 @@ impl Authority {
     /// certificate; with a token or an outside signer it is processing
     /// while the signer works. Either way the guarded ready → processing
     /// step makes two concurrent finalizes store exactly one certificate.
-    /// A bad CSR leaves the order ready.
+    /// A bad CSR leaves the order ready. `csr` is the DER, or why the
+    /// request gave none that decodes: refused and audited like any
+    /// refusal.
     pub async fn finalize(
         &self,
         profile: &Profile,
         account: &AccountRow,
         order_id: &str,
-        csr_der: &[u8],
+        csr: AcmeResult<&[u8]>,
         ctx: &super::RequestContext,
     ) -> AcmeResult<OrderRow> {
-        let result = self
-            .finalize_checked(profile, account, order_id, csr_der, ctx)
-            .await;
+        let result = match csr {
+            Ok(csr_der) => {
+                self.finalize_checked(profile, account, order_id, csr_der, ctx)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         // Issuance is audited where it happens (finalize_checked, or the
         // relay's job); refusals here, whatever the path.
         match &result {

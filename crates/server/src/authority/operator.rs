@@ -65,7 +65,7 @@ impl Authority {
         self.revoke(
             profile,
             RevocationSigner::Operator(actor),
-            &der,
+            Ok(&der),
             reason.map(ReasonCode::from),
         )
         .await?;

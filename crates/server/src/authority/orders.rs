@@ -25,21 +25,29 @@ use crate::signer::RequestedWindow;
 impl Authority {
     /// newOrder (§7.4): checks every identifier (all faults reported at once,
     /// as one `compound` problem when there are several), and creates the
-    /// order with one pending authorization per identifier.
+    /// order with one pending authorization per identifier. `req` is the
+    /// payload, or why it did not parse: refused and audited like any
+    /// refusal.
     pub async fn new_order(
         &self,
         profile: &Profile,
         account: &AccountRow,
-        req: &NewOrder,
+        req: AcmeResult<&NewOrder>,
     ) -> AcmeResult<OrderRow> {
-        let result = self.new_order_checked(profile, account, req).await;
+        let (result, identifiers) = match req {
+            Ok(req) => (
+                self.new_order_checked(profile, account, req).await,
+                Some(&req.identifiers[..]),
+            ),
+            Err(e) => (Err(e), None),
+        };
         if let Err(e) = &result {
             // The identifiers as asked, unchecked: the audit writer keeps
             // the first few, each cut to a DNS name's length, and their
             // number (`bounded`).
             self.audit(super::audit::Fact {
                 account: Some(&account.id),
-                identifiers: Some(&req.identifiers),
+                identifiers,
                 error: Some(e),
                 ..super::audit::Fact::new(
                     AuditEvent::OrderRefused,

@@ -282,7 +282,7 @@ impl World {
                     profile: None,
                     replaces: None,
                 };
-                let made = a.new_order(&profile, &client.row, &req).await;
+                let made = a.new_order(&profile, &client.row, Ok(&req)).await;
                 if let Some(order) = refused_cleanly(&mut self.refused, step, made)? {
                     self.orders.push(order.id);
                 }
@@ -386,7 +386,7 @@ impl World {
                 let der = params.serialize_request(key).expect("CSR").der().to_vec();
                 let row = client.row.clone();
                 let done = a
-                    .finalize(&profile, &row, &id, &der, &RequestContext::default())
+                    .finalize(&profile, &row, &id, Ok(&der), &RequestContext::default())
                     .await;
                 refused_cleanly(&mut self.refused, step, done)?;
             }
@@ -414,7 +414,7 @@ impl World {
                     .revoke(
                         &profile,
                         RevocationSigner::Account(&row),
-                        &der,
+                        Ok(&der),
                         Some(4.into()),
                     )
                     .await;

@@ -32,12 +32,13 @@ pub enum RevocationSigner<'a> {
 const CLIENT_REASONS: [u64; 5] = [0, 1, 3, 4, 5];
 
 impl Authority {
-    /// revokeCert (§7.6).
+    /// revokeCert (§7.6). `certificate` is the DER, or why the request
+    /// gave none that decodes: refused and audited like any refusal.
     pub async fn revoke(
         &self,
         profile: &Profile,
         signer: RevocationSigner<'_>,
-        cert_der: &[u8],
+        certificate: AcmeResult<&[u8]>,
         reason: Option<ReasonCode>,
     ) -> AcmeResult<()> {
         let (account, key_actor) = match &signer {
@@ -50,17 +51,23 @@ impl Authority {
         let by_key = matches!(signer, RevocationSigner::CertificateKey(_));
         // A revocation's success row goes in with it (`revoke_checked`);
         // a refusal's or failure's is written here.
-        let Err(e) = self
-            .revoke_checked(
-                profile,
-                signer,
-                cert_der,
-                reason.as_ref(),
-                (account.as_deref(), key_actor.as_deref()),
-            )
-            .await
-        else {
-            return Ok(());
+        let (cert_der, e) = match certificate {
+            Ok(cert_der) => {
+                let Err(e) = self
+                    .revoke_checked(
+                        profile,
+                        signer,
+                        cert_der,
+                        reason.as_ref(),
+                        (account.as_deref(), key_actor.as_deref()),
+                    )
+                    .await
+                else {
+                    return Ok(());
+                };
+                (cert_der, e)
+            }
+            Err(e) => (&[][..], e),
         };
         // The certificate named, if this profile issued it: its serial and
         // its very DER (one minted with a serial of ours is not ours).

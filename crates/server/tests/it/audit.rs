@@ -536,6 +536,132 @@ async fn revocations_signed_by_no_account_for_certificates_never_issued_are_coun
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_for_a_payload_that_does_not_parse_or_decode_are_audited_like_any_refusal()
+{
+    use crate::raw::{self, Acct, Key};
+    use serde_json::json;
+    let server = TestServer::start(
+        1,
+        None,
+        "[profiles.default]\nbypass = true\n\n[audit]\nreverse_names = false\n",
+    )
+    .await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let store = server.running().authority().store().clone();
+    let last = |event: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .audit_recent(Some(event), 10)
+                .await
+                .expect("audit")
+                .into_iter()
+                .next()
+        }
+    };
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let account = alice.url.rsplit('/').next().unwrap().to_owned();
+
+    // newOrder whose identifiers are not a list.
+    let r = alice
+        .post(
+            &dir,
+            dir["newOrder"].as_str().unwrap(),
+            Some(&json!({"identifiers": "padded.example.test"})),
+        )
+        .await;
+    r.assert_refused(400, "malformed", "identifiers that are not a list");
+    let row = last("order.refused").await.expect("an order.refused row");
+    assert_eq!(
+        (
+            row.outcome.as_str(),
+            row.account_id.as_deref(),
+            row.problem_type.as_deref()
+        ),
+        ("refused", Some(account.as_str()), Some("malformed")),
+        "{row:?}"
+    );
+
+    // finalize with a padded CSR (RFC 8555 §6.1): the order's names kept.
+    let name = "padded.example.test";
+    let (order_url, finalize) = crate::concurrency::ready_order(&dir, &alice, name).await;
+    let padded_csr = format!("{}==", crate::concurrency::csr_for(name));
+    let r = alice
+        .post(&dir, &finalize, Some(&json!({"csr": padded_csr})))
+        .await;
+    r.assert_refused(400, "malformed", "a padded CSR");
+    let row = last("certificate.issue_failed")
+        .await
+        .expect("a certificate.issue_failed row");
+    let order_id = order_url.rsplit('/').next().unwrap();
+    assert_eq!(
+        (
+            row.order_id.as_deref(),
+            row.problem_type.as_deref(),
+            row.identifiers.first().map(|i| i.value.as_str())
+        ),
+        (Some(order_id), Some("malformed"), Some(name)),
+        "{row:?}"
+    );
+    // The order is still ready: a good CSR gets its certificate.
+    let r = alice
+        .post(
+            &dir,
+            &finalize,
+            Some(&json!({"csr": crate::concurrency::csr_for(name)})),
+        )
+        .await;
+    assert_eq!(
+        r.json()["status"],
+        "valid",
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let cert_url = r.json()["certificate"].as_str().unwrap().to_owned();
+    let chain = alice.post(&dir, &cert_url, None).await;
+    let leaf = pem::parse_many(&chain.body).unwrap()[0].contents().to_vec();
+
+    // revokeCert with a padded certificate, signed by the account.
+    let padded_cert = format!("{}=", raw::b64(&leaf));
+    let r = alice
+        .post(
+            &dir,
+            dir["revokeCert"].as_str().unwrap(),
+            Some(&json!({"certificate": padded_cert})),
+        )
+        .await;
+    r.assert_refused(400, "malformed", "a padded certificate");
+    let rows = store
+        .audit_recent(Some("certificate.revoke_failed"), 10)
+        .await
+        .expect("audit");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].actor.as_str(), rows[0].problem_type.as_deref()),
+        (format!("account:{account}").as_str(), Some("malformed")),
+        "{:?}",
+        rows[0]
+    );
+    // Signed by a key alone (anyone's), it is counted, not audited.
+    let url = dir["revokeCert"].as_str().unwrap();
+    let key = Key::p256();
+    let protected =
+        json!({"alg": key.alg(), "jwk": key.jwk, "nonce": raw::nonce(&dir).await, "url": url});
+    raw::post(
+        url,
+        &key.sign(&protected, Some(&json!({"certificate": padded_cert}))),
+    )
+    .await
+    .assert_refused(400, "malformed", "a padded certificate, signed by a key");
+    let rows = store
+        .audit_recent(Some("certificate.revoke_failed"), 10)
+        .await
+        .expect("audit");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_warns_at_start_up_when_no_audit_retention_is_set_and_not_when_one_is() {
     let warning = "config.audit_retention";
     for (retention, warned) in [(None, true), (Some("400d"), false)] {
