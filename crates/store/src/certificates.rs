@@ -290,14 +290,7 @@ impl Store {
             )
             .await?;
         if changed == 1 {
-            // Counted in the revocation's transaction: a CRL read with a
-            // count sees every revocation that count includes.
-            tx.exec(
-                "INSERT INTO revocation_counts (profile, revoked) VALUES (?1, 1)
-                 ON CONFLICT (profile) DO UPDATE SET revoked = revocation_counts.revoked + 1",
-                args![profile],
-            )
-            .await?;
+            // The profile's revocation count rose with it (a trigger).
             insert_jobs_in(&mut tx, notices).await?;
             if let Some(audit) = audit {
                 insert_audit_in(&mut tx, audit, self.audit_origin).await?;
@@ -560,12 +553,14 @@ mod tests {
              INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
                  VALUES ('o1', 'p', 'acct', 'pending', '[]', 2, 1),
                         ('o2', 'p', 'acct', 'pending', '[]', 2, 1),
-                        ('o3', 'q', 'acct', 'pending', '[]', 2, 1);
+                        ('o3', 'q', 'acct', 'pending', '[]', 2, 1),
+                        ('o4', 'q', 'acct', 'pending', '[]', 2, 1);
              INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem,
                      identifiers, not_before, not_after, created_at)
                  VALUES ('c1', 'p', 'o1', 'acct', '01', 'pem', '[]', 0, 100, 0),
                         ('c2', 'p', 'o2', 'acct', '02', 'pem', '[]', 0, 1000, 0),
-                        ('c3', 'q', 'o3', 'acct', '03', 'pem', '[]', 0, 1000, 0);"
+                        ('c3', 'q', 'o3', 'acct', '03', 'pem', '[]', 0, 1000, 0),
+                        ('c4', 'q', 'o4', 'acct', '04', 'pem', '[]', 0, 1000, 0);"
         ))
         .await;
         let none = store.revoked_entries("p", 50).await.unwrap();
@@ -601,6 +596,13 @@ mod tests {
         assert_eq!(store.revocations("p").await.unwrap(), 2);
         assert_eq!(store.revocations("q").await.unwrap(), 1);
         assert_eq!(store.revocations("r").await.unwrap(), 0);
+        // Whatever writes the revocation (an older replica during an
+        // upgrade, an operator's SQL), it is counted.
+        db.exec("UPDATE certificates SET revoked_at = 40 WHERE id = 'c4'")
+            .await;
+        db.exec("UPDATE certificates SET revoked_at = 50 WHERE id = 'c4'")
+            .await;
+        assert_eq!(store.revocations("q").await.unwrap(), 2);
 
         // A CRL keeps the count it was signed with.
         let crl = crate::CrlRow {

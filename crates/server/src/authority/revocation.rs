@@ -51,6 +51,7 @@ impl Authority {
         let by_key = matches!(signer, RevocationSigner::CertificateKey(_));
         // A revocation's success row goes in with it (`revoke_checked`);
         // a refusal's or failure's is written here.
+        let decoded = certificate.is_ok();
         let (cert_der, e) = match certificate {
             Ok(cert_der) => {
                 let Err(e) = self
@@ -112,7 +113,12 @@ impl Authority {
         // Revoked by its key or an operator: the row is about the owner's
         // certificate, so `audit list --account` finds it.
         let account = account.or_else(|| stored.map(|c| c.account_id));
-        let reason_text = format!("reason {}", reason.unwrap_or(ReasonCode::from(0)));
+        // Refused before it was read, a payload's missing reason is not
+        // the unspecified (0) a revocation without one gets.
+        let reason_text = match (&reason, decoded) {
+            (None, false) => "reason not given".to_owned(),
+            _ => format!("reason {}", reason.unwrap_or(ReasonCode::from(0))),
+        };
         self.audit(super::audit::Fact {
             account: account.as_deref(),
             actor: key_actor.as_deref(),
@@ -334,8 +340,9 @@ impl Authority {
         Ok(())
     }
 
-    /// The profile's current CRL (DER), signing a new one if there is none
-    /// or the stored one is past half its life.
+    /// The profile's current CRL (DER), signing a new one if there is none,
+    /// the stored one is past half its life or misses a revocation
+    /// ([`crl_needs_refresh`]).
     pub async fn crl(&self, profile: &Profile) -> AcmeResult<Vec<u8>> {
         let validity = match profile.signer.crl() {
             Crl::Signed { validity } => validity.as_secs() as i64,
@@ -417,8 +424,10 @@ impl Authority {
         Ok(der)
     }
 
-    /// Re-signs every profile's CRL that is past half its life; run
-    /// periodically so a CRL never reaches its nextUpdate unreplaced.
+    /// Re-signs every profile's CRL that is past half its life or misses
+    /// a revocation; run periodically so a CRL never reaches its
+    /// nextUpdate unreplaced, nor goes on without a revocation whose own
+    /// re-sign failed.
     /// Profiles whose signer signs or serves none are skipped: asking would
     /// log an error every minute for a configuration that is fine. Returns how many profiles' CRLs could not be
     /// had (each logged as an error).
