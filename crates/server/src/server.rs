@@ -528,6 +528,7 @@ fn routes_for(
         config.max_body_bytes,
         config.connections.body_read_timeout,
         Arc::clone(admission),
+        api::BodyShare::of(config),
         api::forwarded::Forwarding::new(config.trusted_proxies.clone(), config.forwarded_header),
     )))
 }
@@ -545,7 +546,8 @@ struct Reloader {
     plugged: Signers,
     job_retention: watch::Sender<Option<Duration>>,
     audit_retention: watch::Sender<Option<Duration>>,
-    /// The ACME routes' `max_in_flight` slots, shared by every generation.
+    /// The ACME routes' `max_in_flight` slots and body budget, shared by
+    /// every generation.
     admission: Arc<Admission>,
     /// One reload at a time.
     busy: tokio::sync::Mutex<()>,
@@ -579,7 +581,10 @@ impl Reloader {
                     .send_replace(Some(next.config.jobs.retention));
                 self.audit_retention
                     .send_replace(next.config.audit.retention);
-                self.admission.set_limit(next.config.max_in_flight);
+                self.admission.set_limits(
+                    next.config.max_in_flight,
+                    next.config.max_buffered_body_bytes,
+                );
                 // In force before it is announced: whoever reads the log
                 // line (an operator, a script after `systemctl reload`)
                 // and then asks is answered by the new generation.
@@ -855,7 +860,7 @@ pub async fn start_with(
         .count_cli_audit_after(store.last_audit_id().await?)
         .await;
     authority.refresh_stale_crls().await;
-    let admission = Admission::new(config.max_in_flight);
+    let admission = Admission::new(config.max_in_flight, config.max_buffered_body_bytes);
     let generations = Generations::new(Generation {
         number: 1,
         router: routes_for(&config, Arc::clone(&authority), &base_url, &admission),

@@ -23,7 +23,7 @@ impl Forwarding {
         Self { trusted, header }
     }
 
-    fn trusts(&self, ip: IpAddr) -> bool {
+    pub(crate) fn trusts(&self, ip: IpAddr) -> bool {
         // A dual-stack listener's view of an IPv4 peer, compared as IPv4.
         let ip = ip.to_canonical();
         self.trusted.iter().any(|net| net.contains(&ip))

@@ -12,8 +12,9 @@ mod reply;
 pub mod urls;
 mod verify;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::Router;
@@ -22,6 +23,8 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http::{HeaderValue, Method, header};
+use http_body_util::BodyExt as _;
+use ipnet::IpNet;
 use tracing::Instrument;
 
 use crate::authority::{Authority, Profile, RequestContext};
@@ -38,8 +41,38 @@ pub struct AppState {
     /// Time a request body may take to arrive (`connections.body_read_timeout`).
     pub body_read_timeout: std::time::Duration,
     admission: Arc<Admission>,
+    /// What one client's bodies may hold of `max_buffered_body_bytes`
+    /// ([`BodyShare`]).
+    body_share: BodyShare,
     /// Whose forwarded header is believed for the client's address.
     pub forwarding: forwarded::Forwarding,
+}
+
+/// One client's share of the body budget, and who counts as one client.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyShare {
+    /// Octets of bodies one client may have in memory at once.
+    pub octets: usize,
+    /// The IPv6 prefix counted as one client (`ipv6_client_prefix`).
+    pub ipv6_prefix: u8,
+}
+
+impl BodyShare {
+    /// The same share of the budget as `max_open_per_client` is of
+    /// `max_open`, and never less than one whole body: sixteen addresses
+    /// are needed to fill it, as to fill the listener's connections.
+    pub fn of(config: &crate::config::Config) -> Self {
+        let c = &config.connections;
+        let share = config.max_buffered_body_bytes as u128 * c.max_open_per_client as u128
+            / c.max_open.max(1) as u128;
+        // Never more than the whole budget (max_open_per_client may exceed
+        // max_open), so the cast cannot truncate.
+        let share = share.min(config.max_buffered_body_bytes as u128) as usize;
+        Self {
+            octets: share.max(config.max_body_bytes),
+            ipv6_prefix: c.ipv6_client_prefix,
+        }
+    }
 }
 
 pub type App = Arc<AppState>;
@@ -51,6 +84,7 @@ impl AppState {
         max_body: usize,
         body_read_timeout: std::time::Duration,
         admission: Arc<Admission>,
+        body_share: BodyShare,
         forwarding: forwarded::Forwarding,
     ) -> Self {
         Self {
@@ -59,6 +93,7 @@ impl AppState {
             max_body,
             body_read_timeout,
             admission,
+            body_share,
             forwarding,
         }
     }
@@ -140,7 +175,11 @@ pub fn router(app: App) -> Router {
 /// Reads a POST's body, at most `max_body` octets within
 /// `body_read_timeout`, before the request is admitted: a client that
 /// trickles its body holds its connection (bounded by the listener), never
-/// one of the `max_in_flight` slots the server's work needs.
+/// one of the `max_in_flight` slots the server's work needs. The octets
+/// received are counted in `max_buffered_body_bytes` and the client's
+/// share of it as they arrive, and until the response: a client holds
+/// what it has sent, not what it announced, and connections times HTTP/2
+/// streams times `max_body` is far more than a small machine has.
 async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response {
     if req.method() != Method::POST {
         return next.run(req).await;
@@ -158,26 +197,51 @@ async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response
         ))
         .with_status(413)
     };
+    // Trusted proxies carry many clients: held to the whole budget only,
+    // as they are exempt from the per-client connection cap.
+    let client = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip().to_canonical())
+        .filter(|ip| !app.forwarding.trusts(*ip))
+        .map(|ip| forwarded::client_network(ip, app.body_share.ipv6_prefix));
+    let mut charge = BodyCharge {
+        admission: Arc::clone(&app.admission),
+        client,
+        octets: 0,
+    };
     let refused = if declared.is_some_and(|n| n > app.max_body as u64) {
         too_large()
     } else {
-        match tokio::time::timeout(
-            app.body_read_timeout,
-            axum::body::to_bytes(body, app.max_body),
-        )
-        .await
-        {
-            Ok(Ok(bytes)) => {
+        let read = async {
+            let mut body = body;
+            // Copied out of each frame at once: a frame is a slice of
+            // hyper's read buffer and keeps all of it alive, so a body
+            // trickled an octet a segment would otherwise hold a buffer
+            // per octet. What is held is then at most twice what is
+            // counted (the vector's growth).
+            let mut bytes = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let Ok(data) = frame?.into_data() else {
+                    continue; // trailers
+                };
+                if bytes.len() + data.len() > app.max_body {
+                    return Ok(Err(too_large()));
+                }
+                if !charge.grow(data.len(), app.body_share.octets) {
+                    return Ok(Err(at_capacity()));
+                }
+                bytes.extend_from_slice(&data);
+            }
+            Ok::<_, axum::Error>(Ok(bytes))
+        };
+        match tokio::time::timeout(app.body_read_timeout, read).await {
+            Ok(Ok(Ok(bytes))) => {
                 return next
                     .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
                     .await;
             }
-            Ok(Err(e))
-                if std::error::Error::source(&e)
-                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) =>
-            {
-                too_large()
-            }
+            Ok(Ok(Err(refused))) => refused,
             // The client went away mid-body: nobody reads the answer.
             Ok(Err(_)) => AcmeError::malformed("the request body could not be read"),
             Err(_) => AcmeError::malformed(format!(
@@ -187,6 +251,7 @@ async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response
             .with_status(408),
         }
     };
+    drop(charge);
     // Answered like any ACME error, with a fresh nonce (§6.5). The body
     // left unread, hyper closes an HTTP/1.1 connection after the answer.
     let response = reply::problem_response(refused);
@@ -233,66 +298,172 @@ async fn policy_gate(State(app): State<App>, req: Request, next: Next) -> Respon
     next.run(Request::from_parts(parts, body)).await
 }
 
-/// The `max_in_flight` slots of the ACME routes, one set for the whole
-/// process: a reload's new generation takes its slots from the same count
-/// as the requests still finishing on the one it replaced, so that the
-/// bound holds across the swap instead of doubling while they drain. The
-/// limit is the generation in force's, set when it is swapped in.
+/// What the ACME routes admit at once, one count for the whole process:
+/// `max_in_flight` requests, and `max_buffered_body_bytes` of request
+/// bodies. A reload's new generation takes from the same counts as the
+/// requests still finishing on the one it replaced, so that the bounds
+/// hold across the swap instead of doubling while they drain. The limits
+/// are the generation in force's, set when it is swapped in.
 #[derive(Debug)]
 pub struct Admission {
+    slots: Arc<Budget>,
+    body_octets: Arc<Budget>,
+    /// Body octets held per client (an IPv4 address or an IPv6 network),
+    /// only while some are.
+    body_octets_per_client: Mutex<HashMap<IpNet, usize>>,
+}
+
+/// The octets of one request's body received so far, counted in the body
+/// budget and its client's share; given back when dropped.
+struct BodyCharge {
+    admission: Arc<Admission>,
+    client: Option<IpNet>,
+    octets: usize,
+}
+
+impl BodyCharge {
+    /// Counts `more` octets, if the budget and the client's `share` have
+    /// room for them now.
+    fn grow(&mut self, more: usize, share: usize) -> bool {
+        // An empty frame (HTTP/2's closing DATA) holds nothing, and must
+        // not leave an entry in the map that nothing would remove.
+        if more == 0 {
+            return true;
+        }
+        let budget = &self.admission.body_octets;
+        let limit = budget.limit.load(Ordering::Acquire);
+        if budget
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(more).filter(|&after| after <= limit)
+            })
+            .is_err()
+        {
+            return false;
+        }
+        if let Some(client) = self.client {
+            let mut per = self.admission.per_client();
+            let held = per.get(&client).copied().unwrap_or(0);
+            if held + more > share {
+                drop(per);
+                budget.taken.fetch_sub(more, Ordering::AcqRel);
+                return false;
+            }
+            per.insert(client, held + more);
+        }
+        self.octets += more;
+        true
+    }
+}
+
+impl Drop for BodyCharge {
+    fn drop(&mut self) {
+        if self.octets == 0 {
+            return;
+        }
+        self.admission
+            .body_octets
+            .taken
+            .fetch_sub(self.octets, Ordering::AcqRel);
+        if let Some(client) = self.client {
+            let mut per = self.admission.per_client();
+            if let Some(held) = per.get_mut(&client) {
+                *held = held.saturating_sub(self.octets);
+                if *held == 0 {
+                    per.remove(&client);
+                }
+            }
+        }
+    }
+}
+
+/// A limit and how much of it is taken.
+#[derive(Debug)]
+struct Budget {
     limit: AtomicUsize,
     taken: AtomicUsize,
 }
 
-/// One request's slot, given back when the response is made.
-struct Slot(Arc<Admission>);
+/// Some of a budget, given back when dropped (the response is made).
+struct Taken {
+    budget: Arc<Budget>,
+    amount: usize,
+}
 
-impl Drop for Slot {
+impl Drop for Taken {
     fn drop(&mut self) {
-        self.0.taken.fetch_sub(1, Ordering::AcqRel);
+        self.budget.taken.fetch_sub(self.amount, Ordering::AcqRel);
     }
 }
 
-impl Admission {
-    pub fn new(limit: usize) -> Arc<Self> {
+impl Budget {
+    fn new(limit: usize) -> Arc<Self> {
         Arc::new(Self {
             limit: AtomicUsize::new(limit),
             taken: AtomicUsize::new(0),
         })
     }
 
-    /// From now on at most `limit` requests are admitted at once. Slots
-    /// already taken past a lower limit are kept to the end of their
-    /// requests; no new one is admitted until the count is below it.
-    pub fn set_limit(&self, limit: usize) {
-        self.limit.store(limit, Ordering::Release);
-    }
-
-    fn try_take(self: &Arc<Self>) -> Option<Slot> {
+    /// `amount` of it, if that much is left now; never waits.
+    fn try_take(self: &Arc<Self>, amount: usize) -> Option<Taken> {
         let limit = self.limit.load(Ordering::Acquire);
         self.taken
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
+                n.checked_add(amount).filter(|&after| after <= limit)
             })
             .ok()
-            .map(|_| Slot(Arc::clone(self)))
+            .map(|_| Taken {
+                budget: Arc::clone(self),
+                amount,
+            })
     }
+}
+
+impl Admission {
+    pub fn new(max_in_flight: usize, max_buffered_body_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Budget::new(max_in_flight),
+            body_octets: Budget::new(max_buffered_body_bytes),
+            body_octets_per_client: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn per_client(&self) -> std::sync::MutexGuard<'_, HashMap<IpNet, usize>> {
+        self.body_octets_per_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on at most `max_in_flight` requests and
+    /// `max_buffered_body_bytes` of bodies are admitted at once. What is
+    /// already taken past a lower limit is kept to the end of its
+    /// request; nothing more is admitted until the count is below it.
+    pub fn set_limits(&self, max_in_flight: usize, max_buffered_body_bytes: usize) {
+        self.slots.limit.store(max_in_flight, Ordering::Release);
+        self.body_octets
+            .limit
+            .store(max_buffered_body_bytes, Ordering::Release);
+    }
+}
+
+/// The answer when a bound of [`Admission`] is reached: 503 at once, with
+/// `Retry-After` (§6.6), rather than a queue without bound.
+fn at_capacity() -> AcmeError {
+    let mut e = AcmeError::new(
+        acme_proxy_protocol::ProblemType::ServerInternal,
+        "the server is at capacity; retry after the indicated delay",
+    )
+    .with_status(503);
+    e.retry_after = Some(1);
+    e
 }
 
 /// Sheds load instead of queueing without bound: past `max_in_flight`
 /// requests, answer 503 with `Retry-After` at once.
 async fn admission(State(app): State<App>, req: Request, next: Next) -> Response {
-    match app.admission.try_take() {
+    match app.admission.slots.try_take(1) {
         Some(_slot) => next.run(req).await,
-        None => {
-            let mut e = AcmeError::new(
-                acme_proxy_protocol::ProblemType::ServerInternal,
-                "the server is at capacity; retry after the indicated delay",
-            )
-            .with_status(503);
-            e.retry_after = Some(1);
-            reply::problem_response(e)
-        }
+        None => reply::problem_response(at_capacity()),
     }
 }
 
@@ -429,4 +600,44 @@ async fn request_context(State(app): State<App>, mut req: Request, next: Next) -
         response.headers_mut().insert("x-request-id", v);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn charge(admission: &Arc<Admission>, client: &str) -> BodyCharge {
+        BodyCharge {
+            admission: Arc::clone(admission),
+            client: Some(client.parse().unwrap()),
+            octets: 0,
+        }
+    }
+
+    #[test]
+    fn a_body_charge_counts_octets_in_the_budget_and_its_clients_share_and_gives_them_all_back() {
+        let admission = Admission::new(1, 100);
+        let taken = |a: &Arc<Admission>| a.body_octets.taken.load(Ordering::Acquire);
+        let mut first = charge(&admission, "192.0.2.1/32");
+        // An empty frame leaves no trace, even in a full budget.
+        assert!(first.grow(0, 40));
+        assert!(admission.per_client().is_empty());
+        assert!(first.grow(30, 40));
+        // Past the client's share: refused, and the budget given back.
+        assert!(!first.grow(11, 40));
+        assert_eq!(taken(&admission), 30);
+        assert!(first.grow(10, 40));
+        // Another client has its own share, within what is left.
+        let mut second = charge(&admission, "192.0.2.2/32");
+        assert!(second.grow(40, 40));
+        assert!(second.grow(0, 40), "an empty frame past the share");
+        assert_eq!(taken(&admission), 80);
+        let mut third = charge(&admission, "192.0.2.3/32");
+        assert!(!third.grow(21, 40), "past the whole budget");
+        assert!(third.grow(20, 40));
+        assert_eq!(taken(&admission), 100);
+        drop((first, second, third));
+        assert_eq!(taken(&admission), 0);
+        assert!(admission.per_client().is_empty());
+    }
 }

@@ -94,6 +94,13 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Largest request body accepted (RFC 8555 requests are small).
     pub max_body_bytes: usize,
+    /// Octets of ACME request bodies held at once, all requests together:
+    /// each holds what it has received from its arrival to its answer,
+    /// and one client (as `max_open_per_client` counts them) at most the
+    /// share `max_open_per_client` is of `connections.max_open` (never
+    /// less than `max_body_bytes`). Beyond either, 503 with
+    /// `Retry-After`.
+    pub max_buffered_body_bytes: usize,
     /// Requests served at once; beyond this, 503 with `Retry-After`.
     pub max_in_flight: usize,
     #[serde(deserialize_with = "duration")]
@@ -184,6 +191,7 @@ impl Default for Config {
             database_acquire_timeout: None,
             log_format: LogFormat::Text,
             max_body_bytes: 64 * 1024,
+            max_buffered_body_bytes: 64 * 1024 * 1024,
             max_in_flight: 1024,
             nonce_lifetime: Duration::from_secs(3600),
             account_cache_ttl: Duration::from_secs(1),
@@ -787,6 +795,14 @@ impl Config {
         if self.max_in_flight == 0 {
             problems.push("max_in_flight must be at least 1".into());
         }
+        if self.max_buffered_body_bytes < self.max_body_bytes {
+            problems.push(format!(
+                "max_buffered_body_bytes ({}) is below max_body_bytes ({}): no request of the largest size could be read; write e.g. max_buffered_body_bytes = {}",
+                self.max_buffered_body_bytes,
+                self.max_body_bytes,
+                self.max_body_bytes.saturating_mul(16).max(64 * 1024 * 1024)
+            ));
+        }
         let postgres = acme_proxy_store::is_postgres_url(&self.database_url());
         for (key, set) in [
             (
@@ -1086,6 +1102,19 @@ mod tests {
         );
         let ok = Config::from_toml("account_cache_ttl = \"0s\"").unwrap();
         assert_eq!(ok.account_cache_ttl, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_body_budget_below_the_largest_body_is_refused_with_an_example() {
+        let err = Config::from_toml("max_body_bytes = 4096\nmax_buffered_body_bytes = 4095")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("max_buffered_body_bytes (4095) is below max_body_bytes (4096)")
+                && err.contains("write e.g. max_buffered_body_bytes = 67108864"),
+            "{err}"
+        );
+        Config::from_toml("max_body_bytes = 4096\nmax_buffered_body_bytes = 4096").unwrap();
     }
 
     #[test]

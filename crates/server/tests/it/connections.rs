@@ -187,6 +187,135 @@ async fn stalled_heads_and_bodies_take_no_request_slot_so_new_nonce_and_lego_are
     server.stop().await;
 }
 
+/// A newAccount POST of `octets` of body from 127.0.0.`last`, plain
+/// HTTP/1.1: the answer's status.
+async fn post_from(last: u8, addr: SocketAddr, octets: usize) -> u16 {
+    let mut tcp = connect_from(last, addr).await;
+    let head = format!(
+        "POST /profile/default/new-account HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/jose+json\r\nContent-Length: {octets}\r\nConnection: close\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    // Cut short when the server refuses before the end.
+    let _ = tcp.write_all(&vec![b'x'; octets]).await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got))
+        .await
+        .expect("answered within 10 s");
+    let got = String::from_utf8_lossy(&got);
+    got.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {got:?}"))
+}
+
+/// A head announcing 1000 octets of body from 127.0.0.`last`, and
+/// `sent` of them.
+async fn stall_from(last: u8, addr: SocketAddr, sent: usize) -> tokio::net::TcpStream {
+    let mut tcp = connect_from(last, addr).await;
+    tcp.write_all(b"POST /profile/default/new-account HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/jose+json\r\nContent-Length: 1000\r\n\r\n")
+        .await
+        .unwrap();
+    tcp.write_all(&vec![b'{'; sent]).await.unwrap();
+    tcp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_hold_what_they_have_sent_of_max_buffered_body_bytes_and_a_client_its_share() {
+    let dir = crate::harness::tempdir();
+    // A budget of 2500 octets; a client's share is the one max_open_per_client
+    // is of max_open: 2500 * 8 / 16 = 1250.
+    let toml = format!(
+        "max_body_bytes = 1000\nmax_buffered_body_bytes = 2500\n{}",
+        bounded(
+            TestServer::config_text(dir.path(), 1, None, ""),
+            "body_read_timeout = \"5m\"\nmax_open = 16\nmax_open_per_client = 8",
+        )
+    );
+    let server = TestServer::start_in(dir, &toml).await;
+    let addr = server.running().addr;
+    // Two clients have sent 900 of their 1000 octets; a third announced
+    // 1000 octets four times and sent one of each.
+    let first = stall_from(2, addr, 900).await;
+    let second = stall_from(3, addr, 900).await;
+    let mut announcers = Vec::new();
+    for _ in 0..4 {
+        announcers.push(stall_from(6, addr, 1).await);
+    }
+    // Once the 1800 octets are read, 1000 more do not fit.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while post_from(4, addr, 1000).await != 503 {
+        assert!(Instant::now() < deadline, "never at capacity");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What was announced and not sent holds nothing: 600 still fit.
+    assert_eq!(
+        post_from(4, addr, 600).await,
+        400,
+        "announced octets were held"
+    );
+    // A client past its share is refused while the budget has room.
+    assert_eq!(
+        post_from(2, addr, 400).await,
+        503,
+        "the first client's share"
+    );
+    assert_eq!(post_from(4, addr, 400).await, 400, "another client's share");
+    // The answer to a refusal is an ACME problem with Retry-After.
+    let r = raw::request(
+        "POST",
+        &format!("{}/profile/default/new-account", server.base()),
+        Some("application/jose+json"),
+        vec![b'x'; 1000],
+    )
+    .await;
+    assert_eq!(
+        (
+            r.status,
+            r.problem().as_str(),
+            r.headers.get("retry-after").and_then(|v| v.to_str().ok())
+        ),
+        (503, "serverInternal", Some("1"))
+    );
+
+    // A client that leaves gives its octets back.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while post_from(4, addr, 1000).await != 400 {
+        assert!(Instant::now() < deadline, "the octets were not given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A reload's budget applies at once, to what is held already: 904
+    // octets of a budget of 1000 leave no room for 400.
+    let reload = |budget: usize| {
+        let toml = toml.replace(
+            "max_buffered_body_bytes = 2500",
+            &format!("max_buffered_body_bytes = {budget}"),
+        );
+        let running = server.running();
+        async move {
+            running
+                .reload(acme_proxy::config::Config::from_toml(&toml).expect("config"))
+                .await
+                .expect("reloaded");
+        }
+    };
+    reload(1000).await;
+    assert_eq!(
+        post_from(4, addr, 400).await,
+        503,
+        "the lower budget of the reload"
+    );
+    reload(2500).await;
+    assert_eq!(
+        post_from(4, addr, 400).await,
+        400,
+        "the budget reloaded back"
+    );
+    drop((second, announcers));
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_trickling_and_idle_connections_are_closed_at_their_deadlines() {
     let dir = crate::harness::tempdir();
