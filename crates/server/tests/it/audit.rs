@@ -505,23 +505,11 @@ async fn revocations_signed_by_no_account_for_certificates_never_issued_are_coun
     // A request signed by a key that is not the certificate's, for a
     // certificate this server did issue, keeps its row too.
     let name = "issued.example.test";
-    let (_, finalize) = crate::concurrency::ready_order(&dir, &alice, name).await;
-    let r = alice
-        .post(
-            &dir,
-            &finalize,
-            Some(&serde_json::json!({"csr": crate::concurrency::csr_for(name)})),
-        )
-        .await;
-    assert_eq!(
-        r.json()["status"],
-        "valid",
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
-    let cert_url = r.json()["certificate"].as_str().unwrap().to_owned();
-    let chain = alice.post(&dir, &cert_url, None).await;
-    let leaf = pem::parse_many(&chain.body).unwrap()[0].contents().to_vec();
+    let (order_url, finalize) = crate::concurrency::ready_order(&dir, &alice, name).await;
+    let csr = crate::concurrency::csr_for(name);
+    let leaf = crate::resources::finalize_and_download(&dir, &alice, order_url, &finalize, csr)
+        .await
+        .leaf;
     let r = revoke_by_key(&dir, &Key::p256(), &leaf).await;
     r.assert_refused(403, "unauthorized", "another key than the certificate's");
     let rows = revoke_failed().await;
@@ -604,22 +592,11 @@ async fn requests_refused_for_a_payload_that_does_not_parse_or_decode_are_audite
         "{row:?}"
     );
     // The order is still ready: a good CSR gets its certificate.
-    let r = alice
-        .post(
-            &dir,
-            &finalize,
-            Some(&json!({"csr": crate::concurrency::csr_for(name)})),
-        )
-        .await;
-    assert_eq!(
-        r.json()["status"],
-        "valid",
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
-    let cert_url = r.json()["certificate"].as_str().unwrap().to_owned();
-    let chain = alice.post(&dir, &cert_url, None).await;
-    let leaf = pem::parse_many(&chain.body).unwrap()[0].contents().to_vec();
+    let csr = crate::concurrency::csr_for(name);
+    let leaf =
+        crate::resources::finalize_and_download(&dir, &alice, order_url.clone(), &finalize, csr)
+            .await
+            .leaf;
 
     // revokeCert with a padded certificate, signed by the account.
     let padded_cert = format!("{}=", raw::b64(&leaf));

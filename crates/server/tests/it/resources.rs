@@ -103,7 +103,7 @@ pub(crate) struct Issued {
 }
 
 /// Finalizes a ready order with `csr` and downloads the certificate.
-async fn finalize_and_download(
+pub(crate) async fn finalize_and_download(
     dir: &Value,
     acct: &Acct,
     order_url: String,
