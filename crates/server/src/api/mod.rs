@@ -59,8 +59,9 @@ pub struct BodyShare {
 
 impl BodyShare {
     /// The same share of the budget as `max_open_per_client` is of
-    /// `max_open`, and never less than one whole body: sixteen addresses
-    /// are needed to fill it, as to fill the listener's connections.
+    /// `max_open`, and never less than one whole body: as many addresses
+    /// are needed to fill it as to fill the listener's connections
+    /// (sixteen with the defaults).
     pub fn of(config: &crate::config::Config) -> Self {
         let c = &config.connections;
         let share = config.max_buffered_body_bytes as u128 * c.max_open_per_client as u128
