@@ -93,6 +93,23 @@ macro_rules! account_is_valid_with_key {
     };
 }
 
+/// The SQLSTATE the store's PostgreSQL functions raise when the account
+/// of an [`AccountGuard`] is no longer valid with its key (migration 0022).
+const ACCOUNT_CHANGED_SQLSTATE: &str = "AP001";
+
+/// `e`, or [`StoreError::AccountChanged`] when `e` is a PostgreSQL
+/// function's refusal of the account (everything it wrote undone).
+pub(crate) fn account_changed_raised(e: StoreError) -> StoreError {
+    match &e {
+        StoreError::Pg(sqlx::Error::Database(db))
+            if db.code().as_deref() == Some(ACCOUNT_CHANGED_SQLSTATE) =>
+        {
+            StoreError::AccountChanged
+        }
+        _ => e,
+    }
+}
+
 impl AccountGuard<'_> {
     /// Errs with [`StoreError::AccountChanged`] unless the account is valid
     /// with the guard's key, as `conn`'s transaction sees it.

@@ -2,9 +2,10 @@
 
 use acme_proxy_protocol::types::Identifier;
 
+use crate::accounts::account_changed_raised;
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::db::{Conn, Row, args, col};
-use crate::jobs::insert_jobs_in;
+use crate::jobs::{insert_jobs_in, insert_jobs_postgres, jobs_json};
 use crate::{AccountGuard, NewJob, Result, Store, StoreError, to_json};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +157,52 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
+        if let Some(account) = from_ready
+            && conn.is_postgres()
+        {
+            // The same statements in one function, the audit row and the
+            // notices in the same statement: one round trip.
+            let done = conn
+                .scalar::<bool>(
+                    COMPLETE_READY_ORDER_POSTGRES,
+                    args![
+                        account.id,
+                        account.key_thumbprint,
+                        cert.now * 1000,
+                        cert.id,
+                        cert.profile,
+                        cert.order_id,
+                        cert.account_id,
+                        cert.serial,
+                        cert.chain_pem,
+                        cert.key_thumbprint,
+                        to_json(cert.identifiers),
+                        cert.not_before,
+                        cert.not_after,
+                        cert.now,
+                        audit.at,
+                        audit.event.as_str(),
+                        audit.outcome.as_str(),
+                        audit.profile,
+                        audit.actor,
+                        audit.account_id,
+                        audit.order_id,
+                        audit.serial,
+                        audit.identifiers.map(to_json),
+                        audit.client_ip,
+                        audit.reverse_name,
+                        audit.user_agent,
+                        audit.request_id,
+                        audit.problem_type,
+                        audit.detail,
+                        self.audit_origin.as_str(),
+                        jobs_json(notices),
+                    ],
+                )
+                .await
+                .map_err(account_changed_raised)?;
+            return Ok(done == Some(true));
+        }
         let mut tx = conn.begin().await?;
         if let Some(account) = from_ready {
             account.check_in(&mut tx).await?;
@@ -416,6 +463,26 @@ impl Store {
         ).await? == 1)
     }
 }
+
+/// [`Store::complete_ready_order`] on PostgreSQL: its transaction as one
+/// function (migration 0022), and the audit row and the notices written
+/// when it returns true, in one statement. The function runs first: the
+/// other two read its answer.
+const COMPLETE_READY_ORDER_POSTGRES: &str = concat!(
+    "WITH done AS (
+         SELECT acme_complete_ready_order(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) AS ok
+     ),
+     logged AS (
+         INSERT INTO audit_log (at, event, outcome, profile, actor, account_id, order_id, serial,
+             identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail, origin)
+         SELECT ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30
+           FROM done WHERE done.ok
+     ),
+     queued AS (",
+    insert_jobs_postgres!("?31"),
+    ")
+     SELECT ok FROM done"
+);
 
 /// The certificate row and processing → valid, inside the caller's
 /// transaction (`conn` is that transaction); false (nothing written) when

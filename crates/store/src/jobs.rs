@@ -90,6 +90,55 @@ const INSERT_JOB: &str =
      ON CONFLICT (kind, key) WHERE (status = 'queued' OR status = 'running' OR status = 'retiring') DO NOTHING
      RETURNING id";
 
+/// [`INSERT_JOB`] for many jobs in one statement on PostgreSQL, each
+/// created at its `run_at` as [`insert_jobs_in`] does: the jobs as a JSON
+/// array ([`jobs_json`]) in `?1`, inserted in its order, only while the
+/// CTE `done` (which the statement embedding this defines) says `ok`.
+macro_rules! insert_jobs_postgres {
+    ($jobs:literal) => {
+        concat!(
+            "INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at, fair_key)
+             SELECT x.kind, x.key, x.payload, 'queued', 0, x.max_attempts, x.run_at, x.deadline, x.run_at, x.run_at, x.fair_key
+               FROM done, ROWS FROM (jsonb_to_recordset(",
+            $jobs,
+            "::jsonb) AS (kind text, key text, payload text, max_attempts bigint, run_at bigint,
+                                                  deadline bigint, fair_key text))
+                    WITH ORDINALITY AS x(kind, key, payload, max_attempts, run_at, deadline, fair_key, n)
+              WHERE done.ok
+              ORDER BY x.n
+             ON CONFLICT (kind, key) WHERE (status = 'queued' OR status = 'running' OR status = 'retiring') DO NOTHING"
+        )
+    };
+}
+pub(crate) use insert_jobs_postgres;
+
+/// `jobs` as the JSON array [`insert_jobs_postgres`] reads.
+pub(crate) fn jobs_json(jobs: &[NewJob<'_>]) -> String {
+    #[derive(serde::Serialize)]
+    struct Job<'a> {
+        kind: &'a str,
+        key: &'a str,
+        payload: &'a str,
+        max_attempts: i64,
+        run_at: i64,
+        deadline: Option<i64>,
+        fair_key: Option<&'a str>,
+    }
+    let jobs: Vec<Job<'_>> = jobs
+        .iter()
+        .map(|j| Job {
+            kind: j.kind,
+            key: j.key,
+            payload: j.payload,
+            max_attempts: j.max_attempts,
+            run_at: j.run_at,
+            deadline: j.deadline,
+            fair_key: j.fair_key,
+        })
+        .collect();
+    crate::to_json(&jobs)
+}
+
 /// [`INSERT_JOB`] on the caller's connection (inside its transaction, if it
 /// has one): the job that belongs to a state change commits with it. The
 /// new job's id if queued, `None` if a live job of the same (kind, key)

@@ -27,6 +27,8 @@ mod jobs;
 mod nonces;
 mod operators;
 mod orders;
+#[cfg(test)]
+mod pg_functions;
 mod pg_pool;
 mod rate_limits;
 mod relay;

@@ -9,6 +9,7 @@ use acme_proxy_protocol::types::{
 };
 use acme_proxy_protocol::{Problem, ProblemType};
 
+use crate::accounts::account_changed_raised;
 use crate::audit::insert_audit_in;
 use crate::db::{Conn, Row, args, col, col_enum};
 use crate::jobs::{insert_job_in, insert_jobs_in};
@@ -267,6 +268,21 @@ async fn validate_authorization_in(
     authz_id: &str,
     valid_until: i64,
 ) -> Result<()> {
+    if conn.is_postgres() {
+        // These statements as one function (migration 0022), which also
+        // locks the pending orders first, in one order (so that two
+        // lockers queue instead of deadlocking): two of an order's
+        // authorizations validated at once would otherwise each see the
+        // other still pending, and the order would stay pending with every
+        // authorization valid. SQLite's single writer makes the second see
+        // the first.
+        conn.exec(
+            "SELECT acme_validate_authorization(?1, ?2)",
+            args![authz_id, valid_until],
+        )
+        .await?;
+        return Ok(());
+    }
     let moved = conn.exec(
         "UPDATE authorizations SET status = 'valid', expires_at = ?1 WHERE id = ?2 AND status = 'pending'",
         args![valid_until, authz_id],
@@ -274,25 +290,31 @@ async fn validate_authorization_in(
     if moved == 1 {
         // The orders first, then each by its key: as one statement, the
         // `id IN (SELECT …)` filled a temporary b-tree on every run.
-        // On PostgreSQL the pending orders are locked first (in one order,
-        // so that two lockers queue instead of deadlocking): two of an
-        // order's authorizations validated at once would otherwise each
-        // see the other still pending, and the order would stay pending
-        // with every authorization valid. SQLite's single writer makes the
-        // second see the first.
-        let sql = if conn.is_postgres() {
-            "SELECT o.id FROM orders o JOIN order_authorizations oa ON oa.order_id = o.id
-              WHERE oa.authz_id = ?1 AND o.status = 'pending' ORDER BY o.id FOR NO KEY UPDATE OF o"
-        } else {
-            "SELECT order_id FROM order_authorizations WHERE authz_id = ?1"
-        };
-        let order_ids: Vec<String> = conn.all(sql, args![authz_id], |row| row.get(0)).await?;
+        let order_ids: Vec<String> = conn
+            .all(
+                "SELECT order_id FROM order_authorizations WHERE authz_id = ?1",
+                args![authz_id],
+                |row| row.get(0),
+            )
+            .await?;
         for order_id in order_ids {
             conn.exec(READY_WHEN_ALL_VALID, args![order_id]).await?;
         }
     }
     Ok(())
 }
+
+/// [`Store::bypass_challenge`] on PostgreSQL: its transaction as one
+/// function (migration 0022), the rows it returns read as
+/// [`challenge_with_authorization_in`] reads them.
+const BYPASS_CHALLENGE_POSTGRES: &str = concat!(
+    "SELECT ",
+    authz_columns!(),
+    ", ",
+    challenge_columns!(),
+    " FROM acme_bypass_challenge(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) AS moved,
+      LATERAL (SELECT (moved.authz).*) AS a, LATERAL (SELECT (moved.challenge).*) AS ch"
+);
 
 /// An authorization and its challenges, one row per challenge (its
 /// order appended by each engine).
@@ -869,6 +891,27 @@ impl Store {
         // Unused places are NULL, which `IN` never matches.
         let offered = |i: usize| offered.get(i).copied();
         let mut conn = self.writer().await?;
+        if conn.is_postgres() {
+            // The same statements in one function: one round trip.
+            return conn
+                .one(
+                    BYPASS_CHALLENGE_POSTGRES,
+                    args![
+                        challenge_id,
+                        now,
+                        account.id,
+                        account.key_thumbprint,
+                        profile,
+                        offered(0),
+                        offered(1),
+                        offered(2),
+                        valid_until
+                    ],
+                    |row| Ok((challenge_at(row, AUTHZ_COLUMNS)?, authz_at(row, 0)?)),
+                )
+                .await
+                .map_err(account_changed_raised);
+        }
         let mut tx = conn.begin().await?;
         // Not `RETURNING authz_id`, which SQLite serves through a temporary
         // b-tree made on every run: the row is read back by its key.
