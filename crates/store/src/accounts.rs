@@ -93,20 +93,19 @@ macro_rules! account_is_valid_with_key {
     };
 }
 
-/// The SQLSTATE the store's PostgreSQL functions raise when the account
-/// of an [`AccountGuard`] is no longer valid with its key (migration 0022).
-const ACCOUNT_CHANGED_SQLSTATE: &str = "AP001";
+/// Whether `e` is a store PostgreSQL function's refusal with SQLSTATE
+/// `code` (migration 0022), which undid everything the function wrote.
+pub(crate) fn raised(e: &StoreError, code: &str) -> bool {
+    matches!(e, StoreError::Pg(sqlx::Error::Database(db)) if db.code().as_deref() == Some(code))
+}
 
 /// `e`, or [`StoreError::AccountChanged`] when `e` is a PostgreSQL
-/// function's refusal of the account (everything it wrote undone).
+/// function's refusal of the account (SQLSTATE AP001).
 pub(crate) fn account_changed_raised(e: StoreError) -> StoreError {
-    match &e {
-        StoreError::Pg(sqlx::Error::Database(db))
-            if db.code().as_deref() == Some(ACCOUNT_CHANGED_SQLSTATE) =>
-        {
-            StoreError::AccountChanged
-        }
-        _ => e,
+    if raised(&e, "AP001") {
+        StoreError::AccountChanged
+    } else {
+        e
     }
 }
 

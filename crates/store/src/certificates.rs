@@ -2,7 +2,7 @@
 
 use acme_proxy_protocol::types::Identifier;
 
-use crate::accounts::account_changed_raised;
+use crate::accounts::{account_changed_raised, raised};
 use crate::audit::{NewAuditRow, insert_audit_in};
 use crate::db::{Conn, Row, args, col};
 use crate::jobs::{insert_jobs_in, insert_jobs_postgres, jobs_json};
@@ -162,7 +162,7 @@ impl Store {
         {
             // The same statements in one function, the audit row and the
             // notices in the same statement: one round trip.
-            let done = conn
+            let done = match conn
                 .scalar::<bool>(
                     COMPLETE_READY_ORDER_POSTGRES,
                     args![
@@ -200,7 +200,12 @@ impl Store {
                     ],
                 )
                 .await
-                .map_err(account_changed_raised)?;
+            {
+                // The order left processing under the finalize: nothing
+                // written, as when the transaction rolls back.
+                Err(e) if raised(&e, "AP002") => return Ok(false),
+                done => done.map_err(account_changed_raised)?,
+            };
             return Ok(done == Some(true));
         }
         let mut tx = conn.begin().await?;
@@ -466,10 +471,10 @@ impl Store {
 
 /// [`Store::complete_ready_order`] on PostgreSQL: its transaction as one
 /// function (migration 0022), and the audit row and the notices written
-/// when it returns true, in one statement. The function runs first: the
-/// other two read its answer.
+/// only when it returns true, in one statement. The function runs once,
+/// first: the two inserts read its answer.
 const COMPLETE_READY_ORDER_POSTGRES: &str = concat!(
-    "WITH done AS (
+    "WITH done AS MATERIALIZED (
          SELECT acme_complete_ready_order(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) AS ok
      ),
      logged AS (

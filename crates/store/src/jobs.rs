@@ -92,8 +92,9 @@ const INSERT_JOB: &str =
 
 /// [`INSERT_JOB`] for many jobs in one statement on PostgreSQL, each
 /// created at its `run_at` as [`insert_jobs_in`] does: the jobs as a JSON
-/// array ([`jobs_json`]) in `?1`, inserted in its order, only while the
-/// CTE `done` (which the statement embedding this defines) says `ok`.
+/// array ([`jobs_json`]) in the parameter the macro is given, inserted in
+/// its order, only when the CTE `done` (which the statement embedding this
+/// defines) says `ok`.
 macro_rules! insert_jobs_postgres {
     ($jobs:literal) => {
         concat!(

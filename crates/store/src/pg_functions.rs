@@ -62,7 +62,8 @@ async fn an_order_whose_two_authorizations_are_validated_at_once_becomes_ready_o
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND wait_event IN ('transactionid', 'tuple') AND pid <> pg_backend_pid()",
         )
         .fetch_one(&mut watcher)
         .await

@@ -535,10 +535,38 @@ async fn two_hundred_relays_through_the_balancer_survive_a_replica_sigkilled_twi
         if valid == ORDERS {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{valid} of {ORDERS} orders valid after 120 s"
-        );
+        if Instant::now() >= deadline {
+            // What to look at when it stalls: the relay jobs, and whether
+            // the upstream still answers (Pebble's memory store can
+            // deadlock under concurrent requests).
+            let jobs = harness::psql_scalar(
+                &database,
+                "SELECT status || ' attempts=' || attempts || ' owner=' || coalesce(lease_owner, '-')
+                        || ' error=' || coalesce(last_error, '-') || ' x' || COUNT(*)
+                   FROM jobs WHERE kind = 'signer_relay_issue'
+                  GROUP BY status, attempts, lease_owner, last_error",
+            );
+            let recent: Vec<(Duration, String, String, u16)> = proxy
+                .requests_at()
+                .into_iter()
+                .rev()
+                .take(20)
+                .map(|(at, m, p, s)| (at.elapsed(), m, p, s))
+                .collect();
+            panic!(
+                "{valid} of {ORDERS} orders valid after 120 s\nrelay jobs:\n{jobs}\nlast upstream requests (age, method, path, status): {recent:#?}\nPebble's log ends:\n{}",
+                pebble
+                    .log()
+                    .lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for url in &urls {

@@ -1,14 +1,17 @@
--- Two write transactions of every issuance, each as one function called by
--- one statement: a round trip to PostgreSQL, not one per statement (seven
--- to nine each). Each function runs the statements the store's transaction
--- runs on SQLite, in the same order and with the same guards. Every
--- statement of a PL/pgSQL function takes its own snapshot under READ
--- COMMITTED, as each statement of a transaction does: the locks below are
--- taken before the checks that rely on them, exactly as there.
+-- Write transactions of an issuance as functions, each called by one
+-- statement: one round trip to PostgreSQL where the transaction took one
+-- per statement (a round trip costs the server and the database more CPU
+-- than most of these statements do). Each function runs the statements
+-- of the PostgreSQL transaction it replaces, in the same order, with the
+-- same guards and row locks. Every statement of a PL/pgSQL function takes
+-- its own snapshot under READ COMMITTED, as each statement of such a
+-- transaction does: a lock is taken before the checks that rely on it,
+-- exactly as there. A refusal after a write raises, so that the whole
+-- statement, and everything the function wrote, is undone.
 --
--- An account that is no longer valid with the request's key raises
--- SQLSTATE AP001 (nothing is written); the store reads it as "the account
--- changed".
+-- SQLSTATE AP001: the account is no longer valid with the request's key
+-- (the store reads it as "the account changed"). AP002: the order left
+-- processing under the finalize (the store reads it as "not completed").
 
 -- A challenge of authorization `p_authz` became valid: the authorization
 -- becomes valid until `p_valid_until`, and each pending order whose
@@ -93,12 +96,21 @@ BEGIN
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
+    -- The row is locked by the update above: neither guard below can fail
+    -- today, but each is kept as the transaction has it.
     INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
                               identifiers, not_before, not_after, created_at)
-    VALUES (p_id, p_profile, p_order, p_owner, p_serial, p_chain_pem, p_key_thumbprint,
-            p_identifiers, p_not_before, p_not_after, p_now);
+    SELECT p_id, p_profile, p_order, p_owner, p_serial, p_chain_pem, p_key_thumbprint,
+           p_identifiers, p_not_before, p_not_after, p_now
+     WHERE EXISTS (SELECT 1 FROM orders WHERE id = p_order AND status = 'processing');
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % left processing', p_order USING ERRCODE = 'AP002';
+    END IF;
     UPDATE orders SET status = 'valid', certificate_id = p_id
      WHERE id = p_order AND status = 'processing';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % left processing', p_order USING ERRCODE = 'AP002';
+    END IF;
     RETURN TRUE;
 END
 $$;
