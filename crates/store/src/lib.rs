@@ -68,7 +68,7 @@ pub use operators::{
 };
 pub use orders::{
     AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization, NewChallenge, NewOrderRow,
-    OrderRow, OrderSearch, ProcessingChallenge,
+    OrderAuthorizations, OrderRow, OrderSearch, ProcessingChallenge,
 };
 pub use rate_limits::{RateLimitKey, RateLimitRow, RateLimitTake};
 pub use relay::{NewUpstreamOrder, UpstreamAccountRow, UpstreamOrderRow};

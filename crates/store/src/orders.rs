@@ -106,6 +106,10 @@ pub struct NewOrderRow {
     pub replaces: Option<(String, String)>,
 }
 
+/// An order with its authorizations, each with its challenges
+/// ([`Store::order_with_authorizations`]).
+pub type OrderAuthorizations = (OrderRow, Vec<(AuthorizationRow, Vec<ChallengeRow>)>);
+
 /// What [`Store::insert_order`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InsertOrder {
@@ -303,6 +307,27 @@ async fn validate_authorization_in(
     }
     Ok(())
 }
+
+/// The columns of `order_columns!`.
+const ORDER_COLUMNS: usize = 14;
+
+/// [`Store::order_with_authorizations`] on PostgreSQL: the order's row
+/// repeated on each of its authorizations' challenges, in the order's
+/// order and each authorization's challenges in the order they were made.
+const ORDER_WITH_AUTHORIZATIONS_POSTGRES: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    ", ",
+    authz_columns!(),
+    ", ",
+    challenge_columns!(),
+    " FROM orders o
+      LEFT JOIN order_authorizations oa ON oa.order_id = o.id
+      LEFT JOIN authorizations a ON a.id = oa.authz_id
+      LEFT JOIN challenges ch ON ch.authz_id = a.id
+     WHERE o.id = ?1
+     ORDER BY oa.position, ch.seq"
+);
 
 /// [`Store::bypass_challenge`] on PostgreSQL: its transaction as one
 /// function (migration 0022), the rows it returns read as
@@ -675,6 +700,56 @@ impl Store {
             return Ok(None);
         };
         Ok(Some((authz, challenges.into_iter().flatten().collect())))
+    }
+
+    /// An order with its authorizations and their challenges, the
+    /// authorizations in the order's order: what the finalize checks
+    /// again. One statement on PostgreSQL, where reading the order and
+    /// then each authorization would be a round trip each (N + 1 for N
+    /// names); on SQLite, where a statement is no round trip, those reads.
+    /// An authorization the order lists that is missing is left out.
+    pub async fn order_with_authorizations(&self, id: &str) -> Result<Option<OrderAuthorizations>> {
+        if !self.is_postgres() {
+            let Some(order) = self.order(id).await? else {
+                return Ok(None);
+            };
+            let mut authorizations = Vec::with_capacity(order.authorization_ids.len());
+            for authz_id in &order.authorization_ids {
+                if let Some(found) = self.authorization_with_challenges(authz_id).await? {
+                    authorizations.push(found);
+                }
+            }
+            return Ok(Some((order, authorizations)));
+        }
+        let mut order = None;
+        let mut authorizations: Vec<(AuthorizationRow, Vec<ChallengeRow>)> = Vec::new();
+        self.point_reader()
+            .await?
+            .all(ORDER_WITH_AUTHORIZATIONS_POSTGRES, args![id], |row| {
+                if order.is_none() {
+                    order = Some(order_from_row(row)?);
+                }
+                // LEFT JOINs: an order without authorizations, or an
+                // authorization without challenges, has NULLs there.
+                if col::<Option<String>>(row, ORDER_COLUMNS, "id")?.is_none() {
+                    return Ok(());
+                }
+                let authz = authz_at(row, ORDER_COLUMNS)?;
+                // Every row of an authorization repeats it: each is read
+                // from its first.
+                if authorizations.last().is_none_or(|(a, _)| a.id != authz.id) {
+                    authorizations.push((authz, Vec::new()));
+                }
+                let challenge = ORDER_COLUMNS + AUTHZ_COLUMNS;
+                if col::<Option<String>>(row, challenge, "id")?.is_some()
+                    && let Some((_, challenges)) = authorizations.last_mut()
+                {
+                    challenges.push(challenge_at(row, challenge)?);
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(order.map(|order| (order, authorizations)))
     }
 
     /// A challenge with its authorization, in one statement.
@@ -1377,6 +1452,32 @@ mod tests {
                     .all(|c| c.status == ChallengeStatus::Pending)
             );
         }
+        // Read with the order, the same: authorizations in the order's
+        // order (not by key), each with its challenges as made.
+        let (with, authorizations) = store
+            .order_with_authorizations("ord")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(with, read);
+        let mut one_by_one = Vec::new();
+        for id in &read.authorization_ids {
+            one_by_one.push(
+                store
+                    .authorization_with_challenges(id)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(authorizations, one_by_one);
+        assert!(
+            store
+                .order_with_authorizations("none")
+                .await
+                .unwrap()
+                .is_none()
+        );
         for (position, id) in ["az-z", "az-a", "az-m"].iter().enumerate() {
             let sql = format!(
                 "SELECT position FROM order_authorizations WHERE order_id = 'ord' AND authz_id = '{id}'"

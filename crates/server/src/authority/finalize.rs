@@ -203,7 +203,9 @@ impl Authority {
         csr_der: &[u8],
         ctx: &super::RequestContext,
     ) -> AcmeResult<OrderRow> {
-        let order = self.order(profile, account, order_id).await?;
+        let (order, authorizations) = self
+            .order_with_authorizations(profile, account, order_id)
+            .await?;
         // An account whose external account credential was revoked since
         // it ordered finalizes nothing more.
         self.external_account_limits(account, &[]).await?;
@@ -220,6 +222,7 @@ impl Authority {
             profile,
             &self.account_url(&profile.name, &account.id),
             &order,
+            &authorizations,
         )
         .await?;
         let usage = order

@@ -10,7 +10,7 @@ use acme_proxy_protocol::types::{
 use acme_proxy_protocol::{Problem, ProblemType, Subproblem};
 use acme_proxy_store::{
     AccountRow, AuditEvent, AuthorizationRow, ChallengeRow, InsertOrder, NewAuthorization,
-    NewChallenge, NewOrderRow, OrderRow,
+    NewChallenge, NewOrderRow, OrderAuthorizations, OrderRow,
 };
 
 use super::rate_limits::Limit;
@@ -416,24 +416,52 @@ impl Authority {
             .store
             .order(id)
             .await?
-            .filter(|o| o.profile == profile.name && o.account_id == account.id)
+            .filter(|o| owns_order(o, profile, account))
             .ok_or_else(|| AcmeError::not_found("order"))?;
+        Ok(self.expired(&order).await?.unwrap_or(order))
+    }
+
+    /// [`Authority::order`] with the order's authorizations and their
+    /// challenges, read together (the finalize checks them again). An
+    /// order that expired is answered without them.
+    pub(super) async fn order_with_authorizations(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+    ) -> AcmeResult<OrderAuthorizations> {
+        let (order, authorizations) = self
+            .store
+            .order_with_authorizations(id)
+            .await?
+            .filter(|(o, _)| owns_order(o, profile, account))
+            .ok_or_else(|| AcmeError::not_found("order"))?;
+        Ok(match self.expired(&order).await? {
+            Some(expired) => (expired, Vec::new()),
+            None => (order, authorizations),
+        })
+    }
+
+    /// An order pending or ready past its expiry is invalid (§7.1.6),
+    /// written when it is next read: the order as that left it, or `None`
+    /// when `order` has not expired.
+    async fn expired(&self, order: &OrderRow) -> AcmeResult<Option<OrderRow>> {
         let now = self.clock.unix();
-        if matches!(order.status, OrderStatus::Pending | OrderStatus::Ready)
-            && order.expires_at <= now
+        if !(matches!(order.status, OrderStatus::Pending | OrderStatus::Ready)
+            && order.expires_at <= now)
         {
-            let p = Problem::new(
-                ProblemType::Malformed,
-                "the order expired before it was finalized",
-            );
-            self.store.expire_order(id, now, &p).await?;
-            return self
-                .store
-                .order(id)
-                .await?
-                .ok_or_else(|| AcmeError::internal("order vanished after expiry"));
+            return Ok(None);
         }
-        Ok(order)
+        let p = Problem::new(
+            ProblemType::Malformed,
+            "the order expired before it was finalized",
+        );
+        self.store.expire_order(&order.id, now, &p).await?;
+        self.store
+            .order(&order.id)
+            .await?
+            .map(Some)
+            .ok_or_else(|| AcmeError::internal("order vanished after expiry"))
     }
 
     /// The account's orders (§7.1.2.1): `limit` of them after the first
@@ -651,6 +679,11 @@ impl Authority {
 /// tell whoever asks that the id exists (RFC 8555 §10.5).
 fn owned_by(authz: &AuthorizationRow, profile: &Profile, account: &AccountRow) -> bool {
     authz.profile == profile.name && authz.account_id == account.id
+}
+
+/// Whether `order` is `account`'s at `profile`.
+fn owns_order(order: &OrderRow, profile: &Profile, account: &AccountRow) -> bool {
+    order.profile == profile.name && order.account_id == account.id
 }
 
 /// What a certificate profile allows of an identifier already checked

@@ -4,7 +4,7 @@
 
 use acme_proxy_protocol::ProblemType;
 use acme_proxy_protocol::types::{AuthorizationStatus, ChallengeStatus, IdentifierType};
-use acme_proxy_store::OrderRow;
+use acme_proxy_store::{AuthorizationRow, ChallengeRow, OrderRow};
 
 use super::{Authority, Profile};
 use crate::error::{AcmeError, AcmeResult};
@@ -22,15 +22,16 @@ impl Authority {
         profile: &Profile,
         account_url: &str,
         order: &OrderRow,
+        authorizations: &[(AuthorizationRow, Vec<ChallengeRow>)],
     ) -> AcmeResult<()> {
         let now = self.clock.unix();
         let recheck_after =
             i64::try_from(self.validators.caa_recheck_after.as_secs()).unwrap_or(i64::MAX);
+        // Read with the order (`authorizations`), in its order.
         for id in &order.authorization_ids {
-            let (authz, challenges) = self
-                .store
-                .authorization_with_challenges(id)
-                .await?
+            let (authz, challenges) = authorizations
+                .iter()
+                .find(|(a, _)| &a.id == id)
                 .ok_or_else(|| AcmeError::internal("an order's authorization is missing"))?;
             let name = &authz.identifier.value;
             if authz.status != AuthorizationStatus::Valid {
