@@ -3,7 +3,7 @@
 
 use acme_proxy_protocol::types::RawIdentifier;
 
-use crate::db::{Conn, Row, args};
+use crate::db::{Arg, Conn, Row, args};
 use crate::{Result, Store, StoreError, to_json};
 
 acme_proxy_protocol::string_enum! {
@@ -154,34 +154,43 @@ pub(crate) const INSERT_AUDIT: &str =
          identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail, origin)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
 
+/// The arguments of [`INSERT_AUDIT`] for `row`, in its order (a
+/// statement that writes the row with others takes them the same way);
+/// `identifiers` is `row.identifiers` as JSON.
+pub(crate) fn audit_args<'a>(
+    row: &'a NewAuditRow<'a>,
+    identifiers: &'a Option<String>,
+    origin: AuditOrigin,
+) -> [Arg<'a>; 16] {
+    [
+        Arg::Int(Some(row.at)),
+        Arg::Text(Some(row.event.as_str())),
+        Arg::Text(Some(row.outcome.as_str())),
+        Arg::Text(row.profile),
+        Arg::Text(Some(row.actor)),
+        Arg::Text(row.account_id),
+        Arg::Text(row.order_id),
+        Arg::Text(row.serial),
+        Arg::Text(identifiers.as_deref()),
+        Arg::Text(row.client_ip),
+        Arg::Text(row.reverse_name),
+        Arg::Text(row.user_agent),
+        Arg::Text(row.request_id),
+        Arg::Text(row.problem_type),
+        Arg::Text(row.detail),
+        Arg::Text(Some(origin.as_str())),
+    ]
+}
+
 /// Writes one audit row on `conn` (the writer, or the caller's transaction).
 pub(crate) async fn insert_audit_in(
     conn: &mut Conn<'_>,
     row: &NewAuditRow<'_>,
     origin: AuditOrigin,
 ) -> Result<()> {
-    conn.exec(
-        INSERT_AUDIT,
-        args![
-            row.at,
-            row.event.as_str(),
-            row.outcome.as_str(),
-            row.profile,
-            row.actor,
-            row.account_id,
-            row.order_id,
-            row.serial,
-            row.identifiers.map(to_json),
-            row.client_ip,
-            row.reverse_name,
-            row.user_agent,
-            row.request_id,
-            row.problem_type,
-            row.detail,
-            origin.as_str(),
-        ],
-    )
-    .await?;
+    let identifiers = row.identifiers.map(to_json);
+    conn.exec(INSERT_AUDIT, &audit_args(row, &identifiers, origin))
+        .await?;
     Ok(())
 }
 

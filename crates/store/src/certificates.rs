@@ -3,8 +3,8 @@
 use acme_proxy_protocol::types::Identifier;
 
 use crate::accounts::{account_changed_raised, raised};
-use crate::audit::{NewAuditRow, insert_audit_in};
-use crate::db::{Conn, Row, args, col};
+use crate::audit::{NewAuditRow, audit_args, insert_audit_in};
+use crate::db::{Arg, Conn, Row, args, col};
 use crate::jobs::{insert_jobs_in, insert_jobs_postgres, jobs_json};
 use crate::{AccountGuard, NewJob, Result, Store, StoreError, to_json};
 
@@ -162,43 +162,19 @@ impl Store {
         {
             // The same statements in one function, the audit row and the
             // notices in the same statement: one round trip.
+            let since_ms = cert.now * 1000;
+            let identifiers = to_json(cert.identifiers);
+            let audit_identifiers = audit.identifiers.map(to_json);
+            let jobs = jobs_json(notices);
+            let args = [
+                args![account.id, account.key_thumbprint, since_ms],
+                &cert_args(cert, &identifiers),
+                &audit_args(audit, &audit_identifiers, self.audit_origin),
+                args![jobs],
+            ]
+            .concat();
             let done = match conn
-                .scalar::<bool>(
-                    COMPLETE_READY_ORDER_POSTGRES,
-                    args![
-                        account.id,
-                        account.key_thumbprint,
-                        cert.now * 1000,
-                        cert.id,
-                        cert.profile,
-                        cert.order_id,
-                        cert.account_id,
-                        cert.serial,
-                        cert.chain_pem,
-                        cert.key_thumbprint,
-                        to_json(cert.identifiers),
-                        cert.not_before,
-                        cert.not_after,
-                        cert.now,
-                        audit.at,
-                        audit.event.as_str(),
-                        audit.outcome.as_str(),
-                        audit.profile,
-                        audit.actor,
-                        audit.account_id,
-                        audit.order_id,
-                        audit.serial,
-                        audit.identifiers.map(to_json),
-                        audit.client_ip,
-                        audit.reverse_name,
-                        audit.user_agent,
-                        audit.request_id,
-                        audit.problem_type,
-                        audit.detail,
-                        self.audit_origin.as_str(),
-                        jobs_json(notices),
-                    ],
-                )
+                .scalar::<bool>(COMPLETE_READY_ORDER_POSTGRES, &args)
                 .await
             {
                 // The order left processing under the finalize: nothing
@@ -489,6 +465,25 @@ const COMPLETE_READY_ORDER_POSTGRES: &str = concat!(
      SELECT ok FROM done"
 );
 
+/// A new certificate's columns, in the order its insert takes them (here
+/// and in the finalize function, migration 0022); `identifiers` is
+/// `cert.identifiers` as JSON.
+fn cert_args<'a>(cert: &'a NewCertificateRow<'a>, identifiers: &'a str) -> [Arg<'a>; 11] {
+    [
+        Arg::Text(Some(cert.id)),
+        Arg::Text(Some(cert.profile)),
+        Arg::Text(Some(cert.order_id)),
+        Arg::Text(Some(cert.account_id)),
+        Arg::Text(Some(cert.serial)),
+        Arg::Text(Some(cert.chain_pem)),
+        Arg::Text(cert.key_thumbprint),
+        Arg::Text(Some(identifiers)),
+        Arg::Int(Some(cert.not_before)),
+        Arg::Int(Some(cert.not_after)),
+        Arg::Int(Some(cert.now)),
+    ]
+}
+
 /// The certificate row and processing → valid, inside the caller's
 /// transaction (`conn` is that transaction); false (nothing written) when
 /// the order is not processing.
@@ -499,24 +494,13 @@ pub(crate) async fn complete_order_in(
     // Written only while the order is processing (the guard and the insert
     // are one statement); the status change follows (a trigger wants the
     // certificate there first).
+    let identifiers = to_json(cert.identifiers);
     let inserted = conn.exec(
         "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
              identifiers, not_before, not_after, created_at)
          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
           WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'processing')",
-        args![
-            cert.id,
-            cert.profile,
-            cert.order_id,
-            cert.account_id,
-            cert.serial,
-            cert.chain_pem,
-            cert.key_thumbprint,
-            to_json(cert.identifiers),
-            cert.not_before,
-            cert.not_after,
-            cert.now,
-        ],
+        &cert_args(cert, &identifiers),
     ).await?;
     if inserted != 1 {
         return Ok(false);
