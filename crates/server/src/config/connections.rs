@@ -26,8 +26,9 @@ pub struct ConnectionsConfig {
     #[serde(deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub header_read_timeout: Duration,
-    /// Time to send a whole request body, once the head has arrived; the
-    /// body is read before the request takes one of `max_in_flight`.
+    /// Time to send a whole request body, once the head has arrived (on
+    /// the ACME routes, the acme-dns API and the console); an ACME body is
+    /// read before the request takes one of `max_in_flight`.
     #[serde(deserialize_with = "duration")]
     #[schemars(schema_with = "super::reference::duration")]
     pub body_read_timeout: Duration,

@@ -244,6 +244,16 @@ impl Console {
         )
     }
 
+    /// A refusal as the request's side of the console reads one: a problem
+    /// document for the API (`/api/…`), a page for a browser.
+    fn refuse(&self, api: bool, status: StatusCode, message: &str) -> Response {
+        if api {
+            api::problem(status, message)
+        } else {
+            self.refusal(status, message)
+        }
+    }
+
     /// The page saying why a request got no answer.
     fn failed(&self, failure: queries::Failure) -> Response {
         match failure {
@@ -501,13 +511,7 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
     let access = access(path);
     let api = path.starts_with("/api/");
     let htmx = req.headers().contains_key("hx-request");
-    let refuse = |status: StatusCode, words: &str| {
-        if api {
-            api::problem(status, words)
-        } else {
-            console.refusal(status, words)
-        }
-    };
+    let refuse = |status: StatusCode, words: &str| console.refuse(api, status, words);
     let unavailable = |why: String| {
         if api {
             tracing::error!(event = "admin.request", outcome = "failure", error = %why, "the console could not answer");
@@ -533,9 +537,9 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
             }
             Err(why) => return unavailable(why),
         };
-        let (parts, bytes) = match bounded(req).await {
+        let (parts, bytes) = match bounded(console, req).await {
             Ok(read) => read,
-            Err(()) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE),
+            Err(refused) => return refused,
         };
         let mut req = Request::from_parts(parts, Body::from(bytes));
         req.extensions_mut().insert(session);
@@ -577,9 +581,9 @@ async fn checked(console: &Console, req: Request, next: Next) -> Response {
     }
     let mut req = req;
     if mutating {
-        let (parts, bytes) = match bounded(req).await {
+        let (parts, bytes) = match bounded(console, req).await {
             Ok(read) => read,
-            Err(()) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE),
+            Err(refused) => return refused,
         };
         if matches!(access, Access::Stages(_)) {
             let expected = session.as_ref().map(|s| s.csrf.as_bytes()).unwrap_or(b"");
@@ -619,14 +623,32 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// A request's body read whole, up to [`MAX_FORM_BYTES`], before anything
-/// looks at it.
-async fn bounded(req: Request) -> Result<(http::request::Parts, axum::body::Bytes), ()> {
+/// A request's body read whole, up to [`MAX_FORM_BYTES`] within
+/// `connections.body_read_timeout`, before anything looks at it: a client
+/// that trickles a form, or stops half-way, must not keep its connection
+/// and this task for ever (the listener's idle timeout does not run while
+/// a request is being read).
+async fn bounded(
+    console: &Console,
+    req: Request,
+) -> Result<(http::request::Parts, axum::body::Bytes), Response> {
+    let within = console
+        .generations
+        .current()
+        .config
+        .connections
+        .body_read_timeout;
+    let api = req.uri().path().starts_with("/api/");
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_FORM_BYTES)
-        .await
-        .map_err(|_| ())?;
-    Ok((parts, bytes))
+    match tokio::time::timeout(within, axum::body::to_bytes(body, MAX_FORM_BYTES)).await {
+        Ok(Ok(bytes)) => Ok((parts, bytes)),
+        Ok(Err(_)) => Err(console.refuse(api, StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE)),
+        Err(_) => Err(console.refuse(
+            api,
+            StatusCode::REQUEST_TIMEOUT,
+            &format!("The request's body did not arrive within {within:?}."),
+        )),
+    }
 }
 
 /// A page to be shown elsewhere (the login, when the session ended). For

@@ -540,6 +540,43 @@ async fn the_sixth_wrong_password_in_a_minute_is_refused_before_hashing_and_unkn
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_whose_body_stops_half_way_is_answered_408_at_the_body_deadline_and_closed() {
+    use tokio::io::AsyncWriteExt as _;
+    let console = Console::start_with(
+        "",
+        "bypass = true\n[connections]\nbody_read_timeout = \"1s\"\n",
+    )
+    .await;
+    let addr: std::net::SocketAddr = console
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the console's address");
+    // A login form announced at 100 octets, of which 11 ever come.
+    let mut tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connected");
+    tcp.write_all(
+        format!(
+            "POST /login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nusername=al"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("sent");
+    let (answer, took) = crate::connections::until_closed(&mut tcp, Duration::from_secs(8)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 1s"), "{answer}");
+    assert!(
+        took >= Duration::from_millis(800),
+        "answered after {took:?}"
+    );
+    // The half form was never looked at: no login attempt audited.
+    assert!(console.audit("operator.login").await.is_empty());
+    console.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_trusted_proxy_logins_are_throttled_and_audited_by_the_client_it_forwarded_for() {
     // 127.0.0.6 fronts the console; 127.0.0.7 is trusted by the ACME
     // listener only.
