@@ -74,6 +74,9 @@ pub struct Metrics {
     /// Connections closed at accept by listener and the bound that refused
     /// them (`max_open`, `max_open_per_client`).
     pub connections_refused: Family<Labels, Counter>,
+    /// ACME requests answered 503 at once, by the bound that was full
+    /// (`max_in_flight`, `max_buffered_body_bytes`, `body_share`).
+    pub requests_shed: Family<Labels, Counter>,
     /// Accepts that failed, by listener (out of file descriptors,
     /// typically).
     pub accept_failures: Family<Labels, Counter>,
@@ -120,6 +123,7 @@ impl Metrics {
             egress_proxy_failures: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
+            requests_shed: Family::default(),
             accept_failures: Family::default(),
             dns_queries: Family::default(),
             dns_api_requests: Family::default(),
@@ -232,6 +236,11 @@ impl Metrics {
             "connections_refused",
             "Connections closed as soon as accepted, by listener and the bound that refused them",
             m.connections_refused.clone(),
+        );
+        r.register(
+            "requests_shed",
+            "ACME requests answered 503 at once, by the bound that was full",
+            m.requests_shed.clone(),
         );
         r.register(
             "accept_failures",

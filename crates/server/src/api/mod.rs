@@ -229,8 +229,8 @@ async fn read_body(State(app): State<App>, req: Request, next: Next) -> Response
                 if bytes.len() + data.len() > app.max_body {
                     return Ok(Err(too_large()));
                 }
-                if !charge.grow(data.len(), app.body_share.octets) {
-                    return Ok(Err(at_capacity()));
+                if let Err(full) = charge.grow(data.len(), app.body_share.octets) {
+                    return Ok(Err(shed(&app, full)));
                 }
                 bytes.extend_from_slice(&data);
             }
@@ -324,23 +324,16 @@ struct BodyCharge {
 
 impl BodyCharge {
     /// Counts `more` octets, if the budget and the client's `share` have
-    /// room for them now.
-    fn grow(&mut self, more: usize, share: usize) -> bool {
+    /// room for them now; else which of the two is full.
+    fn grow(&mut self, more: usize, share: usize) -> Result<(), Full> {
         // An empty frame (HTTP/2's closing DATA) holds nothing, and must
         // not leave an entry in the map that nothing would remove.
         if more == 0 {
-            return true;
+            return Ok(());
         }
         let budget = &self.admission.body_octets;
-        let limit = budget.limit.load(Ordering::Acquire);
-        if budget
-            .taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                n.checked_add(more).filter(|&after| after <= limit)
-            })
-            .is_err()
-        {
-            return false;
+        if !budget.add(more) {
+            return Err(Full::BodyBudget);
         }
         if let Some(client) = self.client {
             let mut per = self.admission.per_client();
@@ -348,12 +341,12 @@ impl BodyCharge {
             if held + more > share {
                 drop(per);
                 budget.taken.fetch_sub(more, Ordering::AcqRel);
-                return false;
+                return Err(Full::BodyShare);
             }
             per.insert(client, held + more);
         }
         self.octets += more;
-        true
+        Ok(())
     }
 }
 
@@ -405,18 +398,22 @@ impl Budget {
         })
     }
 
-    /// `amount` of it, if that much is left now; never waits.
-    fn try_take(self: &Arc<Self>, amount: usize) -> Option<Taken> {
+    /// Counts `amount` as taken, if that much is left now; never waits.
+    fn add(&self, amount: usize) -> bool {
         let limit = self.limit.load(Ordering::Acquire);
         self.taken
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 n.checked_add(amount).filter(|&after| after <= limit)
             })
-            .ok()
-            .map(|_| Taken {
-                budget: Arc::clone(self),
-                amount,
-            })
+            .is_ok()
+    }
+
+    /// `amount` of it, given back when the returned value is dropped.
+    fn try_take(self: &Arc<Self>, amount: usize) -> Option<Taken> {
+        self.add(amount).then(|| Taken {
+            budget: Arc::clone(self),
+            amount,
+        })
     }
 }
 
@@ -447,6 +444,39 @@ impl Admission {
     }
 }
 
+/// The bound of [`Admission`] that was full, as `requests_shed_total`
+/// names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Full {
+    /// `max_in_flight`.
+    Slots,
+    /// `max_buffered_body_bytes`.
+    BodyBudget,
+    /// A client's share of `max_buffered_body_bytes`.
+    BodyShare,
+}
+
+impl Full {
+    fn bound(self) -> &'static str {
+        match self {
+            Full::Slots => "max_in_flight",
+            Full::BodyBudget => "max_buffered_body_bytes",
+            Full::BodyShare => "body_share",
+        }
+    }
+}
+
+/// [`at_capacity`], counted by the bound that was full: which limit to
+/// raise (or which client to look at) is the operator's next question.
+fn shed(app: &App, full: Full) -> AcmeError {
+    app.authority
+        .metrics
+        .requests_shed
+        .get_or_create(&vec![("bound", full.bound().to_owned())])
+        .inc();
+    at_capacity()
+}
+
 /// The answer when a bound of [`Admission`] is reached: 503 at once, with
 /// `Retry-After` (§6.6), rather than a queue without bound.
 fn at_capacity() -> AcmeError {
@@ -464,7 +494,7 @@ fn at_capacity() -> AcmeError {
 async fn admission(State(app): State<App>, req: Request, next: Next) -> Response {
     match app.admission.slots.try_take(1) {
         Some(_slot) => next.run(req).await,
-        None => reply::problem_response(at_capacity()),
+        None => reply::problem_response(shed(&app, Full::Slots)),
     }
 }
 
@@ -621,21 +651,25 @@ mod tests {
         let taken = |a: &Arc<Admission>| a.body_octets.taken.load(Ordering::Acquire);
         let mut first = charge(&admission, "192.0.2.1/32");
         // An empty frame leaves no trace, even in a full budget.
-        assert!(first.grow(0, 40));
+        assert_eq!(first.grow(0, 40), Ok(()));
         assert!(admission.per_client().is_empty());
-        assert!(first.grow(30, 40));
+        assert_eq!(first.grow(30, 40), Ok(()));
         // Past the client's share: refused, and the budget given back.
-        assert!(!first.grow(11, 40));
+        assert_eq!(first.grow(11, 40), Err(Full::BodyShare));
         assert_eq!(taken(&admission), 30);
-        assert!(first.grow(10, 40));
+        assert_eq!(first.grow(10, 40), Ok(()));
         // Another client has its own share, within what is left.
         let mut second = charge(&admission, "192.0.2.2/32");
-        assert!(second.grow(40, 40));
-        assert!(second.grow(0, 40), "an empty frame past the share");
+        assert_eq!(second.grow(40, 40), Ok(()));
+        assert_eq!(second.grow(0, 40), Ok(()), "an empty frame past the share");
         assert_eq!(taken(&admission), 80);
         let mut third = charge(&admission, "192.0.2.3/32");
-        assert!(!third.grow(21, 40), "past the whole budget");
-        assert!(third.grow(20, 40));
+        assert_eq!(
+            third.grow(21, 40),
+            Err(Full::BodyBudget),
+            "past the whole budget"
+        );
+        assert_eq!(third.grow(20, 40), Ok(()));
         assert_eq!(taken(&admission), 100);
         drop((first, second, third));
         assert_eq!(taken(&admission), 0);

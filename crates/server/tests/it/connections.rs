@@ -227,7 +227,7 @@ async fn bodies_hold_what_they_have_sent_of_max_buffered_body_bytes_and_a_client
     let toml = format!(
         "max_body_bytes = 1000\nmax_buffered_body_bytes = 2500\n{}",
         bounded(
-            TestServer::config_text(dir.path(), 1, None, ""),
+            TestServer::config_text(dir.path(), 1, None, METRICS),
             "body_read_timeout = \"5m\"\nmax_open = 16\nmax_open_per_client = 8",
         )
     );
@@ -260,6 +260,14 @@ async fn bodies_hold_what_they_have_sent_of_max_buffered_body_bytes_and_a_client
         "the first client's share"
     );
     assert_eq!(post_from(4, addr, 400).await, 400, "another client's share");
+    // Each 503 is counted by the bound that was full.
+    let metrics = format!(
+        "http://{}",
+        server.running().metrics_addr.expect("a metrics listener")
+    );
+    assert_eq!(shed(&metrics, "body_share").await, 1);
+    assert!(shed(&metrics, "max_buffered_body_bytes").await >= 1);
+    assert_eq!(shed(&metrics, "max_in_flight").await, 0);
     // The answer to a refusal is an ACME problem with Retry-After.
     let r = raw::request(
         "POST",
@@ -569,12 +577,31 @@ fn open_files(pid: u32) -> usize {
 
 /// `acme_proxy_accept_failures_total` of `listener`, read from `metrics`.
 async fn accept_failures(metrics: &str, listener: &str) -> u64 {
+    counter(
+        metrics,
+        &format!("acme_proxy_accept_failures_total{{listener=\"{listener}\"}}"),
+    )
+    .await
+}
+
+/// The counter `series` (its name and labels) scraped from `metrics`
+/// (`http://ADDR`): 0 before its first count.
+pub(crate) async fn counter(metrics: &str, series: &str) -> u64 {
     let (_, _, body) = crate::flow::reqwest_get(&format!("{metrics}/metrics")).await;
-    let counter = format!("acme_proxy_accept_failures_total{{listener=\"{listener}\"}} ");
+    let series = format!("{series} ");
     String::from_utf8_lossy(&body)
         .lines()
-        .find_map(|l| l.strip_prefix(&counter))
+        .find_map(|l| l.strip_prefix(&series))
         .map_or(0, |v| v.trim().parse().expect("a count"))
+}
+
+/// `acme_proxy_requests_shed_total` of `bound`, scraped from `metrics`.
+pub(crate) async fn shed(metrics: &str, bound: &str) -> u64 {
+    counter(
+        metrics,
+        &format!("acme_proxy_requests_shed_total{{bound=\"{bound}\"}}"),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -331,7 +331,7 @@ async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
     // slot: its body is read before admission).
     let files = crate::harness::tempdir();
     let server = TestServer::start_with_toml(&format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\nmax_in_flight = 1\n{}",
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{{data_dir}}\"\nmax_in_flight = 1\n[metrics]\nlisten = \"127.0.0.1:0\"\n{}",
         slow_refusing_profile(files.path(), 3)
     ))
     .await;
@@ -356,6 +356,16 @@ async fn past_max_in_flight_requests_are_shed_with_503_and_retry_after() {
     assert_eq!(shed.problem(), "serverInternal");
     assert_eq!(shed.headers.get("retry-after").unwrap(), "1");
     assert!(!slow.is_finished(), "the finalize still holds the slot");
+    // Counted by the bound that was full.
+    let metrics = format!(
+        "http://{}",
+        server.running().metrics_addr.expect("a metrics listener")
+    );
+    assert!(crate::connections::shed(&metrics, "max_in_flight").await >= 1);
+    assert_eq!(
+        crate::connections::shed(&metrics, "max_buffered_body_bytes").await,
+        0
+    );
     // The slot is free again once the finalize is answered.
     assert_eq!(slow.await.unwrap().status, 500);
     let r = raw::request(
