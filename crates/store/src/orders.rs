@@ -180,7 +180,7 @@ fn problem(s: Option<String>) -> Result<Option<Problem>> {
         .transpose()
 }
 
-/// A row of `order_columns!`, read by position (three per issuance).
+/// A row of `order_columns!`, read by position (an issuance reads several).
 fn order_from_row(row: Row<'_>) -> Result<OrderRow> {
     let identifiers: String = col(row, 4, "identifiers")?;
     Ok(OrderRow {
