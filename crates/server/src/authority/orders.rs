@@ -728,45 +728,81 @@ impl Authority {
         let Some(zone) = profile.signer.delegated_dns01_zone() else {
             return Vec::new();
         };
-        let mut faults = Vec::new();
         let mut checked = std::collections::HashSet::new();
+        let names: Vec<(&Identifier, String)> = identifiers
+            .iter()
+            .filter(|i| i.kind == IdentifierType::Dns)
+            .filter_map(|id| {
+                let base = id.value.trim_start_matches("*.");
+                // Absolute, so no search domain is appended.
+                checked
+                    .insert(base.to_owned())
+                    .then(|| (id, format!("_acme-challenge.{base}.")))
+            })
+            .collect();
         // One deadline for all the lookups, not one each: the names are the
         // client's, whose name servers may never answer, and the request
         // holds one of `max_in_flight` slots meanwhile. A name not looked up
-        // in time is unknown, as a timeout is.
+        // in time is unknown, as a timeout is. The lookups run together, a
+        // few at a time, so that an order of many names on slow name
+        // servers has each of them checked within that deadline rather
+        // than the first few; the tasks end with the request.
         let deadline = tokio::time::Instant::now() + self.validators.timeout;
-        for id in identifiers.iter().filter(|i| i.kind == IdentifierType::Dns) {
-            let base = id.value.trim_start_matches("*.");
-            if !checked.insert(base.to_owned()) {
-                continue;
+        let mut found: Vec<Option<LookupOutcome>> = vec![None; names.len()];
+        let mut lookups = tokio::task::JoinSet::new();
+        let mut next = 0;
+        loop {
+            while next < names.len() && lookups.len() < DELEGATION_LOOKUPS_AT_ONCE {
+                let resolver = Arc::clone(&self.validators.resolver);
+                let name = names[next].1.clone();
+                let at = next;
+                lookups.spawn(async move {
+                    let outcome = match tokio::time::timeout_at(
+                        deadline,
+                        resolver.lookup(name.as_str(), RecordType::CNAME),
+                    )
+                    .await
+                    {
+                        Ok(Ok(lookup)) => LookupOutcome::Found(lookup.answers().iter().find_map(
+                            |r| match &r.data {
+                                RData::CNAME(target) => Some(target.0.to_ascii()),
+                                _ => None,
+                            },
+                        )),
+                        Ok(Err(e)) if e.is_nx_domain() || e.is_no_records_found() => {
+                            LookupOutcome::Found(None)
+                        }
+                        Ok(Err(e)) => LookupOutcome::Failed(e.to_string()),
+                        Err(_) => LookupOutcome::Late,
+                    };
+                    (at, outcome)
+                });
+                next += 1;
             }
-            // Absolute, so no search domain is appended.
-            let name = format!("_acme-challenge.{base}.");
+            match lookups.join_next().await {
+                Some(Ok((at, outcome))) => found[at] = Some(outcome),
+                // A lookup task cannot panic short of a bug in the
+                // resolver; its name is then unknown, as a failure is.
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+        let mut faults = Vec::new();
+        for ((id, name), outcome) in names.into_iter().zip(found) {
             let want = format!("{}.", crate::dns_zone::delegation_target(zone, &id.value));
             let record = crate::dns_zone::delegation_record(zone, &id.value);
-            let lookup = tokio::time::timeout_at(
-                deadline,
-                self.validators
-                    .resolver
-                    .lookup(name.as_str(), RecordType::CNAME),
-            )
-            .await;
-            let found = match lookup {
-                Ok(Ok(lookup)) => lookup.answers().iter().find_map(|r| match &r.data {
-                    RData::CNAME(target) => Some(target.0.to_ascii()),
-                    _ => None,
-                }),
-                Ok(Err(e)) if e.is_nx_domain() || e.is_no_records_found() => None,
-                Ok(Err(e)) => {
+            let target = match outcome {
+                Some(LookupOutcome::Found(target)) => target,
+                Some(LookupOutcome::Failed(e)) => {
                     tracing::warn!(event = "order.delegation", outcome = "unknown", %name, error = %e, "could not check the dns-01 delegation");
                     continue;
                 }
-                Err(_) => {
+                Some(LookupOutcome::Late) | None => {
                     tracing::warn!(event = "order.delegation", outcome = "unknown", %name, "the dns-01 delegation lookups of this order ran out of time");
                     continue;
                 }
             };
-            let detail = match found {
+            let detail = match target {
                 Some(target) if target.eq_ignore_ascii_case(&want) => continue,
                 Some(target) => format!(
                     "{name} is an alias of {target}, not of this server's zone; the record must read: {record}"
@@ -783,6 +819,23 @@ impl Authority {
         }
         faults
     }
+}
+
+/// The `_acme-challenge` CNAME lookups one newOrder runs at once: enough
+/// for an order of many names to be checked within one validation
+/// timeout, few enough that `max_in_flight` such orders do not flood the
+/// resolver.
+const DELEGATION_LOOKUPS_AT_ONCE: usize = 8;
+
+/// How one delegation lookup ended.
+#[derive(Clone, Debug)]
+enum LookupOutcome {
+    /// The name's CNAME target, or none (no such name, no CNAME).
+    Found(Option<String>),
+    /// The resolver failed (SERVFAIL, refused…): unknown.
+    Failed(String),
+    /// Past the order's deadline: unknown.
+    Late,
 }
 
 /// Syntax and policy for one identifier; returns it normalised.

@@ -2312,6 +2312,99 @@ fn zone_txt(at: std::net::SocketAddr, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// A stand-in for name servers that are slow (what cannot be staged with
+/// a real one): every query on its UDP socket is answered NXDOMAIN after
+/// `delay`, each on its own, so that lookups asked together end together.
+fn slow_nxdomain_server(delay: Duration) -> std::net::SocketAddr {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    socket.set_nonblocking(true).expect("nonblocking");
+    let addr = socket.local_addr().expect("addr");
+    let socket = Arc::new(tokio::net::UdpSocket::from_std(socket).expect("tokio socket"));
+    tokio::spawn(async move {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            let query = buf[..n].to_vec();
+            let socket = Arc::clone(&socket);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                // The header and the question, as asked: QR set, RD kept,
+                // RA set, RCODE 3; no answer, authority or additional.
+                let mut end = 12;
+                while end < query.len() && query[end] != 0 {
+                    end += 1 + usize::from(query[end]);
+                }
+                let end = (end + 5).min(query.len());
+                let mut answer = query[..end].to_vec();
+                answer[2] = 0x80 | (query[2] & 0x01);
+                answer[3] = 0x80 | 0x03;
+                answer[6..12].fill(0);
+                let _ = socket.send_to(&answer, from).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_of_many_names_on_slow_name_servers_has_every_delegation_checked_within_the_timeout()
+ {
+    // Each lookup takes a second; the validation timeout, which bounds
+    // them all together, is five. One after another, five names of twelve
+    // would be checked and seven let through unknown.
+    let slow = slow_nxdomain_server(Duration::from_secs(1));
+    let pki = TestPki::new();
+    let Some(pebble) = Pebble::start(&pki, always_valid()) else {
+        return;
+    };
+    let dir = crate::harness::tempdir();
+    let zone = "\n[dns_zone]\nzones = [\"acme.zone.test\"]\nlisten = [\"127.0.0.1:0\"]\nnameservers = [\"ns1.lab.test\"]\n";
+    let toml = server_toml(
+        dir.path(),
+        harness::free_port(),
+        None,
+        &format!(
+            "{}{zone}",
+            relay_profile(
+                "default",
+                &pebble.directory_url(),
+                &pki,
+                "dns01_delegated",
+                LOCAL_BYPASS,
+                "",
+            )
+        ),
+    )
+    .replace(
+        "[validation]\n",
+        &format!("[validation]\ndns_resolvers = [\"{slow}\"]\n"),
+    );
+    assert!(toml.contains("timeout = \"5s\""), "{toml}");
+    register_upstream_accounts(&toml).await;
+    let server = TestServer::start_in(dir, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let names: Vec<Identifier> = (0..12)
+        .map(|i| Identifier::Dns(format!("n{i}.lab.test")))
+        .collect();
+    let started = Instant::now();
+    let err = account
+        .new_order(&NewOrder::new(&names))
+        .await
+        .err()
+        .expect("undelegated names are refused");
+    let took = started.elapsed();
+    let text = err.to_string();
+    for i in 0..12 {
+        assert!(
+            text.contains(&format!(
+                "_acme-challenge.n{i}.lab.test. is not delegated to this server's zone"
+            )),
+            "n{i} was not checked: {text}"
+        );
+    }
+    assert!(took < Duration::from_secs(5), "newOrder took {took:?}");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns01_delegated_obtains_a_wildcard_through_a_cname_to_our_own_zone_with_no_key_anywhere() {
     if !harness::require_program("dig") {
