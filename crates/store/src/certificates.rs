@@ -41,6 +41,27 @@ pub struct NewCertificateRow<'a> {
     pub now: i64,
 }
 
+impl NewCertificateRow<'_> {
+    /// The row as it reads once stored.
+    pub fn into_row(self) -> CertificateRow {
+        CertificateRow {
+            id: self.id.to_owned(),
+            profile: self.profile.to_owned(),
+            order_id: self.order_id.to_owned(),
+            account_id: self.account_id.to_owned(),
+            serial: self.serial.to_owned(),
+            chain_pem: self.chain_pem.to_owned(),
+            key_thumbprint: self.key_thumbprint.map(str::to_owned),
+            identifiers: self.identifiers.to_vec(),
+            not_before: self.not_before,
+            not_after: self.not_after,
+            revoked_at: None,
+            revocation_reason: None,
+            created_at: self.now,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RevokeOutcome {
     Revoked,

@@ -15,11 +15,20 @@ impl Authority {
     ) -> AcmeResult<CertificateRow> {
         // Another account's certificate is answered as an unknown one: a
         // different answer would tell whoever asks that the id exists
-        // (RFC 8555 §10.5).
+        // (RFC 8555 §10.5). One this process just issued is read from
+        // memory (`recent.rs`).
+        let owned = |c: &CertificateRow| c.profile == profile.name && c.account_id == account.id;
+        if let Some(certificate) = self
+            .recent
+            .certificate(id, self.clock.unix_ms())
+            .filter(owned)
+        {
+            return Ok(certificate);
+        }
         self.store
             .certificate(id)
             .await?
-            .filter(|c| c.profile == profile.name && c.account_id == account.id)
+            .filter(owned)
             .ok_or_else(|| AcmeError::not_found("certificate"))
     }
 }

@@ -362,7 +362,12 @@ impl Authority {
                 return Err(self.guarded_write_error(account, e));
             }
         }
-        Ok(self.issued(signing, &issued, cert_id, &outbox, &audit_row))
+        let certificate = self.certificate_row(signing, &issued, &cert_id).into_row();
+        let order = self.issued(signing, &issued, cert_id, &outbox, &audit_row);
+        // What the client asks for next, final from now on.
+        self.recent
+            .keep(self.clock.unix_ms(), order.clone(), certificate);
+        Ok(order)
     }
 
     /// A token or an outside signer takes its time and may keep a record

@@ -23,6 +23,7 @@ mod operator;
 mod orders;
 mod policy;
 mod rate_limits;
+mod recent;
 mod recheck;
 mod relay;
 mod reverse;
@@ -130,6 +131,8 @@ pub struct Authority {
     reverse: reverse::ReverseNames,
     /// Recently used accounts with their parsed keys (`account_cache_ttl`).
     known_accounts: Arc<known_accounts::KnownAccounts>,
+    /// Orders this process just made valid, with their certificates.
+    recent: Arc<recent::Recent>,
     /// The acme-dns API, mounted beside the ACME routes when configured.
     pub dns_api: Option<Arc<crate::dns_api::DnsApi>>,
     /// `[policy]`: who may ask for what (`policy.rs`).
@@ -141,15 +144,16 @@ pub struct Authority {
 }
 
 /// What every configuration generation shares (`generation.rs`): a reload
-/// keeps the queue, the metrics, the outstanding nonces and the account
+/// keeps the queue, the metrics, the outstanding nonces, the account
 /// copies (a change this process makes to an account must reach every
-/// copy, whichever generation holds it).
+/// copy, whichever generation holds it) and the orders just made valid.
 #[derive(Clone, Debug)]
 pub struct Lasting {
     pub queue: Arc<Queue>,
     pub metrics: Arc<Metrics>,
     nonces: Arc<nonces::Nonces>,
     known_accounts: Arc<known_accounts::KnownAccounts>,
+    recent: Arc<recent::Recent>,
     /// The acme-dns API (`[dns_zone.api]`), whose rate limits outlive a
     /// reload.
     pub dns_api: Option<Arc<crate::dns_api::DnsApi>>,
@@ -176,6 +180,7 @@ impl Lasting {
             dns_api,
             nonces: Arc::new(nonces),
             known_accounts: Arc::new(known_accounts::KnownAccounts::new(config.account_cache_ttl)),
+            recent: Arc::default(),
             queue,
             metrics,
         }
@@ -211,6 +216,7 @@ impl Authority {
             nonce_lifetime: config.nonce_lifetime.as_secs() as i64,
             nonces: Arc::clone(&lasting.nonces),
             known_accounts: Arc::clone(&lasting.known_accounts),
+            recent: Arc::clone(&lasting.recent),
             notifier,
             metrics: Arc::clone(&lasting.metrics),
             dns_api: lasting.dns_api.clone(),

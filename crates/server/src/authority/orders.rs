@@ -411,7 +411,15 @@ impl Authority {
     ) -> AcmeResult<OrderRow> {
         // Another account's order is answered as an unknown one: a
         // different answer would tell whoever asks that the id exists
-        // (RFC 8555 §10.5).
+        // (RFC 8555 §10.5). One this process just made valid is final
+        // (`recent.rs`), and valid orders do not expire.
+        if let Some(order) = self
+            .recent
+            .order(id, self.clock.unix_ms())
+            .filter(|o| owns_order(o, profile, account))
+        {
+            return Ok(order);
+        }
         let order = self
             .store
             .order(id)

@@ -1034,6 +1034,49 @@ fn answer(r: &Resp) -> (u16, String, String) {
     )
 }
 
+/// What the server answers from memory for an order it just made valid
+/// and for its certificate (the poll and the download that follow a
+/// finalize) is what the database holds.
+#[tokio::test]
+async fn an_order_just_made_valid_and_its_certificate_answer_as_the_stored_rows() {
+    let (server, dir) = start(BYPASS).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let issued = issue(&dir, &alice, &["fresh.example.test"], &Key::p256()).await;
+    let authority = server.running().authority();
+    let store = authority.store();
+    let order_id = issued.order_url.rsplit('/').next().unwrap();
+    let cert_id = issued.cert_url.rsplit('/').next().unwrap();
+    let stored_order = store.order(order_id).await.unwrap().expect("the order");
+    let stored_cert = store
+        .certificate(cert_id)
+        .await
+        .unwrap()
+        .expect("the certificate");
+    let account = store
+        .account(&stored_order.account_id)
+        .await
+        .unwrap()
+        .expect("the account");
+    let profile = authority.profile("default").expect("the profile");
+    assert_eq!(
+        authority.order(profile, &account, order_id).await.unwrap(),
+        stored_order
+    );
+    assert_eq!(
+        authority
+            .certificate(profile, &account, cert_id)
+            .await
+            .unwrap(),
+        stored_cert
+    );
+    // The download that followed the finalize got the stored chain.
+    assert_eq!(
+        pem::parse_many(&stored_cert.chain_pem).unwrap()[0].contents(),
+        issued.leaf.as_slice()
+    );
+    server.stop().await;
+}
+
 /// RFC 8555 §10.5: a server whose answers differ between "no such
 /// resource" and "not yours" tells anyone with an account which ids exist.
 /// Another account's order, authorization, challenge and certificate —
