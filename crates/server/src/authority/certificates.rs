@@ -7,6 +7,8 @@ use crate::error::{AcmeError, AcmeResult};
 
 impl Authority {
     /// The certificate resource (§7.4.2), for the account that ordered it.
+    /// Its chain is exact; its revocation columns may be up to ten seconds
+    /// old (`recent.rs`): ask the store for those.
     pub async fn certificate(
         &self,
         profile: &Profile,

@@ -326,10 +326,11 @@ impl Authority {
             serial: Some(&issued.serial),
             ..signing.issued_fact()
         });
+        let certificate = self.certificate_row(signing, &issued, &cert_id);
         let stored = self
             .store
             .complete_ready_order(
-                &self.certificate_row(signing, &issued, &cert_id),
+                &certificate,
                 &audit_row,
                 &outbox.jobs(),
                 super::guard(account),
@@ -362,7 +363,7 @@ impl Authority {
                 return Err(self.guarded_write_error(account, e));
             }
         }
-        let certificate = self.certificate_row(signing, &issued, &cert_id).into_row();
+        let certificate = certificate.into_row();
         let order = self.issued(signing, &issued, cert_id, &outbox, &audit_row);
         // What the client asks for next, final from now on.
         self.recent

@@ -805,8 +805,12 @@ impl Authority {
                     tracing::warn!(event = "order.delegation", outcome = "unknown", %name, error = %e, "could not check the dns-01 delegation");
                     continue;
                 }
-                Some(LookupOutcome::Late) | None => {
+                Some(LookupOutcome::Late) => {
                     tracing::warn!(event = "order.delegation", outcome = "unknown", %name, "the dns-01 delegation lookups of this order ran out of time");
+                    continue;
+                }
+                None => {
+                    tracing::warn!(event = "order.delegation", outcome = "unknown", %name, "the dns-01 delegation lookup of this name did not finish");
                     continue;
                 }
             };

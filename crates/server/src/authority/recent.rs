@@ -13,7 +13,9 @@
 //! - a certificate's chain never changes (revocation writes its own
 //!   columns, which the download does not show);
 //! - neither can be deleted while the certificate has not expired (the
-//!   admin deletion waits for that).
+//!   admin deletion waits for that), so a certificate that expires
+//!   within [`KEEP_FOR_MS`] (a client may ask for a `notAfter` that
+//!   close) is not kept.
 //!
 //! Another replica, or this one after [`KEEP_FOR_MS`], reads the
 //! database as before. At most [`KEEP_AT_MOST`] issuances are kept.
@@ -27,10 +29,12 @@ use acme_proxy_store::{CertificateRow, OrderRow};
 /// client fetches it and its certificate within moments of the finalize.
 const KEEP_FOR_MS: i64 = 10_000;
 
-/// Issuances kept at most; the oldest go first. Enough for every client
-/// of a busy server between its finalize and its download, and small
-/// (a chain is a few kilobytes).
-const KEEP_AT_MOST: usize = 256;
+/// Issuances kept at most; the oldest go first. Enough for the clients
+/// of a busy server between their finalize and their download (a miss
+/// is only a read). One issuance of one name is a few kilobytes (the
+/// chain, mostly); of 100 long names, up to about 80 KB (the names are in
+/// the order, the certificate row and the chain): 10 MB at most.
+const KEEP_AT_MOST: usize = 128;
 
 #[derive(Debug)]
 struct Finished {
@@ -60,6 +64,9 @@ impl Recent {
     /// Keeps an order this process made valid at `now_ms`, with its
     /// certificate.
     pub(crate) fn keep(&self, now_ms: i64, order: OrderRow, certificate: CertificateRow) {
+        if certificate.not_after.saturating_mul(1000) <= now_ms.saturating_add(KEEP_FOR_MS) {
+            return;
+        }
         let finished = Arc::new(Finished {
             kept_at_ms: now_ms,
             order,
@@ -67,10 +74,7 @@ impl Recent {
         });
         let mut inner = self.lock();
         while inner.kept.len() >= KEEP_AT_MOST
-            || inner
-                .kept
-                .front()
-                .is_some_and(|f| now_ms - f.kept_at_ms >= KEEP_FOR_MS)
+            || inner.kept.front().is_some_and(|f| !fresh(f, now_ms))
         {
             let Some(old) = inner.kept.pop_front() else {
                 break;
@@ -92,7 +96,7 @@ impl Recent {
     pub(crate) fn order(&self, id: &str, now_ms: i64) -> Option<OrderRow> {
         let inner = self.lock();
         let f = inner.by_order.get(id)?;
-        (now_ms - f.kept_at_ms < KEEP_FOR_MS).then(|| f.order.clone())
+        fresh(f, now_ms).then(|| f.order.clone())
     }
 
     /// The certificate `id`, if this process issued it within
@@ -100,8 +104,14 @@ impl Recent {
     pub(crate) fn certificate(&self, id: &str, now_ms: i64) -> Option<CertificateRow> {
         let inner = self.lock();
         let f = inner.by_certificate.get(id)?;
-        (now_ms - f.kept_at_ms < KEEP_FOR_MS).then(|| f.certificate.clone())
+        fresh(f, now_ms).then(|| f.certificate.clone())
     }
+}
+
+/// Kept less than [`KEEP_FOR_MS`] ago; a clock set back makes every
+/// copy too old rather than young for longer.
+fn fresh(f: &Finished, now_ms: i64) -> bool {
+    (0..KEEP_FOR_MS).contains(&(now_ms - f.kept_at_ms))
 }
 
 #[cfg(test)]
@@ -136,7 +146,7 @@ mod tests {
             key_thumbprint: None,
             identifiers: Vec::new(),
             not_before: 0,
-            not_after: 1,
+            not_after: 1_000_000,
             revoked_at: None,
             revocation_reason: None,
             created_at: 0,
@@ -160,6 +170,19 @@ mod tests {
         assert!(recent.certificate("o1", 1_000).is_none(), "an order id");
         assert!(recent.order("o1", 1_000 + KEEP_FOR_MS).is_none(), "too old");
         assert!(recent.certificate("c1", 1_000 + KEEP_FOR_MS).is_none());
+        assert!(recent.order("o1", 999).is_none(), "the clock set back");
+    }
+
+    #[test]
+    fn a_certificate_that_expires_within_the_keeping_time_is_not_kept() {
+        let recent = Recent::default();
+        let (order, mut certificate) = issuance(1);
+        certificate.not_after = (1_000 + KEEP_FOR_MS) / 1000;
+        recent.keep(1_000, order.clone(), certificate.clone());
+        assert!(recent.order("o1", 1_000).is_none());
+        certificate.not_after += 1;
+        recent.keep(1_000, order, certificate);
+        assert!(recent.order("o1", 1_000).is_some());
     }
 
     #[test]
