@@ -284,9 +284,10 @@ async fn in_chromium_an_operator_logs_in_enrols_totp_and_then_needs_a_code_each_
         .await;
     assert!(drawn.as_u64().unwrap_or(0) >= 200, "QR image: {drawn}");
     browser.shot("totp-enrol").await;
-    browser
-        .fill("input[name=code]", &totp_code(&secret, 0))
-        .await;
+    // Kept as typed: the login below must offer this very code again,
+    // whichever 30-second step the clock is in by then.
+    let enrolment_code = totp_code(&secret, 0);
+    browser.fill("input[name=code]", &enrolment_code).await;
     browser.submit("form[action='/account/totp'] button").await;
     let codes = browser.texts("ul.recovery-codes code").await;
     assert_eq!(codes.len(), 10, "{codes:?}");
@@ -300,9 +301,7 @@ async fn in_chromium_an_operator_logs_in_enrols_totp_and_then_needs_a_code_each_
     browser.shot("login-totp").await;
     browser.goto(&format!("{base}/")).await;
     assert_eq!(browser.path().await, "/login", "no page before the code");
-    browser
-        .fill("input[name=code]", &totp_code(&secret, 0))
-        .await;
+    browser.fill("input[name=code]", &enrolment_code).await;
     browser.submit("form[action='/login/totp'] button").await;
     assert!(
         browser.text("p.error").await.contains("was used already"),
