@@ -471,6 +471,7 @@ mod tests {
             reuse_validated_since: None,
             certificate_profile: None,
             replaces: None,
+            max_pending_authorizations: i64::MAX,
         };
         let changed = |r: Result<bool>| matches!(r, Err(StoreError::AccountChanged));
         // The account as the request was verified, and three ways it may

@@ -104,6 +104,11 @@ pub struct NewOrderRow {
     pub certificate_profile: Option<String>,
     /// (certificate identifier as sent, id of the certificate it names).
     pub replaces: Option<(String, String)>,
+    /// The most pending, unexpired authorizations the account may have at
+    /// the profile, this order's identifiers counted in: the count is
+    /// taken by the write itself, so that checking it costs no round trip
+    /// of its own ([`InsertOrder::TooManyPending`]).
+    pub max_pending_authorizations: i64,
 }
 
 /// An order with its authorizations, each with its challenges
@@ -118,6 +123,16 @@ pub enum InsertOrder {
     /// RFC 9773 §5: another order that is not invalid already replaces the
     /// certificate named by `replaces`; nothing was written.
     AlreadyReplaced,
+    /// The account has `pending` pending, unexpired authorizations at the
+    /// profile: this order's would take it past
+    /// [`NewOrderRow::max_pending_authorizations`]. Nothing was written.
+    TooManyPending { pending: i64 },
+}
+
+/// Whether `pending` authorizations and the order's own stay within its cap.
+fn within_pending_cap(new: &NewOrderRow, pending: i64) -> bool {
+    let asked = i64::try_from(new.identifiers.len()).unwrap_or(i64::MAX);
+    pending.saturating_add(asked) <= new.max_pending_authorizations
 }
 
 /// pending → processing for a challenge whose authorization is still
@@ -388,8 +403,10 @@ fn inserted_order(
 /// and none of each other's rows, which nothing here needs: every row is
 /// new, and the foreign keys are checked at the statement's end, after
 /// every row is in. Every insert hangs off `o`, which is empty unless the
-/// account is valid with its key (locked, as `check_in` locks it), so an
-/// account that changed gets nothing written.
+/// account is valid with its key (locked, as `check_in` locks it) and its
+/// pending authorizations, counted in the same snapshot, leave room for
+/// this order's, so an account that changed or is at its cap gets nothing
+/// written.
 async fn insert_fresh_order_postgres(
     conn: &mut Conn<'_>,
     new: &NewOrderRow,
@@ -434,14 +451,19 @@ async fn insert_fresh_order_postgres(
         })
         .collect();
     let authorization_ids: Vec<String> = new.authorizations.iter().map(|a| a.id.clone()).collect();
+    let asked = i64::try_from(new.identifiers.len()).unwrap_or(i64::MAX);
     let written = conn
-        .scalar::<i64>(
+        .one(
             "WITH account AS (
                  SELECT 1 FROM accounts WHERE id = ?16 AND key_thumbprint = ?13 AND status = 'valid' FOR SHARE
+             ), pending AS (
+                 SELECT COUNT(*) AS n FROM authorizations
+                  WHERE account_id = ?3 AND profile = ?2 AND status = 'pending' AND expires_at > ?8
              ), o AS (
                  INSERT INTO orders (id, profile, account_id, status, identifiers, not_before, not_after, expires_at, created_at,
                                      certificate_profile, replaces, replaces_certificate_id, authorization_ids)
-                 SELECT ?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 FROM account
+                 SELECT ?1, ?2, ?3, 'pending', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 FROM account, pending
+                  WHERE pending.n + ?17 <= ?18
                  RETURNING id
              ), a AS (
                  INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value, wildcard, status, expires_at, created_at)
@@ -458,7 +480,7 @@ async fn insert_fresh_order_postgres(
                  SELECT o.id, x.authz_id, x.n - 1
                    FROM o, jsonb_array_elements_text(?12::jsonb) WITH ORDINALITY AS x(authz_id, n)
              )
-             SELECT COUNT(*) FROM o",
+             SELECT (SELECT COUNT(*) FROM account), (SELECT n FROM pending), (SELECT COUNT(*) FROM o)",
             args![
                 new.id,
                 new.profile,
@@ -476,7 +498,10 @@ async fn insert_fresh_order_postgres(
                 to_json(&authorizations),
                 to_json(&challenges),
                 account.id,
+                asked,
+                new.max_pending_authorizations,
             ],
+            |row| Ok((row.get::<i64>(0)?, row.get::<i64>(1)?, row.get::<i64>(2)?)),
         )
         .await;
     match written {
@@ -484,7 +509,10 @@ async fn insert_fresh_order_postgres(
             Ok(InsertOrder::AlreadyReplaced)
         }
         Err(e) => Err(e),
-        Ok(Some(1)) => Ok(inserted_order(new, OrderStatus::Pending, authorization_ids)),
+        Ok(Some((1, _, 1))) => Ok(inserted_order(new, OrderStatus::Pending, authorization_ids)),
+        Ok(Some((1, pending, _))) if !within_pending_cap(new, pending) => {
+            Ok(InsertOrder::TooManyPending { pending })
+        }
         Ok(_) => Err(StoreError::AccountChanged),
     }
 }
@@ -513,6 +541,19 @@ impl Store {
         }
         let mut tx = conn.begin().await?;
         account.check_in(&mut tx).await?;
+        // Counted in the transaction that writes: on SQLite no other
+        // writer can add one in between.
+        let pending = tx
+            .scalar::<i64>(
+                "SELECT COUNT(*) FROM authorizations
+                  WHERE account_id = ?1 AND profile = ?2 AND status = 'pending' AND expires_at > ?3",
+                args![new.account_id, new.profile, new.now],
+            )
+            .await?
+            .unwrap_or(0);
+        if !within_pending_cap(new, pending) {
+            return Ok(InsertOrder::TooManyPending { pending });
+        }
         // Reusable authorizations are looked up in the transaction that
         // links them: no read transaction of its own per identifier, and no
         // window in which the one found could change before it is linked.
@@ -763,27 +804,6 @@ impl Store {
     /// Whether `account_id` holds a valid, unexpired authorization for
     /// `identifier` at `profile` (RFC 8555 §7.6 revocation by an account that
     /// controls every name).
-    /// How many of `account_id`'s authorizations at `profile` are pending
-    /// and unexpired at `now` (an expired one is pending until something
-    /// reads it).
-    pub async fn pending_authorizations(
-        &self,
-        profile: &str,
-        account_id: &str,
-        now: i64,
-    ) -> Result<i64> {
-        Ok(self
-            .point_reader()
-            .await?
-            .scalar(
-                "SELECT COUNT(*) FROM authorizations
-             WHERE account_id = ?1 AND profile = ?2 AND status = 'pending' AND expires_at > ?3",
-                args![account_id, profile, now],
-            )
-            .await?
-            .unwrap_or(0))
-    }
-
     pub async fn has_valid_authorization(
         &self,
         profile: &str,
@@ -1411,6 +1431,7 @@ mod tests {
             reuse_validated_since: None,
             certificate_profile: Some("short".to_owned()),
             replaces: None,
+            max_pending_authorizations: i64::MAX,
         };
         let InsertOrder::Inserted(written) = store.insert_order(&order, GUARD).await.unwrap()
         else {
@@ -1485,12 +1506,109 @@ mod tests {
             assert_eq!(db.scalar(&sql).await, position as i64, "{id}");
         }
         assert_eq!(
-            store
-                .pending_authorizations("default", "acct", 2)
-                .await
-                .unwrap(),
+            db.scalar(
+                "SELECT COUNT(*) FROM authorizations
+                  WHERE account_id = 'acct' AND profile = 'default' AND status = 'pending'"
+            )
+            .await,
             3
         );
+    }
+
+    /// The cap on pending authorizations is counted by the write itself
+    /// (one statement on PostgreSQL, the transaction on SQLite and when
+    /// reuse is asked for): past it nothing is written, and the count
+    /// comes back for the refusal. Expired ones and another profile's do
+    /// not count.
+    #[tokio::test]
+    async fn an_order_past_the_accounts_pending_authorizations_cap_writes_nothing_and_says_how_many()
+     {
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
+            "{ACCOUNT}
+             INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value,
+                     status, expires_at, created_at)
+                 VALUES ('old', 'default', 'acct', 'dns', 'old.example', 'pending', 10, 1),
+                        ('elsewhere', 'other', 'acct', 'dns', 'other.example', 'pending', 100, 1);"
+        ))
+        .await;
+        let order = |id: &str, names: usize, cap: i64, reuse: Option<i64>| NewOrderRow {
+            id: id.to_owned(),
+            profile: "default".to_owned(),
+            account_id: "acct".to_owned(),
+            identifiers: (0..names)
+                .map(|n| Identifier {
+                    kind: "dns".parse().unwrap(),
+                    value: format!("{id}-{n}.example"),
+                })
+                .collect(),
+            not_before: None,
+            not_after: None,
+            expires_at: 100,
+            now: 20,
+            authorizations: (0..names)
+                .map(|n| NewAuthorization {
+                    id: format!("{id}-authz-{n}"),
+                    identifier: Identifier {
+                        kind: "dns".parse().unwrap(),
+                        value: format!("{id}-{n}.example"),
+                    },
+                    wildcard: false,
+                    expires_at: 100,
+                    challenges: vec![NewChallenge {
+                        id: format!("{id}-ch-{n}"),
+                        kind: "http-01".parse().unwrap(),
+                        token: format!("token-{id}-{n}"),
+                    }],
+                })
+                .collect(),
+            reuse_validated_since: reuse,
+            certificate_profile: None,
+            replaces: None,
+            max_pending_authorizations: cap,
+        };
+        let pending = "SELECT COUNT(*) FROM authorizations WHERE status = 'pending'";
+        for reuse in [None, Some(0)] {
+            db.exec(
+                "DELETE FROM order_authorizations; DELETE FROM challenges;
+                     DELETE FROM authorizations WHERE id NOT IN ('old', 'elsewhere');
+                     DELETE FROM orders;",
+            )
+            .await;
+            let first = store.insert_order(&order("a", 2, 3, reuse), GUARD).await;
+            assert!(
+                matches!(first, Ok(InsertOrder::Inserted(_))),
+                "{reuse:?}: {first:?}"
+            );
+            assert_eq!(
+                store
+                    .insert_order(&order("b", 2, 3, reuse), GUARD)
+                    .await
+                    .unwrap(),
+                InsertOrder::TooManyPending { pending: 2 },
+                "{reuse:?}"
+            );
+            assert!(store.order("b").await.unwrap().is_none(), "{reuse:?}");
+            assert_eq!(
+                db.scalar(pending).await,
+                4,
+                "{reuse:?}: nothing of b written"
+            );
+            let fits = store.insert_order(&order("c", 2, 4, reuse), GUARD).await;
+            assert!(
+                matches!(fits, Ok(InsertOrder::Inserted(_))),
+                "{reuse:?}: {fits:?}"
+            );
+        }
+        // An account that changed is told so, not counted.
+        let stale = crate::AccountGuard {
+            id: "acct",
+            key_thumbprint: "old-thumb",
+        };
+        assert!(matches!(
+            store.insert_order(&order("d", 1, 0, None), stale).await,
+            Err(crate::StoreError::AccountChanged)
+        ));
     }
 
     /// Found by the state machine's property test: two challenges of one
@@ -1531,6 +1649,7 @@ mod tests {
             reuse_validated_since: None,
             certificate_profile: None,
             replaces: None,
+            max_pending_authorizations: i64::MAX,
         };
         store.insert_order(&order, GUARD).await.unwrap();
         assert!(store.start_challenge("http", 2).await.unwrap());

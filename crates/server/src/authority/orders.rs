@@ -76,29 +76,6 @@ impl Authority {
                 format!("an order may name at most {max} identifiers"),
             ));
         }
-        // One account cannot pile up work it never finishes: counted
-        // before the order is made (two racing orders may pass it by one
-        // order's worth, a bound all the same).
-        let cap =
-            self.pending_authorizations_cap(account, profile.config.max_pending_authorizations);
-        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
-        let pending = self
-            .store
-            .pending_authorizations(&profile.name, &account.id, self.clock.unix())
-            .await?;
-        let asked = i64::try_from(req.identifiers.len()).unwrap_or(i64::MAX);
-        if pending.saturating_add(asked) > cap {
-            self.count_refusal(Limit::PendingAuthorizations);
-            let mut e = AcmeError::new(
-                ProblemType::RateLimited,
-                format!(
-                    "over the limit {} ({cap} at this profile): this account has {pending} pending authorizations; validate or let expire some before ordering more",
-                    Limit::PendingAuthorizations.name()
-                ),
-            );
-            e.retry_after = Some(60);
-            return Err(e);
-        }
         // draft-ietf-acme-profiles §4: an unknown profile is refused
         // before anything else is looked at.
         let certificate_profile = profile
@@ -291,6 +268,14 @@ impl Authority {
                 .map(|window| now - window.as_secs() as i64),
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
+            // One account cannot pile up work it never finishes. Counted
+            // by the write, in its snapshot: on PostgreSQL two racing
+            // orders may pass it by one order's worth, a bound all the
+            // same.
+            max_pending_authorizations: i64::try_from(
+                self.pending_authorizations_cap(account, profile.config.max_pending_authorizations),
+            )
+            .unwrap_or(i64::MAX),
         };
         // An order that could not be issued, or names what failed
         // validation too often, is refused before anything is made.
@@ -317,6 +302,19 @@ impl Authority {
                     "the certificate named by replaces is already replaced by another order that is not invalid",
                 )
                 .with_status(409));
+            }
+            InsertOrder::TooManyPending { pending } => {
+                self.count_refusal(Limit::PendingAuthorizations);
+                let mut e = AcmeError::new(
+                    ProblemType::RateLimited,
+                    format!(
+                        "over the limit {} ({} at this profile): this account has {pending} pending authorizations; validate or let expire some before ordering more",
+                        Limit::PendingAuthorizations.name(),
+                        new.max_pending_authorizations,
+                    ),
+                );
+                e.retry_after = Some(60);
+                return Err(e);
             }
         };
         let reused = row
