@@ -517,6 +517,60 @@ async fn insert_fresh_order_postgres(
     }
 }
 
+/// [`Store::start_challenge_with_job`] on PostgreSQL: the account's check,
+/// the challenge's step and its job as one statement, one round trip
+/// where the transaction takes five. The step hangs off `account`, which
+/// is empty unless the account is valid with its key (locked, as
+/// `check_in` locks it), and the job off the step; the step's guard is
+/// [`START_CHALLENGE`]'s, evaluated by the one `UPDATE` as there.
+async fn start_challenge_with_job_postgres(
+    conn: &mut Conn<'_>,
+    challenge_id: &str,
+    now: i64,
+    job: &crate::NewJob<'_>,
+    now_ms: i64,
+    account: AccountGuard<'_>,
+) -> Result<bool> {
+    let moved = conn
+        .one(
+            "WITH account AS (
+                 SELECT 1 FROM accounts WHERE id = ?3 AND key_thumbprint = ?4 AND status = 'valid' FOR SHARE
+             ), started AS (
+                 UPDATE challenges SET status = 'processing'
+                  WHERE id = ?1 AND status = 'pending'
+                    AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
+                                AND a.status = 'pending' AND a.expires_at > ?2)
+                    AND EXISTS (SELECT 1 FROM account)
+                 RETURNING 1
+             ), queued AS (
+                 INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at, fair_key)
+                 SELECT ?5, ?6, ?7, 'queued', 0, ?8, ?9, ?10, ?11, ?11, ?12 FROM started
+                 ON CONFLICT (kind, key) WHERE (status = 'queued' OR status = 'running' OR status = 'retiring') DO NOTHING
+             )
+             SELECT (SELECT COUNT(*) FROM account), (SELECT COUNT(*) FROM started)",
+            args![
+                challenge_id,
+                now,
+                account.id,
+                account.key_thumbprint,
+                job.kind,
+                job.key,
+                job.payload,
+                job.max_attempts,
+                job.run_at,
+                job.deadline,
+                now_ms,
+                job.fair_key,
+            ],
+            |row| Ok((row.get::<i64>(0)?, row.get::<i64>(1)?)),
+        )
+        .await?;
+    match moved {
+        Some((1, started)) => Ok(started == 1),
+        _ => Err(StoreError::AccountChanged),
+    }
+}
+
 impl Store {
     /// Creates an order with its authorizations and their challenges, in one
     /// transaction: one single-row `INSERT` per order, new authorization,
@@ -853,6 +907,17 @@ impl Store {
         account: AccountGuard<'_>,
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
+        if conn.is_postgres() {
+            return start_challenge_with_job_postgres(
+                &mut conn,
+                challenge_id,
+                now,
+                job,
+                now_ms,
+                account,
+            )
+            .await;
+        }
         let mut tx = conn.begin().await?;
         account.check_in(&mut tx).await?;
         let started = tx.exec(START_CHALLENGE, args![challenge_id, now]).await? == 1;
@@ -1609,6 +1674,63 @@ mod tests {
             store.insert_order(&order("d", 1, 0, None), stale).await,
             Err(crate::StoreError::AccountChanged)
         ));
+    }
+
+    /// PostgreSQL starts a challenge with its job in one statement, SQLite
+    /// in a transaction: either way once, with one job, and not under an
+    /// authorization that expired.
+    #[tokio::test]
+    async fn a_challenge_starts_once_with_one_job_and_never_under_an_expired_authorization() {
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
+            "{ACCOUNT}
+             INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value,
+                     status, expires_at, created_at)
+                 VALUES ('live', 'default', 'acct', 'dns', 'live.example', 'pending', 100, 1),
+                        ('old', 'default', 'acct', 'dns', 'old.example', 'pending', 3, 1);
+             INSERT INTO challenges (id, authz_id, type, token, status)
+                 VALUES ('ch-live', 'live', 'http-01', 't1', 'pending'),
+                        ('ch-old', 'old', 'http-01', 't2', 'pending');"
+        ))
+        .await;
+        let job = |key: &'static str| NewJob {
+            kind: "challenge_validation",
+            key,
+            payload: "{}",
+            run_at: 5,
+            deadline: None,
+            max_attempts: 1,
+            fair_key: Some("acct"),
+        };
+        let jobs = "SELECT COUNT(*) FROM jobs WHERE status = 'queued'";
+        assert!(
+            store
+                .start_challenge_with_job("ch-live", 5, &job("ch-live"), 5, GUARD)
+                .await
+                .unwrap()
+        );
+        assert_eq!(db.scalar(jobs).await, 1);
+        assert!(
+            !store
+                .start_challenge_with_job("ch-live", 5, &job("ch-live"), 5, GUARD)
+                .await
+                .unwrap(),
+            "started twice"
+        );
+        assert!(
+            !store
+                .start_challenge_with_job("ch-old", 5, &job("ch-old"), 5, GUARD)
+                .await
+                .unwrap(),
+            "started under an expired authorization"
+        );
+        assert_eq!(db.scalar(jobs).await, 1, "one job, for ch-live");
+        let status = |id: &'static str| {
+            let store = store.clone();
+            async move { store.challenge(id).await.unwrap().unwrap().status }
+        };
+        assert_eq!(status("ch-live").await, ChallengeStatus::Processing);
+        assert_eq!(status("ch-old").await, ChallengeStatus::Pending);
     }
 
     /// Found by the state machine's property test: two challenges of one
