@@ -204,53 +204,13 @@ fn job_from_row(row: Row<'_>) -> Result<JobRow> {
     })
 }
 
-/// [`Store::claim_jobs`] on PostgreSQL: SQLite's statement, with the
-/// kinds' free slots read from the JSON by `jsonb_each_text`, and the rows
-/// picked locked (`FOR UPDATE … SKIP LOCKED`: a row another replica is
-/// claiming, settling or heartbeating is passed over, not waited for) and
-/// checked again as locked. PostgreSQL refuses `FOR UPDATE` beside window
-/// functions, hence the ranking in CTEs first.
+/// [`Store::claim_jobs`] on PostgreSQL: the advisory lock that serialises
+/// claims across replicas, then the claim, in one function (migration
+/// 0023) called by one statement.
 const CLAIM_JOBS_POSTGRES: &str = concat!(
-    "WITH limits AS (
-         SELECT key AS kind, value::bigint AS n FROM jsonb_each_text(?4::jsonb)
-     ),
-     eligible AS (
-         SELECT j.id, j.kind, j.run_at, j.fair_key, j.status, j.cancel_requested_by,
-                ROW_NUMBER() OVER (PARTITION BY j.kind, j.fair_key ORDER BY j.run_at, j.id) AS key_rank
-           FROM jobs j
-          WHERE j.kind IN (SELECT kind FROM limits)
-            AND ((j.status = 'queued' AND (j.run_at <= ?2 OR j.cancel_requested_by IS NOT NULL))
-                 OR (j.status IN ('running', 'retiring') AND j.lease_until <= ?2))
-     ),
-     ranked AS (
-         SELECT e.id, e.kind,
-                ROW_NUMBER() OVER (PARTITION BY e.kind ORDER BY e.run_at, e.id) AS kind_rank
-           FROM eligible e
-          -- A cancellation or an abandon is not held back by the cap.
-          WHERE e.fair_key IS NULL OR e.status = 'retiring' OR e.cancel_requested_by IS NOT NULL
-             OR e.key_rank + (SELECT COUNT(*) FROM jobs r
-                               WHERE r.status = 'running' AND r.kind = e.kind
-                                 AND r.fair_key = e.fair_key AND r.lease_until > ?2) <= ?5
-     ),
-     picked AS (
-         SELECT j.id AS picked_id
-           FROM jobs j
-           JOIN ranked r ON r.id = j.id
-           JOIN limits l ON l.kind = r.kind
-          WHERE r.kind_rank <= l.n
-            AND ((j.status = 'queued' AND (j.run_at <= ?2 OR j.cancel_requested_by IS NOT NULL))
-                 OR (j.status IN ('running', 'retiring') AND j.lease_until <= ?2))
-            FOR UPDATE OF j SKIP LOCKED
-     )
-     UPDATE jobs SET
-         status = CASE WHEN status = 'retiring' THEN 'retiring' ELSE 'running' END,
-         attempts = CASE WHEN status = 'retiring' OR cancel_requested_by IS NOT NULL
-                         THEN attempts ELSE attempts + 1 END,
-         lease_owner = ?1, lease_until = ?2 + ?3, updated_at = ?2
-       FROM picked
-      WHERE id = picked_id
-     RETURNING ",
-    job_columns!()
+    "SELECT ",
+    job_columns!(),
+    " FROM acme_claim_jobs(?1, ?2, ?3, ?4, ?5)"
 );
 
 /// Wake-ups of the job runners when a process on the same database queues
@@ -381,15 +341,7 @@ impl Store {
             // Claims are serialised across replicas (one statement each,
             // milliseconds) so that the per-key cap counts every replica's
             // claims; the rows themselves are locked as they are taken.
-            let mut tx = conn.begin().await?;
-            tx.exec(
-                "SELECT pg_advisory_xact_lock(hashtext('acme_proxy.jobs.claim'))",
-                &[],
-            )
-            .await?;
-            let claimed = tx.all(CLAIM_JOBS_POSTGRES, args, job_from_row).await?;
-            tx.commit().await?;
-            return Ok(claimed);
+            return conn.all(CLAIM_JOBS_POSTGRES, args, job_from_row).await;
         }
         conn.all(
             concat!(

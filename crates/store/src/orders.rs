@@ -517,6 +517,29 @@ async fn insert_fresh_order_postgres(
     }
 }
 
+/// What a challenge that passed says once its authorization has stopped
+/// accepting responses ([`Store::settle_challenge`]).
+fn late_challenge() -> Problem {
+    Problem::new(
+        ProblemType::Malformed,
+        "the authorization stopped accepting challenge responses (another challenge of it failed, or it was deactivated or expired) before this validation finished",
+    )
+}
+
+/// [`Store::settle_challenge`] on PostgreSQL: its transaction as one
+/// function (migration 0023), and the notices queued only when it returns
+/// true, in one statement. The function runs once, first: the insert
+/// reads its answer.
+const SETTLE_CHALLENGE_POSTGRES: &str = concat!(
+    "WITH done AS MATERIALIZED (
+         SELECT acme_settle_challenge(?1, ?2, ?3, ?4, ?5) AS ok
+     ),
+     queued AS (",
+    crate::jobs::insert_jobs_postgres!("?6"),
+    ")
+     SELECT ok FROM done"
+);
+
 /// [`Store::start_challenge_with_job`] on PostgreSQL: the account's check,
 /// the challenge's step and its job as one statement, one round trip
 /// where the transaction takes five. The step hangs off `account`, which
@@ -953,6 +976,25 @@ impl Store {
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
+        if conn.is_postgres() {
+            // The same statements in one function (migration 0023), the
+            // notices queued by the same statement when it says true.
+            let failed = outcome.err().map(to_json);
+            return Ok(conn
+                .scalar::<bool>(
+                    SETTLE_CHALLENGE_POSTGRES,
+                    args![
+                        challenge_id,
+                        now,
+                        valid_until,
+                        failed,
+                        to_json(&late_challenge()),
+                        crate::jobs::jobs_json(notices),
+                    ],
+                )
+                .await?
+                == Some(true));
+        }
         let mut tx = conn.begin().await?;
         // The guarded change and the read of its authorization are one
         // statement.
@@ -973,15 +1015,11 @@ impl Store {
                     )
                     .await?;
                 if moved.is_none() {
-                    let late = Problem::new(
-                        ProblemType::Malformed,
-                        "the authorization stopped accepting challenge responses (another challenge of it failed, or it was deactivated or expired) before this validation finished",
-                    );
                     let ended = tx
                         .exec(
                             "UPDATE challenges SET status = 'invalid', error = ?1
                          WHERE id = ?2 AND status = 'processing'",
-                            args![to_json(&late), challenge_id],
+                            args![to_json(&late_challenge()), challenge_id],
                         )
                         .await?;
                     if ended == 1 {
@@ -1817,6 +1855,95 @@ mod tests {
                 .unwrap()
         );
         store.close().await;
+    }
+
+    /// A settled challenge's notices are queued with it (by the same
+    /// statement on PostgreSQL), and none for one no longer processing;
+    /// a failure takes the authorization and its pending order with it,
+    /// the order carrying the problem; a pass makes the order ready.
+    #[tokio::test]
+    async fn a_settled_challenge_queues_its_notices_and_one_no_longer_processing_queues_none() {
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
+            "{ACCOUNT}
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('o-pass', 'default', 'acct', 'pending', '[]', 100, 1),
+                        ('o-fail', 'default', 'acct', 'pending', '[]', 100, 1);
+             INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value,
+                     status, expires_at, created_at)
+                 VALUES ('a-pass', 'default', 'acct', 'dns', 'pass.example', 'pending', 100, 1),
+                        ('a-fail', 'default', 'acct', 'dns', 'fail.example', 'pending', 100, 1);
+             INSERT INTO challenges (id, authz_id, type, token, status)
+                 VALUES ('c-pass', 'a-pass', 'http-01', 't1', 'processing'),
+                        ('c-fail', 'a-fail', 'http-01', 't2', 'processing');
+             INSERT INTO order_authorizations (order_id, authz_id, position)
+                 VALUES ('o-pass', 'a-pass', 0), ('o-fail', 'a-fail', 0);"
+        ))
+        .await;
+        let notice = |key: &'static str| NewJob {
+            kind: "notification",
+            key,
+            payload: "{}",
+            run_at: 5,
+            deadline: None,
+            max_attempts: 3,
+            fair_key: None,
+        };
+        let queued = "SELECT COUNT(*) FROM jobs WHERE kind = 'notification'";
+        assert!(
+            store
+                .settle_challenge("c-pass", Ok(()), 5, 60, &[notice("pass")])
+                .await
+                .unwrap()
+        );
+        assert_eq!(db.scalar(queued).await, 1);
+        assert!(
+            !store
+                .settle_challenge("c-pass", Ok(()), 6, 60, &[notice("again")])
+                .await
+                .unwrap(),
+            "settled twice"
+        );
+        assert_eq!(
+            db.scalar(queued).await,
+            1,
+            "no notice for a settled challenge"
+        );
+        let refused = Problem::new(ProblemType::Connection, "no answer");
+        assert!(
+            store
+                .settle_challenge(
+                    "c-fail",
+                    Err(&refused),
+                    7,
+                    60,
+                    &[notice("fail"), notice("fail-2")]
+                )
+                .await
+                .unwrap()
+        );
+        assert_eq!(db.scalar(queued).await, 3);
+        let passed = store.order("o-pass").await.unwrap().unwrap();
+        assert_eq!(passed.status, OrderStatus::Ready);
+        let (authz, _) = store
+            .authorization_with_challenges("a-pass")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (authz.status, authz.expires_at),
+            (AuthorizationStatus::Valid, 60)
+        );
+        let failed = store.order("o-fail").await.unwrap().unwrap();
+        assert_eq!(failed.status, OrderStatus::Invalid);
+        assert_eq!(failed.error.unwrap().kind, refused.kind);
+        let (authz, challenges) = store
+            .authorization_with_challenges("a-fail")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(authz.status, AuthorizationStatus::Invalid);
+        assert_eq!(challenges[0].error.as_ref().unwrap().kind, refused.kind);
     }
 
     #[tokio::test]
