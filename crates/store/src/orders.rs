@@ -137,10 +137,15 @@ fn within_pending_cap(new: &NewOrderRow, pending: i64) -> bool {
 
 /// pending → processing for a challenge whose authorization is still
 /// pending and unexpired (?1 challenge id, ?2 now).
-const START_CHALLENGE: &str = "UPDATE challenges SET status = 'processing'
-     WHERE id = ?1 AND status = 'pending'
-       AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                   AND a.status = 'pending' AND a.expires_at > ?2)";
+macro_rules! start_challenge {
+    () => {
+        "UPDATE challenges SET status = 'processing'
+          WHERE id = ?1 AND status = 'pending'
+            AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
+                        AND a.status = 'pending' AND a.expires_at > ?2)"
+    };
+}
+const START_CHALLENGE: &str = start_challenge!();
 
 /// A valid authorization that a new order may reuse (?1 profile, ?2
 /// account, ?3 identifier type, ?4 value, ?5 wildcard flag): it stays
@@ -544,8 +549,8 @@ const SETTLE_CHALLENGE_POSTGRES: &str = concat!(
 /// the challenge's step and its job as one statement, one round trip
 /// where the transaction takes five. The step hangs off `account`, which
 /// is empty unless the account is valid with its key (locked, as
-/// `check_in` locks it), and the job off the step; the step's guard is
-/// [`START_CHALLENGE`]'s, evaluated by the one `UPDATE` as there.
+/// `check_in` locks it), and the job off the step; the step is
+/// [`START_CHALLENGE`] with that condition added.
 async fn start_challenge_with_job_postgres(
     conn: &mut Conn<'_>,
     challenge_id: &str,
@@ -556,21 +561,20 @@ async fn start_challenge_with_job_postgres(
 ) -> Result<bool> {
     let moved = conn
         .one(
-            "WITH account AS (
-                 SELECT 1 FROM accounts WHERE id = ?3 AND key_thumbprint = ?4 AND status = 'valid' FOR SHARE
-             ), started AS (
-                 UPDATE challenges SET status = 'processing'
-                  WHERE id = ?1 AND status = 'pending'
-                    AND EXISTS (SELECT 1 FROM authorizations a WHERE a.id = challenges.authz_id
-                                AND a.status = 'pending' AND a.expires_at > ?2)
-                    AND EXISTS (SELECT 1 FROM account)
-                 RETURNING 1
-             ), queued AS (
+            concat!(
+                "WITH account AS (
+                     SELECT 1 FROM accounts WHERE id = ?3 AND key_thumbprint = ?4 AND status = 'valid' FOR SHARE
+                 ), started AS (",
+                start_challenge!(),
+                "       AND EXISTS (SELECT 1 FROM account)
+                     RETURNING 1
+                 ), queued AS (
                  INSERT INTO jobs (kind, key, payload, status, attempts, max_attempts, run_at, deadline, created_at, updated_at, fair_key)
                  SELECT ?5, ?6, ?7, 'queued', 0, ?8, ?9, ?10, ?11, ?11, ?12 FROM started
                  ON CONFLICT (kind, key) WHERE (status = 'queued' OR status = 'running' OR status = 'retiring') DO NOTHING
              )
-             SELECT (SELECT COUNT(*) FROM account), (SELECT COUNT(*) FROM started)",
+             SELECT (SELECT COUNT(*) FROM account), (SELECT COUNT(*) FROM started)"
+            ),
             args![
                 challenge_id,
                 now,
