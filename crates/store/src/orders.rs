@@ -882,6 +882,37 @@ impl Store {
         challenge_with_authorization_in(&mut self.point_reader().await?, id).await
     }
 
+    /// What a validation needs of challenge `id`: the challenge, its
+    /// authorization and the key thumbprint of the account that holds it
+    /// (for the key authorization, RFC 8555 §8.1), in one statement.
+    /// `None` when the challenge or its account is gone.
+    pub async fn challenge_to_validate(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ChallengeRow, AuthorizationRow, String)>> {
+        self.point_reader()
+            .await?
+            .one(
+                concat!(
+                    "SELECT ",
+                    authz_columns!(),
+                    ", ",
+                    challenge_columns!(),
+                    ", acct.key_thumbprint FROM challenges ch JOIN authorizations a ON a.id = ch.authz_id
+                       JOIN accounts acct ON acct.id = a.account_id WHERE ch.id = ?1"
+                ),
+                args![id],
+                |row| {
+                    Ok((
+                        challenge_at(row, AUTHZ_COLUMNS)?,
+                        authz_at(row, 0)?,
+                        row.get(AUTHZ_COLUMNS + CHALLENGE_COLUMNS)?,
+                    ))
+                },
+            )
+            .await
+    }
+
     /// Whether `account_id` holds a valid, unexpired authorization for
     /// `identifier` at `profile` (RFC 8555 §7.6 revocation by an account that
     /// controls every name).
@@ -1773,6 +1804,20 @@ mod tests {
         };
         assert_eq!(status("ch-live").await, ChallengeStatus::Processing);
         assert_eq!(status("ch-old").await, ChallengeStatus::Pending);
+        // What its validation then reads, in one statement: the challenge,
+        // its authorization, and the key its account signs with.
+        let (ch, authz, thumbprint) = store
+            .challenge_to_validate("ch-live")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((ch.id.as_str(), ch.token.as_str()), ("ch-live", "t1"));
+        assert_eq!(
+            (authz.id.as_str(), authz.account_id.as_str()),
+            ("live", "acct")
+        );
+        assert_eq!(thumbprint, "thumb");
+        assert!(store.challenge_to_validate("none").await.unwrap().is_none());
     }
 
     /// Found by the state machine's property test: two challenges of one

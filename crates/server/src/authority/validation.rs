@@ -56,15 +56,7 @@ impl JobHandler for ValidationJobs {
             let Some(id) = challenge_id(job) else {
                 return Outcome::Failed(format!("payload {:?} names no challenge", job.payload));
             };
-            let loaded = async {
-                let Some((ch, authz)) = a.store.challenge_with_authorization(&id).await? else {
-                    return Ok(None);
-                };
-                let account = a.store.account(&authz.account_id).await?;
-                Ok::<_, acme_proxy_store::StoreError>(account.map(|acct| (ch, authz, acct)))
-            }
-            .await;
-            let (ch, authz, account) = match loaded {
+            let (ch, authz, thumbprint) = match a.store.challenge_to_validate(&id).await {
                 Ok(Some(found)) => found,
                 Ok(None) => return Outcome::Done,
                 Err(e) => return Outcome::Retry(format!("reading the challenge: {e}")),
@@ -91,13 +83,13 @@ impl JobHandler for ValidationJobs {
                 let target = ValidationTarget {
                     identifier: authz.identifier.value.clone(),
                     token: ch.token.clone(),
-                    key_authorization: format!("{}.{}", ch.token, account.key_thumbprint),
+                    key_authorization: format!("{}.{}", ch.token, thumbprint),
                 };
                 let started = std::time::Instant::now();
                 let mut r = a.validators.validate(ch.kind, &target).await;
                 if r.is_ok() && profile.config.caa {
                     // RFC 8659 §3: checked when the name is validated.
-                    let account_uri = a.account_url(&profile.name, &account.id);
+                    let account_uri = a.account_url(&profile.name, &authz.account_id);
                     let request = crate::validators::caa::CaaRequest {
                         name: &authz.identifier.value,
                         wildcard: authz.wildcard,
@@ -144,7 +136,7 @@ impl JobHandler for ValidationJobs {
                 Err(p) => {
                     let mut notice =
                         Notice::new(Event::ChallengeFailed, &profile.name, a.clock.unix());
-                    notice.account = Some(account.id.clone());
+                    notice.account = Some(authz.account_id.clone());
                     notice.challenge = Some(ch.id.clone());
                     notice.identifiers = vec![authz.identifier.value.clone()];
                     notice.detail = Some(format!(
@@ -159,9 +151,18 @@ impl JobHandler for ValidationJobs {
             // Counted before the failure is visible: a new order that
             // follows it sees the count. Not when the operator turned the
             // method off: that is no failure of the client's.
+            // The account is read only then: its overrides may set the
+            // limit.
             if result.is_err() && refused.is_none() {
-                a.count_failed_validation(&account, &authz.identifier.value)
-                    .await;
+                match a.store.account(&authz.account_id).await {
+                    Ok(Some(account)) => {
+                        a.count_failed_validation(&account, &authz.identifier.value)
+                            .await;
+                    }
+                    // Gone since: nothing to count against.
+                    Ok(None) => {}
+                    Err(e) => return Outcome::Retry(format!("reading the account: {e}")),
+                }
             }
             match a.settle(&profile, &ch, result, &outbox.jobs()).await {
                 Ok(true) => {
