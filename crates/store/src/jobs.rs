@@ -1,10 +1,11 @@
 //! The job table: enqueue, atomic claims with leases, lease renewal, and
 //! settlements guarded on the lease owner. Times are Unix milliseconds.
 //!
-//! The claim is one `UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING`: on
-//! SQLite the statement runs under the database write lock, so two runners
-//! (even in two processes) never claim one job; on PostgreSQL the inner
-//! `SELECT` becomes `FOR UPDATE SKIP LOCKED`.
+//! The claim is one statement: on SQLite an `UPDATE … WHERE id IN (SELECT
+//! …) RETURNING` under the database write lock, so two runners (even in
+//! two processes) never claim one job; on PostgreSQL a function of the
+//! schema (migration 0023) that takes an advisory lock and then picks the
+//! rows `FOR UPDATE SKIP LOCKED`.
 
 use crate::audit::insert_audit_in;
 use crate::db::{Conn, Row, args};

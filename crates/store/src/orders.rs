@@ -550,7 +550,12 @@ const SETTLE_CHALLENGE_POSTGRES: &str = concat!(
 /// where the transaction takes five. The step hangs off `account`, which
 /// is empty unless the account is valid with its key (locked, as
 /// `check_in` locks it), and the job off the step; the step is
-/// [`START_CHALLENGE`] with that condition added.
+/// [`START_CHALLENGE`] with that condition added. The statement's one
+/// snapshot is taken before the account's lock is waited for, where the
+/// transaction's next statement took a new one; that is safe because
+/// every write that locks an account and changes its authorizations
+/// (deactivation, deletion) also changes or deletes the account row, which
+/// the lock then sees: the step is not taken.
 async fn start_challenge_with_job_postgres(
     conn: &mut Conn<'_>,
     challenge_id: &str,
@@ -607,7 +612,8 @@ impl Store {
     /// linked instead of new ones when `reuse_validated_since` asks for
     /// them. On PostgreSQL, when none may be reused, all of it is one
     /// statement instead ([`insert_fresh_order_postgres`]). Returns the
-    /// order as written.
+    /// order as written, or, writing nothing,
+    /// [`InsertOrder::AlreadyReplaced`] or [`InsertOrder::TooManyPending`].
     ///
     /// Errs with [`StoreError::AccountChanged`], writing nothing, unless
     /// `account` is still valid with its key.
@@ -623,7 +629,9 @@ impl Store {
         let mut tx = conn.begin().await?;
         account.check_in(&mut tx).await?;
         // Counted in the transaction that writes: on SQLite no other
-        // writer can add one in between.
+        // writer can add one in between; on PostgreSQL (authorization
+        // reuse) orders racing may pass the cap as the one-statement
+        // insert's may.
         let pending = tx
             .scalar::<i64>(
                 "SELECT COUNT(*) FROM authorizations

@@ -269,9 +269,9 @@ impl Authority {
             certificate_profile: certificate_profile.map(|(name, _)| name.to_owned()),
             replaces,
             // One account cannot pile up work it never finishes. Counted
-            // by the write, in its snapshot: on PostgreSQL two racing
-            // orders may pass it by one order's worth, a bound all the
-            // same.
+            // by the write, in its snapshot, so after the checks above:
+            // on PostgreSQL N orders racing may pass it by N - 1 orders'
+            // worth, a bound all the same.
             max_pending_authorizations: i64::try_from(
                 self.pending_authorizations_cap(account, profile.config.max_pending_authorizations),
             )

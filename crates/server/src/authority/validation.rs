@@ -151,8 +151,9 @@ impl JobHandler for ValidationJobs {
             // Counted before the failure is visible: a new order that
             // follows it sees the count. Not when the operator turned the
             // method off: that is no failure of the client's.
-            // The account is read only then: its overrides may set the
-            // limit.
+            // The account is read only then (its overrides may set the
+            // limit), and as the count is, best effort: a read that fails
+            // does not throw the finished validation away.
             if result.is_err() && refused.is_none() {
                 match a.store.account(&authz.account_id).await {
                     Ok(Some(account)) => {
@@ -161,7 +162,9 @@ impl JobHandler for ValidationJobs {
                     }
                     // Gone since: nothing to count against.
                     Ok(None) => {}
-                    Err(e) => return Outcome::Retry(format!("reading the account: {e}")),
+                    Err(e) => {
+                        tracing::warn!(event = "ratelimit.take", outcome = "failure", account = %authz.account_id, error = %e, "could not read the account to count a failed validation");
+                    }
                 }
             }
             match a.settle(&profile, &ch, result, &outbox.jobs()).await {
