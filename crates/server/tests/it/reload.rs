@@ -360,6 +360,21 @@ async fn held_validation(store: &Store, challenge_id: &str) -> acme_proxy_store:
     }
 }
 
+/// Job `id` once its worker has recorded it done; fails after 10 s. A
+/// validation settles its challenge (and so its order) before the worker
+/// records the job finished, so a client can see the order ready first.
+async fn job_done(store: &Store, id: i64) -> acme_proxy_store::JobRow {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let job = store.job(id).await.expect("read").expect("the job");
+        if job.status.as_str() == "done" {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "never recorded done: {job:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A profile taken out (by a reload or a restart) keeps its orders for when
 /// it comes back, and its relay jobs wait for it; a validation of one of
 /// its challenges failed instead, leaving the client's order invalid when
@@ -433,20 +448,16 @@ async fn a_validation_whose_profile_is_not_mounted_waits_and_completes_once_it_i
         assert!(Instant::now() < deadline, "the held validation never ran");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Completed by the job that was held, not a new one.
+    // Completed by the job that was held, not a new one. The order is
+    // ready once the challenge settles, a moment before the worker records
+    // its job done: wait for that.
     let store = server.running().authority().store().clone();
+    let held = held.expect("held job");
+    let job = job_done(&store, held).await;
     let jobs = acme_proxy::admin::ops::list_jobs(&store, Some(KIND), None, 10)
         .await
         .expect("jobs");
-    let job = jobs
-        .iter()
-        .find(|j| j.key == challenge_id)
-        .expect("the validation job");
-    assert_eq!(
-        (Some(job.id), job.status.as_str()),
-        (held, "done"),
-        "{jobs:?}"
-    );
+    assert_eq!(job.key, challenge_id, "{jobs:?}");
     assert_eq!(
         jobs.iter().filter(|j| j.key == challenge_id).count(),
         1,
@@ -507,8 +518,7 @@ async fn a_reload_that_mounts_the_profile_again_runs_its_held_validation_at_once
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let job = store.job(held.id).await.expect("read").expect("the job");
-    assert_eq!(job.status.as_str(), "done", "{job:?}");
+    job_done(&store, held.id).await;
     server.stop().await;
 }
 
@@ -622,8 +632,7 @@ async fn a_held_validation_whose_type_the_returning_profile_no_longer_offers_set
     assert_eq!(ch.status.as_str(), "invalid", "{ch:?}");
     let error = format!("{:?}", ch.error);
     assert!(error.contains("no longer validates http-01"), "{error}");
-    let job = store.job(held.id).await.expect("read").expect("the job");
-    assert_eq!(job.status.as_str(), "done", "{job:?}");
+    job_done(&store, held.id).await;
     // Not the client's failure: the name may be ordered again at once,
     // one failed validation an hour allowed.
     order_one(&acct, &dir, "held.example.test").await;
