@@ -73,7 +73,7 @@ fn django_database(url: &str) -> String {
 }
 
 impl NetBox {
-    /// Configures, migrates (a few minutes), makes a superuser's token and
+    /// Configures, migrates (ten minutes or more), makes a superuser's token and
     /// serves NetBox.
     fn start() -> Option<NetBox> {
         let venv = netbox_venv()?;
