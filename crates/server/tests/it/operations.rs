@@ -311,6 +311,11 @@ pub(crate) fn slow_refusing_profile(files: &std::path::Path, seconds: u32) -> St
 /// Finalizes a new ready order of a new account at `directory` (the
 /// profile of [`slow_refusing_profile`]) in the background: the finalize's
 /// answer, once its signer has refused.
+///
+/// With `max_in_flight = 1` the caller's own probes can hold the slot when
+/// the finalize arrives; the finalize is then shed (503, before its nonce
+/// is read) and sent again, as a client does after `Retry-After`, until it
+/// is admitted (10 s at most).
 pub(crate) async fn finalize_in_background(directory: &str) -> tokio::task::JoinHandle<raw::Resp> {
     let dir = raw::directory(directory).await;
     let acct = Acct::create(&dir, Key::p256()).await;
@@ -321,7 +326,17 @@ pub(crate) async fn finalize_in_background(directory: &str) -> tokio::task::Join
         &protected,
         Some(&json!({"csr": csr_for("slow.example.test")})),
     );
-    tokio::spawn(async move { raw::post(&finalize, &body).await })
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = raw::post(&finalize, &body).await;
+            let shed = r.status == 503 && String::from_utf8_lossy(&r.body).contains("at capacity");
+            if !shed || Instant::now() >= deadline {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
 }
 
 #[tokio::test]
