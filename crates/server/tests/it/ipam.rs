@@ -73,8 +73,8 @@ fn django_database(url: &str) -> String {
 }
 
 impl NetBox {
-    /// Configures, migrates (ten minutes or more), makes a superuser's token and
-    /// serves NetBox.
+    /// Configures, migrates (ten minutes or more), makes a superuser's token
+    /// and serves NetBox.
     fn start() -> Option<NetBox> {
         let venv = netbox_venv()?;
         assert!(
