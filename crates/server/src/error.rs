@@ -93,6 +93,9 @@ impl From<acme_proxy_store::StoreError> for AcmeError {
             acme_proxy_store::StoreError::AccountChanged => Self::deactivated_account(
                 "the account was deactivated, deleted or given another key; it can no longer make this request (RFC 8555 §7.3.6)",
             ),
+            // A nonce used before, found as the request's first statement
+            // (or the record ahead of it) was written: nothing was.
+            acme_proxy_store::StoreError::NonceReplayed => bad_nonce(),
             // Nothing was written; the client may try again shortly
             // (RFC 8555 §6.6: a 503 with Retry-After).
             e if e.is_unavailable() => {
@@ -104,6 +107,15 @@ impl From<acme_proxy_store::StoreError> for AcmeError {
             e => Self::internal(e),
         }
     }
+}
+
+/// The refusal of a nonce never issued, expired or used before (RFC 8555
+/// §6.5.2); the response carries a fresh one, as every response does.
+pub fn bad_nonce() -> AcmeError {
+    AcmeError::new(
+        acme_proxy_protocol::ProblemType::BadNonce,
+        "the nonce is unknown, expired or already used; retry with the fresh one in Replay-Nonce",
+    )
 }
 
 /// What a client is told while the database is unavailable (503).

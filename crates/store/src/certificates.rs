@@ -1,6 +1,6 @@
 //! Issued certificates, revocation (RFC 8555 §7.6) and CRLs (RFC 5280 §5).
 
-use acme_proxy_protocol::types::Identifier;
+use acme_proxy_protocol::types::{Identifier, OrderStatus};
 
 use crate::accounts::{account_changed_raised, raised};
 use crate::audit::{NewAuditRow, audit_args, insert_audit_in};
@@ -198,9 +198,15 @@ impl Store {
                 .scalar::<bool>(COMPLETE_READY_ORDER_POSTGRES, &args)
                 .await
             {
-                // The order left processing under the finalize: nothing
+                // The order left ready under the finalize, or a finalize
+                // racing this one stored its certificate first: nothing
                 // written, as when the transaction rolls back.
-                Err(e) if raised(&e, "AP002") => return Ok(false),
+                Err(e)
+                    if raised(&e, "AP002")
+                        || e.is_unique_violation_of("order_id", "certificates_order_id_key") =>
+                {
+                    return Ok(false);
+                }
                 done => done.map_err(account_changed_raised)?,
             };
             return Ok(done == Some(true));
@@ -209,18 +215,11 @@ impl Store {
         if let Some(account) = from_ready {
             account.check_in(&mut tx).await?;
         }
-        if from_ready.is_some()
-            && tx
-                .exec(
-                    crate::orders::BEGIN_FINALIZE,
-                    args![cert.order_id, cert.now * 1000],
-                )
-                .await?
-                != 1
-        {
-            return Ok(false);
-        }
-        if !complete_order_in(&mut tx, cert).await? {
+        let from = match from_ready {
+            Some(_) => OrderStatus::Ready,
+            None => OrderStatus::Processing,
+        };
+        if !complete_order_in(&mut tx, cert, from).await? {
             return Ok(false);
         }
         insert_audit_in(&mut tx, audit, self.audit_origin).await?;
@@ -505,34 +504,43 @@ fn cert_args<'a>(cert: &'a NewCertificateRow<'a>, identifiers: &'a str) -> [Arg<
     ]
 }
 
-/// The certificate row and processing → valid, inside the caller's
+/// The certificate row and `from` → valid (processing, or ready for a
+/// finalize that completes in its own transaction), inside the caller's
 /// transaction (`conn` is that transaction); false (nothing written) when
-/// the order is not processing.
+/// the order is not `from`.
 pub(crate) async fn complete_order_in(
     conn: &mut Conn<'_>,
     cert: &NewCertificateRow<'_>,
+    from: OrderStatus,
 ) -> Result<bool> {
-    // Written only while the order is processing (the guard and the insert
+    // Written only while the order is `from` (the guard and the insert
     // are one statement); the status change follows (a trigger wants the
     // certificate there first).
+    let (insert, update) = match from {
+        OrderStatus::Ready => (
+            "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
+                 identifiers, not_before, not_after, created_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
+              WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'ready')",
+            "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'ready'",
+        ),
+        _ => (
+            "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
+                 identifiers, not_before, not_after, created_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
+              WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'processing')",
+            "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'processing'",
+        ),
+    };
     let identifiers = to_json(cert.identifiers);
-    let inserted = conn.exec(
-        "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
-             identifiers, not_before, not_after, created_at)
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
-          WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'processing')",
-        &cert_args(cert, &identifiers),
-    ).await?;
+    let inserted = conn.exec(insert, &cert_args(cert, &identifiers)).await?;
     if inserted != 1 {
         return Ok(false);
     }
     // Checked again: on PostgreSQL an abandon or a cancel can move the
     // order on between the insert's check and this update (which then
     // waits for it and matches nothing); the caller rolls back.
-    let completed = conn.exec(
-        "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'processing'",
-        args![cert.order_id, cert.id],
-    ).await?;
+    let completed = conn.exec(update, args![cert.order_id, cert.id]).await?;
     Ok(completed == 1)
 }
 
@@ -582,6 +590,15 @@ mod tests {
         assert_eq!(
             (order.status.as_str(), order.certificate_id.as_deref()),
             ("valid", Some("c1"))
+        );
+        // Ready → valid in one update: the order never went processing,
+        // whose update stamps `processing_since`.
+        assert_eq!(
+            db.scalar(
+                "SELECT COUNT(*) FROM orders WHERE id = 'ready' AND processing_since IS NULL"
+            )
+            .await,
+            1
         );
         // The order is valid now: a second finalize that signed too is
         // refused, and neither its certificate nor its audit row is kept.

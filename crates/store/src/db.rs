@@ -17,6 +17,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Postgres, Row as _};
 use sqlx_core::transaction::TransactionManager as _;
 
+use crate::nonces::{Carry, Due};
 use crate::pg_pool::Pooled;
 use crate::slot::Held;
 use crate::{Result, StoreError, parse_text};
@@ -177,33 +178,169 @@ fn bind<'q>(
 /// process and looked up by its address, so a statement costs a pointer
 /// hash and a shared read lock, not a hash of its text.
 pub(crate) fn postgres_text(sql: &'static str) -> &'static str {
-    static CONVERTED: OnceLock<RwLock<HashMap<(usize, usize), &'static str>>> = OnceLock::new();
-    let key = (sql.as_ptr() as usize, sql.len());
-    let converted = CONVERTED.get_or_init(Default::default);
-    if let Some(text) = converted
+    static CONVERTED: Converted<(usize, usize)> = OnceLock::new();
+    made_once(&CONVERTED, (sql.as_ptr() as usize, sql.len()), || {
+        let bytes = sql.as_bytes();
+        let mut out = String::with_capacity(sql.len());
+        let mut quoted = false;
+        for (i, c) in sql.char_indices() {
+            if c == '\'' {
+                quoted = !quoted;
+            }
+            let parameter = c == '?' && !quoted && bytes.get(i + 1).is_some_and(u8::is_ascii_digit);
+            out.push(if parameter { '$' } else { c });
+        }
+        out
+    })
+}
+
+/// Statement texts made from the store's `'static` ones, by a key.
+type Converted<K> = OnceLock<RwLock<HashMap<K, &'static str>>>;
+
+/// The text `cache` keeps for `key`, made by `make` the first time. The
+/// store's statements are a fixed set: this keeps one copy of each.
+fn made_once<K: std::hash::Hash + Eq>(
+    cache: &'static Converted<K>,
+    key: K,
+    make: impl FnOnce() -> String,
+) -> &'static str {
+    let cache = cache.get_or_init(Default::default);
+    if let Some(text) = cache
         .read()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .get(&key)
     {
         return text;
     }
-    let bytes = sql.as_bytes();
-    let mut out = String::with_capacity(sql.len());
-    let mut quoted = false;
-    for (i, c) in sql.char_indices() {
-        if c == '\'' {
-            quoted = !quoted;
-        }
-        let parameter = c == '?' && !quoted && bytes.get(i + 1).is_some_and(u8::is_ascii_digit);
-        out.push(if parameter { '$' } else { c });
-    }
-    // The store's statements are a fixed set: this keeps one copy of each.
-    let text: &'static str = Box::leak(out.into_boxed_str());
-    converted
+    let text: &'static str = Box::leak(make().into_boxed_str());
+    cache
         .write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .insert(key, text);
     text
+}
+
+/// `sql` for PostgreSQL ([`postgres_text`]) carrying a request's nonce:
+/// with a `WITH` that records it in `used_nonces` first among its own, its
+/// value and expiry the two parameters after `sql`'s `params`. No `ON
+/// CONFLICT`: a nonce used before fails the whole statement on the primary
+/// key, so nothing else it does is written. A read's record does not wait
+/// for its WAL flush (`synchronous_commit` off for its transaction, as for
+/// the nonce records written alone, `Store::use_nonce`); a write's commit
+/// waits, for the write. Made once per statement, as `postgres_text` is.
+pub(crate) fn carrying_text(sql: &'static str, params: usize, carry: Carry) -> &'static str {
+    static CONVERTED: Converted<(usize, usize, usize, Carry)> = OnceLock::new();
+    let key = (sql.as_ptr() as usize, sql.len(), params, carry);
+    made_once(&CONVERTED, key, || with_nonce_record(sql, params, carry))
+}
+
+/// [`carrying_text`]'s text, made.
+fn with_nonce_record(sql: &'static str, params: usize, carry: Carry) -> String {
+    let (value, expires_at) = (params + 1, params + 2);
+    let record = match carry {
+        Carry::Write => format!(
+            "acme_nonce AS (INSERT INTO used_nonces (value, expires_at) VALUES (${value}, ${expires_at}))"
+        ),
+        Carry::Read => format!(
+            "acme_nonce AS (INSERT INTO used_nonces (value, expires_at)
+                             SELECT ${value}, ${expires_at}
+                               FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_wait)"
+        ),
+    };
+    let text = postgres_text(sql).trim_start();
+    // The statement's own `WITH` list, if it has one, gets one more (first)
+    // entry.
+    match strip_keyword(text, "WITH") {
+        Some(rest) => match strip_keyword(rest, "RECURSIVE") {
+            Some(rest) => format!("WITH RECURSIVE {record},\n{rest}"),
+            None => format!("WITH {record},\n{rest}"),
+        },
+        None => format!("WITH {record}\n{text}"),
+    }
+}
+
+/// `text` after its first word and the blanks that follow, if that word is
+/// `keyword` (in any case).
+fn strip_keyword<'t>(text: &'t str, keyword: &str) -> Option<&'t str> {
+    let word = text.get(..keyword.len())?;
+    let rest = &text[keyword.len()..];
+    (word.eq_ignore_ascii_case(keyword) && rest.starts_with(char::is_whitespace))
+        .then(|| rest.trim_start())
+}
+
+/// The nonce a statement carries: held (no other statement of the request
+/// spends it meanwhile) until the statement's answer says what became of
+/// it.
+struct Carried {
+    due: tokio::sync::OwnedMutexGuard<Due>,
+    value: String,
+    expires_at: i64,
+    carry: Carry,
+}
+
+/// The nonce the next statement on this connection is to carry, taking
+/// `carry` (only a connection's first statement carries one):
+/// [`StoreError::NonceReplayed`] when the request's nonce was found used
+/// before, `None` when none is due.
+async fn carried(carry: &mut Option<Carry>) -> Result<Option<Carried>> {
+    let Some(carry) = carry.take() else {
+        return Ok(None);
+    };
+    let Some(due) = crate::nonces::due() else {
+        return Ok(None);
+    };
+    let due = due.lock_owned().await;
+    let (value, expires_at) = match &*due {
+        Due::Spent => return Ok(None),
+        Due::Replayed => return Err(StoreError::NonceReplayed),
+        Due::Pending { value, expires_at } => (value.clone(), *expires_at),
+    };
+    Ok(Some(Carried {
+        due,
+        value,
+        expires_at,
+        carry,
+    }))
+}
+
+/// The text of `sql` to send, with the nonce it carries if any.
+fn statement_text(sql: &'static str, params: usize, carried: Option<&Carried>) -> &'static str {
+    match carried {
+        Some(carried) => carrying_text(sql, params, carried.carry),
+        None => postgres_text(sql),
+    }
+}
+
+/// Binds the carried nonce's two parameters after the statement's own.
+fn bind_carried<'q>(
+    query: sqlx::query::Query<'q, Postgres, PgArguments>,
+    carried: Option<&Carried>,
+) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+    match carried {
+        Some(carried) => query.bind(carried.value.clone()).bind(carried.expires_at),
+        None => query,
+    }
+}
+
+/// What became of a carried nonce, by its statement's result: spent with
+/// a statement that committed, found used before when its record failed
+/// on the primary key (and with it the statement: nothing was written),
+/// still due after any other failure (rolled back with the statement).
+fn settle_carried<T>(carried: Option<Carried>, result: Result<T>) -> Result<T> {
+    let Some(mut carried) = carried else {
+        return result;
+    };
+    match result {
+        Ok(done) => {
+            *carried.due = Due::Spent;
+            Ok(done)
+        }
+        Err(e) if e.is_unique_violation_of("used_nonces.value", "used_nonces_pkey") => {
+            *carried.due = Due::Replayed;
+            Err(StoreError::NonceReplayed)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// One row of a result.
@@ -318,10 +455,12 @@ pub(crate) fn col_enum<T: FromStr>(
     parse_text(row.text(index)?, column)
 }
 
-/// A connection, held for one statement or transaction.
+/// A connection, held for one statement or transaction. A PostgreSQL
+/// connection's first statement may carry the request's nonce
+/// (`Store::spending_nonce`).
 pub(crate) enum Conn<'s> {
     Sqlite(Held<'s>),
-    Postgres(Pooled),
+    Postgres(Pooled, Option<Carry>),
 }
 
 impl<'s> Conn<'s> {
@@ -332,12 +471,15 @@ impl<'s> Conn<'s> {
             Conn::Sqlite(conn) => {
                 Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
             }
-            Conn::Postgres(pooled) => {
+            Conn::Postgres(pooled, carry) => {
+                let carried = carried(carry).await?;
                 let session = pooled.session()?;
-                let done = bind(sqlx::query(postgres_text(sql)), args)
+                let text = statement_text(sql, args.len(), carried.as_ref());
+                let done = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
                     .execute(session.start())
                     .await;
-                Ok(session.settle(done)?.rows_affected())
+                let done = session.settle(done);
+                Ok(settle_carried(carried, done)?.rows_affected())
             }
         }
     }
@@ -358,12 +500,15 @@ impl<'s> Conn<'s> {
                     None => Ok(None),
                 }
             }
-            Conn::Postgres(pooled) => {
+            Conn::Postgres(pooled, carry) => {
+                let carried = carried(carry).await?;
                 let session = pooled.session()?;
-                let row = bind(sqlx::query(postgres_text(sql)), args)
+                let text = statement_text(sql, args.len(), carried.as_ref());
+                let row = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
                     .fetch_optional(session.start())
                     .await;
-                let row = session.settle(row)?;
+                let row = session.settle(row);
+                let row = settle_carried(carried, row)?;
                 row.as_ref().map(|row| map(Row::Postgres(row))).transpose()
             }
         }
@@ -386,13 +531,15 @@ impl<'s> Conn<'s> {
                 }
                 Ok(out)
             }
-            Conn::Postgres(pooled) => {
+            Conn::Postgres(pooled, carry) => {
+                let carried = carried(carry).await?;
                 let session = pooled.session()?;
-                let rows = bind(sqlx::query(postgres_text(sql)), args)
+                let text = statement_text(sql, args.len(), carried.as_ref());
+                let rows = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
                     .fetch_all(session.start())
                     .await;
-                session
-                    .settle(rows)?
+                let rows = session.settle(rows);
+                settle_carried(carried, rows)?
                     .iter()
                     .map(|row| map(Row::Postgres(row)))
                     .collect()
@@ -418,7 +565,7 @@ impl<'s> Conn<'s> {
     /// only PostgreSQL needs (row locks that SQLite's single writer makes
     /// unnecessary) or that each engine words its own way.
     pub(crate) fn is_postgres(&self) -> bool {
-        matches!(self, Conn::Postgres(_))
+        matches!(self, Conn::Postgres(..))
     }
 
     /// Starts a transaction on this connection (the writer's, on SQLite).
@@ -436,7 +583,15 @@ impl<'s> Conn<'s> {
                 }
                 conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             }
-            Conn::Postgres(pooled) => {
+            Conn::Postgres(pooled, carry) => {
+                // A connection whose first statement was to carry the
+                // request's nonce is for one statement: a transaction's
+                // statements would run before the nonce is recorded.
+                if carry.is_some() && crate::nonces::due().is_some() {
+                    return Err(StoreError::NotOnThisEngine(
+                        "a transaction on a connection meant for one statement carrying the request's nonce",
+                    ));
+                }
                 let session = pooled.session()?;
                 let begun =
                     <Postgres as sqlx::Database>::TransactionManager::begin(session.start(), None)
@@ -469,7 +624,7 @@ impl Tx<'_, '_> {
             Conn::Sqlite(_) => {
                 self.conn.exec("COMMIT", &[]).await?;
             }
-            Conn::Postgres(pooled) => {
+            Conn::Postgres(pooled, _) => {
                 let session = pooled.session()?;
                 let committed =
                     <Postgres as sqlx::Database>::TransactionManager::commit(session.start()).await;
@@ -512,7 +667,7 @@ impl Drop for Tx<'_, '_> {
             }
             // Sent before the connection's next statement, or before it
             // goes back to the pool (`pg_pool.rs`).
-            Conn::Postgres(pooled) => {
+            Conn::Postgres(pooled, _) => {
                 if let Ok(session) = pooled.session() {
                     session.queue_rollback();
                 }
@@ -523,7 +678,47 @@ impl Drop for Tx<'_, '_> {
 
 #[cfg(test)]
 mod tests {
-    use super::postgres_text;
+    use super::{carrying_text, postgres_text};
+    use crate::nonces::Carry;
+
+    #[test]
+    fn a_carrying_statement_records_the_nonce_first_in_its_own_with_list_after_its_parameters() {
+        const PLAIN: &str = "SELECT x FROM t WHERE a = ?1 AND b = ?2";
+        const WITH: &str = "  with a AS (SELECT ?1 AS v) SELECT v FROM a";
+        const RECURSIVE: &str = "WITH RECURSIVE r(n) AS (SELECT 1) SELECT n FROM r";
+        let plain = carrying_text(PLAIN, 2, Carry::Write);
+        assert_eq!(
+            plain,
+            "WITH acme_nonce AS (INSERT INTO used_nonces (value, expires_at) VALUES ($3, $4))\n\
+             SELECT x FROM t WHERE a = $1 AND b = $2"
+        );
+        assert!(
+            std::ptr::eq(plain, carrying_text(PLAIN, 2, Carry::Write)),
+            "made once"
+        );
+        assert!(
+            carrying_text(WITH, 1, Carry::Write).starts_with(
+                "WITH acme_nonce AS (INSERT INTO used_nonces (value, expires_at) VALUES ($2, $3)),\n\
+                 a AS (SELECT $1 AS v) SELECT v FROM a"
+            ),
+            "{}",
+            carrying_text(WITH, 1, Carry::Write)
+        );
+        assert!(
+            carrying_text(RECURSIVE, 0, Carry::Write).starts_with("WITH RECURSIVE acme_nonce AS")
+        );
+        assert!(
+            carrying_text(RECURSIVE, 0, Carry::Write)
+                .ends_with(",\nr(n) AS (SELECT 1) SELECT n FROM r")
+        );
+        // A read's record does not wait for its WAL flush; a write's does.
+        let read = carrying_text(PLAIN, 2, Carry::Read);
+        assert!(
+            read.contains("SELECT $3, $4") && read.contains("'synchronous_commit', 'off'"),
+            "{read}"
+        );
+        assert!(!plain.contains("synchronous_commit"));
+    }
 
     #[test]
     fn a_statement_gets_dollar_parameters_outside_quotes_once_and_keeps_the_rest() {

@@ -114,6 +114,12 @@ pub enum StoreError {
     /// another key when the write began; nothing was written.
     #[error("the account is no longer valid with the key that signed this request")]
     AccountChanged,
+    /// The replay nonce of the request this task serves (RFC 8555 §6.5)
+    /// was used before: found by the statement that carried it, or by its
+    /// record written ahead of a statement that did not. Nothing the
+    /// statement would have done was written (see [`Store::spending_nonce`]).
+    #[error("the replay nonce was used before")]
+    NonceReplayed,
     /// The SQLite file this store opened is no longer at its path (removed,
     /// moved or replaced): nothing more is written to it, since a write
     /// would be lost with the unlinked file.
@@ -553,7 +559,30 @@ impl Store {
                 }
                 Ok(Conn::Sqlite(conn))
             }
-            Backend::Postgres(db) => pooled(&db.pool).await,
+            Backend::Postgres(db) => {
+                self.spend_due_nonce().await?;
+                pooled(&db.pool).await
+            }
+        }
+    }
+
+    /// [`Store::writer`] for a request's write that is one statement: on
+    /// PostgreSQL its statement carries the request's nonce, when one is
+    /// due ([`Store::spending_nonce`]).
+    async fn carrying_writer(&self) -> Result<Conn<'_>> {
+        match &self.backend {
+            Backend::Postgres(db) => carrying(&db.pool, nonces::Carry::Write).await,
+            Backend::Sqlite(_) => self.writer().await,
+        }
+    }
+
+    /// [`Store::point_reader`] for a request's read that is one statement:
+    /// on PostgreSQL its statement carries the request's nonce, when one is
+    /// due ([`Store::spending_nonce`]).
+    async fn carrying_point_reader(&self) -> Result<Conn<'_>> {
+        match &self.backend {
+            Backend::Postgres(db) => carrying(&db.pool, nonces::Carry::Read).await,
+            Backend::Sqlite(_) => self.point_reader().await,
         }
     }
 
@@ -572,7 +601,10 @@ impl Store {
     async fn point_reader(&self) -> Result<Conn<'_>> {
         let db = match &self.backend {
             Backend::Sqlite(db) => db,
-            Backend::Postgres(db) => return pooled(&db.pool).await,
+            Backend::Postgres(db) => {
+                self.spend_due_nonce().await?;
+                return pooled(&db.pool).await;
+            }
         };
         let conn = db.writer.lock().await?;
         // A transaction left open (a failed ROLLBACK) would show this read
@@ -588,7 +620,10 @@ impl Store {
     async fn reader(&self) -> Result<Conn<'_>> {
         let db = match &self.backend {
             Backend::Sqlite(db) => db,
-            Backend::Postgres(db) => return pooled(&db.pool).await,
+            Backend::Postgres(db) => {
+                self.spend_due_nonce().await?;
+                return pooled(&db.pool).await;
+            }
         };
         let start = db.next_reader.fetch_add(1, Ordering::Relaxed);
         let n = db.readers.len();
@@ -671,7 +706,13 @@ impl Store {
 
 /// A connection of the PostgreSQL pool.
 async fn pooled(pool: &pg_pool::PgPool) -> Result<Conn<'static>> {
-    Ok(Conn::Postgres(pool.get().await?))
+    Ok(Conn::Postgres(pool.get().await?, None))
+}
+
+/// A connection of the PostgreSQL pool whose next statement carries the
+/// nonce due in this task, if any.
+async fn carrying(pool: &pg_pool::PgPool, carry: nonces::Carry) -> Result<Conn<'static>> {
+    Ok(Conn::Postgres(pool.get().await?, Some(carry)))
 }
 
 /// The pools of a PostgreSQL store; `read_only` for a dry run of
@@ -1325,6 +1366,12 @@ mod tests {
         refused(
             "UPDATE orders SET status = 'pending' WHERE id = 'ord'",
             "illegal order status transition",
+        );
+        // Ready → valid is a finalize completing in its own transaction:
+        // allowed, but only with the order's certificate.
+        refused(
+            "UPDATE orders SET status = 'valid' WHERE id = 'ord'",
+            "an order cannot be valid without its certificate",
         );
     }
 

@@ -1,8 +1,11 @@
 //! Anti-replay nonces (RFC 8555 §6.5) shared by every process on the
 //! database: the key their MACs are made with, and the nonces already used.
-//! Issuing one writes nothing; using one is one `INSERT` row.
+//! Issuing one writes nothing; using one is one `INSERT` row, on
+//! PostgreSQL most often inside the request's own first statement
+//! ([`Store::spending_nonce`]).
 
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +13,112 @@ use tokio::sync::oneshot;
 
 use crate::db::{Arg, args};
 use crate::{Backend, Result, Store, StoreError, pg_pool::PgPool, pooled};
+
+tokio::task_local! {
+    /// The nonce of the request this task serves, inside
+    /// [`Store::spending_nonce`].
+    static DUE: Arc<tokio::sync::Mutex<Due>>;
+}
+
+/// Where the nonce of a request stands. Behind an async lock, so that two
+/// statements of one request run at once (a `join!`) cannot both spend it:
+/// the second waits for the first's answer.
+#[derive(Debug)]
+pub(crate) enum Due {
+    Pending { value: String, expires_at: i64 },
+    Spent,
+    Replayed,
+}
+
+/// How a statement that carries a request's nonce commits: a read's need
+/// not wait for its WAL flush (see [`Store::use_nonce`]), a write's must,
+/// for the write's sake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Carry {
+    Read,
+    Write,
+}
+
+/// The nonce due in this task, if any, for a statement to carry.
+pub(crate) fn due() -> Option<Arc<tokio::sync::Mutex<Due>>> {
+    DUE.try_with(Arc::clone).ok()
+}
+
+impl Store {
+    /// Runs `work`, a request's operation, with the request's nonce to be
+    /// recorded as used (`value`, to be kept until `expires_at`): the
+    /// nonce is spent by `work`'s first statement that may carry it, or
+    /// else recorded before any other statement of `work` runs, or at the
+    /// end when `work` ran none. [`StoreError::NonceReplayed`] (and
+    /// `work`'s output dropped) when it was used before.
+    ///
+    /// Why: on PostgreSQL each nonce's own `INSERT` is a round trip, and a
+    /// round trip costs both processes more CPU than most statements' own
+    /// work (docs/performance.md). A statement that carries the nonce runs
+    /// `INSERT INTO used_nonces` as a `WITH` of its own, with no `ON
+    /// CONFLICT`: a replay fails the whole statement on the primary key,
+    /// so it writes nothing; a concurrent use of the same nonce waits for
+    /// the first and then fails the same way. Statements that do not carry
+    /// it (every other read and write, and any inside a transaction) find
+    /// it recorded first: nothing is written for a request before its
+    /// nonce is known fresh. On SQLite, where a statement is no round
+    /// trip, the nonce is recorded before `work` begins.
+    ///
+    /// Work spawned onto other tasks does not see the nonce: `work` must
+    /// do its statements itself.
+    pub async fn spending_nonce<F: Future>(
+        &self,
+        value: &str,
+        expires_at: i64,
+        work: F,
+    ) -> Result<F::Output> {
+        if !self.is_postgres() {
+            if !self.use_nonce(value, expires_at).await? {
+                return Err(StoreError::NonceReplayed);
+            }
+            return Ok(work.await);
+        }
+        let due = Arc::new(tokio::sync::Mutex::new(Due::Pending {
+            value: value.to_owned(),
+            expires_at,
+        }));
+        let output = DUE.scope(Arc::clone(&due), work).await;
+        self.spend_due_nonce_in(&due).await?;
+        Ok(output)
+    }
+
+    /// Records the nonce due in this task, if it is still pending, before
+    /// a statement that does not carry it; [`StoreError::NonceReplayed`]
+    /// when it was used before.
+    pub(crate) async fn spend_due_nonce(&self) -> Result<()> {
+        match due() {
+            Some(due) => self.spend_due_nonce_in(&due).await,
+            None => Ok(()),
+        }
+    }
+
+    /// (A nonce is due only on PostgreSQL.)
+    async fn spend_due_nonce_in(&self, due: &tokio::sync::Mutex<Due>) -> Result<()> {
+        let Backend::Postgres(db) = &self.backend else {
+            return Ok(());
+        };
+        let mut due = due.lock().await;
+        let fresh = match &*due {
+            Due::Spent => return Ok(()),
+            Due::Replayed => return Err(StoreError::NonceReplayed),
+            Due::Pending { value, expires_at } => {
+                db.nonces.record(&db.pool, value, *expires_at).await?
+            }
+        };
+        if fresh {
+            *due = Due::Spent;
+            Ok(())
+        } else {
+            *due = Due::Replayed;
+            Err(StoreError::NonceReplayed)
+        }
+    }
+}
 
 /// The most nonce uses one statement writes; more wait for the next.
 const MOST_PER_STATEMENT: usize = 512;
@@ -271,7 +380,234 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use crate::StoreError;
-    use crate::test_support::{TestDb, on_postgres};
+    use crate::test_support::{ACCOUNT, GUARD, TestDb, on_postgres};
+
+    /// A new order of [`ACCOUNT`]'s for one name, `id` its order's id
+    /// and the prefix of its authorization's and challenge's.
+    fn new_order(id: &str) -> crate::NewOrderRow {
+        let name = acme_proxy_protocol::types::Identifier {
+            kind: "dns".parse().unwrap(),
+            value: format!("{id}.example"),
+        };
+        crate::NewOrderRow {
+            id: id.to_owned(),
+            profile: "default".to_owned(),
+            account_id: "acct".to_owned(),
+            identifiers: vec![name.clone()],
+            not_before: None,
+            not_after: None,
+            expires_at: 100,
+            now: 1,
+            authorizations: vec![crate::NewAuthorization {
+                id: format!("{id}-az"),
+                identifier: name,
+                wildcard: false,
+                expires_at: 90,
+                challenges: vec![crate::NewChallenge {
+                    id: format!("{id}-ch"),
+                    kind: "http-01".parse().unwrap(),
+                    token: format!("{id}-token"),
+                }],
+            }],
+            reuse_validated_since: None,
+            certificate_profile: None,
+            replaces: None,
+            max_pending_authorizations: i64::MAX,
+        }
+    }
+
+    async fn orders(db: &TestDb) -> i64 {
+        db.scalar("SELECT COUNT(*) FROM orders").await
+    }
+
+    /// On PostgreSQL, whether the record of nonce `value` was written by
+    /// the transaction that wrote `row_sql`'s row (its `xmin`).
+    async fn written_together(db: &TestDb, value: &str, row_sql: &str) -> bool {
+        db.scalar(&format!(
+            "SELECT COUNT(*) FROM used_nonces WHERE value = '{value}'
+                AND xmin::text = ({row_sql})::text"
+        ))
+        .await
+            == 1
+    }
+
+    #[tokio::test]
+    async fn a_new_order_carries_its_requests_nonce_and_a_replay_of_it_writes_nothing() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        let first = store
+            .spending_nonce("n1", 10, store.insert_order(&new_order("o1"), GUARD))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(first, crate::InsertOrder::Inserted(_)));
+        if on_postgres() {
+            assert!(
+                written_together(&db, "n1", "SELECT xmin FROM orders WHERE id = 'o1'").await,
+                "the order's statement recorded the nonce"
+            );
+        }
+        let replayed = store
+            .spending_nonce("n1", 10, store.insert_order(&new_order("o2"), GUARD))
+            .await;
+        assert!(
+            matches!(replayed, Err(StoreError::NonceReplayed)),
+            "{replayed:?}"
+        );
+        assert_eq!(orders(&db).await, 1, "the replay wrote no order");
+        assert_eq!(store.used_nonce_count().await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn reads_and_the_bypass_carry_their_requests_nonce_and_are_refused_when_it_was_used() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        store.insert_order(&new_order("o1"), GUARD).await.unwrap();
+        let read = store
+            .spending_nonce("r1", 10, store.order("o1"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.map(|o| o.id).as_deref(), Some("o1"));
+        let with = store
+            .spending_nonce("r2", 10, store.order_with_authorizations("o1"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(with.map(|(_, a)| a.len()), Some(1));
+        for replayed in [
+            store
+                .spending_nonce("r1", 10, store.order("o1"))
+                .await
+                .map(|_| ()),
+            store
+                .spending_nonce("r2", 10, store.authorization_with_challenges("o1-az"))
+                .await
+                .map(|_| ()),
+        ] {
+            assert!(
+                matches!(replayed, Err(StoreError::NonceReplayed)),
+                "{replayed:?}"
+            );
+        }
+        // The bypass's one statement: spent with it, and a replay moves
+        // nothing.
+        let bypass = |nonce: &'static str| {
+            store.spending_nonce(
+                nonce,
+                10,
+                store.bypass_challenge("o1-ch", "default", &["http-01"], 2, 50, GUARD),
+            )
+        };
+        assert!(matches!(bypass("r1").await, Err(StoreError::NonceReplayed)));
+        assert_eq!(
+            db.scalar("SELECT COUNT(*) FROM challenges WHERE status = 'pending'")
+                .await,
+            1,
+            "the replayed bypass moved nothing"
+        );
+        let (ch, _) = bypass("b1").await.unwrap().unwrap().unwrap();
+        assert_eq!(
+            ch.status,
+            acme_proxy_protocol::types::ChallengeStatus::Valid
+        );
+        if on_postgres() {
+            assert!(
+                written_together(&db, "b1", "SELECT xmin FROM challenges WHERE id = 'o1-ch'").await,
+                "the bypass's statement recorded the nonce"
+            );
+        }
+        assert_eq!(store.used_nonce_count().await.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_cannot_carry_the_nonce_runs_only_once_it_is_recorded_fresh() {
+        let (db, store) = TestDb::open().await;
+        let (first, second) = (
+            crate::test_support::issued_row("first"),
+            crate::test_support::issued_row("second"),
+        );
+        store
+            .spending_nonce("w", 10, store.insert_audit(&first))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(store.used_nonce_count().await.unwrap(), 1);
+        if on_postgres() {
+            assert!(
+                !written_together(&db, "w", "SELECT xmin FROM audit_log").await,
+                "recorded by a statement of its own"
+            );
+        }
+        let replayed = store
+            .spending_nonce("w", 10, store.insert_audit(&second))
+            .await;
+        assert!(
+            matches!(replayed, Err(StoreError::NonceReplayed)),
+            "{replayed:?}"
+        );
+        // The audit write itself was refused, not only the answer.
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM audit_log").await, 1);
+        // Work with no statement at all: recorded at its end.
+        store.spending_nonce("idle", 10, async {}).await.unwrap();
+        assert!(matches!(
+            store.spending_nonce("idle", 10, async {}).await,
+            Err(StoreError::NonceReplayed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_carrying_statement_that_fails_leaves_the_nonce_to_be_recorded_after_it() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        let stale = crate::AccountGuard {
+            id: "acct",
+            key_thumbprint: "another key",
+        };
+        let refused = store
+            .spending_nonce("f", 10, store.insert_order(&new_order("o1"), stale))
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused, Err(StoreError::AccountChanged)),
+            "{refused:?}"
+        );
+        assert_eq!(orders(&db).await, 0);
+        assert_eq!(store.used_nonce_count().await.unwrap(), 1, "recorded after");
+        assert!(matches!(
+            store
+                .spending_nonce("f", 10, store.insert_order(&new_order("o1"), GUARD))
+                .await,
+            Err(StoreError::NonceReplayed)
+        ));
+        assert_eq!(orders(&db).await, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_nonce_carried_by_many_new_orders_at_once_makes_exactly_one() {
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        let mut tries = tokio::task::JoinSet::new();
+        for i in 0..20 {
+            let store = store.clone();
+            tries.spawn(async move {
+                let order = new_order(&format!("o{i}"));
+                store
+                    .spending_nonce("same", 10, store.insert_order(&order, GUARD))
+                    .await
+            });
+        }
+        let (mut made, mut replayed) = (0, 0);
+        while let Some(tried) = tries.join_next().await {
+            match tried.unwrap() {
+                Ok(Ok(crate::InsertOrder::Inserted(_))) => made += 1,
+                Err(StoreError::NonceReplayed) => replayed += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((made, replayed), (1, 19));
+        assert_eq!(orders(&db).await, 1);
+    }
 
     #[tokio::test]
     async fn the_first_nonce_key_stored_is_the_one_every_process_reads() {

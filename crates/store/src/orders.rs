@@ -622,10 +622,12 @@ impl Store {
         new: &NewOrderRow,
         account: AccountGuard<'_>,
     ) -> Result<InsertOrder> {
-        let mut conn = self.writer().await?;
-        if conn.is_postgres() && new.reuse_validated_since.is_none() {
+        if self.is_postgres() && new.reuse_validated_since.is_none() {
+            // One statement, which carries the request's nonce.
+            let mut conn = self.carrying_writer().await?;
             return insert_fresh_order_postgres(&mut conn, new, account).await;
         }
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         account.check_in(&mut tx).await?;
         // Counted in the transaction that writes: on SQLite no other
@@ -756,7 +758,7 @@ impl Store {
     }
 
     pub async fn order(&self, id: &str) -> Result<Option<OrderRow>> {
-        self.point_reader()
+        self.carrying_point_reader()
             .await?
             .one(
                 concat!(
@@ -806,7 +808,7 @@ impl Store {
     ) -> Result<Option<(AuthorizationRow, Vec<ChallengeRow>)>> {
         // Every row repeats the authorization: it is read from the first.
         let mut authz: Option<AuthorizationRow> = None;
-        let mut conn = self.point_reader().await?;
+        let mut conn = self.carrying_point_reader().await?;
         // In the order they were made: SQLite's rowid, PostgreSQL's seq.
         let sql = if conn.is_postgres() {
             concat!(authz_with_challenges!(), " ORDER BY ch.seq")
@@ -853,7 +855,7 @@ impl Store {
         }
         let mut order = None;
         let mut authorizations: Vec<(AuthorizationRow, Vec<ChallengeRow>)> = Vec::new();
-        self.point_reader()
+        self.carrying_point_reader()
             .await?
             .all(ORDER_WITH_AUTHORIZATIONS_POSTGRES, args![id], |row| {
                 if order.is_none() {
@@ -887,7 +889,7 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
-        challenge_with_authorization_in(&mut self.point_reader().await?, id).await
+        challenge_with_authorization_in(&mut self.carrying_point_reader().await?, id).await
     }
 
     /// What a validation needs of challenge `id`: the challenge, its
@@ -1131,10 +1133,12 @@ impl Store {
     ) -> Result<Option<(ChallengeRow, AuthorizationRow)>> {
         // Unused places are NULL, which `IN` never matches.
         let offered = |i: usize| offered.get(i).copied();
-        let mut conn = self.writer().await?;
-        if conn.is_postgres() {
-            // The same statements in one function: one round trip.
-            return conn
+        if self.is_postgres() {
+            // The same statements in one function: one round trip, which
+            // carries the request's nonce.
+            return self
+                .carrying_writer()
+                .await?
                 .one(
                     BYPASS_CHALLENGE_POSTGRES,
                     args![
@@ -1153,6 +1157,7 @@ impl Store {
                 .await
                 .map_err(account_changed_raised);
         }
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         // Not `RETURNING authz_id`, which SQLite serves through a temporary
         // b-tree made on every run: the row is read back by its key.

@@ -478,7 +478,7 @@ impl Store {
     ) -> Result<bool> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
-        if !complete_order_in(&mut tx, cert).await? {
+        if !complete_order_in(&mut tx, cert, OrderStatus::Processing).await? {
             return Ok(false);
         }
         tx.exec(

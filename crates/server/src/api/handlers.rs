@@ -290,14 +290,18 @@ pub async fn new_order(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
+            let (req, nonce) = app
+                .verify_deferring(&p, &headers, &uri, body, KeyMode::KidGuarded)
                 .await?;
-            let account = req.account()?;
-            let payload = req.payload::<NewOrder>();
             let row = app
                 .authority
-                .new_order(&p, account, payload.as_ref().map_err(Clone::clone))
+                .spending(nonce, async {
+                    let account = req.account()?;
+                    let payload = req.payload::<NewOrder>();
+                    app.authority
+                        .new_order(&p, account, payload.as_ref().map_err(Clone::clone))
+                        .await
+                })
                 .await?;
             let urls = app.urls(&p.name);
             Ok(Reply::json(201, &documents::order(&urls, &row)).location(urls.order(&row.id)))
@@ -329,9 +333,16 @@ pub async fn order(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
-            req.require_post_as_get()?;
-            let row = app.authority.order(&p, req.account()?, &id).await?;
+            let (req, nonce) = app
+                .verify_deferring(&p, &headers, &uri, body, KeyMode::Kid)
+                .await?;
+            let row = app
+                .authority
+                .spending(nonce, async {
+                    req.require_post_as_get()?;
+                    app.authority.order(&p, req.account()?, &id).await
+                })
+                .await?;
             order_reply(&app, &p.name, &row).await
         }
         .await,
@@ -349,10 +360,9 @@ pub async fn finalize(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
+            let (req, nonce) = app
+                .verify_deferring(&p, &headers, &uri, body, KeyMode::KidGuarded)
                 .await?;
-            let account = req.account()?;
             // §7.4: "the base64url-encoded version of the DER format", with
             // §6.1's rule that a value with trailing '=' MUST be rejected.
             // An encoding fault is the request's (malformed); badCSR is for
@@ -364,15 +374,20 @@ pub async fn finalize(
                     )
                 })
             });
+            let ctx = ctx.map(|c| c.0).unwrap_or_default();
             let row = app
                 .authority
-                .finalize(
-                    &p,
-                    account,
-                    &id,
-                    csr.as_deref().map_err(Clone::clone),
-                    &ctx.map(|c| c.0).unwrap_or_default(),
-                )
+                .spending(nonce, async {
+                    app.authority
+                        .finalize(
+                            &p,
+                            req.account()?,
+                            &id,
+                            csr.as_deref().map_err(Clone::clone),
+                            &ctx,
+                        )
+                        .await
+                })
                 .await?;
             order_reply(&app, &p.name, &row).await
         }
@@ -395,23 +410,29 @@ pub async fn authz(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app.verify(&p, &headers, &uri, body, KeyMode::Kid).await?;
-            let acct = req.account()?;
-            let (row, challenges) = if req.jws.is_post_as_get() {
-                app.authority.authorization(&p, acct, &id).await?
-            } else {
-                let update: AuthzUpdate = req.payload()?;
-                // The one status a client may ask for; anything else,
-                // known or not, is refused alike.
-                if update.status.and_then(|s| s.parse().ok())
-                    != Some(acme_proxy_protocol::types::AuthorizationStatus::Deactivated)
-                {
-                    return Err(AcmeError::malformed(
-                        "an authorization accepts only POST-as-GET or {\"status\": \"deactivated\"} (RFC 8555 §7.5.2)",
-                    ));
-                }
-                app.authority.deactivate_authorization(&p, acct, &id).await?
-            };
+            let (req, nonce) = app
+                .verify_deferring(&p, &headers, &uri, body, KeyMode::Kid)
+                .await?;
+            let (row, challenges) = app
+                .authority
+                .spending(nonce, async {
+                    let acct = req.account()?;
+                    if req.jws.is_post_as_get() {
+                        return app.authority.authorization(&p, acct, &id).await;
+                    }
+                    let update: AuthzUpdate = req.payload()?;
+                    // The one status a client may ask for; anything else,
+                    // known or not, is refused alike.
+                    if update.status.and_then(|s| s.parse().ok())
+                        != Some(acme_proxy_protocol::types::AuthorizationStatus::Deactivated)
+                    {
+                        return Err(AcmeError::malformed(
+                            "an authorization accepts only POST-as-GET or {\"status\": \"deactivated\"} (RFC 8555 §7.5.2)",
+                        ));
+                    }
+                    app.authority.deactivate_authorization(&p, acct, &id).await
+                })
+                .await?;
             let urls = app.urls(&p.name);
             let doc = documents::authorization(&urls, &row, &challenges, app.authority.clock.unix());
             let mut reply = Reply::json(200, &doc);
@@ -436,18 +457,22 @@ pub async fn challenge(
     respond(
         async {
             let p = app.profile(&profile)?;
-            let req = app
-                .verify(&p, &headers, &uri, body, KeyMode::KidGuarded)
+            let (req, nonce) = app
+                .verify_deferring(&p, &headers, &uri, body, KeyMode::KidGuarded)
                 .await?;
-            let acct = req.account()?;
-            let (ch, authz) = if req.jws.is_post_as_get() {
-                app.authority.challenge(&p, acct, &id).await?
-            } else {
-                // §7.5.1: the client's "ready" is an empty JSON object; any
-                // object is accepted (fields are ignored).
-                let _: serde_json::Map<String, serde_json::Value> = req.payload()?;
-                app.authority.trigger_challenge(&p, acct, &id).await?
-            };
+            let (ch, authz) = app
+                .authority
+                .spending(nonce, async {
+                    let acct = req.account()?;
+                    if req.jws.is_post_as_get() {
+                        return app.authority.challenge(&p, acct, &id).await;
+                    }
+                    // §7.5.1: the client's "ready" is an empty JSON object;
+                    // any object is accepted (fields are ignored).
+                    let _: serde_json::Map<String, serde_json::Value> = req.payload()?;
+                    app.authority.trigger_challenge(&p, acct, &id).await
+                })
+                .await?;
             let urls = app.urls(&p.name);
             let mut reply = Reply::json(200, &documents::challenge(&urls, &ch))
                 .link(&urls.authz(&authz.id), "up");

@@ -10,7 +10,9 @@
 //! 6. the key: a strict `jwk`, or the `kid` of a valid account of *this*
 //!    profile;
 //! 7. the signature verifies with the algorithm taken from the key;
-//! 8. the nonce is consumed, atomically, exactly once (`badNonce`);
+//! 8. the nonce is consumed, atomically, exactly once (`badNonce`) — for
+//!    the requests of an issuance, checked here and recorded by their
+//!    work's first statement ([`AppState::verify_deferring`]);
 //! 9. the account is still valid (§7.3.6: 401 `unauthorized` otherwise) —
 //!    as of the authority's copy of it, up to `account_cache_ttl` old, for a
 //!    POST-as-GET or a resource whose writes check the account again in
@@ -23,7 +25,7 @@ use http::{HeaderMap, Uri, header};
 use serde::de::DeserializeOwned;
 
 use super::AppState;
-use crate::authority::Profile;
+use crate::authority::{DueNonce, Profile};
 use crate::error::{AcmeError, AcmeResult};
 
 /// Which key reference a resource accepts (§6.2).
@@ -109,6 +111,41 @@ impl AppState {
         body: Body,
         mode: KeyMode,
     ) -> AcmeResult<Verified> {
+        let (verified, nonce) = self
+            .verify_checking(profile, headers, uri, body, mode, false)
+            .await?;
+        // Used in step 8 already.
+        drop(nonce);
+        Ok(verified)
+    }
+
+    /// [`AppState::verify`] with step 8 left half done: the nonce is
+    /// checked, and its use is recorded by the request's work, run in
+    /// `Authority::spending` — with that work's first statement on
+    /// PostgreSQL, where a record of its own is a round trip. For the
+    /// requests of every issuance (a new order, an authorization, a
+    /// challenge, an order, a finalize).
+    pub async fn verify_deferring(
+        &self,
+        profile: &Profile,
+        headers: &HeaderMap,
+        uri: &Uri,
+        body: Body,
+        mode: KeyMode,
+    ) -> AcmeResult<(Verified, DueNonce)> {
+        self.verify_checking(profile, headers, uri, body, mode, true)
+            .await
+    }
+
+    async fn verify_checking(
+        &self,
+        profile: &Profile,
+        headers: &HeaderMap,
+        uri: &Uri,
+        body: Body,
+        mode: KeyMode,
+        defer: bool,
+    ) -> AcmeResult<(Verified, DueNonce)> {
         if !is_jose_json(headers) {
             return Err(AcmeError::malformed(
                 "requests must be sent with Content-Type: application/jose+json (RFC 8555 §6.2)",
@@ -191,7 +228,12 @@ impl AppState {
         };
         jws.verify(&key)
             .map_err(|e| AcmeError::new(e.problem_type(), e.to_string()))?;
-        self.authority.consume_nonce(&nonce).await?;
+        let due = if defer {
+            self.authority.check_nonce(&nonce).await?
+        } else {
+            self.authority.consume_nonce(&nonce).await?;
+            DueNonce::spent()
+        };
         // Whether the account came from the store or from the authority's
         // in-memory copy: a copy is forgotten as soon as this process
         // deactivates the account, so it reads "deactivated" here too; a
@@ -205,6 +247,6 @@ impl AppState {
                 acct.status
             )));
         }
-        Ok(Verified { jws, key, account })
+        Ok((Verified { jws, key, account }, due))
     }
 }

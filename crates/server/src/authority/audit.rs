@@ -8,11 +8,22 @@
 //! detail, whose problem text may quote the client.
 
 use acme_proxy_protocol::types::RawIdentifier;
-use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow};
+use acme_proxy_store::{AuditEvent, AuditOutcome, NewAuditRow, StoreError};
 
 use super::{Authority, RequestContext};
 use crate::bounded;
 use crate::error::AcmeError;
+
+/// A request whose nonce turned out used before (found when its refusal's
+/// row was about to be written, `Store::spending_nonce`) is answered
+/// `badNonce`, as when the nonce is refused up front: not as the refusal
+/// the row would have recorded.
+fn replayed_not_audited(event: AuditEvent) {
+    tracing::debug!(
+        audit_event = %event,
+        "not audited: the request's nonce was used before"
+    );
+}
 
 /// What one audit row says, before the request context is added.
 #[derive(Debug)]
@@ -113,6 +124,7 @@ impl Authority {
     pub(crate) async fn audit_row(&self, row: &NewAuditRow<'_>) {
         match self.store.insert_audit(row).await {
             Ok(()) => self.metrics.audited(row),
+            Err(StoreError::NonceReplayed) => replayed_not_audited(row.event),
             Err(e) => tracing::error!(
                 event = "audit.write",
                 outcome = "failure",
@@ -130,6 +142,7 @@ impl Authority {
         let row = context.row(&fact);
         match self.store.insert_audit(&row).await {
             Ok(()) => self.metrics.audited(&row),
+            Err(StoreError::NonceReplayed) => replayed_not_audited(fact.event),
             Err(e) => tracing::error!(
                 event = "audit.write",
                 outcome = "failure",

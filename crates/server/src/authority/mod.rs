@@ -84,6 +84,19 @@ impl RequestContext {
     }
 }
 
+/// A request's nonce, checked, whose use is to be recorded by
+/// [`Authority::spending`] (`None`: it was used when checked).
+#[derive(Debug)]
+#[must_use = "a checked nonce is spent by Authority::spending"]
+pub struct DueNonce(Option<(String, i64)>);
+
+impl DueNonce {
+    /// A nonce already used.
+    pub fn spent() -> Self {
+        Self(None)
+    }
+}
+
 /// One ACME endpoint: its configuration and its signer.
 #[derive(Debug)]
 pub struct Profile {
@@ -281,10 +294,44 @@ impl Authority {
         {
             Ok(())
         } else {
-            Err(AcmeError::new(
-                acme_proxy_protocol::ProblemType::BadNonce,
-                "the nonce is unknown, expired or already used; retry with the fresh one in Replay-Nonce",
-            ))
+            Err(crate::error::bad_nonce())
+        }
+    }
+
+    /// Checks a nonce as [`Authority::consume_nonce`] does, leaving the
+    /// record of its use in the database (the `database` nonce store) to
+    /// the request's work: see [`Authority::spending`].
+    pub async fn check_nonce(&self, nonce: &str) -> AcmeResult<DueNonce> {
+        match self
+            .nonces
+            .check(&self.store, nonce, self.clock.unix())
+            .await?
+        {
+            Some(nonces::Checked::Spent) => Ok(DueNonce(None)),
+            Some(nonces::Checked::Due { name, expires_at }) => {
+                Ok(DueNonce(Some((name, expires_at))))
+            }
+            None => Err(crate::error::bad_nonce()),
+        }
+    }
+
+    /// Runs a request's `work` with its nonce's use still to be recorded:
+    /// on PostgreSQL the record goes with the work's first statement when
+    /// that statement can carry it (one round trip fewer), and in any case
+    /// before anything is written (`Store::spending_nonce`). `badNonce`,
+    /// whatever `work` answered, when the nonce was used before.
+    pub async fn spending<T>(
+        &self,
+        nonce: DueNonce,
+        work: impl std::future::Future<Output = AcmeResult<T>>,
+    ) -> AcmeResult<T> {
+        match nonce.0 {
+            None => work.await,
+            Some((name, expires_at)) => self
+                .store
+                .spending_nonce(&name, expires_at, work)
+                .await
+                .map_err(AcmeError::from)?,
         }
     }
 

@@ -36,6 +36,16 @@ const SIGNED_LEN: usize = SIGNED_BODY + 32;
 /// characters): what names a used nonce in the database.
 const SIGNED_NAME_CHARS: usize = SIGNED_BODY / 3 * 4;
 
+/// A nonce found issued and unexpired ([`Nonces::check`]).
+#[derive(Debug)]
+pub enum Checked {
+    /// Used now (a memory nonce).
+    Spent,
+    /// Its use is still to be recorded, under `name` (the database's key
+    /// for it) until `expires_at`.
+    Due { name: String, expires_at: i64 },
+}
+
 #[derive(Debug)]
 pub struct Nonces {
     kind: Kind,
@@ -116,36 +126,57 @@ impl Nonces {
 
     /// Uses a nonce: true exactly once per issued, unexpired nonce.
     pub async fn consume(&self, store: &Store, nonce: &str, now: i64) -> Result<bool, StoreError> {
+        match self.check(store, nonce, now).await? {
+            Some(Checked::Spent) => Ok(true),
+            Some(Checked::Due { name, expires_at }) => store.use_nonce(&name, expires_at).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Checks a nonce without recording its use in the database: `None`
+    /// for one never issued, expired or (in memory) used;
+    /// [`Checked::Due`] for a signed nonce whose use is still to be
+    /// recorded (`Store::spending_nonce` records it with the request's
+    /// first statement); [`Checked::Spent`] for a memory nonce, used here.
+    pub async fn check(
+        &self,
+        store: &Store,
+        nonce: &str,
+        now: i64,
+    ) -> Result<Option<Checked>, StoreError> {
         match &self.kind {
             Kind::Signed(key) => {
                 // The base64 decoder refuses non-canonical text, so one
                 // nonce has one spelling, and its first characters name it.
                 let mut raw = [0u8; SIGNED_LEN];
                 if URL_SAFE_NO_PAD.decode_slice(nonce, &mut raw) != Ok(SIGNED_LEN) {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let key = signing_key(key, store).await?;
                 // Constant time: a forger learns nothing from how long the
                 // refusal took.
                 if hmac::verify(key, &raw[..SIGNED_BODY], &raw[SIGNED_BODY..]).is_err() {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let mut expiry = [0u8; 8];
                 expiry.copy_from_slice(&raw[..8]);
                 let expires_at = i64::from_be_bytes(expiry);
                 if expires_at <= now {
-                    return Ok(false);
+                    return Ok(None);
                 }
-                store
-                    .use_nonce(&nonce[..SIGNED_NAME_CHARS], expires_at)
-                    .await
+                Ok(Some(Checked::Due {
+                    name: nonce[..SIGNED_NAME_CHARS].to_owned(),
+                    expires_at,
+                }))
             }
-            Kind::Memory(book) => Ok(key(nonce).is_some_and(|key| {
-                lock(book)
-                    .live
-                    .remove(&key)
-                    .is_some_and(|expires_at| expires_at > now)
-            })),
+            Kind::Memory(book) => Ok(key(nonce)
+                .is_some_and(|key| {
+                    lock(book)
+                        .live
+                        .remove(&key)
+                        .is_some_and(|expires_at| expires_at > now)
+                })
+                .then_some(Checked::Spent)),
         }
     }
 

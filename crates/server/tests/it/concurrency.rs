@@ -35,6 +35,55 @@ async fn a_nonce_used_by_100_concurrent_requests_is_accepted_exactly_once() {
     server.stop().await;
 }
 
+/// `body` sent to `url` by `n` requests at once: how many were accepted
+/// with `status`, and how many refused `badNonce`.
+async fn sent_at_once(url: &str, body: &serde_json::Value, n: usize, status: u16) -> (u32, u32) {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (url, body) = (url.to_owned(), body.clone());
+        tasks.push(tokio::spawn(async move { raw::post(&url, &body).await }));
+    }
+    let (mut accepted, mut bad_nonce) = (0, 0);
+    for t in tasks {
+        let r = t.await.unwrap();
+        match (r.status, r.problem().as_str()) {
+            (s, "") if s == status => accepted += 1,
+            (400, "badNonce") => bad_nonce += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    (accepted, bad_nonce)
+}
+
+/// The requests of an issuance record their nonce with their own first
+/// statement on PostgreSQL (`Store::spending_nonce`): a replay must still
+/// lose there, write nothing, and be told `badNonce`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nonce_sent_by_40_new_orders_and_40_order_reads_at_once_is_accepted_once_and_makes_one_order()
+ {
+    let server = TestServer::start(1, None, "[profiles.default]\nbypass = true\n").await;
+    let dir = raw::directory(&server.directory("default")).await;
+    let alice = Acct::create(&dir, Key::p256()).await;
+    let new_order = dir["newOrder"].as_str().unwrap();
+    let protected = json!({"alg": "ES256", "kid": alice.url, "nonce": raw::nonce(&dir).await, "url": new_order});
+    let body = alice.key.sign(
+        &protected,
+        Some(&json!({"identifiers": [{"type": "dns", "value": "once.example.test"}]})),
+    );
+    assert_eq!(sent_at_once(new_order, &body, 40, 201).await, (1, 39));
+    let list_url = alice.post(&dir, &alice.url, None).await.json()["orders"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let orders = alice.post(&dir, &list_url, None).await.json()["orders"].clone();
+    assert_eq!(orders.as_array().map(Vec::len), Some(1), "{orders}");
+    let order_url = orders[0].as_str().unwrap();
+    let protected = json!({"alg": "ES256", "kid": alice.url, "nonce": raw::nonce(&dir).await, "url": order_url});
+    let body = alice.key.sign(&protected, None);
+    assert_eq!(sent_at_once(order_url, &body, 40, 200).await, (1, 39));
+    server.stop().await;
+}
+
 /// A ready order of `acct` for one name, through the bypass profile.
 pub(crate) async fn ready_order(
     dir: &serde_json::Value,

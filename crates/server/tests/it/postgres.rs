@@ -580,4 +580,30 @@ async fn using_a_nonce_does_not_wait_for_a_wal_flush_and_an_ordinary_write_still
     store.close().await;
     let nonces = syncs() - before;
     assert!(nonces <= 20, "{nonces} WAL syncs for 41 nonce uses");
+    // Forty reads that each carry their request's nonce in their own
+    // statement (`Store::spending_nonce`): no sync each either.
+    let before = syncs();
+    let store = open().await.expect("open");
+    let read = |nonce: String| {
+        let store = store.clone();
+        async move {
+            store
+                .spending_nonce(&nonce, 9_999_999_999, store.order("none"))
+                .await
+        }
+    };
+    for i in 0..40 {
+        let found = read(format!("read-{i}")).await.expect("fresh");
+        assert!(found.expect("read").is_none());
+    }
+    assert!(matches!(
+        read("read-0".to_owned()).await,
+        Err(acme_proxy_store::StoreError::NonceReplayed)
+    ));
+    store.close().await;
+    let reads = syncs() - before;
+    assert!(
+        reads <= 20,
+        "{reads} WAL syncs for 41 reads carrying a nonce"
+    );
 }
