@@ -144,13 +144,13 @@ impl Store {
     }
 
     /// [`Store::complete_order`] for an order that is still `ready`: the
-    /// guarded ready → processing step, the certificate, processing → valid,
+    /// certificate (written only while the order is ready), ready → valid,
     /// the audit row and the notices, all in one transaction, for a signer
     /// that signs inside the request (the embedded CA). False, and nothing
     /// written, if the order was not ready — another finalize won, and the
     /// certificate its caller signed is never stored nor served.
     ///
-    /// The order never rests in `processing` on disk: a crash or an error
+    /// The order never passes through `processing`: a crash or an error
     /// anywhere before the commit leaves it ready to finalize again, and an
     /// issuance costs one write transaction less than a separate
     /// [`Store::begin_finalize`] (docs/performance.md).
@@ -183,12 +183,11 @@ impl Store {
         {
             // The same statements in one function, the audit row and the
             // notices in the same statement: one round trip.
-            let since_ms = cert.now * 1000;
             let identifiers = to_json(cert.identifiers);
             let audit_identifiers = audit.identifiers.map(to_json);
             let jobs = jobs_json(notices);
             let args = [
-                args![account.id, account.key_thumbprint, since_ms],
+                args![account.id, account.key_thumbprint],
                 &cert_args(cert, &identifiers),
                 &audit_args(audit, &audit_identifiers, self.audit_origin),
                 args![jobs],
@@ -466,27 +465,27 @@ impl Store {
 }
 
 /// [`Store::complete_ready_order`] on PostgreSQL: its transaction as one
-/// function (migration 0022), and the audit row and the notices written
+/// function (migration 0022, rewritten in 0024), and the audit row and the notices written
 /// only when it returns true, in one statement. The function runs once,
 /// first: the two inserts read its answer.
 const COMPLETE_READY_ORDER_POSTGRES: &str = concat!(
     "WITH done AS MATERIALIZED (
-         SELECT acme_complete_ready_order(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) AS ok
+         SELECT acme_complete_ready_order(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) AS ok
      ),
      logged AS (
          INSERT INTO audit_log (at, event, outcome, profile, actor, account_id, order_id, serial,
              identifiers, client_ip, reverse_name, user_agent, request_id, problem_type, detail, origin)
-         SELECT ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30
+         SELECT ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29
            FROM done WHERE done.ok
      ),
      queued AS (",
-    insert_jobs_postgres!("?31"),
+    insert_jobs_postgres!("?30"),
     ")
      SELECT ok FROM done"
 );
 
 /// A new certificate's columns, in the order its insert takes them (here
-/// and in the finalize function, migration 0022); `identifiers` is
+/// and in the finalize function, migration 0024); `identifiers` is
 /// `cert.identifiers` as JSON.
 fn cert_args<'a>(cert: &'a NewCertificateRow<'a>, identifiers: &'a str) -> [Arg<'a>; 11] {
     [

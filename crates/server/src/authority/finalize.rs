@@ -137,10 +137,11 @@ impl<'a> Signing<'a> {
 
 impl Authority {
     /// finalize (§7.4). With the embedded CA's key in memory the order goes
-    /// ready → processing → valid in the one transaction that stores the
-    /// certificate; with a token or an outside signer it is processing
-    /// while the signer works. Either way the guarded ready → processing
-    /// step makes two concurrent finalizes store exactly one certificate.
+    /// ready → valid in the one transaction that stores the certificate;
+    /// with a token or an outside signer it is processing while the signer
+    /// works. Either way a write guarded on the order being ready (and
+    /// `certificates.order_id` being unique) makes two concurrent finalizes
+    /// store exactly one certificate.
     /// A bad CSR leaves the order ready. `csr` is the DER, or why the
     /// request gave none that decodes: refused and audited like any
     /// refusal.
@@ -301,9 +302,9 @@ impl Authority {
     }
 
     /// The embedded CA with its key in memory signs inside this request in
-    /// microseconds: the order goes ready → processing → valid in the one
-    /// transaction that stores the certificate, after signing, and is
-    /// never seen (nor left, by a crash or an error) processing. Of two
+    /// microseconds: the order goes ready → valid in the one transaction
+    /// that stores the certificate, after signing, and is never
+    /// processing (nor left so by a crash or an error). Of two
     /// concurrent finalizes both sign but only one commits; the other
     /// certificate never leaves the process (its serial is logged).
     async fn finalize_inline(&self, signing: &Signing<'_>) -> AcmeResult<OrderRow> {

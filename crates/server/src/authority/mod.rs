@@ -307,7 +307,7 @@ impl Authority {
             .check(&self.store, nonce, self.clock.unix())
             .await?
         {
-            Some(nonces::Checked::Spent) => Ok(DueNonce(None)),
+            Some(nonces::Checked::Spent) => Ok(DueNonce::spent()),
             Some(nonces::Checked::Due { name, expires_at }) => {
                 Ok(DueNonce(Some((name, expires_at))))
             }

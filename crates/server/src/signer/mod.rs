@@ -141,8 +141,8 @@ pub type AskedWindow<'a> = BoxFuture<'a, Result<Option<(i64, i64)>, String>>;
 #[derive(Clone, Copy)]
 pub enum Issuance<'a> {
     /// Signs inside the request in microseconds (a key in memory): the
-    /// order goes ready → processing → valid in the one transaction that
-    /// stores the certificate, and is never seen processing.
+    /// order goes ready → valid in the one transaction that stores the
+    /// certificate, and is never processing.
     Inline,
     /// Signs inside the request but takes its time and may keep a record
     /// of what it signed (a token, an outside program): the order is

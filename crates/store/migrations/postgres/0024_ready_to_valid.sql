@@ -22,9 +22,12 @@ CREATE TRIGGER orders_status_transitions
 -- ready → valid. False, nothing written, when the order was not ready.
 -- A finalize racing this one inserts its certificate after this one's
 -- commit, or fails on `certificates.order_id`'s uniqueness: the store
--- answers that as not ready too.
-CREATE OR REPLACE FUNCTION acme_complete_ready_order(
-    p_account TEXT, p_thumbprint TEXT, p_since_ms BIGINT,
+-- answers that as not ready too. 0022's version took the time the order
+-- went processing, which it no longer does.
+DROP FUNCTION acme_complete_ready_order(
+    TEXT, TEXT, BIGINT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, BIGINT, BIGINT, BIGINT);
+CREATE FUNCTION acme_complete_ready_order(
+    p_account TEXT, p_thumbprint TEXT,
     p_id TEXT, p_profile TEXT, p_order TEXT, p_owner TEXT, p_serial TEXT, p_chain_pem TEXT,
     p_key_thumbprint TEXT, p_identifiers TEXT, p_not_before BIGINT, p_not_after BIGINT, p_now BIGINT)
 RETURNS BOOLEAN LANGUAGE plpgsql AS $$
