@@ -546,6 +546,18 @@ mod tests {
             assert!(changed(
                 store.complete_ready_order(&cert, &audit, &[], stale).await
             ));
+            // Refused as changed even where the order is not ready (`o1`
+            // is pending), which alone would be answered "not ready".
+            assert!(changed(
+                store
+                    .complete_ready_order(
+                        &cert_row("c2", "o1", "c2"),
+                        &issued_row("o1"),
+                        &[],
+                        stale
+                    )
+                    .await
+            ));
             assert!(changed(store.begin_relay(&relayed, &job, 1, stale).await));
         }
         // `acct` itself deactivated (by hand, without the cascade): the
