@@ -83,7 +83,10 @@ pub struct Config {
     pub database_password_file: Option<PathBuf>,
     /// PostgreSQL: connections this server keeps to the database at most,
     /// one of them for the job runner's `LISTEN`; those idle for ten
-    /// minutes are closed.
+    /// minutes are closed. Unset: twice this host's cores and two more,
+    /// from 4 to 16. More than the database has cores only make its
+    /// processes take turns; with the database on a larger machine, about
+    /// twice its cores.
     pub database_max_connections: Option<u32>,
     /// PostgreSQL: how long a request waits for one of those connections
     /// before it is answered 503 with `Retry-After`.
