@@ -17,7 +17,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Postgres, Row as _};
 use sqlx_core::transaction::TransactionManager as _;
 
-use crate::nonces::{Carry, Due};
+use crate::nonces::{Carry, Due, Riders};
 use crate::pg_pool::Pooled;
 use crate::slot::Held;
 use crate::{Result, StoreError, parse_text};
@@ -228,16 +228,28 @@ fn made_once<K: std::hash::Hash + Eq>(
 /// for its WAL flush (`synchronous_commit` off for its transaction, as for
 /// the nonce records written alone, `Store::use_nonce`); a write's commit
 /// waits, for the write. Made once per statement, as `postgres_text` is.
-pub(crate) fn carrying_text(sql: &'static str, params: usize, carry: Carry) -> &'static str {
-    static CONVERTED: Converted<(usize, usize, usize, Carry)> = OnceLock::new();
-    let key = (sql.as_ptr() as usize, sql.len(), params, carry);
-    made_once(&CONVERTED, key, || with_nonce_record(sql, params, carry))
+///
+/// With `riders`, a second `WITH` records other requests' nonces
+/// ([`crate::nonces::Riders`]), their values and expiries as two arrays in
+/// the two parameters after those.
+pub(crate) fn carrying_text(
+    sql: &'static str,
+    params: usize,
+    carry: Carry,
+    riders: bool,
+) -> &'static str {
+    static CONVERTED: Converted<(usize, usize, usize, Carry, bool)> = OnceLock::new();
+    let key = (sql.as_ptr() as usize, sql.len(), params, carry, riders);
+    made_once(&CONVERTED, key, || {
+        with_nonce_record(sql, params, carry, riders)
+    })
 }
 
 /// [`carrying_text`]'s text, made.
-fn with_nonce_record(sql: &'static str, params: usize, carry: Carry) -> String {
+fn with_nonce_record(sql: &'static str, params: usize, carry: Carry, riders: bool) -> String {
     let (value, expires_at) = (params + 1, params + 2);
-    let record = match carry {
+    let (values, expiries) = (params + 3, params + 4);
+    let mut record = match carry {
         Carry::Write => format!(
             "acme_nonce AS (INSERT INTO used_nonces (value, expires_at) VALUES (${value}, ${expires_at}))"
         ),
@@ -247,6 +259,13 @@ fn with_nonce_record(sql: &'static str, params: usize, carry: Carry) -> String {
                                FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_wait)"
         ),
     };
+    if riders {
+        // Sorted by the caller, as the nonces written alone are.
+        record.push_str(&format!(
+            ",\nacme_riders AS (INSERT INTO used_nonces (value, expires_at)
+                              SELECT r.v, r.e FROM unnest(${values}::text[], ${expiries}::bigint[]) AS r(v, e))"
+        ));
+    }
     let text = postgres_text(sql).trim_start();
     // The statement's own `WITH` list, if it has one, gets one more (first)
     // entry.
@@ -276,13 +295,15 @@ struct Carried {
     value: String,
     expires_at: i64,
     carry: Carry,
+    riders: Riders,
 }
 
 /// The nonce the next statement on this connection is to carry, taking
 /// `carry` (only a connection's first statement carries one):
 /// [`StoreError::NonceReplayed`] when the request's nonce was found used
-/// before, `None` when none is due.
-async fn carried(carry: &mut Option<Carry>) -> Result<Option<Carried>> {
+/// before, `None` when none is due. With `riding`, other requests' queued
+/// nonce uses go along.
+async fn carried(carry: &mut Option<Carry>, riding: bool) -> Result<Option<Carried>> {
     let Some(carry) = carry.take() else {
         return Ok(None);
     };
@@ -293,20 +314,28 @@ async fn carried(carry: &mut Option<Carry>) -> Result<Option<Carried>> {
     let (value, expires_at) = match &*due {
         Due::Spent => return Ok(None),
         Due::Replayed => return Err(StoreError::NonceReplayed),
-        Due::Pending { value, expires_at } => (value.clone(), *expires_at),
+        Due::Pending {
+            value, expires_at, ..
+        } => (value.clone(), *expires_at),
+    };
+    let riders = if riding {
+        crate::nonces::riders()
+    } else {
+        Riders::default()
     };
     Ok(Some(Carried {
         due,
         value,
         expires_at,
         carry,
+        riders,
     }))
 }
 
 /// The text of `sql` to send, with the nonce it carries if any.
 fn statement_text(sql: &'static str, params: usize, carried: Option<&Carried>) -> &'static str {
     match carried {
-        Some(carried) => carrying_text(sql, params, carried.carry),
+        Some(carried) => carrying_text(sql, params, carried.carry, !carried.riders.is_empty()),
         None => postgres_text(sql),
     }
 }
@@ -316,21 +345,42 @@ fn bind_carried<'q>(
     query: sqlx::query::Query<'q, Postgres, PgArguments>,
     carried: Option<&Carried>,
 ) -> sqlx::query::Query<'q, Postgres, PgArguments> {
-    match carried {
-        Some(carried) => query.bind(carried.value.clone()).bind(carried.expires_at),
-        None => query,
+    let Some(carried) = carried else {
+        return query;
+    };
+    let query = query.bind(carried.value.clone()).bind(carried.expires_at);
+    if carried.riders.is_empty() {
+        return query;
     }
+    let (values, expiries) = carried.riders.columns();
+    query.bind(values).bind(expiries)
 }
 
 /// What became of a carried nonce, by its statement's result: spent with
 /// a statement that committed, found used before when its record failed
 /// on the primary key (and with it the statement: nothing was written),
 /// still due after any other failure (rolled back with the statement).
-fn settle_carried<T>(carried: Option<Carried>, result: Result<T>) -> Result<T> {
+/// `None` when the statement carried riders and the server refused it:
+/// the riders are queued again and it is to run again without them.
+fn settle_carried<T>(carried: Option<Carried>, result: Result<T>) -> Option<Result<T>> {
     let Some(mut carried) = carried else {
-        return result;
+        return Some(result);
     };
-    match result {
+    let riders = std::mem::take(&mut carried.riders);
+    if !riders.is_empty() {
+        match result {
+            Ok(done) => {
+                riders.written();
+                *carried.due = Due::Spent;
+                return Some(Ok(done));
+            }
+            // Refused: which nonce (or what else) it was, the statement
+            // alone will say. The riders go back as they drop.
+            Err(StoreError::Pg(sqlx::Error::Database(_))) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    Some(match result {
         Ok(done) => {
             *carried.due = Due::Spent;
             Ok(done)
@@ -340,7 +390,7 @@ fn settle_carried<T>(carried: Option<Carried>, result: Result<T>) -> Result<T> {
             Err(StoreError::NonceReplayed)
         }
         Err(e) => Err(e),
-    }
+    })
 }
 
 /// One row of a result.
@@ -472,14 +522,20 @@ impl<'s> Conn<'s> {
                 Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
             }
             Conn::Postgres(pooled, carry) => {
-                let carried = carried(carry).await?;
-                let session = pooled.session()?;
-                let text = statement_text(sql, args.len(), carried.as_ref());
-                let done = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
-                    .execute(session.start())
-                    .await;
-                let done = session.settle(done);
-                Ok(settle_carried(carried, done)?.rows_affected())
+                let (kind, mut riding) = (*carry, true);
+                loop {
+                    let carried = carried(carry, riding).await?;
+                    let session = pooled.session()?;
+                    let text = statement_text(sql, args.len(), carried.as_ref());
+                    let done = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
+                        .execute(session.start())
+                        .await;
+                    let done = session.settle(done);
+                    match settle_carried(carried, done) {
+                        Some(done) => return Ok(done?.rows_affected()),
+                        None => (*carry, riding) = (kind, false),
+                    }
+                }
             }
         }
     }
@@ -501,14 +557,20 @@ impl<'s> Conn<'s> {
                 }
             }
             Conn::Postgres(pooled, carry) => {
-                let carried = carried(carry).await?;
-                let session = pooled.session()?;
-                let text = statement_text(sql, args.len(), carried.as_ref());
-                let row = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
-                    .fetch_optional(session.start())
-                    .await;
-                let row = session.settle(row);
-                let row = settle_carried(carried, row)?;
+                let (kind, mut riding) = (*carry, true);
+                let row = loop {
+                    let carried = carried(carry, riding).await?;
+                    let session = pooled.session()?;
+                    let text = statement_text(sql, args.len(), carried.as_ref());
+                    let row = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
+                        .fetch_optional(session.start())
+                        .await;
+                    let row = session.settle(row);
+                    match settle_carried(carried, row) {
+                        Some(row) => break row?,
+                        None => (*carry, riding) = (kind, false),
+                    }
+                };
                 row.as_ref().map(|row| map(Row::Postgres(row))).transpose()
             }
         }
@@ -532,17 +594,21 @@ impl<'s> Conn<'s> {
                 Ok(out)
             }
             Conn::Postgres(pooled, carry) => {
-                let carried = carried(carry).await?;
-                let session = pooled.session()?;
-                let text = statement_text(sql, args.len(), carried.as_ref());
-                let rows = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
-                    .fetch_all(session.start())
-                    .await;
-                let rows = session.settle(rows);
-                settle_carried(carried, rows)?
-                    .iter()
-                    .map(|row| map(Row::Postgres(row)))
-                    .collect()
+                let (kind, mut riding) = (*carry, true);
+                let rows = loop {
+                    let carried = carried(carry, riding).await?;
+                    let session = pooled.session()?;
+                    let text = statement_text(sql, args.len(), carried.as_ref());
+                    let rows = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
+                        .fetch_all(session.start())
+                        .await;
+                    let rows = session.settle(rows);
+                    match settle_carried(carried, rows) {
+                        Some(rows) => break rows?,
+                        None => (*carry, riding) = (kind, false),
+                    }
+                };
+                rows.iter().map(|row| map(Row::Postgres(row))).collect()
             }
         }
     }
@@ -686,33 +752,34 @@ mod tests {
         const PLAIN: &str = "SELECT x FROM t WHERE a = ?1 AND b = ?2";
         const WITH: &str = "  with a AS (SELECT ?1 AS v) SELECT v FROM a";
         const RECURSIVE: &str = "WITH RECURSIVE r(n) AS (SELECT 1) SELECT n FROM r";
-        let plain = carrying_text(PLAIN, 2, Carry::Write);
+        let plain = carrying_text(PLAIN, 2, Carry::Write, false);
         assert_eq!(
             plain,
             "WITH acme_nonce AS (INSERT INTO used_nonces (value, expires_at) VALUES ($3, $4))\n\
              SELECT x FROM t WHERE a = $1 AND b = $2"
         );
         assert!(
-            std::ptr::eq(plain, carrying_text(PLAIN, 2, Carry::Write)),
+            std::ptr::eq(plain, carrying_text(PLAIN, 2, Carry::Write, false)),
             "made once"
         );
         assert!(
-            carrying_text(WITH, 1, Carry::Write).starts_with(
+            carrying_text(WITH, 1, Carry::Write, false).starts_with(
                 "WITH acme_nonce AS (INSERT INTO used_nonces (value, expires_at) VALUES ($2, $3)),\n\
                  a AS (SELECT $1 AS v) SELECT v FROM a"
             ),
             "{}",
-            carrying_text(WITH, 1, Carry::Write)
+            carrying_text(WITH, 1, Carry::Write, false)
         );
         assert!(
-            carrying_text(RECURSIVE, 0, Carry::Write).starts_with("WITH RECURSIVE acme_nonce AS")
+            carrying_text(RECURSIVE, 0, Carry::Write, false)
+                .starts_with("WITH RECURSIVE acme_nonce AS")
         );
         assert!(
-            carrying_text(RECURSIVE, 0, Carry::Write)
+            carrying_text(RECURSIVE, 0, Carry::Write, false)
                 .ends_with(",\nr(n) AS (SELECT 1) SELECT n FROM r")
         );
         // A read's record does not wait for its WAL flush; a write's does.
-        let read = carrying_text(PLAIN, 2, Carry::Read);
+        let read = carrying_text(PLAIN, 2, Carry::Read, false);
         assert!(
             read.contains("SELECT $3, $4") && read.contains("'synchronous_commit', 'off'"),
             "{read}"

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +19,17 @@ tokio::task_local! {
     /// The nonce of the request this task serves, inside
     /// [`Store::spending_nonce`].
     static DUE: Arc<tokio::sync::Mutex<Due>>;
+    /// Where the statement that carries it finds other requests' nonce
+    /// uses to take along ([`Riders`]), inside [`Store::spending_nonce`].
+    static RIDES: Rides;
+}
+
+/// The queue of nonce uses waiting to be written, for a statement that
+/// carries a request's nonce to take some along.
+#[derive(Clone, Debug)]
+pub(crate) struct Rides {
+    writes: Arc<NonceWrites>,
+    pool: PgPool,
 }
 
 /// Where the nonce of a request stands. Behind an async lock, so that two
@@ -25,7 +37,13 @@ tokio::task_local! {
 /// the second waits for the first's answer.
 #[derive(Debug)]
 pub(crate) enum Due {
-    Pending { value: String, expires_at: i64 },
+    Pending {
+        value: String,
+        expires_at: i64,
+        /// Counts the request among those whose statement may carry
+        /// riders soon, while its nonce is pending.
+        _carrier: Carrier,
+    },
     Spent,
     Replayed,
 }
@@ -42,6 +60,15 @@ pub(crate) enum Carry {
 /// The nonce due in this task, if any, for a statement to carry.
 pub(crate) fn due() -> Option<Arc<tokio::sync::Mutex<Due>>> {
     DUE.try_with(Arc::clone).ok()
+}
+
+/// Other requests' nonce uses for the statement that carries this task's
+/// nonce to write too: none outside [`Store::spending_nonce`] or when none
+/// wait.
+pub(crate) fn riders() -> Riders {
+    RIDES
+        .try_with(|rides| rides.writes.take_riders(&rides.pool))
+        .unwrap_or_default()
 }
 
 impl Store {
@@ -72,17 +99,22 @@ impl Store {
         expires_at: i64,
         work: F,
     ) -> Result<F::Output> {
-        if !self.is_postgres() {
+        let Backend::Postgres(db) = &self.backend else {
             if !self.use_nonce(value, expires_at).await? {
                 return Err(StoreError::NonceReplayed);
             }
             return Ok(work.await);
-        }
+        };
         let due = Arc::new(tokio::sync::Mutex::new(Due::Pending {
             value: value.to_owned(),
             expires_at,
+            _carrier: Carrier::new(&db.nonces),
         }));
-        let output = DUE.scope(Arc::clone(&due), work).await;
+        let rides = Rides {
+            writes: Arc::clone(&db.nonces),
+            pool: db.pool.clone(),
+        };
+        let output = RIDES.scope(rides, DUE.scope(Arc::clone(&due), work)).await;
         self.spend_due_nonce_in(&due).await?;
         Ok(output)
     }
@@ -106,9 +138,9 @@ impl Store {
         let fresh = match &*due {
             Due::Spent => return Ok(()),
             Due::Replayed => return Err(StoreError::NonceReplayed),
-            Due::Pending { value, expires_at } => {
-                db.nonces.record(&db.pool, value, *expires_at).await?
-            }
+            Due::Pending {
+                value, expires_at, ..
+            } => db.nonces.record(&db.pool, value, *expires_at).await?,
         };
         if fresh {
             *due = Due::Spent;
@@ -135,14 +167,99 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// itself; uses that arrive while a statement is on the wire wait for it
 /// and then go together in the next, written by the same task. Nonce
 /// records were 7.7 of an issuance's 31 statements, each a round trip and
-/// a transaction of its own; at concurrency 16 about 2.3 now share each
-/// statement (docs/performance.md). An idle server still writes each use
-/// at once, so the wait costs nothing when nothing else waits. The uses
+/// a transaction of its own; at concurrency 16 about 2.3 shared each
+/// statement (docs/performance.md). While other requests whose statements
+/// can take uses along ([`Riders`]) are under way, the first use waits
+/// [`RIDE_WAIT`] for one of them before a statement of its own is sent.
+/// An idle server still writes each use at once, so the wait costs
+/// nothing when nothing else waits. The uses
 /// waiting are bounded by the requests admitted at once; one whose request
 /// went (its client gone) is not written.
 #[derive(Debug, Default)]
 pub(crate) struct NonceWrites {
     pending: Mutex<Pending>,
+    /// Requests on this process whose nonce is still to be spent, most
+    /// often by a statement that can take queued uses along ([`Riders`]).
+    carriers: AtomicUsize,
+}
+
+/// The most queued nonce uses one request's statement takes along.
+const MOST_RIDERS: usize = 32;
+
+/// How long a queued use waits for a request's statement to take it
+/// along before a statement of its own writes it, when such statements
+/// are coming (see [`Riders`]).
+const RIDE_WAIT: Duration = Duration::from_millis(1);
+
+/// One request counted in [`NonceWrites::carriers`] while it lives.
+#[derive(Debug)]
+pub(crate) struct Carrier(Arc<NonceWrites>);
+
+impl Carrier {
+    fn new(writes: &Arc<NonceWrites>) -> Self {
+        writes.carriers.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(writes))
+    }
+}
+
+impl Drop for Carrier {
+    fn drop(&mut self) {
+        self.0.carriers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Queued nonce uses that a request's statement writes along with its own
+/// nonce, so that they cost no round trip of their own. Why: the two
+/// requests of an issuance answered from memory have no statement to carry
+/// their nonces, and writing them alone was 1.4 of an issuance's 7.4
+/// statements at 16 (docs/performance.md).
+///
+/// The statement inserts them as it inserts its own nonce, with no `ON
+/// CONFLICT`, so a replayed one fails the whole statement. Which of its
+/// nonces was replayed it cannot say; and any failure takes the riders'
+/// records with it. So when a statement with riders fails, the riders go
+/// back to the queue, to be written alone (which answers each one
+/// exactly), and the statement runs again without them: it writes what it
+/// would have written had it never taken them. A statement's future
+/// dropped mid-flight gives its riders back too; if the statement had
+/// committed, their second write finds them used and their requests get
+/// `badNonce`, which clients answer by retrying with the fresh nonce.
+#[derive(Debug, Default)]
+pub(crate) struct Riders {
+    uses: Vec<Use>,
+    home: Option<Rides>,
+}
+
+impl Riders {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.uses.is_empty()
+    }
+
+    /// The values and expiries to bind.
+    pub(crate) fn columns(&self) -> (Vec<String>, Vec<i64>) {
+        self.uses
+            .iter()
+            .map(|used| (used.value.clone(), used.expires_at))
+            .unzip()
+    }
+
+    /// Their statement committed: each was fresh.
+    pub(crate) fn written(mut self) {
+        for used in std::mem::take(&mut self.uses) {
+            let _ = used.answer.send(Ok(true));
+        }
+    }
+}
+
+impl Drop for Riders {
+    fn drop(&mut self) {
+        if let Some(home) = &self.home
+            && !self.uses.is_empty()
+        {
+            home.writes
+                .give_back(&home.pool, std::mem::take(&mut self.uses));
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -177,17 +294,69 @@ impl NonceWrites {
             !std::mem::replace(&mut pending.writing, true)
         };
         if start {
-            // A task of its own, so that a request dropped mid-statement
-            // (its client gone) does not strand the uses that wait on it.
-            let writing = Writing {
-                writes: Arc::clone(self),
-                owns: true,
+            // Statements of requests under way may take it along first.
+            let wait = if self.carriers.load(Ordering::Relaxed) > 0 {
+                RIDE_WAIT
+            } else {
+                Duration::ZERO
             };
-            tokio::spawn(writing.run(pool.clone()));
+            self.start_writing(pool, wait);
         }
         // The sender goes unanswered only with the task, when its runtime
         // shuts down.
         answered.await.unwrap_or(Err(StoreError::Closed))
+    }
+}
+
+impl NonceWrites {
+    /// A task of its own, so that a request dropped mid-statement (its
+    /// client gone) does not strand the uses that wait on it.
+    fn start_writing(self: &Arc<Self>, pool: &PgPool, wait: Duration) {
+        let writing = Writing {
+            writes: Arc::clone(self),
+            owns: true,
+        };
+        tokio::spawn(writing.run(pool.clone(), wait));
+    }
+
+    /// Queued uses for a statement to take along, each value once (a
+    /// value twice would fail the statement on itself).
+    fn take_riders(self: &Arc<Self>, pool: &PgPool) -> Riders {
+        let mut pending = self.pending();
+        if pending.uses.is_empty() {
+            return Riders::default();
+        }
+        let mut taken = HashSet::new();
+        let (uses, rest): (Vec<Use>, Vec<Use>) = std::mem::take(&mut pending.uses)
+            .into_iter()
+            .filter(|used| !used.answer.is_closed())
+            .partition(|used| taken.len() < MOST_RIDERS && taken.insert(used.value.clone()));
+        pending.uses = rest;
+        drop(pending);
+        // In one order everywhere, as the uses written alone are, so that
+        // two statements taking the same replayed values cannot each wait
+        // for the other's row.
+        let mut uses = uses;
+        uses.sort_by(|a, b| a.value.cmp(&b.value));
+        Riders {
+            uses,
+            home: Some(Rides {
+                writes: Arc::clone(self),
+                pool: pool.clone(),
+            }),
+        }
+    }
+
+    /// Queues again uses a statement took and did not write.
+    fn give_back(self: &Arc<Self>, pool: &PgPool, uses: Vec<Use>) {
+        let start = {
+            let mut pending = self.pending();
+            pending.uses.splice(0..0, uses);
+            !std::mem::replace(&mut pending.writing, true)
+        };
+        if start {
+            self.start_writing(pool, Duration::ZERO);
+        }
     }
 }
 
@@ -216,7 +385,10 @@ impl Drop for Writing {
 }
 
 impl Writing {
-    async fn run(mut self, pool: PgPool) {
+    async fn run(mut self, pool: PgPool, wait: Duration) {
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
         loop {
             let batch = {
                 let mut pending = self.writes.pending();
@@ -751,6 +923,102 @@ mod tests {
         .await
         .expect("the next use is answered")
         .unwrap()
+    }
+
+    /// On PostgreSQL: `rider` used while a record's statement waits on
+    /// `used_nonces`, so that it queues; then a new order (`order`,
+    /// carrying nonce `carrier`) that takes it along; then the lock let go.
+    /// The rider's answer and the order's.
+    async fn a_rider_on_a_new_order(
+        db: &TestDb,
+        store: &crate::Store,
+        rider: &'static str,
+        carrier: &'static str,
+        order: &'static str,
+    ) -> (crate::Result<bool>, crate::Result<crate::InsertOrder>) {
+        let crate::Backend::Postgres(pg) = &store.backend else {
+            unreachable!("on PostgreSQL")
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let holder = hold_used_nonces(db).await;
+        let first = tokio::spawn({
+            let store = store.clone();
+            async move { store.use_nonce(&format!("first-{order}"), 10).await }
+        });
+        while !pg.nonces.pending().writing || !pg.nonces.pending().uses.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "no writer took it");
+            tokio::task::yield_now().await;
+        }
+        let queued = tokio::spawn({
+            let store = store.clone();
+            async move { store.use_nonce(rider, 10).await }
+        });
+        while pg.nonces.pending().uses.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never queued");
+            tokio::task::yield_now().await;
+        }
+        let carrying = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .spending_nonce(carrier, 10, store.insert_order(&new_order(order), GUARD))
+                    .await
+            }
+        });
+        // Taken off the queue by the order's statement, not the writer's:
+        // the writer is still inside its statement.
+        while !pg.nonces.pending().uses.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never taken along");
+            tokio::task::yield_now().await;
+        }
+        release(holder).await;
+        assert!(first.await.unwrap().unwrap());
+        let carried = carrying.await.unwrap().map(|inserted| inserted.unwrap());
+        (queued.await.unwrap(), carried)
+    }
+
+    #[tokio::test]
+    async fn on_postgres_a_queued_nonce_use_is_written_by_another_requests_statement() {
+        if !on_postgres() {
+            return;
+        }
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        let (rider, order) = a_rider_on_a_new_order(&db, &store, "rider", "carrier", "o1").await;
+        assert!(rider.unwrap(), "the rider was fresh");
+        assert!(
+            matches!(order, Ok(crate::InsertOrder::Inserted(_))),
+            "{order:?}"
+        );
+        let order_xmin = "SELECT xmin FROM orders WHERE id = 'o1'";
+        assert!(written_together(&db, "rider", order_xmin).await);
+        assert!(written_together(&db, "carrier", order_xmin).await);
+        // Used once only, whichever way it was written.
+        assert!(!store.use_nonce("rider", 10).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn on_postgres_a_replayed_rider_is_refused_alone_and_the_statement_that_took_it_runs_again()
+     {
+        if !on_postgres() {
+            return;
+        }
+        let (db, store) = TestDb::open().await;
+        db.exec(ACCOUNT).await;
+        assert!(store.use_nonce("old", 10).await.unwrap());
+        let (rider, order) = a_rider_on_a_new_order(&db, &store, "old", "carrier", "o1").await;
+        assert!(!rider.unwrap(), "the replayed rider is refused");
+        assert!(
+            matches!(order, Ok(crate::InsertOrder::Inserted(_))),
+            "{order:?}"
+        );
+        assert!(
+            written_together(&db, "carrier", "SELECT xmin FROM orders WHERE id = 'o1'").await,
+            "run again, the order's statement still carried its own nonce"
+        );
+        assert_eq!(orders(&db).await, 1);
+        // used: old, first-o1, carrier.
+        assert_eq!(store.used_nonce_count().await.unwrap(), 3);
     }
 
     #[tokio::test]
