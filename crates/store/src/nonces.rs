@@ -41,8 +41,9 @@ pub(crate) enum Due {
         value: String,
         expires_at: i64,
         /// Counts the request among those whose statement may carry
-        /// riders soon, while its nonce is pending.
-        _carrier: Carrier,
+        /// riders soon, while its nonce is pending and is not being
+        /// written alone.
+        carrier: Option<Carrier>,
     },
     Spent,
     Replayed,
@@ -108,7 +109,7 @@ impl Store {
         let due = Arc::new(tokio::sync::Mutex::new(Due::Pending {
             value: value.to_owned(),
             expires_at,
-            _carrier: Carrier::new(&db.nonces),
+            carrier: Some(Carrier::new(&db.nonces)),
         }));
         let rides = Rides {
             writes: Arc::clone(&db.nonces),
@@ -135,13 +136,20 @@ impl Store {
             return Ok(());
         };
         let mut due = due.lock().await;
-        let fresh = match &*due {
+        let (value, expires_at) = match &mut *due {
             Due::Spent => return Ok(()),
             Due::Replayed => return Err(StoreError::NonceReplayed),
             Due::Pending {
-                value, expires_at, ..
-            } => db.nonces.record(&db.pool, value, *expires_at).await?,
+                value,
+                expires_at,
+                carrier,
+            } => {
+                // Written alone now: no use should wait for this request.
+                carrier.take();
+                (value.clone(), *expires_at)
+            }
         };
+        let fresh = db.nonces.record(&db.pool, &value, expires_at).await?;
         if fresh {
             *due = Due::Spent;
             Ok(())
@@ -316,7 +324,12 @@ impl NonceWrites {
             writes: Arc::clone(self),
             owns: true,
         };
-        tokio::spawn(writing.run(pool.clone(), wait));
+        // Riders given back from a `Drop` may find no runtime (one shut
+        // down): the writer, dropped unstarted, answers what is queued.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(writing.run(pool.clone(), wait))),
+            Err(_) => drop(writing),
+        }
     }
 
     /// Queued uses for a statement to take along, each value once (a
