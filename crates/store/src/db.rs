@@ -505,6 +505,31 @@ pub(crate) fn col_enum<T: FromStr>(
     parse_text(row.text(index)?, column)
 }
 
+/// One statement on a PostgreSQL connection through sqlx's `$fetch`
+/// (`execute`, `fetch_optional`, `fetch_all`), carrying the request's
+/// nonce when it is the connection's first and one is due, with queued
+/// uses riding along; run again without them when the server refused it
+/// with riders ([`settle_carried`]). A macro, not a function, because
+/// each `$fetch` is a different method of sqlx's query.
+macro_rules! run_carrying {
+    ($pooled:expr, $carry:expr, $sql:expr, $args:expr, $fetch:ident) => {{
+        let (kind, mut riding) = (*$carry, true);
+        loop {
+            let carried = carried($carry, riding).await?;
+            let session = $pooled.session()?;
+            let text = statement_text($sql, $args.len(), carried.as_ref());
+            let result = bind_carried(bind(sqlx::query(text), $args), carried.as_ref())
+                .$fetch(session.start())
+                .await;
+            let result = session.settle(result);
+            match settle_carried(carried, result) {
+                Some(result) => break result,
+                None => (*$carry, riding) = (kind, false),
+            }
+        }
+    }};
+}
+
 /// A connection, held for one statement or transaction. A PostgreSQL
 /// connection's first statement may carry the request's nonce
 /// (`Store::spending_nonce`).
@@ -522,20 +547,7 @@ impl<'s> Conn<'s> {
                 Ok(conn.prepare_cached(sql)?.execute(params_from_iter(args))? as u64)
             }
             Conn::Postgres(pooled, carry) => {
-                let (kind, mut riding) = (*carry, true);
-                loop {
-                    let carried = carried(carry, riding).await?;
-                    let session = pooled.session()?;
-                    let text = statement_text(sql, args.len(), carried.as_ref());
-                    let done = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
-                        .execute(session.start())
-                        .await;
-                    let done = session.settle(done);
-                    match settle_carried(carried, done) {
-                        Some(done) => return Ok(done?.rows_affected()),
-                        None => (*carry, riding) = (kind, false),
-                    }
-                }
+                Ok(run_carrying!(pooled, carry, sql, args, execute)?.rows_affected())
             }
         }
     }
@@ -557,20 +569,7 @@ impl<'s> Conn<'s> {
                 }
             }
             Conn::Postgres(pooled, carry) => {
-                let (kind, mut riding) = (*carry, true);
-                let row = loop {
-                    let carried = carried(carry, riding).await?;
-                    let session = pooled.session()?;
-                    let text = statement_text(sql, args.len(), carried.as_ref());
-                    let row = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
-                        .fetch_optional(session.start())
-                        .await;
-                    let row = session.settle(row);
-                    match settle_carried(carried, row) {
-                        Some(row) => break row?,
-                        None => (*carry, riding) = (kind, false),
-                    }
-                };
+                let row = run_carrying!(pooled, carry, sql, args, fetch_optional)?;
                 row.as_ref().map(|row| map(Row::Postgres(row))).transpose()
             }
         }
@@ -594,20 +593,7 @@ impl<'s> Conn<'s> {
                 Ok(out)
             }
             Conn::Postgres(pooled, carry) => {
-                let (kind, mut riding) = (*carry, true);
-                let rows = loop {
-                    let carried = carried(carry, riding).await?;
-                    let session = pooled.session()?;
-                    let text = statement_text(sql, args.len(), carried.as_ref());
-                    let rows = bind_carried(bind(sqlx::query(text), args), carried.as_ref())
-                        .fetch_all(session.start())
-                        .await;
-                    let rows = session.settle(rows);
-                    match settle_carried(carried, rows) {
-                        Some(rows) => break rows?,
-                        None => (*carry, riding) = (kind, false),
-                    }
-                };
+                let rows = run_carrying!(pooled, carry, sql, args, fetch_all)?;
                 rows.iter().map(|row| map(Row::Postgres(row))).collect()
             }
         }
