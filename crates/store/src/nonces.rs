@@ -68,7 +68,10 @@ pub(crate) fn due() -> Option<Arc<tokio::sync::Mutex<Due>>> {
 /// wait.
 pub(crate) fn riders() -> Riders {
     RIDES
-        .try_with(|rides| rides.writes.take_riders(&rides.pool))
+        .try_with(|rides| Riders {
+            uses: rides.writes.take_riders(),
+            home: Some(rides.clone()),
+        })
         .unwrap_or_default()
 }
 
@@ -334,10 +337,10 @@ impl NonceWrites {
 
     /// Queued uses for a statement to take along, each value once (a
     /// value twice would fail the statement on itself).
-    fn take_riders(self: &Arc<Self>, pool: &PgPool) -> Riders {
+    fn take_riders(&self) -> Vec<Use> {
         let mut pending = self.pending();
         if pending.uses.is_empty() {
-            return Riders::default();
+            return Vec::new();
         }
         let mut taken = HashSet::new();
         let (uses, rest): (Vec<Use>, Vec<Use>) = std::mem::take(&mut pending.uses)
@@ -351,13 +354,7 @@ impl NonceWrites {
         // for the other's row.
         let mut uses = uses;
         uses.sort_by(|a, b| a.value.cmp(&b.value));
-        Riders {
-            uses,
-            home: Some(Rides {
-                writes: Arc::clone(self),
-                pool: pool.clone(),
-            }),
-        }
+        uses
     }
 
     /// Queues again uses a statement took and did not write.
