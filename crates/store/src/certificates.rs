@@ -148,7 +148,11 @@ impl Store {
     /// the audit row and the notices, all in one transaction, for a signer
     /// that signs inside the request (the embedded CA). False, and nothing
     /// written, if the order was not ready — another finalize won, and the
-    /// certificate its caller signed is never stored nor served.
+    /// certificate its caller signed is never stored nor served — or had
+    /// expired, or one of its authorizations was no longer valid or had
+    /// expired (RFC 8555 §7.4), at the certificate's `now`: the write
+    /// checks what a finalize checks before it signs, so a caller may sign
+    /// without reading the order first.
     ///
     /// The order never passes through `processing`: a crash or an error
     /// anywhere before the commit leaves it ready to finalize again, and an
@@ -177,12 +181,14 @@ impl Store {
         audit: &NewAuditRow<'_>,
         notices: &[NewJob<'_>],
     ) -> Result<bool> {
-        let mut conn = self.writer().await?;
         if let Some(account) = from_ready
-            && conn.is_postgres()
+            && self.is_postgres()
         {
             // The same statements in one function, the audit row and the
-            // notices in the same statement: one round trip.
+            // notices in the same statement: one round trip, which carries
+            // the request's nonce (a finalize may come to it without a
+            // read before).
+            let mut conn = self.carrying_writer().await?;
             let identifiers = to_json(cert.identifiers);
             let audit_identifiers = audit.identifiers.map(to_json);
             let jobs = jobs_json(notices);
@@ -210,6 +216,7 @@ impl Store {
             };
             return Ok(done == Some(true));
         }
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin().await?;
         if let Some(account) = from_ready {
             account.check_in(&mut tx).await?;
@@ -520,7 +527,11 @@ pub(crate) async fn complete_order_in(
             "INSERT INTO certificates (id, profile, order_id, account_id, serial, chain_pem, key_thumbprint,
                  identifiers, not_before, not_after, created_at)
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
-              WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'ready')",
+              WHERE EXISTS (SELECT 1 FROM orders WHERE id = ?3 AND status = 'ready' AND expires_at > ?11)
+                AND NOT EXISTS (SELECT 1 FROM order_authorizations oa
+                                  JOIN authorizations a ON a.id = oa.authz_id
+                                 WHERE oa.order_id = ?3
+                                   AND (a.status <> 'valid' OR a.expires_at <= ?11))",
             "UPDATE orders SET status = 'valid', certificate_id = ?2 WHERE id = ?1 AND status = 'ready'",
         ),
         _ => (
@@ -549,6 +560,57 @@ mod tests {
 
     use crate::test_support::{ACCOUNT, GUARD, TestDb, cert_row, issued_row};
     use crate::{AuditFilter, NewJob};
+
+    #[tokio::test]
+    async fn a_ready_order_is_not_completed_once_it_or_an_authorization_expired_or_one_was_deactivated()
+     {
+        let (db, store) = TestDb::open().await;
+        // The certificates' `now` is 1: an expiry at 1 is past.
+        db.exec(&format!(
+            "{ACCOUNT}
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('deactivated', 'default', 'acct', 'ready', '[]', 10, 1),
+                        ('lapsed', 'default', 'acct', 'ready', '[]', 10, 1),
+                        ('expired', 'default', 'acct', 'ready', '[]', 1, 1),
+                        ('fine', 'default', 'acct', 'ready', '[]', 10, 1);
+             INSERT INTO authorizations (id, profile, account_id, identifier_type, identifier_value,
+                     status, expires_at, created_at)
+                 VALUES ('off', 'default', 'acct', 'dns', 'one.example', 'deactivated', 10, 1),
+                        ('old', 'default', 'acct', 'dns', 'two.example', 'valid', 1, 1),
+                        ('v1', 'default', 'acct', 'dns', 'three.example', 'valid', 10, 1),
+                        ('v2', 'default', 'acct', 'dns', 'four.example', 'valid', 10, 1);
+             INSERT INTO order_authorizations (order_id, authz_id, position)
+                 VALUES ('deactivated', 'v1', 0), ('deactivated', 'off', 1),
+                        ('lapsed', 'old', 0), ('expired', 'v2', 0),
+                        ('fine', 'v1', 0), ('fine', 'v2', 1);"
+        ))
+        .await;
+        for (n, order) in ["deactivated", "lapsed", "expired", "fine"]
+            .into_iter()
+            .enumerate()
+        {
+            let id = ["c1", "c2", "c3", "c4"][n];
+            let done = store
+                .complete_ready_order(&cert_row(id, order, id), &issued_row(order), &[], GUARD)
+                .await
+                .unwrap();
+            assert_eq!(done, order == "fine", "{order}");
+            let status = store.order(order).await.unwrap().unwrap().status;
+            assert_eq!(
+                status.as_str(),
+                if done { "valid" } else { "ready" },
+                "{order}"
+            );
+            assert_eq!(
+                store.certificate(id).await.unwrap().is_some(),
+                done,
+                "{order}"
+            );
+        }
+        let audited = store.audit_list(&AuditFilter::default(), 10).await.unwrap();
+        assert_eq!(audited.len(), 1, "{audited:?}");
+        store.close().await;
+    }
 
     #[tokio::test]
     async fn only_a_ready_order_is_completed_and_a_refused_completion_writes_nothing() {

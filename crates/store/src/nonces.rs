@@ -562,7 +562,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use crate::StoreError;
-    use crate::test_support::{ACCOUNT, GUARD, TestDb, on_postgres};
+    use crate::test_support::{ACCOUNT, GUARD, TestDb, cert_row, issued_row, on_postgres};
 
     /// A new order of [`ACCOUNT`]'s for one name, `id` its order's id
     /// and the prefix of its authorization's and challenge's.
@@ -638,6 +638,48 @@ mod tests {
         );
         assert_eq!(orders(&db).await, 1, "the replay wrote no order");
         assert_eq!(store.used_nonce_count().await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_ready_orders_completion_carries_its_requests_nonce_and_a_replay_stores_nothing() {
+        let (db, store) = TestDb::open().await;
+        db.exec(&format!(
+            "{ACCOUNT}
+             INSERT INTO orders (id, profile, account_id, status, identifiers, expires_at, created_at)
+                 VALUES ('ready', 'default', 'acct', 'ready', '[]', 10, 1);"
+        ))
+        .await;
+        store
+            .spending_nonce("f1", 10, store.order("ready"))
+            .await
+            .unwrap()
+            .unwrap();
+        let audit = issued_row("ready");
+        let (c1, c2) = (cert_row("c1", "ready", "c1"), cert_row("c2", "ready", "c2"));
+        let complete = |nonce: &'static str, cert| {
+            store.spending_nonce(
+                nonce,
+                10,
+                store.complete_ready_order(cert, &audit, &[], GUARD),
+            )
+        };
+        let replayed = complete("f1", &c1).await;
+        assert!(
+            matches!(replayed, Err(StoreError::NonceReplayed)),
+            "{replayed:?}"
+        );
+        assert!(store.certificate("c1").await.unwrap().is_none());
+        assert_eq!(
+            store.order("ready").await.unwrap().unwrap().status.as_str(),
+            "ready"
+        );
+        assert!(complete("f2", &c2).await.unwrap().unwrap());
+        if on_postgres() {
+            assert!(
+                written_together(&db, "f2", "SELECT xmin FROM certificates WHERE id = 'c2'").await,
+                "the completion's statement recorded the nonce"
+            );
+        }
     }
 
     #[tokio::test]

@@ -10,12 +10,15 @@ use acme_proxy_protocol::types::{OrderStatus, RawIdentifier};
 use std::time::Duration;
 
 use acme_proxy_store::{
-    AccountRow, AuditEvent, AuditOutcome, JobRow, NewAuditRow, NewCertificateRow, NewJob, OrderRow,
+    AccountRow, AuditEvent, AuditOutcome, AuthorizationRow, ChallengeRow, JobRow, NewAuditRow,
+    NewCertificateRow, NewJob, OrderRow,
 };
 use time::OffsetDateTime;
 
 use super::audit::{AuditContext, Fact};
 use super::csr::{CheckedCsr, bad_csr, check_csr};
+use super::orders::owns_order;
+use super::recheck::rechecks_caa;
 use super::{Authority, Profile};
 use crate::config::{CertificateProfileConfig, ExtendedKeyUsage, Stage};
 use crate::error::{AcmeError, AcmeResult};
@@ -84,6 +87,13 @@ impl Watch {
     fn payload(&self) -> String {
         serde_json::json!(self).to_string()
     }
+}
+
+/// Whether a finalize at `profile`, whose signer answered `issuance`, may
+/// sign an order this process created without reading it
+/// ([`Authority::ordered_here`]); newOrder keeps a copy only then.
+pub(super) fn finalizes_unread(profile: &Profile, issuance: &Issuance<'_>) -> bool {
+    matches!(issuance, Issuance::Inline) && !rechecks_caa(profile)
 }
 
 /// Logs a certificate the embedded CA signed inside a finalize that could
@@ -204,28 +214,27 @@ impl Authority {
         csr_der: &[u8],
         ctx: &super::RequestContext,
     ) -> AcmeResult<OrderRow> {
-        let (order, authorizations) = self
-            .order_with_authorizations(profile, account, order_id)
-            .await?;
+        // The signer's answer, asked once, picks the path.
+        let issuance = profile.signer.issuance();
+        // An order this process created moments ago is signed without a
+        // read when the write that stores the certificate checks all that
+        // changes (`recent.rs`).
+        let (order, read) = match self.ordered_here(profile, account, order_id, &issuance) {
+            Some(order) => (order, None),
+            None => {
+                let (order, authorizations) = self
+                    .order_with_authorizations(profile, account, order_id)
+                    .await?;
+                (order, Some(authorizations))
+            }
+        };
         // An account whose external account credential was revoked since
         // it ordered finalizes nothing more.
         self.external_account_limits(account, &[]).await?;
-        if order.status != OrderStatus::Ready {
-            return Err(AcmeError::new(
-                ProblemType::OrderNotReady,
-                format!(
-                    "the order is {}, not ready; finalize needs every authorization valid",
-                    order.status
-                ),
-            ));
+        if let Some(authorizations) = &read {
+            self.ready_to_finalize(profile, account, &order, authorizations)
+                .await?;
         }
-        self.recheck_authorizations(
-            profile,
-            &self.account_url(&profile.name, &account.id),
-            &order,
-            &authorizations,
-        )
-        .await?;
         let usage = order
             .certificate_profile
             .as_deref()
@@ -275,8 +284,7 @@ impl Authority {
             csr,
             usage,
         };
-        // The signer's answer, asked once, picks the path.
-        let result = match profile.signer.issuance() {
+        let result = match issuance {
             // Kept whatever this request answers: once the relay is
             // queued, its job may issue even if a later step here failed.
             Issuance::Deferred(deferred) => {
@@ -291,6 +299,88 @@ impl Authority {
             self.give_back(places).await;
         }
         result
+    }
+
+    /// The order `id` as this process created it moments ago, assumed
+    /// ready, if the finalize may sign it unread: only for the embedded CA
+    /// (`Issuance::Inline`), whose write stores the certificate only while
+    /// the order is ready and unexpired and its authorizations valid and
+    /// unexpired (`Store::complete_ready_order`), and only where no CAA is
+    /// checked again (that needs the authorizations' validation times).
+    /// Taken, so it stands for one finalize at most.
+    fn ordered_here(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        id: &str,
+        issuance: &Issuance<'_>,
+    ) -> Option<OrderRow> {
+        if !finalizes_unread(profile, issuance) {
+            return None;
+        }
+        let now = self.clock.unix();
+        let order = self
+            .recent
+            .take_ordered(id, self.clock.unix_ms())
+            .filter(|o| owns_order(o, profile, account) && o.expires_at > now)?;
+        Some(OrderRow {
+            status: OrderStatus::Ready,
+            ..order
+        })
+    }
+
+    /// What a finalize checks of an order it read: ready, and each of its
+    /// authorizations still valid ([`Authority::recheck_authorizations`]).
+    async fn ready_to_finalize(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order: &OrderRow,
+        authorizations: &[(AuthorizationRow, Vec<ChallengeRow>)],
+    ) -> AcmeResult<()> {
+        if order.status != OrderStatus::Ready {
+            return Err(AcmeError::new(
+                ProblemType::OrderNotReady,
+                format!(
+                    "the order is {}, not ready; finalize needs every authorization valid",
+                    order.status
+                ),
+            ));
+        }
+        self.recheck_authorizations(
+            profile,
+            &self.account_url(&profile.name, &account.id),
+            order,
+            authorizations,
+        )
+        .await
+    }
+
+    /// Why the write refused to store a certificate for `order_id`: what
+    /// the finalize's checks answer of the order as it is now, or, if it
+    /// passes them after all, that it moved on while this one signed.
+    async fn not_ready_now(
+        &self,
+        profile: &Profile,
+        account: &AccountRow,
+        order_id: &str,
+    ) -> AcmeError {
+        let checked = match self
+            .order_with_authorizations(profile, account, order_id)
+            .await
+        {
+            Ok((order, authorizations)) => {
+                self.ready_to_finalize(profile, account, &order, &authorizations)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        checked.err().unwrap_or_else(|| {
+            AcmeError::new(
+                ProblemType::OrderNotReady,
+                "the order is no longer ready: another finalize request completed it, it became invalid, or an authorization changed",
+            )
+        })
     }
 
     /// Who asked and from where, for the issuance's audit row: found
@@ -343,19 +433,17 @@ impl Authority {
             }
             Ok(false) => {
                 // Another finalize completed the order while this one
-                // signed (or it became invalid): this certificate is
-                // dropped.
+                // signed, it became invalid or expired, an authorization
+                // did, or (signed unread) it was never ready: this
+                // certificate is dropped.
                 discarded(
                     profile,
                     account,
                     order,
                     &issued.serial,
-                    "the order was no longer ready",
+                    "the order was not ready when stored",
                 );
-                return Err(AcmeError::new(
-                    ProblemType::OrderNotReady,
-                    "the order is no longer ready: another finalize request completed it, or it became invalid",
-                ));
+                return Err(self.not_ready_now(profile, account, &order.id).await);
             }
             Err(e) => {
                 // The transaction rolled back whole: the order is still

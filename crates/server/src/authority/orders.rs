@@ -332,6 +332,9 @@ impl Authority {
             reused_authorizations = reused,
             "order created"
         );
+        if super::finalize::finalizes_unread(profile, &profile.signer.issuance()) {
+            self.recent.keep_ordered(self.clock.unix_ms(), row.clone());
+        }
         Ok(row)
     }
 
@@ -688,7 +691,7 @@ fn owned_by(authz: &AuthorizationRow, profile: &Profile, account: &AccountRow) -
 }
 
 /// Whether `order` is `account`'s at `profile`.
-fn owns_order(order: &OrderRow, profile: &Profile, account: &AccountRow) -> bool {
+pub(super) fn owns_order(order: &OrderRow, profile: &Profile, account: &AccountRow) -> bool {
     order.profile == profile.name && order.account_id == account.id
 }
 

@@ -51,10 +51,7 @@ impl Authority {
                     ),
                 ));
             }
-            if !profile.config.caa
-                || profile.config.bypass
-                || authz.identifier.kind != IdentifierType::Dns
-            {
+            if !rechecks_caa(profile) || authz.identifier.kind != IdentifierType::Dns {
                 continue;
             }
             let validated = challenges.iter().filter_map(|c| c.validated_at).max();
@@ -87,4 +84,10 @@ impl Authority {
         }
         Ok(())
     }
+}
+
+/// Whether a finalize at `profile` may check CAA again: where CAA is
+/// checked and names are validated (a bypass validates nothing).
+pub(super) fn rechecks_caa(profile: &Profile) -> bool {
+    profile.config.caa && !profile.config.bypass
 }

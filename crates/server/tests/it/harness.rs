@@ -159,6 +159,20 @@ pub fn refuse_audit_rows(server: &TestServer) {
     }
 }
 
+/// Runs `sql` on `server`'s database, on either engine, behind the
+/// server's back: for a test that shows what the server does not read.
+pub fn change_behind(server: &TestServer, sql: &str) {
+    let url = server.running().generations.current().config.database_url();
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        rusqlite::Connection::open(path)
+            .expect("open the database")
+            .execute_batch(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    } else {
+        psql_scalar(&url, sql);
+    }
+}
+
 /// One SQL answer from a PostgreSQL database (psql), for what the store's
 /// API does not say: sessions, locks, leases, counts.
 pub fn psql_scalar(url: &str, sql: &str) -> String {

@@ -25,6 +25,7 @@ mod dns_zone;
 mod eab;
 mod egress;
 mod fairness;
+mod finalize;
 mod flow;
 mod harness;
 #[cfg(feature = "pkcs11")]
