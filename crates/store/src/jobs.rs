@@ -257,7 +257,9 @@ pub enum Attempts {
     /// A periodic job's new period, which is not a retry: back to zero.
     Reset,
     /// Held back before it did anything (a budget, a pause): the claim
-    /// that counted it is taken back.
+    /// that counted it is taken back, and without an error of its own the
+    /// error of the last attempt that ran stands (what an operator looks
+    /// at to see why the job is not done), a held mark excepted.
     Uncount,
 }
 
@@ -447,13 +449,16 @@ impl Store {
             .writer()
             .await?
             .exec(
-                "UPDATE jobs SET status = 'queued', run_at = ?1, last_error = ?2, updated_at = ?3,
+                "UPDATE jobs SET status = 'queued', run_at = ?1, updated_at = ?3,
+                 last_error = CASE WHEN ?4 = 2 AND ?2 IS NULL
+                                        AND substr(last_error, 1, length(?7)) <> ?7
+                                   THEN last_error ELSE ?2 END,
                  lease_owner = NULL, lease_until = NULL,
                  attempts = CASE ?4 WHEN 1 THEN 0
                                     WHEN 2 THEN (CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END)
                                     ELSE attempts END
              WHERE id = ?5 AND lease_owner = ?6 AND status = 'running'",
-                args![run_at, error, now, attempts, id, owner],
+                args![run_at, error, now, attempts, id, owner, HELD_PREFIX],
             )
             .await?
             == 1)

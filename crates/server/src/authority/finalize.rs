@@ -357,8 +357,9 @@ impl Authority {
     }
 
     /// Why the write refused to store a certificate for `order_id`: what
-    /// the finalize's checks answer of the order as it is now, or, if it
-    /// passes them after all, that it moved on while this one signed.
+    /// the finalize's checks answer of the order as it is now, unless
+    /// another finalize completed it (or is completing it) or it passes
+    /// them after all: then that it moved on while this one signed.
     async fn not_ready_now(
         &self,
         profile: &Profile,
@@ -369,6 +370,11 @@ impl Authority {
             .order_with_authorizations(profile, account, order_id)
             .await
         {
+            Ok((order, _))
+                if matches!(order.status, OrderStatus::Valid | OrderStatus::Processing) =>
+            {
+                Ok(())
+            }
             Ok((order, authorizations)) => {
                 self.ready_to_finalize(profile, account, &order, &authorizations)
                     .await
@@ -378,7 +384,7 @@ impl Authority {
         checked.err().unwrap_or_else(|| {
             AcmeError::new(
                 ProblemType::OrderNotReady,
-                "the order is no longer ready: another finalize request completed it, it became invalid, or an authorization changed",
+                "the order is no longer ready: another finalize request completed it, or it moved on while this one signed",
             )
         })
     }

@@ -877,6 +877,89 @@ async fn a_claim_fills_each_kind_s_own_slots_and_no_owner_takes_more_than_its_ca
 }
 
 #[tokio::test]
+async fn a_job_held_back_before_it_did_anything_keeps_the_error_of_its_last_attempt() {
+    let dir = crate::harness::tempdir();
+    let store = open_store(dir.path()).await;
+    let t = 1_700_000_000_000_i64;
+    let id = store
+        .insert_job(
+            &NewJob {
+                kind: KIND,
+                key: "k",
+                payload: "{}",
+                run_at: t,
+                deadline: None,
+                max_attempts: 5,
+                fair_key: None,
+            },
+            t,
+        )
+        .await
+        .unwrap()
+        .id();
+    let claim = |at: i64| {
+        let store = store.clone();
+        async move {
+            let claimed = store
+                .claim_jobs("a", &[(KIND, 10)], at, 1000, 8)
+                .await
+                .unwrap();
+            assert_eq!(claimed.len(), 1, "claimed at {at}");
+        }
+    };
+    let requeue = |at: i64, error: Option<&'static str>, attempts| {
+        let store = store.clone();
+        async move {
+            assert!(
+                store
+                    .requeue_job(id, "a", at, at, error, attempts)
+                    .await
+                    .unwrap()
+            );
+            let row = store.job(id).await.unwrap().unwrap();
+            (row.attempts, row.last_error)
+        }
+    };
+    use acme_proxy_store::Attempts::{Keep, Reset, Uncount};
+    // An attempt fails; the next is held back (a breaker open, a budget
+    // spent) twice: the failure stays what the job shows.
+    claim(t).await;
+    const FAILED: &str = "the upstream answered 503";
+    let failed = Some(FAILED.to_owned());
+    assert_eq!(
+        requeue(t + 1, Some(FAILED), Keep).await,
+        (1, failed.clone())
+    );
+    for at in [t + 2, t + 4] {
+        claim(at).await;
+        assert_eq!(requeue(at + 1, None, Uncount).await, (1, failed.clone()));
+    }
+    // Held back with a reason of its own: that one.
+    claim(t + 6).await;
+    assert_eq!(
+        requeue(t + 7, Some("paused by the upstream"), Uncount).await,
+        (1, Some("paused by the upstream".to_owned()))
+    );
+    // A held mark does not outlive the hold; a new period clears it all.
+    claim(t + 8).await;
+    assert!(
+        store
+            .hold_job(id, "a", t + 9, t + 9, "profile web is not mounted")
+            .await
+            .unwrap()
+    );
+    claim(t + 10).await;
+    assert_eq!(requeue(t + 11, None, Uncount).await, (1, None));
+    claim(t + 12).await;
+    assert_eq!(
+        requeue(t + 13, Some("x"), Keep).await,
+        (2, Some("x".to_owned()))
+    );
+    claim(t + 14).await;
+    assert_eq!(requeue(t + 15, None, Reset).await, (0, None));
+}
+
+#[tokio::test]
 async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
     let dir = crate::harness::tempdir();
     let store = open_store(dir.path()).await;
