@@ -876,12 +876,9 @@ async fn a_claim_fills_each_kind_s_own_slots_and_no_owner_takes_more_than_its_ca
     assert_eq!(none, vec![]);
 }
 
-#[tokio::test]
-async fn a_job_held_back_before_it_did_anything_keeps_the_error_of_its_last_attempt() {
-    let dir = crate::harness::tempdir();
-    let store = open_store(dir.path()).await;
-    let t = 1_700_000_000_000_i64;
-    let id = store
+/// Queues one job of [`KIND`] (key `k`, five attempts) due at `t`; its id.
+async fn queue_one(store: &Store, t: i64) -> i64 {
+    store
         .insert_job(
             &NewJob {
                 kind: KIND,
@@ -896,7 +893,15 @@ async fn a_job_held_back_before_it_did_anything_keeps_the_error_of_its_last_atte
         )
         .await
         .unwrap()
-        .id();
+        .id()
+}
+
+#[tokio::test]
+async fn a_job_held_back_before_it_did_anything_keeps_the_error_of_its_last_attempt() {
+    let dir = crate::harness::tempdir();
+    let store = open_store(dir.path()).await;
+    let t = 1_700_000_000_000_i64;
+    let id = queue_one(&store, t).await;
     let claim = |at: i64| {
         let store = store.clone();
         async move {
@@ -964,22 +969,7 @@ async fn a_stale_runner_cannot_settle_a_job_another_runner_reclaimed() {
     let dir = crate::harness::tempdir();
     let store = open_store(dir.path()).await;
     let t = 1_700_000_000_000_i64;
-    let queued = store
-        .insert_job(
-            &NewJob {
-                kind: KIND,
-                key: "k",
-                payload: "{}",
-                run_at: t,
-                deadline: None,
-                max_attempts: 5,
-                fair_key: None,
-            },
-            t,
-        )
-        .await
-        .unwrap();
-    let id = queued.id();
+    let id = queue_one(&store, t).await;
 
     let a = store
         .claim_jobs("a", &[(KIND, 10)], t, 1000, 8)
