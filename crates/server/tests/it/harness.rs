@@ -100,6 +100,12 @@ pub fn on_postgres() -> bool {
 /// that had the same PID: a suite of several hundred tests would otherwise
 /// leave gigabytes behind on the server's disk.
 pub fn fresh_postgres_database() -> String {
+    postgres_database_copying(None)
+}
+
+/// [`fresh_postgres_database`], made as a copy of database `template`
+/// when one is named (PostgreSQL's `CREATE DATABASE ... TEMPLATE`).
+pub fn postgres_database_copying(template: Option<&str>) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let server = std::env::var("TEST_POSTGRES_URL").expect(
@@ -110,7 +116,10 @@ pub fn fresh_postgres_database() -> String {
         drop_databases_of_ended_tests(&server);
     }
     let name = format!("t_{}_{n}", std::process::id());
-    psql_scalar(&server, &format!("CREATE DATABASE {name}"));
+    let template = template
+        .map(|t| format!(" TEMPLATE {t}"))
+        .unwrap_or_default();
+    psql_scalar(&server, &format!("CREATE DATABASE {name}{template}"));
     // The same server and options, another database.
     let (base, query) = server.split_once('?').unwrap_or((&server, ""));
     let (base, _) = base

@@ -29,9 +29,10 @@ struct NetBox {
 }
 
 /// Where scripts/test installs NetBox (it needs Python 3.12 or later,
-/// which Debian 12 does not have).
+/// which Debian 12 does not have), or the virtualenv `TEST_NETBOX_VENV`
+/// names.
 fn netbox_venv() -> Option<PathBuf> {
-    let venv = std::env::var_os("ACME_PROXY_NETBOX")
+    let venv = std::env::var_os("TEST_NETBOX_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-tools/netbox")
@@ -72,9 +73,45 @@ fn django_database(url: &str) -> String {
     )
 }
 
+/// The URL of a database for this test's NetBox. NetBox's migrations take
+/// ten minutes or more of one core (Django renders its model states again
+/// for each of several hundred), so a full run of scripts/test migrates one
+/// database, `netbox_migrated`, in the background from its start, beside
+/// its builds and its first run, and says so in `TEST_NETBOX_MIGRATED`:
+/// a directory whose `status` becomes `ok` or `failed` (its output in
+/// `migrate.log`). This waits for it and copies that database. Without
+/// the variable, an empty database, which [`NetBox::start`]'s `migrate`
+/// fills.
+fn netbox_database() -> String {
+    let Some(dir) = std::env::var_os("TEST_NETBOX_MIGRATED").map(PathBuf::from) else {
+        return harness::fresh_postgres_database();
+    };
+    let deadline = Instant::now() + Duration::from_secs(15 * 60);
+    loop {
+        match std::fs::read_to_string(dir.join("status")) {
+            Ok(status) if status.trim() == "ok" => {
+                return harness::postgres_database_copying(Some("netbox_migrated"));
+            }
+            Ok(status) => panic!(
+                "scripts/test's migration of NetBox ended {}:\n{}",
+                status.trim(),
+                std::fs::read_to_string(dir.join("migrate.log")).unwrap_or_default()
+            ),
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scripts/test's migration of NetBox did not end within 15 minutes (its output: {})",
+            dir.join("migrate.log").display()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 impl NetBox {
-    /// Configures, migrates (ten minutes or more), makes a superuser's token
-    /// and serves NetBox.
+    /// Configures, migrates (nothing left to do on a copy of
+    /// [`netbox_database`]'s, ten minutes or more otherwise), makes a
+    /// superuser's token and serves NetBox.
     fn start() -> Option<NetBox> {
         let venv = netbox_venv()?;
         assert!(
@@ -112,7 +149,7 @@ impl NetBox {
                 "ALLOWED_HOSTS = ['*']\nDATABASES = {}\n\
                  REDIS = {{'tasks': {{'URL': 'unix://{sock}?db=0'}}, 'caching': {{'URL': 'unix://{sock}?db=1'}}}}\n\
                  SECRET_KEY = '{}'\nAPI_TOKEN_PEPPERS = {{1: '{}'}}\n",
-                django_database(&harness::fresh_postgres_database()),
+                django_database(&netbox_database()),
                 secret(60),
                 secret(60),
                 sock = socket.display(),
