@@ -2716,6 +2716,66 @@ async fn ends_invalid(account: &Account, url: &str, deadline: Instant) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_that_failed_before_the_upstream_answered_its_trigger_is_a_failed_validation()
+{
+    let pki = TestPki::new();
+    // Pebble validates for real and fetches http-01 from a port where
+    // nothing listens; the proxy answers the trigger as a CA whose
+    // validation failed before it answered.
+    let Some(pebble) = Pebble::start(
+        &pki,
+        PebbleOptions {
+            always_valid: false,
+            http_port: harness::free_port(),
+            ..PebbleOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(&pki, pebble.addr);
+    proxy.inject(Match::PathContains("chalZ"), Fault::FailedBeforeAnswer);
+    let data = crate::harness::tempdir();
+    let profiles = relay_profile(
+        "default",
+        &proxy.directory_url(),
+        &pki,
+        "http01",
+        LOCAL_BYPASS,
+        "upstream_failed_validations = \"1/20s\"",
+    );
+    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
+    let server = start_relay(data, &toml).await;
+    let account = client::account(&server.directory("default")).await;
+    let relayed = relay_issue(&account, &["early.example.test"], Duration::from_secs(30)).await;
+    assert!(relayed.result.is_err(), "the order must end invalid");
+    assert_eq!(proxy.faults_applied(), 1);
+    let store = server.running().authority().store().clone();
+    // The authorization's end is reported with the CA's reason, not as a
+    // refused request...
+    let failed = the_one_issue_failure(&store, &relayed).await;
+    let detail = failed.detail.as_deref().unwrap_or("");
+    assert!(
+        detail.contains("the upstream authorization for early.example.test turned Invalid"),
+        "{detail}"
+    );
+    // ... and counted against the name's budget of failed validations.
+    let now_ms = {
+        use acme_proxy::clock::Clock;
+        SystemClock.unix_ms()
+    };
+    let held = store
+        .rate_limits("upstream_failed_validations:", now_ms, 10)
+        .await
+        .expect("rate limits");
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(
+        held[0].key.ends_with(":name:early.example.test"),
+        "{held:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_while_other_names_go()
 {
     let pki = TestPki::new();

@@ -484,6 +484,11 @@ pub enum Fault {
     /// (e.g. a finalize that happened upstream although the relay saw an
     /// error).
     ResetAfterForward,
+    /// Forwards a challenge's trigger, so Pebble validates, and answers
+    /// with Pebble's challenge turned invalid with a `connection` error:
+    /// what a CA whose validation fails before it answers the trigger
+    /// sends (Pebble itself does on a slow host), made certain.
+    FailedBeforeAnswer,
 }
 
 /// What the proxy did with one request.
@@ -841,6 +846,27 @@ async fn handle(
             state.record(&method, &path, 0, false);
             std::future::pending().await
         }
+        Fault::FailedBeforeAnswer => {
+            let (resp, forwarded) = forward(parts, body, &context).await;
+            let (mut head, body) = resp.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let mut challenge: serde_json::Value =
+                serde_json::from_slice(&body).unwrap_or_else(|_| serde_json::json!({}));
+            challenge["status"] = "invalid".into();
+            challenge["error"] = serde_json::json!({
+                "type": "urn:ietf:params:acme:error:connection",
+                "detail": "fault proxy: the validation failed before the trigger was answered",
+                "status": 400,
+            });
+            let body = Bytes::from(challenge.to_string());
+            head.headers.remove(http::header::CONTENT_LENGTH);
+            state.record(&method, &path, head.status.as_u16(), forwarded);
+            Ok(http::Response::from_parts(head, Full::new(body)))
+        }
         other => {
             let resp = canned(&other);
             state.record(&method, &path, resp.status().as_u16(), false);
@@ -886,7 +912,7 @@ fn canned(fault: &Fault) -> ProxyResponse {
             "rejectedIdentifier",
             "upstream policy forbids issuing for this name",
         ),
-        Fault::Reset | Fault::Hang | Fault::ResetAfterForward => {
+        Fault::Reset | Fault::Hang | Fault::ResetAfterForward | Fault::FailedBeforeAnswer => {
             unreachable!("{fault:?} has no response")
         }
     }

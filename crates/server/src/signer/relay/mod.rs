@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use acme_proxy_protocol::types::{Identifier, IdentifierType};
 use instant_acme::{
-    Account, AuthorizationStatus, ChallengeStatus, ChallengeType, NewAccount, NewOrder, Order,
-    OrderStatus, RetryPolicy,
+    Account, AuthorizationHandle, AuthorizationStatus, ChallengeStatus, ChallengeType, NewAccount,
+    NewOrder, Order, OrderStatus, RetryPolicy,
 };
 use tokio::time::Instant;
 
@@ -76,6 +76,11 @@ struct Answered {
     /// Whether the upstream heard our trigger; false: it is sent again
     /// while waiting.
     triggered: bool,
+    /// The upstream's refusal of our trigger. A CA whose validation fails
+    /// before it answers the trigger answers it with the challenge's
+    /// error (RFC 8555 §7.5.1): so the refusal stands only if the
+    /// authorization, read again while waiting, is still pending.
+    refused: Option<RelayError>,
 }
 
 /// What a successful attempt collected.
@@ -451,6 +456,7 @@ impl Relay {
                 Answered {
                     kind,
                     triggered: true,
+                    refused: None,
                 },
             );
         }
@@ -467,17 +473,19 @@ impl Relay {
             let Some(answer) = answered.get_mut(a.url()) else {
                 continue;
             };
-            let Some(mut challenge) = a.challenge(answer.kind.clone()) else {
-                continue;
-            };
             // A challenge already processing (an earlier attempt told the
             // upstream before the process died) is only waited for.
-            if challenge.status == ChallengeStatus::Pending
-                && let Err(e) = challenge.set_ready().await
-            {
+            let triggered = match a.challenge(answer.kind.clone()) {
+                Some(mut challenge) if challenge.status == ChallengeStatus::Pending => {
+                    challenge.set_ready().await
+                }
+                _ => continue,
+            };
+            if let Err(e) = triggered {
                 let e = classify(&e).context("answering the upstream challenge");
                 if e.is_permanent() {
-                    return Err(e);
+                    answer.refused = Some(e);
+                    continue;
                 }
                 // The trigger may have reached the upstream although its
                 // answer did not reach us: the wait below re-reads the
@@ -508,20 +516,29 @@ impl Relay {
                     continue;
                 }
                 if a.status == AuthorizationStatus::Pending {
+                    if let Some(refused) = answered.get_mut(a.url()).and_then(|x| x.refused.take())
+                    {
+                        return Err(refused);
+                    }
                     waiting = true;
                     // Our trigger did not get through: send it again.
-                    if let Some(answer) = answered.get_mut(a.url()).filter(|x| !x.triggered)
-                        && let Some(mut challenge) = a.challenge(answer.kind.clone())
-                        && challenge.status == ChallengeStatus::Pending
-                    {
-                        match challenge.set_ready().await {
-                            Ok(()) => answer.triggered = true,
-                            Err(e) => {
+                    if let Some(answer) = answered.get_mut(a.url()).filter(|x| !x.triggered) {
+                        let triggered = match a.challenge(answer.kind.clone()) {
+                            Some(mut challenge) if challenge.status == ChallengeStatus::Pending => {
+                                Some(challenge.set_ready().await)
+                            }
+                            _ => None,
+                        };
+                        match triggered {
+                            Some(Ok(())) => answer.triggered = true,
+                            Some(Err(e)) => {
                                 let e = classify(&e).context("answering the upstream challenge");
                                 if e.is_permanent() {
-                                    return Err(e);
+                                    answer.triggered = true;
+                                    answer.refused = Some(e);
                                 }
                             }
+                            None => {}
                         }
                     }
                     continue;
@@ -529,22 +546,7 @@ impl Relay {
                 match a.status {
                     AuthorizationStatus::Pending => waiting = true,
                     AuthorizationStatus::Valid => {}
-                    other => {
-                        let why = a
-                            .challenges
-                            .iter()
-                            .find_map(|c| c.error.as_ref())
-                            .map(|p| p.to_string())
-                            .unwrap_or_default();
-                        let mut e = RelayError::permanent(format!(
-                            "the upstream authorization for {} turned {other:?}: {why}",
-                            a.identifier()
-                        ));
-                        if other == AuthorizationStatus::Invalid {
-                            e.failed_validation = Some(a.identifier().to_string());
-                        }
-                        return Err(e);
-                    }
+                    other => return Err(authorization_turned(&a, other)),
                 }
             }
             if !waiting {
@@ -680,6 +682,26 @@ pub fn pick_challenge(
             "the upstream offers no {want:?} challenge for {identifier} (offered: {offered:?})"
         )))
     }
+}
+
+/// The error of an upstream authorization that ended otherwise than valid
+/// (RFC 8555 §7.1.6): the CA's reason from its challenge; an invalid one
+/// is a failed validation of its identifier.
+fn authorization_turned(a: &AuthorizationHandle<'_>, status: AuthorizationStatus) -> RelayError {
+    let why = a
+        .challenges
+        .iter()
+        .find_map(|c| c.error.as_ref())
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    let mut e = RelayError::permanent(format!(
+        "the upstream authorization for {} turned {status:?}: {why}",
+        a.identifier()
+    ));
+    if status == AuthorizationStatus::Invalid {
+        e.failed_validation = Some(a.identifier().to_string());
+    }
+    e
 }
 
 /// The error of an order that turned invalid: the CA's own detail.
