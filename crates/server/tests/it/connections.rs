@@ -241,8 +241,12 @@ async fn bodies_hold_what_they_have_sent_of_max_buffered_body_bytes_and_a_client
     for _ in 0..4 {
         announcers.push(stall_from(6, addr, 1).await);
     }
-    // Once the 1800 octets are read, 1000 more do not fit.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Once the 1800 octets are read, 1000 more do not fit. Each probe
+    // before that is read whole and refused (400), which on a busy
+    // machine once took the whole of a 10 s deadline: the stallers'
+    // connections are waited for first, and the probes get 30 s.
+    wait_open_connections(&server, 6).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
     while post_from(4, addr, 1000).await != 503 {
         assert!(Instant::now() < deadline, "never at capacity");
         tokio::time::sleep(Duration::from_millis(20)).await;
