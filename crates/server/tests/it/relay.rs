@@ -2715,37 +2715,75 @@ async fn ends_invalid(account: &Account, url: &str, deadline: Instant) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_validation_that_failed_before_the_upstream_answered_its_trigger_is_a_failed_validation()
-{
-    let pki = TestPki::new();
-    // Pebble validates for real and fetches http-01 from a port where
-    // nothing listens; the proxy answers the trigger as a CA whose
-    // validation failed before it answered.
-    let Some(pebble) = Pebble::start(
-        &pki,
+/// A relay profile in front of a Pebble whose every validation fails (it
+/// fetches http-01 from a port where nothing listens), reached through a
+/// fault proxy, with `upstream_failed_validations = budget`; a server
+/// and an account. None when Pebble is missing outside CI.
+struct FailingUpstream {
+    _pebble: Pebble,
+    proxy: FaultProxy,
+    server: TestServer,
+    account: Account,
+}
+
+async fn failing_upstream(pki: &TestPki, budget: &str) -> Option<FailingUpstream> {
+    let pebble = Pebble::start(
+        pki,
         PebbleOptions {
             always_valid: false,
             http_port: harness::free_port(),
             ..PebbleOptions::default()
         },
-    ) else {
-        return;
-    };
-    let proxy = FaultProxy::start(&pki, pebble.addr);
-    proxy.inject(Match::PathContains("chalZ"), Fault::FailedBeforeAnswer);
+    )?;
+    let proxy = FaultProxy::start(pki, pebble.addr);
     let data = crate::harness::tempdir();
     let profiles = relay_profile(
         "default",
         &proxy.directory_url(),
-        &pki,
+        pki,
         "http01",
         LOCAL_BYPASS,
-        "upstream_failed_validations = \"1/20s\"",
+        &format!("upstream_failed_validations = \"{budget}\""),
     );
     let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
     let server = start_relay(data, &toml).await;
     let account = client::account(&server.directory("default")).await;
+    Some(FailingUpstream {
+        _pebble: pebble,
+        proxy,
+        server,
+        account,
+    })
+}
+
+/// The `upstream_failed_validations` limits that hold something back now.
+async fn failed_validation_limits(store: &Store) -> Vec<acme_proxy_store::RateLimitRow> {
+    let now_ms = {
+        use acme_proxy::clock::Clock;
+        SystemClock.unix_ms()
+    };
+    store
+        .rate_limits("upstream_failed_validations:", now_ms, 10)
+        .await
+        .expect("rate limits")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_that_failed_before_the_upstream_answered_its_trigger_is_a_failed_validation()
+{
+    let pki = TestPki::new();
+    let Some(FailingUpstream {
+        _pebble,
+        proxy,
+        server,
+        account,
+    }) = failing_upstream(&pki, "1/20s").await
+    else {
+        return;
+    };
+    // The proxy answers the trigger as a CA whose validation failed
+    // before it answered.
+    proxy.inject(Match::PathContains("chalZ"), Fault::FailedBeforeAnswer);
     let relayed = relay_issue(&account, &["early.example.test"], Duration::from_secs(30)).await;
     assert!(relayed.result.is_err(), "the order must end invalid");
     assert_eq!(proxy.faults_applied(), 1);
@@ -2759,14 +2797,7 @@ async fn a_validation_that_failed_before_the_upstream_answered_its_trigger_is_a_
         "{detail}"
     );
     // ... and counted against the name's budget of failed validations.
-    let now_ms = {
-        use acme_proxy::clock::Clock;
-        SystemClock.unix_ms()
-    };
-    let held = store
-        .rate_limits("upstream_failed_validations:", now_ms, 10)
-        .await
-        .expect("rate limits");
+    let held = failed_validation_limits(&store).await;
     assert_eq!(held.len(), 1, "{held:?}");
     assert!(
         held[0].key.ends_with(":name:early.example.test"),
@@ -2779,31 +2810,15 @@ async fn a_validation_that_failed_before_the_upstream_answered_its_trigger_is_a_
 async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_while_other_names_go()
 {
     let pki = TestPki::new();
-    // Pebble validates for real and fetches http-01 from a port where
-    // nothing listens: every upstream authorization turns invalid.
-    let Some(pebble) = Pebble::start(
-        &pki,
-        PebbleOptions {
-            always_valid: false,
-            http_port: harness::free_port(),
-            ..PebbleOptions::default()
-        },
-    ) else {
+    let Some(FailingUpstream {
+        _pebble,
+        proxy,
+        server,
+        account,
+    }) = failing_upstream(&pki, "2/20s").await
+    else {
         return;
     };
-    let proxy = FaultProxy::start(&pki, pebble.addr);
-    let data = crate::harness::tempdir();
-    let profiles = relay_profile(
-        "default",
-        &proxy.directory_url(),
-        &pki,
-        "http01",
-        LOCAL_BYPASS,
-        "upstream_failed_validations = \"2/20s\"",
-    );
-    let toml = server_toml(data.path(), harness::free_port(), None, &profiles);
-    let server = start_relay(data, &toml).await;
-    let account = client::account(&server.directory("default")).await;
     let within = Duration::from_secs(30);
     // Two failed validations of one name: its budget is spent.
     for _ in 0..2 {
@@ -2812,14 +2827,7 @@ async fn a_name_whose_upstream_validations_failed_twice_waits_for_its_window_whi
     }
     assert_eq!(proxy.forwarded_at(NEW_ORDER).len(), 2);
     let store = server.running().authority().store().clone();
-    let now_ms = {
-        use acme_proxy::clock::Clock;
-        SystemClock.unix_ms()
-    };
-    let held = store
-        .rate_limits("upstream_failed_validations:", now_ms, 10)
-        .await
-        .expect("rate limits");
+    let held = failed_validation_limits(&store).await;
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(
         held[0].key,
